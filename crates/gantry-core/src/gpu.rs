@@ -1,0 +1,256 @@
+//! GPU inventory: one trait, two backends. NVML on machines with an NVIDIA driver; a simulated
+//! backend everywhere else (clearly reported as such through `BackendKind`).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("NVIDIA driver library not usable: {0}")]
+    Nvml(String),
+    #[error("invalid simulated GPU spec {0:?}: write e.g. `sim:4x24GiB`")]
+    BadSimSpec(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Nvml,
+    Simulated,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_memory: Option<u64>,
+    /// Docker container id (64 hex) when the process lives in a container.
+    pub container_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    pub memory_used: u64,
+    pub utilization: u32,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+    pub processes: Vec<GpuProcess>,
+}
+
+/// What Gantry runs on a GPU, so the simulated backend can show plausible load.
+#[derive(Debug, Clone, Default)]
+pub struct SimLoad {
+    pub index: u32,
+    pub exclusive: bool,
+    pub shared_declared: u64,
+    pub shared_jobs: u32,
+}
+
+pub trait GpuBackend: Send {
+    fn kind(&self) -> BackendKind;
+    /// One reading of every GPU, in index order.
+    fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError>;
+    /// Tell the backend what Gantry runs (only the simulated backend uses it).
+    fn set_load(&mut self, _load: &[SimLoad]) {}
+}
+
+/// Simulated GPUs: `sim:4x24GiB`.
+pub struct SimulatedBackend {
+    gpus: Vec<(String, u64)>,
+    load: Vec<SimLoad>,
+    tick: u64,
+}
+
+impl SimulatedBackend {
+    pub fn new(count: u32, memory: u64) -> Self {
+        let gpus = (0..count).map(|i| (format!("GPU-5160a7ed-0000-4000-8000-{:012x}", i), memory)).collect();
+        SimulatedBackend { gpus, load: vec![], tick: 0 }
+    }
+    /// Parse `sim:4x24GiB` (or `4x24GiB`).
+    pub fn from_spec(s: &str) -> Result<Self, GpuError> {
+        let body = s.strip_prefix("sim:").unwrap_or(s);
+        let (n, mem) = body.split_once(['x', 'X']).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
+        let n: u32 = n.trim().parse().map_err(|_| GpuError::BadSimSpec(s.into()))?;
+        let mem = crate::spec::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
+        if n == 0 || n > 64 {
+            return Err(GpuError::BadSimSpec(s.into()));
+        }
+        Ok(Self::new(n, mem))
+    }
+}
+
+impl GpuBackend for SimulatedBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Simulated
+    }
+    fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError> {
+        self.tick += 1;
+        Ok(self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (uuid, total))| {
+                let l = self.load.iter().find(|l| l.index == i as u32).cloned().unwrap_or_default();
+                // Deterministic wobble so charts look alive without randomness.
+                let wobble = ((self.tick * 7 + i as u64 * 13) % 11) as u32;
+                let (util, used) = if l.exclusive {
+                    (88 + wobble, total * 7 / 10)
+                } else if l.shared_jobs > 0 {
+                    ((35 * l.shared_jobs + wobble).min(100), l.shared_declared.min(*total))
+                } else {
+                    (0, 0)
+                };
+                GpuSample {
+                    index: i as u32,
+                    uuid: uuid.clone(),
+                    name: "Simulated GPU".into(),
+                    memory_total: *total,
+                    memory_used: used,
+                    utilization: util.min(100),
+                    temperature_c: Some(35 + util / 2),
+                    power_w: Some(60.0 + util as f64 * 2.5),
+                    processes: vec![],
+                }
+            })
+            .collect())
+    }
+    fn set_load(&mut self, load: &[SimLoad]) {
+        self.load = load.to_vec();
+    }
+}
+
+/// Real GPUs through NVML. One handle for the process lifetime.
+pub struct NvmlBackend {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl NvmlBackend {
+    pub fn new() -> Result<Self, GpuError> {
+        let nvml = nvml_wrapper::Nvml::init().map_err(|e| GpuError::Nvml(e.to_string()))?;
+        let n = nvml.device_count().map_err(|e| GpuError::Nvml(e.to_string()))?;
+        if n == 0 {
+            return Err(GpuError::Nvml("the driver reports no GPUs".into()));
+        }
+        Ok(NvmlBackend { nvml })
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Nvml
+    }
+    fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
+        let n = self.nvml.device_count().map_err(e)?;
+        let mut out = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let d = self.nvml.device_by_index(i).map_err(e)?;
+            let mem = d.memory_info().map_err(e)?;
+            let processes = d
+                .running_compute_processes()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_memory: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    container_id: container_of_pid(p.pid),
+                })
+                .collect();
+            out.push(GpuSample {
+                index: i,
+                uuid: d.uuid().map_err(e)?,
+                name: d.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
+                memory_total: mem.total,
+                memory_used: mem.used,
+                utilization: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+                power_w: d.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+                processes,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Map a host PID to its Docker container id through /proc/PID/cgroup.
+pub fn container_of_pid(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    container_id_from_cgroup(&text)
+}
+
+/// Find a 64-hex container id in cgroup text (cgroup v1 `/docker/<id>`, v2 `docker-<id>.scope`).
+pub fn container_id_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.rsplit(':').next().unwrap_or("");
+        for part in path.split('/').rev() {
+            let part = part.trim_start_matches("docker-").trim_end_matches(".scope");
+            if part.len() == 64 && part.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Some(part.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// Open the backend: `sim:NxMEM` forces simulated GPUs; otherwise NVML when it loads, else a
+/// simulated default (with the reason NVML was not used).
+pub fn open(forced: Option<&str>) -> Result<(Box<dyn GpuBackend>, Option<String>), GpuError> {
+    if let Some(s) = forced {
+        return Ok((Box::new(SimulatedBackend::from_spec(s)?), None));
+    }
+    match NvmlBackend::new() {
+        Ok(b) => Ok((Box::new(b), None)),
+        Err(e) => Ok((Box::new(SimulatedBackend::new(2, 24 << 30)), Some(e.to_string()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sim_spec() {
+        let mut b = SimulatedBackend::from_spec("sim:4x24GiB").unwrap();
+        let s = b.sample().unwrap();
+        assert_eq!(s.len(), 4);
+        assert_eq!(s[3].memory_total, 24 << 30);
+        assert_ne!(s[0].uuid, s[1].uuid);
+        assert!(SimulatedBackend::from_spec("sim:0x1GiB").is_err());
+        assert!(SimulatedBackend::from_spec("sim:four").is_err());
+    }
+
+    #[test]
+    fn sim_reflects_load() {
+        let mut b = SimulatedBackend::new(2, 24 << 30);
+        b.set_load(&[SimLoad { index: 1, exclusive: true, ..Default::default() }]);
+        let s = b.sample().unwrap();
+        assert_eq!(s[0].utilization, 0);
+        assert!(s[1].utilization >= 88);
+    }
+
+    #[test]
+    fn cgroup_parsing() {
+        let id = "a".repeat(64);
+        assert_eq!(container_id_from_cgroup(&format!("0::/system.slice/docker-{id}.scope\n")), Some(id.clone()));
+        assert_eq!(container_id_from_cgroup(&format!("12:memory:/docker/{id}\n")), Some(id));
+        assert_eq!(container_id_from_cgroup("0::/user.slice/session-1.scope\n"), None);
+    }
+
+    #[test]
+    fn nvml_absent_falls_back_to_simulated_with_reason() {
+        // These machines have no NVIDIA driver; a GPU host would load NVML instead.
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            return;
+        }
+        let (b, why) = open(None).unwrap();
+        assert_eq!(b.kind(), BackendKind::Simulated);
+        assert!(why.unwrap().contains("libnvidia-ml"));
+    }
+}

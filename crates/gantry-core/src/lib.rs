@@ -1,0 +1,15 @@
+//! Gantry core: everything the engine and its clients share, with no GUI dependency.
+//!
+//! - [`spec`]: the job spec (YAML/TOML), validation and JSON Schema
+//! - [`store`]: the SQLite queue and run history
+//! - [`gpu`]: GPU inventory (NVML or simulated)
+//! - [`scheduler`]: the pure placement function
+//! - [`executor`]: runs attempts in Docker
+//! - [`inbox`]: the drop folder
+//! - [`engine`]: the loop that ties them together
+//! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket
+
+pub mod spec;
+pub mod store;
+pub mod gpu;
+pub mod scheduler;

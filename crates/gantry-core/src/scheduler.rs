@@ -1,0 +1,405 @@
+//! The scheduler: a pure, deterministic function from (queued jobs, GPU state, running jobs) to
+//! placements. No I/O, no clock: `now` comes in with the state.
+//!
+//! Rules:
+//! - Order by priority (high first), then submission time, then id.
+//! - A job gets only GPUs that no Gantry job holds exclusively, that processes outside Gantry do not
+//!   occupy, and that have enough free memory. Jobs without `gpu_memory` get whole, empty GPUs; jobs
+//!   with it are packed best-fit onto GPUs shared with other declared-memory jobs.
+//! - No head-of-line blocking: a job that cannot start does not stop later jobs that fit...
+//! - ...but once a job has waited longer than `reserve_after_ms`, it reserves GPUs: later jobs may not
+//!   take them, so it starts as soon as they drain (no starvation).
+//! - Every job that does not start gets a human-readable reason.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub memory_total: u64,
+    /// Memory in use as measured (all processes).
+    pub memory_used: u64,
+    /// Processes outside Gantry use this GPU (someone's notebook): it is busy.
+    pub external_busy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub job_id: i64,
+    pub gpus: Vec<u32>,
+    /// Declared memory per GPU; `None` = holds its GPUs exclusively.
+    pub gpu_memory: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedJob {
+    pub job_id: i64,
+    pub priority: i32,
+    pub submitted_at_ms: i64,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    /// Not before this time (retry backoff).
+    pub not_before_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// After this long in the queue, a job that cannot start reserves GPUs.
+    pub reserve_after_ms: i64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { reserve_after_ms: 30 * 60 * 1000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub now_ms: i64,
+    pub gpus: Vec<GpuView>,
+    pub running: Vec<RunningJob>,
+    pub queued: Vec<QueuedJob>,
+    pub config: Config,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job_id: i64,
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub job_id: i64,
+    /// 1-based position among waiting jobs, in scheduling order.
+    pub position: usize,
+    pub reason: String,
+    /// This job holds a reservation on these GPUs.
+    pub reserved: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub placements: Vec<Placement>,
+    pub waiting: Vec<Waiting>,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    index: u32,
+    total: u64,
+    measured_used: u64,
+    external: bool,
+    exclusive_by: Option<i64>,
+    shared_declared: u64,
+    shared_jobs: Vec<i64>,
+    reserved_by: Option<i64>,
+}
+
+impl Slot {
+    fn free_for_shared(&self) -> u64 {
+        self.total.saturating_sub(self.shared_declared.max(self.measured_used))
+    }
+    fn is_empty(&self) -> bool {
+        self.exclusive_by.is_none() && self.shared_jobs.is_empty()
+    }
+}
+
+/// Compute placements. Deterministic: same state in, same plan out.
+pub fn plan(state: &State) -> Plan {
+    let mut slots: Vec<Slot> = state
+        .gpus
+        .iter()
+        .map(|g| Slot {
+            index: g.index,
+            total: g.memory_total,
+            measured_used: g.memory_used,
+            external: g.external_busy,
+            exclusive_by: None,
+            shared_declared: 0,
+            shared_jobs: vec![],
+            reserved_by: None,
+        })
+        .collect();
+    slots.sort_by_key(|s| s.index);
+    for r in &state.running {
+        for g in &r.gpus {
+            if let Some(s) = slots.iter_mut().find(|s| s.index == *g) {
+                match r.gpu_memory {
+                    None => s.exclusive_by = Some(r.job_id),
+                    Some(m) => {
+                        s.shared_declared += m;
+                        s.shared_jobs.push(r.job_id);
+                    }
+                }
+            }
+        }
+    }
+    // A GPU's measured use includes Gantry's own jobs; only outside processes make it "external".
+    let mut order: Vec<&QueuedJob> = state.queued.iter().collect();
+    order.sort_by(|a, b| {
+        b.priority.cmp(&a.priority).then(a.submitted_at_ms.cmp(&b.submitted_at_ms)).then(a.job_id.cmp(&b.job_id))
+    });
+
+    let mut out = Plan::default();
+    for job in order {
+        if let Some(nb) = job.not_before_ms {
+            if nb > state.now_ms {
+                let secs = (nb - state.now_ms + 999) / 1000;
+                push_wait(&mut out, job.job_id, format!("retrying after a failure in {secs}s"), vec![]);
+                continue;
+            }
+        }
+        if job.gpus == 0 {
+            out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
+            continue;
+        }
+        match choose(&slots, job, false) {
+            Ok(chosen) => {
+                take(&mut slots, job, &chosen);
+                out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
+            }
+            Err(reason) => {
+                let waited = state.now_ms - job.submitted_at_ms;
+                let mut reserved = vec![];
+                if waited >= state.config.reserve_after_ms {
+                    reserved = reserve(&mut slots, job);
+                }
+                let reason = if reserved.is_empty() {
+                    reason
+                } else {
+                    format!("{reason}; waited {}, so GPUs {} are reserved for it", human_ms(waited), list(&reserved))
+                };
+                push_wait(&mut out, job.job_id, reason, reserved);
+            }
+        }
+    }
+    out
+}
+
+fn push_wait(out: &mut Plan, job_id: i64, reason: String, reserved: Vec<u32>) {
+    let position = out.waiting.len() + 1;
+    out.waiting.push(Waiting { job_id, position, reason, reserved });
+}
+
+fn list(g: &[u32]) -> String {
+    g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn human_ms(ms: i64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
+}
+
+/// Pick GPUs for `job`, or say why not. `ignore_busy`: pretend running jobs are gone (for reservations).
+fn choose(slots: &[Slot], job: &QueuedJob, ignore_busy: bool) -> Result<Vec<u32>, String> {
+    let n = job.gpus as usize;
+    if n > slots.len() {
+        return Err(format!("needs {n} GPUs, this machine has {}", slots.len()));
+    }
+    let mut reasons: Vec<String> = vec![];
+    let mut candidates: Vec<(u64, u32)> = vec![]; // (sort key, index)
+    for s in slots {
+        if let Some(r) = s.reserved_by {
+            if r != job.job_id {
+                reasons.push(format!("GPU {} reserved for job {r}", s.index));
+                continue;
+            }
+        }
+        if s.external {
+            reasons.push(format!("GPU {} busy with processes outside Gantry", s.index));
+            continue;
+        }
+        if ignore_busy {
+            candidates.push((0, s.index));
+            continue;
+        }
+        if let Some(j) = s.exclusive_by {
+            reasons.push(format!("GPU {} held by job {j}", s.index));
+            continue;
+        }
+        match job.gpu_memory {
+            None => {
+                if s.is_empty() {
+                    candidates.push((0, s.index));
+                } else {
+                    reasons.push(format!("GPU {} shared by job {}", s.index, list_i64(&s.shared_jobs)));
+                }
+            }
+            Some(m) => {
+                let free = s.free_for_shared();
+                if free >= m {
+                    // Best fit: least free memory left first, keeping whole GPUs free for big jobs.
+                    candidates.push((free - m, s.index));
+                } else {
+                    reasons.push(format!(
+                        "GPU {} has {} free, needs {}",
+                        s.index,
+                        crate::spec::format_bytes(free),
+                        crate::spec::format_bytes(m)
+                    ));
+                }
+            }
+        }
+    }
+    if candidates.len() >= n {
+        candidates.sort();
+        let mut chosen: Vec<u32> = candidates.into_iter().take(n).map(|(_, i)| i).collect();
+        chosen.sort();
+        Ok(chosen)
+    } else {
+        let what = match job.gpu_memory {
+            None => format!("needs {n} free GPU{}", if n == 1 { "" } else { "s" }),
+            Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::spec::format_bytes(m)),
+        };
+        Err(format!("{what}, {} available ({})", candidates.len(), reasons.join("; ")))
+    }
+}
+
+fn list_i64(v: &[i64]) -> String {
+    v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn take(slots: &mut [Slot], job: &QueuedJob, chosen: &[u32]) {
+    for s in slots.iter_mut().filter(|s| chosen.contains(&s.index)) {
+        match job.gpu_memory {
+            None => s.exclusive_by = Some(job.job_id),
+            Some(m) => {
+                s.shared_declared += m;
+                s.shared_jobs.push(job.job_id);
+            }
+        }
+    }
+}
+
+/// Reserve GPUs for a starving job: prefer GPUs that are already free, then those with the fewest
+/// Gantry jobs on them. Returns the reserved indexes (empty if not enough unreserved GPUs remain).
+fn reserve(slots: &mut [Slot], job: &QueuedJob) -> Vec<u32> {
+    if choose(slots, job, true).is_err() {
+        return vec![];
+    }
+    let mut cands: Vec<(usize, u32)> = slots
+        .iter()
+        .filter(|s| s.reserved_by.is_none() && !s.external)
+        .map(|s| (s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index))
+        .collect();
+    cands.sort();
+    let chosen: Vec<u32> = cands.into_iter().take(job.gpus as usize).map(|(_, i)| i).collect();
+    for s in slots.iter_mut().filter(|s| chosen.contains(&s.index)) {
+        s.reserved_by = Some(job.job_id);
+    }
+    let mut chosen = chosen;
+    chosen.sort();
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+
+    fn gpus(n: u32, mem: u64) -> Vec<GpuView> {
+        (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false }).collect()
+    }
+    fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
+        QueuedJob { job_id: id, priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None }
+    }
+    fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
+        RunningJob { job_id: id, gpus: gpus.to_vec(), gpu_memory: mem }
+    }
+    fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
+        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000 } }
+    }
+    fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
+        p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
+    }
+
+    #[test]
+    fn table() {
+        struct Case {
+            name: &'static str,
+            state: State,
+            want: Vec<(i64, Vec<u32>)>,
+        }
+        let cases = vec![
+            Case { name: "two 1-GPU jobs on two GPUs, third waits", state: st(gpus(2, 24 * G), vec![], vec![q(1, 1, None), q(2, 1, None), q(3, 1, None)]), want: vec![(1, vec![0]), (2, vec![1])] },
+            Case { name: "big job does not block a later small job", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 2, None), q(2, 1, None)]), want: vec![(2, vec![1])] },
+            Case { name: "exclusive GPU is never shared", state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, Some(G))]), want: vec![] },
+            Case { name: "shared jobs pack when memory fits", state: st(gpus(1, 24 * G), vec![], vec![q(1, 1, Some(10 * G)), q(2, 1, Some(10 * G)), q(3, 1, Some(10 * G))]), want: vec![(1, vec![0]), (2, vec![0])] },
+            Case { name: "whole-GPU job does not land on a shared GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], Some(G))], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
+            Case { name: "best fit packs onto the fuller GPU", state: st(gpus(2, 24 * G), vec![run(9, &[1], Some(16 * G))], vec![q(1, 1, Some(4 * G))]), want: vec![(1, vec![1])] },
+            Case { name: "external process makes a GPU busy", state: st({ let mut g = gpus(2, 24 * G); g[0].external_busy = true; g }, vec![], vec![q(1, 1, None), q(2, 1, Some(G))]), want: vec![(1, vec![1])] },
+            Case { name: "priority beats submission order", state: st(gpus(1, 24 * G), vec![], vec![q(1, 1, None), QueuedJob { priority: 5, ..q(2, 1, None) }]), want: vec![(2, vec![0])] },
+            Case { name: "cpu-only job always starts", state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 0, None)]), want: vec![(1, vec![])] },
+            Case { name: "retry backoff holds a job", state: st(gpus(1, 24 * G), vec![], vec![QueuedJob { not_before_ms: Some(5000), ..q(1, 1, None) }, q(2, 1, None)]), want: vec![(2, vec![0])] },
+            Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
+        ];
+        for c in cases {
+            assert_eq!(placed(&plan(&c.state)), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn starving_big_job_gets_a_reservation() {
+        // 2 GPUs, GPU 0 busy. A 2-GPU job waited past the limit: GPU 1 must not go to the small job.
+        let mut s = st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 2, None), q(2, 1, None)]);
+        s.now_ms = 20_000;
+        let p = plan(&s);
+        assert!(p.placements.is_empty(), "{p:?}");
+        assert_eq!(p.waiting[0].reserved, vec![0, 1]);
+        assert!(p.waiting[1].reason.contains("reserved for job 1"), "{}", p.waiting[1].reason);
+        // Before the limit, the small job backfills.
+        s.now_ms = 5_000;
+        assert_eq!(placed(&plan(&s)), vec![(2, vec![1])]);
+    }
+
+    #[test]
+    fn reasons_explain_the_wait() {
+        let p = plan(&st(gpus(2, 24 * G), vec![run(7, &[0], None), run(8, &[1], None)], vec![q(1, 1, None), q(2, 3, None)]));
+        assert_eq!(p.waiting[0].position, 1);
+        assert!(p.waiting[0].reason.contains("needs 1 free GPU, 0 available"), "{}", p.waiting[0].reason);
+        assert!(p.waiting[0].reason.contains("GPU 0 held by job 7"), "{}", p.waiting[0].reason);
+        assert!(p.waiting[1].reason.contains("this machine has 2"), "{}", p.waiting[1].reason);
+    }
+
+    #[test]
+    fn deterministic_regardless_of_input_order() {
+        let a = st(gpus(4, 24 * G), vec![], (1..=8).map(|i| q(i, (i % 3) as u32, if i % 2 == 0 { Some(6 * G) } else { None })).collect());
+        let mut b = a.clone();
+        b.queued.reverse();
+        b.gpus.reverse();
+        assert_eq!(plan(&a), plan(&b));
+    }
+
+    #[test]
+    fn never_oversubscribes() {
+        // Randomized (fixed seed) check: no GPU ever gets more than its memory or a second exclusive holder.
+        let mut seed = 42u64;
+        let mut rnd = |m: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        for _ in 0..500 {
+            let n = 1 + rnd(8) as u32;
+            let queued: Vec<QueuedJob> = (1..=(1 + rnd(12) as i64))
+                .map(|i| q(i, rnd(n as u64 + 1) as u32, if rnd(2) == 0 { Some((1 + rnd(24)) * G) } else { None }))
+                .collect();
+            let p = plan(&st(gpus(n, 24 * G), vec![], queued.clone()));
+            let mut excl = vec![0; n as usize];
+            let mut mem = vec![0u64; n as usize];
+            for pl in &p.placements {
+                let j = queued.iter().find(|j| j.job_id == pl.job_id).unwrap();
+                assert_eq!(pl.gpus.len(), j.gpus as usize);
+                for g in &pl.gpus {
+                    match j.gpu_memory {
+                        None => excl[*g as usize] += 1,
+                        Some(m) => mem[*g as usize] += m,
+                    }
+                }
+            }
+            for g in 0..n as usize {
+                assert!(excl[g] <= 1 && (excl[g] == 0 || mem[g] == 0) && mem[g] <= 24 * G);
+            }
+        }
+    }
+}

@@ -1,0 +1,556 @@
+//! The job spec: one job per file, YAML or TOML, strictly checked.
+//!
+//! Parsing never panics and every error says where (line/column when known) and how to fix it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Largest spec file Gantry reads (drop folder and CLI alike).
+pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
+
+/// The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Command {
+    /// A single string, run with `/bin/sh -c`.
+    Shell(String),
+    /// Program and arguments, run as is.
+    Exec(Vec<String>),
+}
+
+impl Command {
+    /// The argv handed to Docker.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+            Command::Exec(v) => v.clone(),
+        }
+    }
+    fn map(&self, f: impl Fn(&str) -> String) -> Command {
+        match self {
+            Command::Shell(s) => Command::Shell(f(s)),
+            Command::Exec(v) => Command::Exec(v.iter().map(|s| f(s)).collect()),
+        }
+    }
+    fn mentions(&self, needle: &str) -> bool {
+        match self {
+            Command::Shell(s) => s.contains(needle),
+            Command::Exec(v) => v.iter().any(|s| s.contains(needle)),
+        }
+    }
+}
+
+/// A job as written by a researcher. Unknown fields are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Gantry job spec")]
+pub struct JobSpec {
+    /// Short name shown in the queue and history. Defaults to the file name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+    pub image: String,
+    /// Command: a list (exec form) or a string run with `/bin/sh -c`. Defaults to the image's CMD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Command>,
+    /// Working directory inside the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Bind mounts, `host:container` or `host:container:ro`. Host paths are absolute or relative to the spec file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<String>,
+    /// Number of GPUs (0 allowed). Default 1.
+    #[serde(default = "default_gpus")]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus: i64,
+    /// GPU memory needed on each GPU, e.g. `20GiB`. When set, the job may share a GPU with others whose
+    /// declared memory fits; when absent, the job gets whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub gpu_memory: Option<String>,
+    /// Higher runs first. Default 0.
+    #[serde(default)]
+    pub priority: i32,
+    /// Wall-clock limit, e.g. `24h`, `90m`. The job is stopped (SIGTERM, then SIGKILL) when it passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// How often to retry after a failure (not after cancel). Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub retries: i64,
+}
+
+fn default_gpus() -> i64 {
+    1
+}
+
+/// A spec that passed every check, with sizes and durations parsed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidJob {
+    pub name: String,
+    pub spec: JobSpec,
+    pub gpus: u32,
+    /// Declared memory per GPU in bytes; `None` means whole GPUs.
+    pub gpu_memory: Option<u64>,
+    pub timeout: Option<Duration>,
+    pub retries: u32,
+    pub mounts: Vec<Mount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub host: String,
+    pub container: String,
+    pub read_only: bool,
+}
+
+/// Which syntax a spec is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Toml,
+}
+
+impl Format {
+    /// From a file name; `None` when the extension is not one Gantry reads.
+    pub fn from_name(name: &str) -> Option<Format> {
+        let lower = name.to_ascii_lowercase();
+        if lower.ends_with(".yaml") || lower.ends_with(".yml") {
+            Some(Format::Yaml)
+        } else if lower.ends_with(".toml") {
+            Some(Format::Toml)
+        } else {
+            None
+        }
+    }
+}
+
+/// A spec problem: what, where, and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub struct SpecError {
+    pub message: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub hint: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: ")?,
+            (Some(l), None) => write!(f, "line {l}: ")?,
+            _ => {}
+        }
+        write!(f, "{}", self.message)?;
+        if !self.hint.is_empty() {
+            write!(f, "\n  fix: {}", self.hint)?;
+        }
+        Ok(())
+    }
+}
+
+impl SpecError {
+    pub fn new(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        SpecError { message: message.into(), line: None, column: None, hint: hint.into() }
+    }
+    fn at_key(mut self, text: &str, key: &str) -> Self {
+        if let Some(line) = locate_key(text, key) {
+            self.line = Some(line);
+        }
+        self
+    }
+}
+
+/// 1-based line of the first `key:` / `key =` at any indentation.
+fn locate_key(text: &str, key: &str) -> Option<usize> {
+    text.lines().position(|l| {
+        let t = l.trim_start().trim_start_matches("- ");
+        t.strip_prefix(key)
+            .map(|rest| {
+                let rest = rest.trim_start();
+                rest.starts_with(':') || rest.starts_with('=')
+            })
+            .unwrap_or(false)
+    })
+    .map(|i| i + 1)
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map(|p| offset - p).unwrap_or(offset + 1);
+    (line, col)
+}
+
+fn hint_for(message: &str) -> String {
+    if message.contains("unknown field") {
+        "remove or rename the field; `gantry schema` lists every field".into()
+    } else if message.contains("missing field `image`") {
+        "add `image: <docker image>` (the image must exist locally or be pullable)".into()
+    } else if message.contains("missing field") {
+        "add the missing field; `gantry schema` lists required fields".into()
+    } else if message.contains("invalid type") {
+        "check the value's type against `gantry schema`".into()
+    } else {
+        "check the syntax near the position shown".into()
+    }
+}
+
+/// Parse text into a spec (syntax and field names only).
+pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
+    match format {
+        Format::Yaml => serde_yaml_ng::from_str::<JobSpec>(text).map_err(|e| {
+            let msg = e.to_string();
+            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            let (line, column) = e.location().map(|l| (Some(l.line()), Some(l.column()))).unwrap_or((None, None));
+            SpecError { hint: hint_for(&msg), message: msg, line, column }
+        }),
+        Format::Toml => toml::from_str::<JobSpec>(text).map_err(|e| {
+            let msg = e.message().to_string();
+            let (line, column) =
+                e.span().map(|s| line_col(text, s.start)).map(|(l, c)| (Some(l), Some(c))).unwrap_or((None, None));
+            SpecError { hint: hint_for(&msg), message: msg, line, column }
+        }),
+    }
+}
+
+/// Parse `20GiB`, `512MiB`, `24G`, `1.5TiB`, `1000000` (bytes). Binary units throughout.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let num: f64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if !num.is_finite() || num < 0.0 {
+        return None;
+    }
+    Some((num * mult as f64).round() as u64)
+}
+
+/// `25769803776` -> `24.0 GiB`.
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// Where the spec came from: used for defaults (name) and resolving relative mount paths.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// File name, for the default job name.
+    pub file_name: Option<String>,
+    /// Directory relative host paths are resolved against. `None`: relative paths are errors.
+    pub base_dir: Option<std::path::PathBuf>,
+}
+
+/// Full check: parse, then validate values. `text` is used to point at the offending line.
+pub fn validate_text(text: &str, format: Format, origin: &Origin) -> Result<ValidJob, SpecError> {
+    let spec = parse(text, format)?;
+    validate(spec, origin).map_err(|(e, key)| e.at_key(text, key))
+}
+
+/// Value checks. On error, returns the field name so callers can point at its line.
+pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, &'static str)> {
+    let err = |m: String, h: &str, k: &'static str| Err((SpecError::new(m, h), k));
+    if spec.image.trim().is_empty() {
+        return err("`image` is empty".into(), "set `image` to a Docker image name, e.g. `pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime`", "image");
+    }
+    if spec.image.chars().any(|c| c.is_whitespace()) {
+        return err(format!("`image` {:?} contains whitespace", spec.image), "an image name has no spaces: `repo/name:tag`", "image");
+    }
+    if spec.gpus < 0 {
+        return err(format!("`gpus` is {}, it must be 0 or more", spec.gpus), "use `gpus: 0` for a CPU-only job, or the number of GPUs to reserve", "gpus");
+    }
+    if spec.gpus > 64 {
+        return err(format!("`gpus` is {}, more than any workstation has", spec.gpus), "ask for the number of GPUs the job really uses", "gpus");
+    }
+    if spec.retries < 0 || spec.retries > 100 {
+        return err(format!("`retries` is {}, it must be between 0 and 100", spec.retries), "use e.g. `retries: 2`", "retries");
+    }
+    let gpu_memory = match &spec.gpu_memory {
+        None => None,
+        Some(s) => match parse_bytes(s) {
+            Some(0) | None => {
+                return err(
+                    format!("`gpu_memory` {s:?} is not a memory size"),
+                    "write a size per GPU such as `20GiB` or `512MiB`, or leave it out to get whole GPUs",
+                    "gpu_memory",
+                )
+            }
+            Some(b) => {
+                if spec.gpus == 0 {
+                    return err("`gpu_memory` is set but `gpus` is 0".into(), "remove `gpu_memory`, or ask for at least one GPU", "gpu_memory");
+                }
+                Some(b)
+            }
+        },
+    };
+    let timeout = match &spec.timeout {
+        None => None,
+        Some(s) => match humantime::parse_duration(s.trim()) {
+            Ok(d) if d > Duration::ZERO => Some(d),
+            _ => return err(format!("`timeout` {s:?} is not a duration"), "write e.g. `24h`, `90m` or `1h 30m`", "timeout"),
+        },
+    };
+    if let Some(Command::Exec(v)) = &spec.command {
+        if v.is_empty() {
+            return err("`command` is an empty list".into(), "give the program and its arguments, e.g. [\"python\", \"train.py\"]", "command");
+        }
+    }
+    if let Some(w) = &spec.workdir {
+        if !w.starts_with('/') {
+            return err(format!("`workdir` {w:?} is not an absolute path"), "use an absolute path inside the container, e.g. `/workspace`", "workdir");
+        }
+    }
+    for k in spec.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return err(format!("environment variable name {k:?} is invalid"), "names are letters, digits and `_`", "env");
+        }
+    }
+    let mut mounts = Vec::new();
+    for m in &spec.mounts {
+        mounts.push(parse_mount(m, origin).map_err(|e| (e, "mounts"))?);
+    }
+    let name = spec
+        .name
+        .clone()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| origin.file_name.as_ref().map(|f| f.rsplit_once('.').map(|(a, _)| a).unwrap_or(f).to_string()))
+        .unwrap_or_else(|| "job".into());
+    if name.len() > 200 {
+        return err("`name` is longer than 200 characters".into(), "use a short name", "name");
+    }
+    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, spec })
+}
+
+/// Host paths that must never be bind-mounted into a job.
+const FORBIDDEN_MOUNTS: &[&str] = &["/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/var/run/containerd"];
+
+fn parse_mount(m: &str, origin: &Origin) -> Result<Mount, SpecError> {
+    let parts: Vec<&str> = m.split(':').collect();
+    let (host, container, read_only) = match parts.as_slice() {
+        [h, c] => (*h, *c, false),
+        [h, c, "ro"] => (*h, *c, true),
+        [h, c, "rw"] => (*h, *c, false),
+        _ => {
+            return Err(SpecError::new(
+                format!("mount {m:?} is not `host:container` or `host:container:ro`"),
+                "write e.g. `/data/imagenet:/data:ro`",
+            ))
+        }
+    };
+    if host.is_empty() || container.is_empty() || host.contains('\0') {
+        return Err(SpecError::new(format!("mount {m:?} has an empty path"), "write e.g. `/data/imagenet:/data:ro`"));
+    }
+    if !container.starts_with('/') {
+        return Err(SpecError::new(format!("mount {m:?}: container path {container:?} is not absolute"), "container paths start with `/`"));
+    }
+    let host_path = if host.starts_with('/') {
+        std::path::PathBuf::from(host)
+    } else {
+        match &origin.base_dir {
+            Some(b) => b.join(host),
+            None => {
+                return Err(SpecError::new(
+                    format!("mount {m:?}: host path {host:?} is relative"),
+                    "use an absolute host path",
+                ))
+            }
+        }
+    };
+    let host_norm = normalize(&host_path);
+    if FORBIDDEN_MOUNTS.iter().any(|f| host_norm.starts_with(f)) || host_norm.ends_with("gantry.sock") {
+        return Err(SpecError::new(
+            format!("mount {m:?} would hand the job control of the container engine"),
+            "remove this mount: jobs may not mount the Docker, containerd or Gantry sockets",
+        ));
+    }
+    Ok(Mount { host: host_norm, container: container.to_string(), read_only })
+}
+
+/// Lexically resolve `.` and `..` (no filesystem access, no symlink following).
+fn normalize(p: &std::path::Path) -> String {
+    use std::path::Component;
+    let mut out: Vec<String> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(s) => out.push(s.to_string_lossy().into_owned()),
+            _ => {}
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+/// Template folders: a `gantry.toml`/`gantry.yaml` whose command refers to `{config}`.
+pub const TEMPLATE_NAMES: &[&str] = &["gantry.toml", "gantry.yaml", "gantry.yml"];
+/// Where a template job sees its config file.
+pub const TEMPLATE_CONFIG_DIR: &str = "/gantry/config";
+
+/// Check a template: it must be a valid spec whose command uses `{config}`.
+pub fn parse_template(text: &str, format: Format) -> Result<JobSpec, SpecError> {
+    let spec = parse(text, format)?;
+    match &spec.command {
+        Some(c) if c.mentions("{config}") => Ok(spec),
+        _ => Err(SpecError::new(
+            "the template's `command` does not mention `{config}`",
+            "write e.g. `command = \"python tools/train.py -c {config}\"`",
+        )
+        .at_key(text, "command")),
+    }
+}
+
+/// Instantiate a template for one dropped config file at `host_path` (its final, accepted location).
+pub fn instantiate_template(template: &JobSpec, template_dir_name: &str, host_path: &str, file_name: &str) -> JobSpec {
+    let inside = format!("{TEMPLATE_CONFIG_DIR}/{file_name}");
+    let mut spec = template.clone();
+    spec.command = template.command.as_ref().map(|c| c.map(|s| s.replace("{config}", &inside)));
+    spec.mounts.push(format!("{host_path}:{inside}:ro"));
+    let stem = file_name.rsplit_once('.').map(|(a, _)| a).unwrap_or(file_name);
+    spec.name = Some(format!("{}:{stem}", template.name.clone().unwrap_or_else(|| template_dir_name.to_string())));
+    spec
+}
+
+/// JSON Schema of the spec, for editors.
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(JobSpec)).expect("schema serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_yaml(t: &str) -> ValidJob {
+        validate_text(t, Format::Yaml, &Origin { file_name: Some("x.yaml".into()), base_dir: Some("/home/a".into()) }).unwrap()
+    }
+    fn err_yaml(t: &str) -> SpecError {
+        validate_text(t, Format::Yaml, &Origin::default()).unwrap_err()
+    }
+
+    #[test]
+    fn full_yaml_spec_parses() {
+        let j = ok_yaml(
+            "name: resnet\nimage: paddle:2.6\ncommand: [python, train.py]\nworkdir: /w\nenv: {A: '1'}\n\
+             mounts: ['/data:/data:ro', 'out:/out']\ngpus: 2\ngpu_memory: 20GiB\npriority: 5\ntimeout: 24h\nretries: 2\n",
+        );
+        assert_eq!(j.name, "resnet");
+        assert_eq!(j.gpus, 2);
+        assert_eq!(j.gpu_memory, Some(20 << 30));
+        assert_eq!(j.timeout, Some(Duration::from_secs(86400)));
+        assert_eq!(j.retries, 2);
+        assert_eq!(j.mounts[0], Mount { host: "/data".into(), container: "/data".into(), read_only: true });
+        assert_eq!(j.mounts[1].host, "/home/a/out");
+        assert_eq!(j.spec.command.unwrap().argv(), vec!["python", "train.py"]);
+    }
+
+    #[test]
+    fn toml_spec_and_defaults() {
+        let j = validate_text("image = \"busybox\"\ncommand = \"echo hi\"\n", Format::Toml, &Origin { file_name: Some("exp1.toml".into()), base_dir: None }).unwrap();
+        assert_eq!(j.name, "exp1");
+        assert_eq!(j.gpus, 1);
+        assert_eq!(j.gpu_memory, None);
+        assert_eq!(j.spec.command.unwrap().argv(), vec!["/bin/sh", "-c", "echo hi"]);
+    }
+
+    #[test]
+    fn unknown_field_points_at_line() {
+        let e = err_yaml("image: a\ngpu: 2\n");
+        assert!(e.message.contains("unknown field `gpu`"), "{e}");
+        assert_eq!(e.line, Some(2));
+        assert!(e.hint.contains("gantry schema"));
+    }
+
+    #[test]
+    fn toml_unknown_field_has_line() {
+        let e = validate_text("image = \"a\"\n\nbogus = 1\n", Format::Toml, &Origin::default()).unwrap_err();
+        assert!(e.message.contains("unknown field"), "{e}");
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn bad_yaml_syntax_has_position() {
+        let e = err_yaml("image: a\ncommand: [unclosed\n");
+        assert!(e.line.is_some(), "{e:?}");
+    }
+
+    #[test]
+    fn value_errors_are_clear() {
+        let cases = [
+            ("image: a\ngpus: -1\n", "must be 0 or more", Some(2)),
+            ("gpus: 1\n", "missing field `image`", Some(1)),
+            ("image: ''\n", "`image` is empty", Some(1)),
+            ("image: a\ngpu_memory: lots\n", "not a memory size", Some(2)),
+            ("image: a\ntimeout: forever\n", "not a duration", Some(2)),
+            ("image: a\nmounts: ['/var/run/docker.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/a/../var/run/docker.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['rel:/d']\n", "relative", Some(2)),
+            ("image: a\nmounts: ['/a:b']\n", "not absolute", Some(2)),
+            ("image: a\ngpus: 0\ngpu_memory: 1GiB\n", "`gpus` is 0", Some(3)),
+            ("image: a\ncommand: []\n", "empty list", Some(2)),
+            ("image: a\nworkdir: w\n", "not an absolute path", Some(2)),
+            ("image: a\nretries: -3\n", "between 0 and 100", Some(2)),
+        ];
+        for (text, want, line) in cases {
+            let e = err_yaml(text);
+            assert!(e.message.contains(want), "{text:?}: {e}");
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(!e.hint.is_empty());
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("20GiB"), Some(20 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1.5G"), Some(3 << 29));
+        assert_eq!(parse_bytes("100"), Some(100));
+        assert_eq!(parse_bytes("GiB"), None);
+        assert_eq!(parse_bytes("5XB"), None);
+        assert_eq!(format_bytes(24 << 30), "24.0 GiB");
+    }
+
+    #[test]
+    fn template_substitutes_config() {
+        let t = parse_template("image = \"paddle\"\ncommand = \"python tools/train.py -c {config}\"\ngpus = 1\n", Format::Toml).unwrap();
+        let s = instantiate_template(&t, "paddle-train", "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml", "exp.yaml");
+        assert_eq!(s.name.as_deref(), Some("paddle-train:exp"));
+        assert_eq!(s.command.unwrap().argv()[2], "python tools/train.py -c /gantry/config/exp.yaml");
+        assert_eq!(s.mounts, vec!["/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml:/gantry/config/exp.yaml:ro"]);
+        assert!(parse_template("image = \"p\"\ncommand = \"python x.py\"\n", Format::Toml).unwrap_err().message.contains("{config}"));
+    }
+
+    #[test]
+    fn schema_lists_fields() {
+        let s = json_schema();
+        let props = s["properties"].as_object().unwrap();
+        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "priority", "timeout", "retries"] {
+            assert!(props.contains_key(f), "{f}");
+        }
+        assert_eq!(s["additionalProperties"], serde_json::json!(false));
+    }
+}

@@ -1,0 +1,613 @@
+//! The durable queue: SQLite in WAL mode, versioned migrations, every state change in one
+//! transaction together with its event-log row.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::ValidJob;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("stored job data is corrupt: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("the database was written by a newer Gantry (schema {found}, this build knows {known}); upgrade Gantry")]
+    TooNew { found: i64, known: i64 },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::TimedOut => "timed_out",
+        }
+    }
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut)
+    }
+}
+
+/// Why an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    Exited,
+    Oom,
+    Timeout,
+    Cancelled,
+    Lost,
+    EngineError,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Exited => "exited",
+            EndReason::Oom => "oom",
+            EndReason::Timeout => "timeout",
+            EndReason::Cancelled => "cancelled",
+            EndReason::Lost => "lost",
+            EndReason::EngineError => "engine_error",
+        }
+    }
+    fn parse(s: &str) -> Option<EndReason> {
+        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub retries: u32,
+    pub timeout_ms: Option<i64>,
+    pub job: ValidJob,
+    pub state: JobState,
+    pub source: String,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub attempts: u32,
+    pub cancel_requested: bool,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub id: i64,
+    pub job_id: i64,
+    pub n: u32,
+    pub container_id: Option<String>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub reason: Option<EndReason>,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub job_id: i64,
+    pub at: i64,
+    pub from: Option<String>,
+    pub to: String,
+    pub message: Option<String>,
+}
+
+/// Who submits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HistoryFilter {
+    pub user: Option<String>,
+    pub status: Option<JobState>,
+    /// Finished at or after (ms).
+    pub since: Option<i64>,
+    pub limit: Option<u32>,
+    pub offset: Option<u32>,
+    /// Substring of name or image.
+    pub text: Option<String>,
+}
+
+/// One completed run for `history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryRow {
+    pub id: i64,
+    pub name: String,
+    pub owner: String,
+    pub image: String,
+    pub status: JobState,
+    pub exit_code: Option<i64>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub submitted_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub attempts: u32,
+}
+
+/// What ends an attempt and what happens to the job next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    pub exit_code: Option<i64>,
+    pub reason: EndReason,
+    pub message: Option<String>,
+    /// Final state, or `Queued` (with `not_before`) to retry.
+    pub next: JobState,
+    pub not_before: Option<i64>,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+const JOB_COLS: &str = "id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
+    spec_json, state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message";
+
+fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
+    let state: String = r.get(12)?;
+    let spec_json: String = r.get(11)?;
+    let job = serde_json::from_str(&spec_json)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(11, rusqlite::types::Type::Text, Box::new(e)))?;
+    Ok(Job {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            owner_uid: r.get(2)?,
+            owner_gid: r.get(3)?,
+            owner: r.get(4)?,
+            image: r.get(5)?,
+            gpus: r.get(6)?,
+            gpu_memory: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+            priority: r.get(8)?,
+            retries: r.get(9)?,
+            timeout_ms: r.get(10)?,
+            job,
+            state: JobState::parse(&state).unwrap_or(JobState::Failed),
+            source: r.get(13)?,
+            submitted_at: r.get(14)?,
+            not_before: r.get(15)?,
+            started_at: r.get(16)?,
+            finished_at: r.get(17)?,
+            exit_code: r.get(18)?,
+            attempts: r.get(19)?,
+            cancel_requested: r.get::<_, i64>(20)? != 0,
+            message: r.get(21)?,
+    })
+}
+
+fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
+    let gpus: String = r.get(4)?;
+    let uuids: String = r.get(5)?;
+    Ok(Attempt {
+        id: r.get(0)?,
+        job_id: r.get(1)?,
+        n: r.get(2)?,
+        container_id: r.get(3)?,
+        gpus: serde_json::from_str(&gpus).unwrap_or_default(),
+        gpu_uuids: serde_json::from_str(&uuids).unwrap_or_default(),
+        started_at: r.get(6)?,
+        ended_at: r.get(7)?,
+        exit_code: r.get(8)?,
+        reason: r.get::<_, Option<String>>(9)?.and_then(|s| EndReason::parse(&s)),
+        message: r.get(10)?,
+    })
+}
+
+const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message";
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    pub fn open_in_memory() -> Result<Store> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Store> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(StoreError::TooNew { found: version, known });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(Store { conn })
+    }
+
+    fn event(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
+        tx.prepare_cached("INSERT INTO events (job_id, at, from_state, to_state, message) VALUES (?1, ?2, ?3, ?4, ?5)")?
+            .execute(params![job_id, at, from.map(|s| s.as_str()), to.as_str(), msg])?;
+        Ok(())
+    }
+
+    /// Insert a queued job. `finalize` may rewrite the job once its id is known (template mounts).
+    pub fn insert_job(
+        &mut self,
+        job: &ValidJob,
+        owner: &Owner,
+        source: &str,
+        source_key: Option<&str>,
+        finalize: impl FnOnce(i64, &ValidJob) -> Option<ValidJob>,
+    ) -> Result<i64> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        tx.prepare_cached(
+            "INSERT INTO jobs (name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
+             spec_json, state, source, source_key, submitted_at) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,'queued',?12,?13,?14)",
+        )?
+        .execute(params![
+            job.name,
+            owner.uid,
+            owner.gid,
+            owner.name,
+            job.spec.image,
+            job.gpus,
+            job.gpu_memory.map(|m| m as i64),
+            job.spec.priority,
+            job.retries,
+            job.timeout.map(|t| t.as_millis() as i64),
+            serde_json::to_string(job)?,
+            source,
+            source_key,
+            now
+        ])?;
+        let id = tx.last_insert_rowid();
+        if let Some(j) = finalize(id, job) {
+            tx.execute("UPDATE jobs SET spec_json = ?2, name = ?3 WHERE id = ?1", params![id, serde_json::to_string(&j)?, j.name])?;
+        }
+        Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    pub fn job_by_source_key(&self, key: &str) -> Result<Option<i64>> {
+        Ok(self.conn.query_row("SELECT id FROM jobs WHERE source_key = ?1", [key], |r| r.get(0)).optional()?)
+    }
+
+    pub fn job(&self, id: i64) -> Result<Option<Job>> {
+        Ok(self.conn.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?.query_row([id], job_from_row).optional()?)
+    }
+
+    /// Jobs that are queued, starting or running, in submission order.
+    pub fn active_jobs(&self) -> Result<Vec<Job>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {JOB_COLS} FROM jobs WHERE state IN ('queued','starting','running') ORDER BY id"
+        ))?;
+        let rows = st.query_map([], job_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn attempts(&self, job_id: i64) -> Result<Vec<Attempt>> {
+        let mut st = self.conn.prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 ORDER BY n"))?;
+        let rows = st.query_map([job_id], attempt_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// The attempt that has not ended yet, if any.
+    pub fn open_attempt(&self, job_id: i64) -> Result<Option<Attempt>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND ended_at IS NULL"))?
+            .query_row([job_id], attempt_from_row)
+            .optional()?)
+    }
+
+    pub fn events(&self, job_id: i64) -> Result<Vec<Event>> {
+        let mut st = self.conn.prepare_cached("SELECT job_id, at, from_state, to_state, message FROM events WHERE job_id = ?1 ORDER BY id")?;
+        let rows = st
+            .query_map([job_id], |r| Ok(Event { job_id: r.get(0)?, at: r.get(1)?, from: r.get(2)?, to: r.get(3)?, message: r.get(4)? }))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// queued -> starting, with a new attempt row. Returns `None` if the job is no longer queued:
+    /// this compare-and-set is what guarantees a job never starts twice.
+    pub fn begin_attempt(&mut self, job_id: i64, gpus: &[u32], uuids: &[String]) -> Result<Option<Attempt>> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let changed = tx.execute(
+            "UPDATE jobs SET state = 'starting', attempts = attempts + 1, not_before = NULL, started_at = COALESCE(started_at, ?2) \
+             WHERE id = ?1 AND state = 'queued' AND cancel_requested = 0",
+            params![job_id, now],
+        )?;
+        if changed == 0 {
+            return Ok(None);
+        }
+        let n: u32 = tx.query_row("SELECT attempts FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))?;
+        tx.execute(
+            "INSERT INTO attempts (job_id, n, gpus, gpu_uuids, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![job_id, n, serde_json::to_string(gpus)?, serde_json::to_string(uuids)?, now],
+        )?;
+        let aid = tx.last_insert_rowid();
+        let gl = if gpus.is_empty() { "no GPU".to_string() } else { format!("GPU {}", gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")) };
+        Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Starting, Some(&format!("attempt {n} on {gl}")))?;
+        let a = tx.query_row(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = ?1"), [aid], attempt_from_row)?;
+        tx.commit()?;
+        Ok(Some(a))
+    }
+
+    pub fn set_container(&mut self, attempt_id: i64, container_id: &str) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, container_id])?;
+        Ok(())
+    }
+
+    /// starting -> running.
+    pub fn set_running(&mut self, job_id: i64) -> Result<bool> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'starting'", [job_id])?;
+        if n == 1 {
+            Self::event(&tx, job_id, now, Some(JobState::Starting), JobState::Running, None)?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// Close the open attempt and move the job to its next state, atomically.
+    pub fn end_attempt(&mut self, job_id: i64, attempt_id: i64, end: &Ending) -> Result<()> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let closed = tx.execute(
+            "UPDATE attempts SET ended_at = ?2, exit_code = ?3, reason = ?4, message = ?5 WHERE id = ?1 AND ended_at IS NULL",
+            params![attempt_id, now, end.exit_code, end.reason.as_str(), end.message],
+        )?;
+        if closed == 0 {
+            return Ok(()); // already recorded (e.g. by recovery): record once
+        }
+        let from: String = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))?;
+        let finished = if end.next.is_final() { Some(now) } else { None };
+        tx.execute(
+            "UPDATE jobs SET state = ?2, exit_code = ?3, finished_at = ?4, not_before = ?5, message = ?6 WHERE id = ?1",
+            params![job_id, end.next.as_str(), end.exit_code, finished, end.not_before, end.message],
+        )?;
+        let msg = match (&end.message, end.exit_code) {
+            (Some(m), _) => m.clone(),
+            (None, Some(c)) => format!("{} with code {c}", end.reason.as_str()),
+            (None, None) => end.reason.as_str().to_string(),
+        };
+        Self::event(&tx, job_id, now, JobState::parse(&from), end.next, Some(&msg))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Ask to cancel. A queued job is cancelled at once; a starting/running one is flagged for the
+    /// executor. Returns the state before, or `None` when the job does not exist.
+    pub fn request_cancel(&mut self, job_id: i64) -> Result<Option<JobState>> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
+        let Some(st) = st.and_then(|s| JobState::parse(&s)) else { return Ok(None) };
+        match st {
+            JobState::Queued => {
+                tx.execute("UPDATE jobs SET state = 'cancelled', cancel_requested = 1, finished_at = ?2 WHERE id = ?1", params![job_id, now])?;
+                Self::event(&tx, job_id, now, Some(st), JobState::Cancelled, Some("cancelled while queued"))?;
+            }
+            JobState::Starting | JobState::Running => {
+                tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", [job_id])?;
+            }
+            _ => {}
+        }
+        tx.commit()?;
+        Ok(Some(st))
+    }
+
+    pub fn set_priority(&mut self, job_id: i64, priority: i32) -> Result<bool> {
+        Ok(self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1)
+    }
+
+    /// Completed runs, newest first.
+    pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>> {
+        let mut sql = String::from(
+            "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
+             FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts \
+             WHERE j.finished_at IS NOT NULL",
+        );
+        let mut args: Vec<rusqlite::types::Value> = vec![];
+        if let Some(u) = &f.user {
+            args.push(u.clone().into());
+            sql += &format!(" AND j.owner = ?{}", args.len());
+        }
+        if let Some(s) = f.status {
+            args.push(s.as_str().to_string().into());
+            sql += &format!(" AND j.state = ?{}", args.len());
+        }
+        if let Some(s) = f.since {
+            args.push(s.into());
+            sql += &format!(" AND j.finished_at >= ?{}", args.len());
+        }
+        if let Some(t) = &f.text {
+            args.push(format!("%{t}%").into());
+            sql += &format!(" AND (j.name LIKE ?{0} OR j.image LIKE ?{0})", args.len());
+        }
+        sql += &format!(
+            " ORDER BY j.finished_at DESC, j.id DESC LIMIT {} OFFSET {}",
+            f.limit.unwrap_or(100).min(10_000),
+            f.offset.unwrap_or(0)
+        );
+        let mut st = self.conn.prepare_cached(&sql)?;
+        let rows = st
+            .query_map(rusqlite::params_from_iter(args), |r| {
+                let state: String = r.get(4)?;
+                let gpus: Option<String> = r.get(6)?;
+                let uuids: Option<String> = r.get(7)?;
+                Ok(HistoryRow {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    owner: r.get(2)?,
+                    image: r.get(3)?,
+                    status: JobState::parse(&state).unwrap_or(JobState::Failed),
+                    exit_code: r.get(5)?,
+                    gpus: gpus.and_then(|g| serde_json::from_str(&g).ok()).unwrap_or_default(),
+                    gpu_uuids: uuids.and_then(|g| serde_json::from_str(&g).ok()).unwrap_or_default(),
+                    submitted_at: r.get(8)?,
+                    started_at: r.get(9)?,
+                    finished_at: r.get(10)?,
+                    attempts: r.get(11)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Record one minute of GPU aggregates (replacing a partial one for the same minute).
+    pub fn record_gpu_minute(&mut self, gpu: u32, minute_ms: i64, util_avg: f64, util_max: u32, mem_used_avg: u64, mem_total: u64) -> Result<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO gpu_minutes VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
+            .execute(params![gpu, minute_ms, util_avg, util_max, mem_used_avg as i64, mem_total as i64])?;
+        Ok(())
+    }
+
+    /// Per-minute aggregates for one GPU since `since_ms`: (minute, util_avg, mem_used_avg).
+    pub fn gpu_minutes(&self, gpu: u32, since_ms: i64) -> Result<Vec<(i64, f64, i64)>> {
+        let mut st = self.conn.prepare_cached("SELECT minute, util_avg, mem_used_avg FROM gpu_minutes WHERE gpu_index = ?1 AND minute >= ?2 ORDER BY minute")?;
+        let rows = st.query_map(params![gpu, since_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{validate_text, Format, Origin};
+
+    fn vj(t: &str) -> ValidJob {
+        validate_text(t, Format::Yaml, &Origin::default()).unwrap()
+    }
+    fn owner() -> Owner {
+        Owner { uid: 1000, gid: 1000, name: "ada".into() }
+    }
+
+    #[test]
+    fn job_lifecycle_is_recorded_with_events() {
+        let mut s = Store::open_in_memory().unwrap();
+        let id = s.insert_job(&vj("image: a\ngpus: 1\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        let a = s.begin_attempt(id, &[0], &["GPU-x".into()]).unwrap().unwrap();
+        assert!(s.begin_attempt(id, &[1], &[]).unwrap().is_none(), "a job must never start twice");
+        assert!(s.set_running(id).unwrap());
+        let end = Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next: JobState::Succeeded, not_before: None };
+        s.end_attempt(id, a.id, &end).unwrap();
+        s.end_attempt(id, a.id, &Ending { exit_code: Some(3), ..end }).unwrap();
+        let j = s.job(id).unwrap().unwrap();
+        assert_eq!((j.state, j.exit_code, j.attempts), (JobState::Succeeded, Some(0), 1));
+        let ev: Vec<String> = s.events(id).unwrap().into_iter().map(|e| e.to).collect();
+        assert_eq!(ev, ["queued", "starting", "running", "succeeded"]);
+        let h = s.history(&HistoryFilter::default()).unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].gpu_uuids, vec!["GPU-x"]);
+    }
+
+    #[test]
+    fn cancel_queued_is_immediate_and_blocks_start() {
+        let mut s = Store::open_in_memory().unwrap();
+        let id = s.insert_job(&vj("image: a\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        assert_eq!(s.request_cancel(id).unwrap(), Some(JobState::Queued));
+        assert_eq!(s.job(id).unwrap().unwrap().state, JobState::Cancelled);
+        assert!(s.begin_attempt(id, &[0], &[]).unwrap().is_none());
+        assert_eq!(s.request_cancel(999).unwrap(), None);
+    }
+
+    #[test]
+    fn survives_reopen_and_filters_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        {
+            let mut s = Store::open(&p).unwrap();
+            for (i, name) in ["alpha", "beta", "gamma"].iter().enumerate() {
+                let id = s.insert_job(&vj(&format!("name: {name}\nimage: img{i}\n")), &Owner { name: if i == 0 { "bob".into() } else { "ada".into() }, ..owner() }, "cli", None, |_, _| None).unwrap();
+                let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+                let next = if i == 2 { JobState::Failed } else { JobState::Succeeded };
+                s.end_attempt(id, a.id, &Ending { exit_code: Some(i as i64), reason: EndReason::Exited, message: None, next, not_before: None }).unwrap();
+            }
+            s.insert_job(&vj("image: q\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        }
+        let s = Store::open(&p).unwrap();
+        assert_eq!(s.active_jobs().unwrap().len(), 1);
+        let f = |f: HistoryFilter| s.history(&f).unwrap().into_iter().map(|r| r.name).collect::<Vec<_>>();
+        assert_eq!(f(HistoryFilter::default()), ["gamma", "beta", "alpha"]);
+        assert_eq!(f(HistoryFilter { user: Some("bob".into()), ..Default::default() }), ["alpha"]);
+        assert_eq!(f(HistoryFilter { status: Some(JobState::Failed), ..Default::default() }), ["gamma"]);
+        assert_eq!(f(HistoryFilter { text: Some("img1".into()), ..Default::default() }), ["beta"]);
+        assert_eq!(f(HistoryFilter { limit: Some(1), offset: Some(1), ..Default::default() }), ["beta"]);
+    }
+
+    #[test]
+    fn retry_requeues_with_backoff() {
+        let mut s = Store::open_in_memory().unwrap();
+        let id = s.insert_job(&vj("image: a\nretries: 1\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+        s.end_attempt(id, a.id, &Ending { exit_code: Some(1), reason: EndReason::Exited, message: None, next: JobState::Queued, not_before: Some(123) }).unwrap();
+        let j = s.job(id).unwrap().unwrap();
+        assert_eq!((j.state, j.not_before, j.finished_at), (JobState::Queued, Some(123), None));
+        let a2 = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+        assert_eq!(a2.n, 2);
+    }
+}
