@@ -1,0 +1,43 @@
+//! Run a whole engine (store, sampler, scheduler, drop folder, API) until `shutdown` resolves.
+//! Used by `gantry daemon` and by the desktop app's embedded engine.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tracing::{error, warn};
+
+use crate::engine::{Config, Engine, EngineError};
+
+/// Open the engine, then serve. Returns when `shutdown` resolves (running containers keep running).
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+    let engine = Engine::open(cfg)?;
+    run_engine(engine, shutdown).await
+}
+
+pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+    let inbox = {
+        let (e, dir) = (engine.clone(), engine.cfg.paths.inbox.clone());
+        tokio::spawn(async move {
+            if let Err(err) = crate::inbox::run(e, dir.clone()).await {
+                error!("drop folder {} disabled: {err}", dir.display());
+            }
+        })
+    };
+    let looped = tokio::spawn(engine.clone().run());
+    let stop = engine.clone();
+    let socket = engine.cfg.paths.socket();
+    let served = crate::api::serve(engine.clone(), &socket, async move {
+        shutdown.await;
+        stop.shutdown();
+    })
+    .await;
+    engine.shutdown();
+    inbox.abort();
+    if let Err(e) = looped.await {
+        warn!("engine loop ended abnormally: {e}");
+    }
+    if !matches!(served, Err(EngineError::AlreadyRunning(_))) {
+        let _ = std::fs::remove_file(&socket);
+    }
+    served
+}

@@ -1,0 +1,329 @@
+//! Runs attempts as Docker containers through bollard.
+//!
+//! Every container carries labels naming the engine, job and attempt, so a restarted engine can find
+//! its containers again. Jobs run as the submitter's uid:gid with `no-new-privileges` and every
+//! capability dropped.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::query_parameters as qp;
+use bollard::Docker;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use crate::spec::ValidJob;
+
+pub const LABEL_ENGINE: &str = "dev.gantry.engine";
+pub const LABEL_JOB: &str = "dev.gantry.job";
+pub const LABEL_ATTEMPT: &str = "dev.gantry.attempt";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("the Docker engine is not reachable ({0}); start it (e.g. `sudo systemctl start docker`) — queued jobs wait until it is back")]
+    DockerUnavailable(String),
+    #[error("image {image:?} is not on this machine and could not be pulled: {detail}. Build or load it locally (`docker build`, `docker load`, `docker import`) or fix the name")]
+    ImageUnavailable { image: String, detail: String },
+    #[error("Docker refused the container: {0}")]
+    Rejected(String),
+}
+
+impl ExecError {
+    /// Errors that say nothing about the job itself: retry later without using up the job's retries.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ExecError::DockerUnavailable(_))
+    }
+}
+
+fn classify(e: DockerError) -> ExecError {
+    match e {
+        DockerError::DockerResponseServerError { message, .. } => ExecError::Rejected(message),
+        other => ExecError::DockerUnavailable(other.to_string()),
+    }
+}
+
+/// How GPUs reach the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuBinding {
+    /// NVIDIA container toolkit: a DeviceRequest with the GPU UUIDs.
+    Nvidia,
+    /// Simulated GPUs: only the environment the runtime would set.
+    EnvOnly,
+}
+
+/// Everything needed to create one attempt's container.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    pub engine_id: &'a str,
+    pub job_id: i64,
+    pub attempt_id: i64,
+    pub attempt_n: u32,
+    pub job: &'a ValidJob,
+    pub uid: u32,
+    pub gid: u32,
+    pub gpu_uuids: Vec<String>,
+    /// Total memory of the assigned GPUs (first one), for memory-fraction hints when shared.
+    pub gpu_total_memory: Option<u64>,
+    pub binding: GpuBinding,
+}
+
+/// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
+pub fn job_env(l: &Launch) -> Vec<String> {
+    let mut env: Vec<(String, String)> = l.job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut set = |k: &str, v: String| {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.to_string(), v));
+    };
+    set("GANTRY_JOB_ID", l.job_id.to_string());
+    set("GANTRY_ATTEMPT", l.attempt_n.to_string());
+    set("GANTRY_GPU_UUIDS", l.gpu_uuids.join(","));
+    if l.gpu_uuids.is_empty() {
+        // Images such as nvidia/cuda set NVIDIA_VISIBLE_DEVICES=all: make a CPU job see no GPU.
+        set("NVIDIA_VISIBLE_DEVICES", "void".into());
+        set("CUDA_VISIBLE_DEVICES", String::new());
+    } else {
+        set("NVIDIA_VISIBLE_DEVICES", l.gpu_uuids.join(","));
+        set("CUDA_VISIBLE_DEVICES", (0..l.gpu_uuids.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    }
+    if let (Some(m), Some(total)) = (l.job.gpu_memory, l.gpu_total_memory) {
+        let frac = (m as f64 / total as f64).clamp(0.01, 1.0);
+        let f = format!("{frac:.3}");
+        set("FLAGS_fraction_of_gpu_memory_to_use", f.clone());
+        set("XLA_PYTHON_CLIENT_MEM_FRACTION", f);
+        set("TF_FORCE_GPU_ALLOW_GROWTH", "true".into());
+    }
+    env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// A container of ours found at startup.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub container_id: String,
+    pub job_id: i64,
+    pub attempt_id: i64,
+    pub running: bool,
+    /// Never started (created only).
+    pub created_only: bool,
+}
+
+/// How a container ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i64,
+    pub oom_killed: bool,
+}
+
+#[derive(Clone)]
+pub struct Executor {
+    docker: Docker,
+}
+
+impl Executor {
+    pub fn connect() -> Result<Executor, ExecError> {
+        let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
+        Ok(Executor { docker })
+    }
+
+    pub async fn ping(&self) -> Result<(), ExecError> {
+        self.docker.ping().await.map(|_| ()).map_err(|e| ExecError::DockerUnavailable(e.to_string()))
+    }
+
+    /// Make sure the image is present; try one pull if not.
+    pub async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => return Ok(()),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(classify(e)),
+        }
+        let opts = qp::CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
+        let mut stream = self.docker.create_image(Some(opts), None, None);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                let detail = match e {
+                    DockerError::DockerResponseServerError { message, .. } => message,
+                    DockerError::DockerStreamError { error } => error,
+                    other => other.to_string(),
+                };
+                return Err(ExecError::ImageUnavailable { image: image.into(), detail });
+            }
+        }
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ExecError::ImageUnavailable { image: image.into(), detail: e.to_string() }),
+        }
+    }
+
+    /// Create (not start) the attempt's container; returns its id.
+    pub async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {
+        let labels = HashMap::from([
+            (LABEL_ENGINE.to_string(), l.engine_id.to_string()),
+            (LABEL_JOB.to_string(), l.job_id.to_string()),
+            (LABEL_ATTEMPT.to_string(), l.attempt_id.to_string()),
+        ]);
+        let binds: Vec<String> =
+            l.job.mounts.iter().map(|m| format!("{}:{}{}", m.host, m.container, if m.read_only { ":ro" } else { "" })).collect();
+        let device_requests = (l.binding == GpuBinding::Nvidia && !l.gpu_uuids.is_empty()).then(|| {
+            vec![DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(l.gpu_uuids.clone()),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            }]
+        });
+        let body = ContainerCreateBody {
+            image: Some(l.job.spec.image.clone()),
+            cmd: l.job.spec.command.as_ref().map(|c| c.argv()),
+            env: Some(job_env(l)),
+            working_dir: l.job.spec.workdir.clone(),
+            user: Some(format!("{}:{}", l.uid, l.gid)),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                binds: (!binds.is_empty()).then_some(binds),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                cap_drop: Some(vec!["ALL".into()]),
+                init: Some(true),
+                device_requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let name = format!("gantry-{}-j{}-a{}", &l.engine_id[..8.min(l.engine_id.len())], l.job_id, l.attempt_n);
+        let opts = qp::CreateContainerOptions { name: Some(name), ..Default::default() };
+        Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), ExecError> {
+        self.docker.start_container(id, None::<qp::StartContainerOptions>).await.map_err(classify)
+    }
+
+    /// Wait for the container to exit; then read its real exit code and OOM flag.
+    pub async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
+        let mut s = self.docker.wait_container(id, None::<qp::WaitContainerOptions>);
+        match s.next().await {
+            Some(Ok(_)) | Some(Err(DockerError::DockerContainerWaitError { .. })) | None => {}
+            Some(Err(e)) => return Err(classify(e)),
+        }
+        self.exit_of(id).await?.ok_or_else(|| ExecError::Rejected(format!("container {id} still running after wait")))
+    }
+
+    /// Exit status of a stopped container; `None` while it runs.
+    pub async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError> {
+        let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
+        let st = info.state.unwrap_or_default();
+        if st.running.unwrap_or(false) {
+            return Ok(None);
+        }
+        Ok(Some(Exit { code: st.exit_code.unwrap_or(-1), oom_killed: st.oom_killed.unwrap_or(false) }))
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
+        let opts = qp::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
+        match self.docker.stop_container(id, Some(opts)).await {
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    pub async fn remove(&self, id: &str) -> Result<(), ExecError> {
+        let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        match self.docker.remove_container(id, Some(opts)).await {
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    /// Every container this engine created that still exists.
+    pub async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {
+        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_ENGINE}={engine_id}")])]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                let state = c.state.map(|s| s.to_string()).unwrap_or_default();
+                Some(Found {
+                    container_id: c.id?,
+                    job_id: labels.get(LABEL_JOB)?.parse().ok()?,
+                    attempt_id: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
+                    running: state == "running" || state == "restarting" || state == "paused",
+                    created_only: state == "created",
+                })
+            })
+            .collect())
+    }
+
+    /// Copy the container's output to `path` (appending, timestamped, capped at `cap` bytes) until
+    /// the container ends. `since_s`: skip output before this Unix time (for reattaching).
+    pub async fn stream_logs(&self, id: &str, path: &Path, cap: u64, since_s: i64) -> std::io::Result<()> {
+        let mut f = tokio::fs::OpenOptions::new().create(true).append(true).open(path).await?;
+        let mut written = f.metadata().await?.len();
+        let opts = qp::LogsOptions { follow: true, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
+        let mut s = self.docker.logs(id, Some(opts));
+        let mut truncated = false;
+        while let Some(item) = s.next().await {
+            let Ok(chunk) = item else { break };
+            let bytes = chunk.into_bytes();
+            if truncated {
+                continue;
+            }
+            if written + bytes.len() as u64 > cap {
+                f.write_all(format!("[gantry] log truncated: the job wrote more than {cap} bytes\n").as_bytes()).await?;
+                truncated = true;
+                continue;
+            }
+            written += bytes.len() as u64;
+            f.write_all(&bytes).await?;
+            f.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{validate_text, Format, Origin};
+
+    fn launch(job: &ValidJob, uuids: &[&str]) -> Vec<String> {
+        job_env(&Launch {
+            engine_id: "e",
+            job_id: 7,
+            attempt_id: 1,
+            attempt_n: 1,
+            job,
+            uid: 1000,
+            gid: 1000,
+            gpu_uuids: uuids.iter().map(|s| s.to_string()).collect(),
+            gpu_total_memory: Some(40 << 30),
+            binding: GpuBinding::EnvOnly,
+        })
+    }
+
+    #[test]
+    fn env_binds_exactly_the_assigned_gpus() {
+        let j = validate_text("image: a\ngpus: 2\nenv: {CUDA_VISIBLE_DEVICES: '5', MY: x}\n", Format::Yaml, &Origin::default()).unwrap();
+        let env = launch(&j, &["GPU-a", "GPU-b"]);
+        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
+        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=0,1".to_string()), "a spec must not override the GPU binding: {env:?}");
+        assert!(env.contains(&"GANTRY_JOB_ID=7".to_string()));
+        assert!(env.contains(&"MY=x".to_string()));
+        assert!(!env.iter().any(|e| e.starts_with("XLA_")));
+    }
+
+    #[test]
+    fn shared_gpu_gets_memory_hints_and_cpu_job_sees_none() {
+        let j = validate_text("image: a\ngpu_memory: 10GiB\n", Format::Yaml, &Origin::default()).unwrap();
+        let env = launch(&j, &["GPU-a"]);
+        assert!(env.contains(&"FLAGS_fraction_of_gpu_memory_to_use=0.250".to_string()), "{env:?}");
+        assert!(env.contains(&"XLA_PYTHON_CLIENT_MEM_FRACTION=0.250".to_string()));
+        assert!(env.contains(&"TF_FORCE_GPU_ALLOW_GROWTH=true".to_string()));
+        let cpu = validate_text("image: a\ngpus: 0\n", Format::Yaml, &Origin::default()).unwrap();
+        let env = launch(&cpu, &[]);
+        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
+    }
+}
