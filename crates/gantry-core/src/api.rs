@@ -46,6 +46,8 @@ pub struct StatusInfo {
     pub inbox: PathBuf,
     pub state_dir: PathBuf,
     pub docker_problem: Option<String>,
+    /// Value of the `dev.gantry.engine` label on this engine's containers.
+    pub engine_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -137,6 +139,7 @@ async fn status(State(e): E) -> Json<StatusInfo> {
         inbox: e.cfg.paths.inbox.clone(),
         state_dir: e.cfg.paths.state_dir.clone(),
         docker_problem: e.docker_problem(),
+        engine_id: e.engine_id.clone(),
     })
 }
 

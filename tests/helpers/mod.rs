@@ -1,0 +1,231 @@
+//! Test helpers: start real engines in temp dirs and drive them through the real CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const IMAGE: &str = "gantry-test/busybox:1";
+const WAIT: Duration = Duration::from_secs(90);
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_gantry")
+}
+
+/// Build the tiny test image from the host's static busybox if it is missing.
+pub fn ensure_image() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let have = Command::new("docker").args(["image", "inspect", IMAGE]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if have.map(|s| s.success()).unwrap_or(false) {
+            return;
+        }
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "set -e; r=$(mktemp -d); mkdir -p $r/bin $r/tmp; cp /bin/busybox $r/bin/busybox; \
+                 for c in sh echo env sleep cat id grep true false ls; do ln -s busybox $r/bin/$c; done; \
+                 tar -C $r -c . | docker import - {IMAGE} >/dev/null; rm -rf $r"
+            ))
+            .status()
+            .expect("run sh");
+        assert!(status.success(), "could not build {IMAGE}: is Docker running and busybox-static installed?");
+    });
+}
+
+pub fn gantry_in(state: &Path, args: &[&str]) -> Output {
+    Command::new(bin()).arg("--state-dir").arg(state).args(args).output().expect("run gantry")
+}
+
+pub struct Engine {
+    _dir: tempfile::TempDir,
+    pub state: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    pub engine_id: String,
+}
+
+impl Engine {
+    /// Start `gantry daemon` with 2 simulated 24 GiB GPUs unless `extra` says otherwise.
+    pub fn start(extra: &[&str]) -> Engine {
+        ensure_image();
+        let dir = tempfile::Builder::new().prefix("gantry-test-").tempdir().unwrap();
+        // Other test users (setpriv) must reach the socket inside.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let state = dir.path().join("state");
+        let mut args: Vec<String> = vec!["daemon".into(), "--stop-grace".into(), "2s".into(), "--retry-backoff".into(), "1s".into()];
+        if !extra.contains(&"--gpus") {
+            args.extend(["--gpus".into(), "sim:2x24GiB".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut e = Engine { _dir: dir, state, args, child: None, engine_id: String::new() };
+        e.restart();
+        e
+    }
+
+    pub fn restart(&mut self) {
+        std::fs::create_dir_all(&self.state).unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.state.join("daemon.log")).unwrap();
+        let child = Command::new(bin())
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(&self.args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start gantry daemon");
+        self.child = Some(child);
+        let t = Instant::now();
+        loop {
+            let out = gantry_in(&self.state, &["status", "--json"]);
+            if out.status.success() && self.inbox().join("accepted").exists() {
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                self.engine_id = v["engine_id"].as_str().unwrap().to_string();
+                // Let the drop-folder watcher finish its start-up scan.
+                std::thread::sleep(Duration::from_millis(200));
+                return;
+            }
+            assert!(t.elapsed() < WAIT, "engine did not come up: {}", self.daemon_log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.state.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn inbox(&self) -> PathBuf {
+        self.state.join("inbox")
+    }
+
+    pub fn gantry(&self, args: &[&str]) -> Output {
+        gantry_in(&self.state, args)
+    }
+
+    /// Run the CLI as another user (uid = gid).
+    pub fn gantry_as(&self, uid: u32, args: &[&str]) -> Output {
+        Command::new("setpriv")
+            .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()])
+            .arg(bin())
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(args)
+            .output()
+            .expect("run setpriv")
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.gantry(&a);
+        assert!(out.status.success(), "gantry {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.daemon_log());
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn write_spec(&self, name: &str, text: &str) -> PathBuf {
+        let p = self._dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        p
+    }
+
+    pub fn submit_yaml(&self, name: &str, text: &str) -> i64 {
+        let f = self.write_spec(&format!("{name}.yaml"), text);
+        let v = self.json(&["submit", f.to_str().unwrap()]);
+        v[0]["job_id"].as_i64().unwrap_or_else(|| panic!("submit failed: {v}"))
+    }
+
+    /// Drop a file the way users do: write elsewhere, then rename into the inbox.
+    pub fn drop_file(&self, name: &str, text: &str) {
+        self.drop_bytes(name, text.as_bytes())
+    }
+
+    pub fn drop_bytes(&self, name: &str, body: &[u8]) {
+        let tmp = self._dir.path().join(format!("staging-{}", name.replace('/', "_")));
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, self.inbox().join(name)).unwrap();
+    }
+
+    pub fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < WAIT, "timed out waiting for {what}\n{}", self.daemon_log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn show(&self, id: i64) -> Value {
+        self.json(&["show", &id.to_string()])
+    }
+
+    pub fn wait_state(&self, id: i64, state: &str) -> Value {
+        let mut last = Value::Null;
+        self.wait_until(&format!("job {id} to be {state}"), || {
+            last = self.show(id);
+            last["job"]["state"] == state
+        });
+        last
+    }
+
+    pub fn wait_final(&self, id: i64) -> Value {
+        let mut last = Value::Null;
+        self.wait_until(&format!("job {id} to end"), || {
+            last = self.show(id);
+            ["succeeded", "failed", "cancelled", "timed_out"].contains(&last["job"]["state"].as_str().unwrap_or(""))
+                && last["attempts"].as_array().map(|a| a.iter().all(|a| !a["ended_at"].is_null())).unwrap_or(true)
+        });
+        last
+    }
+
+    pub fn logs(&self, id: i64) -> String {
+        String::from_utf8_lossy(&self.gantry(&["logs", &id.to_string()]).stdout).into_owned()
+    }
+
+    /// Wait for a file in `inbox/<sub>` whose name ends with `suffix`; returns its name.
+    pub fn wait_for_file(&self, sub: &str, suffix: &str) -> String {
+        let dir = self.inbox().join(sub);
+        let mut found = String::new();
+        self.wait_until(&format!("a file *{suffix} in {}", dir.display()), || {
+            found = std::fs::read_dir(&dir)
+                .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).find(|n| n.ends_with(suffix)).unwrap_or_default())
+                .unwrap_or_default();
+            !found.is_empty()
+        });
+        found
+    }
+
+    pub fn wait_for_rejection(&self, name: &str) -> String {
+        self.wait_for_file("rejected", &format!("{name}.error.txt"));
+        std::fs::read_to_string(self.inbox().join("rejected").join(format!("{name}.error.txt"))).unwrap()
+    }
+
+    pub fn our_containers(&self) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=dev.gantry.engine={}", self.engine_id)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+        let ids = self.our_containers();
+        if !ids.is_empty() {
+            let _ = Command::new("docker").args(["rm", "-f"]).args(&ids).output();
+        }
+    }
+}
