@@ -84,6 +84,43 @@ pub struct HistoryQuery {
     pub limit: Option<u32>,
     pub offset: Option<u32>,
     pub text: Option<String>,
+    pub image: Option<String>,
+    pub until: Option<i64>,
+    pub sort: Option<String>,
+    pub asc: Option<bool>,
+}
+
+impl HistoryQuery {
+    fn filter(self) -> Result<HistoryFilter, Failure> {
+        let status = match self.status.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(JobState::parse(s).ok_or_else(|| bad(format!("unknown status {s:?}")))?),
+        };
+        Ok(HistoryFilter {
+            user: self.user.filter(|s| !s.is_empty()),
+            status,
+            since: self.since,
+            limit: self.limit,
+            offset: self.offset,
+            text: self.text.filter(|s| !s.is_empty()),
+            image: self.image.filter(|s| !s.is_empty()),
+            until: self.until,
+            sort: self.sort,
+            asc: self.asc,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WhoAmI {
+    pub uid: u32,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Range {
+    pub from: i64,
+    pub to: i64,
 }
 
 struct Failure(StatusCode, ApiError);
@@ -124,6 +161,13 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/gpus", get(gpus))
         .route("/v1/history", get(history))
+        .route("/v1/history/count", get(history_count))
+        .route("/v1/timeline", get(timeline))
+        .route("/v1/gpus/recent", get(gpus_recent))
+        .route("/v1/gpus/{index}/minutes", get(gpu_minutes))
+        .route("/v1/validate", post(validate))
+        .route("/v1/jobs/{id}/rerun", post(rerun))
+        .route("/v1/whoami", get(whoami))
         .route("/v1/events", get(events))
         .with_state(engine)
 }
@@ -150,7 +194,7 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
             spec_error: None,
         })
     })?;
-    let owner = Owner { uid: p.uid, gid: p.gid, name: user_name(p.uid) };
+    let owner = owner_of(&p);
     let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
     let id = e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name))?;
     Ok(Json(Submitted { job_id: id }))
@@ -177,12 +221,55 @@ async fn gpus(State(e): E) -> Json<crate::engine::GpuStatus> {
 }
 
 async fn history(State(e): E, Query(q): Query<HistoryQuery>) -> Res<Vec<crate::store::HistoryRow>> {
-    let status = match q.status.as_deref() {
-        None => None,
-        Some(s) => Some(JobState::parse(s).ok_or_else(|| bad(format!("unknown status {s:?}")))?),
-    };
-    let f = HistoryFilter { user: q.user, status, since: q.since, limit: q.limit, offset: q.offset, text: q.text };
-    Ok(Json(e.history(&f)?))
+    Ok(Json(e.history(&q.filter()?)?))
+}
+
+async fn history_count(State(e): E, Query(q): Query<HistoryQuery>) -> Res<i64> {
+    Ok(Json(e.history_count(&q.filter()?)?))
+}
+
+async fn timeline(State(e): E, Query(r): Query<Range>) -> Res<Vec<crate::store::TimelineRun>> {
+    Ok(Json(e.timeline(r.from, r.to)?))
+}
+
+#[derive(Deserialize)]
+struct Since {
+    #[serde(default)]
+    since: i64,
+}
+
+/// 1 Hz samples of the last hour: `[ms, [[util, mem_used], ...]]`.
+async fn gpus_recent(State(e): E, Query(q): Query<Since>) -> Json<Vec<(i64, Vec<(u32, u64)>)>> {
+    Json(e.recent_samples(q.since))
+}
+
+async fn gpu_minutes(State(e): E, UrlPath(index): UrlPath<u32>, Query(r): Query<Range>) -> Res<Vec<(i64, f64, i64)>> {
+    Ok(Json(e.gpu_minutes(index, r.from, r.to)?))
+}
+
+fn owner_of(p: &Peer) -> Owner {
+    Owner { uid: p.uid, gid: p.gid, name: user_name(p.uid) }
+}
+
+/// Check a spec without queueing it (the app's submit preview).
+async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec::ValidJob> {
+    let format = Format::from_name(&r.file_name).ok_or_else(|| {
+        Failure(StatusCode::UNPROCESSABLE_ENTITY, ApiError {
+            error: format!("{:?} is not a job file: Gantry reads .yaml, .yml and .toml", r.file_name),
+            spec_error: None,
+        })
+    })?;
+    let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
+    Ok(Json(e.validate_text(&r.text, format, &origin)?))
+}
+
+/// Queue a copy of a job's spec, owned by the caller.
+async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
+    Ok(Json(Submitted { job_id: e.rerun(id, &owner_of(&p))? }))
+}
+
+async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {
+    Json(WhoAmI { uid: p.uid, name: user_name(p.uid) })
 }
 
 #[derive(Deserialize)]

@@ -696,6 +696,31 @@ impl Engine {
         self.submit(&job, owner, source, None, |_, _| None)
     }
 
+    /// Everything `submit_text` checks, without queueing.
+    pub fn validate_text(&self, text: &str, format: Format, origin: &Origin) -> Result<ValidJob, EngineError> {
+        let job = spec::validate_text(text, format, origin)?;
+        self.check_fits(&job)?;
+        Ok(job)
+    }
+
+    /// Queue the same spec again ("Run again"), owned by the caller.
+    pub fn rerun(&self, id: i64, owner: &Owner) -> Result<i64, EngineError> {
+        let old = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
+        self.submit(&old.job, owner, &format!("rerun:{id}"), None, |_, _| None)
+    }
+
+    pub fn history_count(&self, f: &crate::store::HistoryFilter) -> Result<i64, EngineError> {
+        Ok(self.store().history_count(f)?)
+    }
+
+    pub fn timeline(&self, from: i64, to: i64) -> Result<Vec<crate::store::TimelineRun>, EngineError> {
+        Ok(self.store().timeline(from, to)?)
+    }
+
+    pub fn gpu_minutes(&self, gpu: u32, from: i64, to: i64) -> Result<Vec<(i64, f64, i64)>, EngineError> {
+        Ok(self.store().gpu_minutes(gpu, from)?.into_iter().filter(|m| m.0 < to).collect())
+    }
+
     pub fn submit(
         &self,
         job: &ValidJob,

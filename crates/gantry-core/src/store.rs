@@ -162,6 +162,26 @@ pub struct HistoryFilter {
     pub offset: Option<u32>,
     /// Substring of name or image.
     pub text: Option<String>,
+    /// Image name (exact).
+    pub image: Option<String>,
+    /// Finished before (ms).
+    pub until: Option<i64>,
+    /// Sort key: finished (default), started, duration, gpu_hours, name, owner, exit_code, id.
+    pub sort: Option<String>,
+    /// Ascending instead of descending.
+    pub asc: Option<bool>,
+}
+
+/// A run on the GPU timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineRun {
+    pub job_id: i64,
+    pub name: String,
+    pub owner: String,
+    pub gpus: Vec<u32>,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub reason: Option<EndReason>,
 }
 
 /// One completed run for `history`.
@@ -464,32 +484,51 @@ impl Store {
         Ok(self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1)
     }
 
-    /// Completed runs, newest first.
-    pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>> {
-        let mut sql = String::from(
-            "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
-             FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts \
-             WHERE j.finished_at IS NOT NULL",
-        );
+    fn where_clause(f: &HistoryFilter) -> (String, Vec<rusqlite::types::Value>) {
+        let mut sql = String::from(" WHERE j.finished_at IS NOT NULL");
         let mut args: Vec<rusqlite::types::Value> = vec![];
+        let mut add = |cond: &str, v: rusqlite::types::Value| {
+            args.push(v);
+            sql += &cond.replace("?", &format!("?{}", args.len()));
+        };
         if let Some(u) = &f.user {
-            args.push(u.clone().into());
-            sql += &format!(" AND j.owner = ?{}", args.len());
+            add(" AND j.owner = ?", u.clone().into());
         }
         if let Some(s) = f.status {
-            args.push(s.as_str().to_string().into());
-            sql += &format!(" AND j.state = ?{}", args.len());
+            add(" AND j.state = ?", s.as_str().to_string().into());
         }
         if let Some(s) = f.since {
-            args.push(s.into());
-            sql += &format!(" AND j.finished_at >= ?{}", args.len());
+            add(" AND j.finished_at >= ?", s.into());
+        }
+        if let Some(s) = f.until {
+            add(" AND j.finished_at < ?", s.into());
+        }
+        if let Some(i) = &f.image {
+            add(" AND j.image = ?", i.clone().into());
         }
         if let Some(t) = &f.text {
-            args.push(format!("%{t}%").into());
-            sql += &format!(" AND (j.name LIKE ?{0} OR j.image LIKE ?{0})", args.len());
+            add(" AND (j.name LIKE ? ESCAPE '\\' OR j.image LIKE ? ESCAPE '\\')", format!("%{}%", t.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")).into());
         }
-        sql += &format!(
-            " ORDER BY j.finished_at DESC, j.id DESC LIMIT {} OFFSET {}",
+        (sql, args)
+    }
+
+    /// Completed runs, newest first (or as `sort` says), one page.
+    pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>> {
+        let (wh, args) = Self::where_clause(f);
+        let key = match f.sort.as_deref().unwrap_or("finished") {
+            "started" => "j.started_at",
+            "duration" => "(j.finished_at - j.started_at)",
+            "gpu_hours" => "((j.finished_at - COALESCE(j.started_at, j.finished_at)) * j.gpus)",
+            "name" => "j.name",
+            "owner" => "j.owner",
+            "exit_code" => "j.exit_code",
+            "id" => "j.id",
+            _ => "j.finished_at",
+        };
+        let dir = if f.asc.unwrap_or(false) { "ASC" } else { "DESC" };
+        let sql = format!(
+            "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
+             FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}",
             f.limit.unwrap_or(100).min(10_000),
             f.offset.unwrap_or(0)
         );
@@ -512,6 +551,35 @@ impl Store {
                     started_at: r.get(9)?,
                     finished_at: r.get(10)?,
                     attempts: r.get(11)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// How many completed runs match (for paging).
+    pub fn history_count(&self, f: &HistoryFilter) -> Result<i64> {
+        let (wh, args) = Self::where_clause(f);
+        Ok(self.conn.prepare_cached(&format!("SELECT COUNT(*) FROM jobs j{wh}"))?.query_row(rusqlite::params_from_iter(args), |r| r.get(0))?)
+    }
+
+    /// Attempts that overlapped [from, to): which runs held which GPUs.
+    pub fn timeline(&self, from: i64, to: i64) -> Result<Vec<TimelineRun>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT a.job_id, j.name, j.owner, a.gpus, a.started_at, a.ended_at, a.reason FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.started_at < ?2 AND (a.ended_at IS NULL OR a.ended_at >= ?1) ORDER BY a.started_at LIMIT 20000",
+        )?;
+        let rows = st
+            .query_map(params![from, to], |r| {
+                let gpus: String = r.get(3)?;
+                Ok(TimelineRun {
+                    job_id: r.get(0)?,
+                    name: r.get(1)?,
+                    owner: r.get(2)?,
+                    gpus: serde_json::from_str(&gpus).unwrap_or_default(),
+                    start: r.get(4)?,
+                    end: r.get(5)?,
+                    reason: r.get::<_, Option<String>>(6)?.and_then(|s| EndReason::parse(&s)),
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
