@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gantry_core::api::{PriorityRequest, StatusInfo, SubmitRequest, Submitted};
+use gantry_core::api::{PriorityRequest, StatusInfo};
 use gantry_core::client::{Client, ClientError};
 use gantry_core::engine::{Config, GpuStatus, JobDetail, Paths, QueueEntry};
 use gantry_core::gpu::BackendKind;
-use gantry_core::spec::{format_bytes, MAX_SPEC_BYTES};
+use gantry_core::spec::format_bytes;
 use gantry_core::store::{now_ms, HistoryRow, JobState};
 
 #[derive(Parser)]
@@ -266,19 +266,7 @@ async fn submit(client: &Client, files: &[PathBuf], json: bool) -> Result<std::p
 }
 
 async fn submit_one(client: &Client, f: &Path) -> Result<i64> {
-    let meta = std::fs::metadata(f).with_context(|| format!("cannot read {}", f.display()))?;
-    if meta.len() > MAX_SPEC_BYTES {
-        bail!("the file is {} bytes; job files are limited to {MAX_SPEC_BYTES} bytes", meta.len());
-    }
-    let text = std::fs::read_to_string(f).context("cannot read the file as UTF-8 text")?;
-    let abs = std::fs::canonicalize(f)?;
-    let req = SubmitRequest {
-        text,
-        file_name: f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        base_dir: abs.parent().map(Path::to_path_buf),
-    };
-    let r: Submitted = client.post("/v1/jobs", &req).await?;
-    Ok(r.job_id)
+    Ok(client.submit_file(f).await?)
 }
 
 fn ago(ms: i64) -> String {

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::net::UnixStream;
 
-use crate::api::ApiError;
-use crate::spec::SpecError;
+use crate::api::{ApiError, SubmitRequest, Submitted};
+use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -21,6 +21,37 @@ pub enum ClientError {
     Api { status: u16, message: String, spec_error: Option<SpecError> },
     #[error("talking to the engine failed: {0}")]
     Protocol(String),
+    #[error("{0}")]
+    File(String),
+}
+
+/// A spec file checked by the engine without queueing it (the app's preview).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Preview {
+    pub path: PathBuf,
+    pub file_name: String,
+    pub job: Option<ValidJob>,
+    pub error: Option<String>,
+    pub spec_error: Option<SpecError>,
+}
+
+/// Read a spec file the way every client does: size-capped UTF-8, relative mounts resolved
+/// against the file's own folder.
+pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
+    let meta = std::fs::metadata(path).map_err(|e| ClientError::File(format!("cannot read {}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(ClientError::File(format!("{} is not a file", path.display())));
+    }
+    if meta.len() > MAX_SPEC_BYTES {
+        return Err(ClientError::File(format!("the file is {} bytes; job files are limited to {MAX_SPEC_BYTES} bytes", meta.len())));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| ClientError::File(format!("cannot read {} as UTF-8 text: {e}", path.display())))?;
+    let abs = std::fs::canonicalize(path).map_err(|e| ClientError::File(e.to_string()))?;
+    Ok(SubmitRequest {
+        text,
+        file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        base_dir: abs.parent().map(Path::to_path_buf),
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -89,6 +120,30 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Queue one spec file; returns the job id.
+    pub async fn submit_file(&self, path: &Path) -> Result<i64, ClientError> {
+        let req = read_spec_file(path)?;
+        Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_id)
+    }
+
+    /// Check one spec file without queueing it.
+    pub async fn preview_file(&self, path: &Path) -> Result<Preview, ClientError> {
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut p = Preview { path: path.to_path_buf(), file_name, job: None, error: None, spec_error: None };
+        match read_spec_file(path) {
+            Err(e) => p.error = Some(e.to_string()),
+            Ok(req) => match self.post::<_, ValidJob>("/v1/validate", &req).await {
+                Ok(j) => p.job = Some(j),
+                Err(ClientError::Api { message, spec_error, .. }) => {
+                    p.error = Some(message);
+                    p.spec_error = spec_error;
+                }
+                Err(e) => return Err(e),
+            },
+        }
+        Ok(p)
     }
 
     pub async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {

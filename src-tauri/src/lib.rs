@@ -1,0 +1,283 @@
+//! Gantry desktop app: a thin Tauri shell over the engine's API client.
+//!
+//! On start the app looks for an engine on the machine's socket. If one answers, the app is a client
+//! (a second user's app sees the same queue). Otherwise it hosts the engine in-process (the embedded
+//! default) — which serves the same socket, so every command below goes through one API client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gantry_core::api::{PriorityRequest, StatusInfo, Submitted, WhoAmI};
+use gantry_core::client::{Client, Preview};
+use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, JobDetail, Paths, QueueEntry};
+use gantry_core::store::{HistoryRow, TimelineRun};
+use serde::Serialize;
+use serde_json::Value;
+use tauri::ipc::Channel;
+use tauri::{Emitter, Manager, State};
+use tauri_plugin_notification::NotificationExt;
+
+type R<T> = Result<T, String>;
+
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
+#[derive(Clone, Serialize)]
+pub struct AppInfo {
+    /// "embedded": this app hosts the engine; "client": another process does.
+    pub mode: &'static str,
+    pub socket: PathBuf,
+}
+
+pub struct AppState {
+    client: Client,
+    info: AppInfo,
+}
+
+#[tauri::command]
+async fn app_info(s: State<'_, AppState>) -> R<AppInfo> {
+    Ok(s.info.clone())
+}
+#[tauri::command]
+async fn status(s: State<'_, AppState>) -> R<StatusInfo> {
+    s.client.get("/v1/status").await.map_err(e)
+}
+#[tauri::command]
+async fn whoami(s: State<'_, AppState>) -> R<WhoAmI> {
+    s.client.get("/v1/whoami").await.map_err(e)
+}
+#[tauri::command]
+async fn queue(s: State<'_, AppState>) -> R<Vec<QueueEntry>> {
+    s.client.get("/v1/jobs").await.map_err(e)
+}
+#[tauri::command]
+async fn job(s: State<'_, AppState>, id: i64) -> R<JobDetail> {
+    s.client.get(&format!("/v1/jobs/{id}")).await.map_err(e)
+}
+#[tauri::command]
+async fn cancel(s: State<'_, AppState>, id: i64) -> R<Value> {
+    s.client.post(&format!("/v1/jobs/{id}/cancel"), &()).await.map_err(e)
+}
+#[tauri::command]
+async fn set_priority(s: State<'_, AppState>, id: i64, priority: i32) -> R<bool> {
+    s.client.post(&format!("/v1/jobs/{id}/priority"), &PriorityRequest { priority }).await.map_err(e)
+}
+#[tauri::command]
+async fn rerun(s: State<'_, AppState>, id: i64) -> R<i64> {
+    s.client.post::<_, Submitted>(&format!("/v1/jobs/{id}/rerun"), &()).await.map(|r| r.job_id).map_err(e)
+}
+#[tauri::command]
+async fn gpus(s: State<'_, AppState>) -> R<GpuStatus> {
+    s.client.get("/v1/gpus").await.map_err(e)
+}
+#[tauri::command]
+async fn gpu_recent(s: State<'_, AppState>, since: i64) -> R<Value> {
+    s.client.get(&format!("/v1/gpus/recent?since={since}")).await.map_err(e)
+}
+#[tauri::command]
+async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> R<Value> {
+    s.client.get(&format!("/v1/gpus/{index}/minutes?from={from}&to={to}")).await.map_err(e)
+}
+/// `query` is the URL query string built by the UI (filters, sort, page).
+#[tauri::command]
+async fn history(s: State<'_, AppState>, query: String) -> R<Vec<HistoryRow>> {
+    s.client.get(&format!("/v1/history?{query}")).await.map_err(e)
+}
+#[tauri::command]
+async fn history_count(s: State<'_, AppState>, query: String) -> R<i64> {
+    s.client.get(&format!("/v1/history/count?{query}")).await.map_err(e)
+}
+#[tauri::command]
+async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineRun>> {
+    s.client.get(&format!("/v1/timeline?from={from}&to={to}")).await.map_err(e)
+}
+#[tauri::command]
+async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
+    s.client.raw(&format!("/v1/jobs/{id}/logs")).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
+}
+/// Live log tail through a Channel until the job ends or the view closes.
+#[tauri::command]
+async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
+    s.client.stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
+}
+/// Live GPU samples (1 Hz) through a Channel.
+#[tauri::command]
+async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
+    let mut buf = Vec::new();
+    s.client.stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || on_sample.send(v).is_ok())).await.map_err(e)
+}
+#[tauri::command]
+async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Preview>> {
+    let mut out = Vec::new();
+    for p in paths {
+        out.push(s.client.preview_file(&p).await.map_err(e)?);
+    }
+    Ok(out)
+}
+#[tauri::command]
+async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Result<i64, String>>> {
+    let mut out = Vec::new();
+    for p in paths {
+        out.push(s.client.submit_file(&p).await.map_err(e));
+    }
+    Ok(out)
+}
+#[tauri::command]
+async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
+    let st: StatusInfo = s.client.get("/v1/status").await.map_err(e)?;
+    std::fs::create_dir_all(&st.inbox).map_err(e)?;
+    tauri_plugin_opener::OpenerExt::opener(&app).open_path(st.inbox.to_string_lossy(), None::<&str>).map_err(e)
+}
+
+/// Split a byte stream into NDJSON values; `f` returns false to stop.
+fn for_each_line<T: serde::de::DeserializeOwned>(buf: &mut Vec<u8>, chunk: &[u8], mut f: impl FnMut(T) -> bool) -> bool {
+    buf.extend_from_slice(chunk);
+    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=pos).collect();
+        if let Ok(v) = serde_json::from_slice::<T>(&line) {
+            if !f(v) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Find the engine, or host one in-process.
+fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<AppInfo> {
+    let state_dir = std::env::var_os("GANTRY_STATE_DIR").map(PathBuf::from);
+    let paths = Paths {
+        inbox: std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &state_dir {
+            Some(d) => d.join("inbox"),
+            None => Paths::default_inbox(),
+        }),
+        state_dir: state_dir.unwrap_or_else(Paths::default_state_dir),
+    };
+    let client = Client::new(paths.socket());
+    if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
+        tracing::info!("connected to the running engine at {}", paths.socket().display());
+        return Ok(AppInfo { mode: "client", socket: paths.socket() });
+    }
+    let mut cfg = Config::new(paths.clone());
+    cfg.gpus = std::env::var("GANTRY_GPUS").ok().filter(|s| !s.is_empty());
+    let engine: Arc<Engine> = {
+        let _guard = rt.enter();
+        Engine::open(cfg)?
+    };
+    rt.spawn(async move {
+        if let Err(err) = gantry_core::daemon::run_engine(engine, std::future::pending()).await {
+            tracing::error!("embedded engine stopped: {err}");
+        }
+    });
+    for _ in 0..100 {
+        if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    tracing::info!("hosting the engine in this app (embedded) at {}", paths.socket().display());
+    Ok(AppInfo { mode: "embedded", socket: paths.socket() })
+}
+
+/// Job state changes -> `job-changed` events, desktop notifications for my jobs, tray summary.
+async fn forward_events(app: tauri::AppHandle, client: Client) {
+    let me: Option<WhoAmI> = client.get("/v1/whoami").await.ok();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<EngineEvent>();
+    let reader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = client.stream("/v1/events", |c| for_each_line(&mut buf, c, |ev: EngineEvent| tx.send(ev).is_ok())).await;
+        })
+    };
+    let mut last_tray = 0i64;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            EngineEvent::Job { job_id, state, at } => {
+                let _ = app.emit("job-changed", serde_json::json!({ "job_id": job_id, "state": state, "at": at }));
+                if state.is_final() {
+                    if let (Ok(d), Some(me)) = (client.get::<JobDetail>(&format!("/v1/jobs/{job_id}")).await, &me) {
+                        if d.job.owner_uid == me.uid {
+                            let body = match d.job.exit_code {
+                                Some(c) => format!("{} — exit code {c}", state.as_str()),
+                                None => state.as_str().to_string(),
+                            };
+                            let _ = app.notification().builder().title(format!("Job {job_id} {}: {}", state.as_str(), d.job.name)).body(body).show();
+                        }
+                    }
+                }
+            }
+            EngineEvent::Gpus { at, gpus } => {
+                if at - last_tray >= 5_000 {
+                    last_tray = at;
+                    let busy = gpus.iter().filter(|g| g.utilization > 5).count();
+                    let queued = client.get::<Vec<QueueEntry>>("/v1/jobs").await.map(|q| q.iter().filter(|j| j.job.state == gantry_core::store::JobState::Queued).count()).unwrap_or(0);
+                    let line = format!("Gantry: {busy}/{} GPUs busy · {queued} queued", gpus.len());
+                    if let Some(t) = app.tray_by_id("gantry") {
+                        let _ = t.set_tooltip(Some(&line));
+                        let _ = t.set_title(Some(&line));
+                    }
+                }
+            }
+        }
+    }
+    reader.abort();
+}
+
+fn build_tray(app: &tauri::App) -> tauri::Result<()> {
+    use tauri::menu::{Menu, MenuItem};
+    use tauri::tray::TrayIconBuilder;
+    let show = MenuItem::with_id(app, "show", "Show Gantry", true, None::<&str>)?;
+    let quit = MenuItem::with_id(app, "quit", "Quit", true, None::<&str>)?;
+    let menu = Menu::with_items(app, &[&show, &quit])?;
+    let mut b = TrayIconBuilder::with_id("gantry").menu(&menu).tooltip("Gantry").on_menu_event(|app, ev| match ev.id.as_ref() {
+        "show" => {
+            if let Some(w) = app.get_webview_window("main") {
+                let _ = w.show();
+                let _ = w.set_focus();
+            }
+        }
+        "quit" => app.exit(0),
+        _ => {}
+    });
+    if let Some(icon) = app.default_window_icon() {
+        b = b.icon(icon.clone());
+    }
+    b.build(app)?;
+    Ok(())
+}
+
+pub fn run() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    tauri::Builder::default()
+        .plugin(tauri_plugin_single_instance::init(|app, _args, _cwd| {
+            if let Some(w) = app.get_webview_window("main") {
+                let _ = w.show();
+                let _ = w.set_focus();
+            }
+        }))
+        .plugin(tauri_plugin_notification::init())
+        .plugin(tauri_plugin_dialog::init())
+        .plugin(tauri_plugin_opener::init())
+        .setup(|app| {
+            let rt = tauri::async_runtime::handle();
+            let info = connect_or_embed(rt.inner())?;
+            let client = Client::new(info.socket.clone());
+            app.manage(AppState { client: client.clone(), info });
+            if let Err(err) = build_tray(app) {
+                tracing::warn!("no tray icon: {err}");
+            }
+            tauri::async_runtime::spawn(forward_events(app.handle().clone(), client));
+            Ok(())
+        })
+        .invoke_handler(tauri::generate_handler![
+            app_info, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
+            history_count, timeline, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
+        ])
+        .run(tauri::generate_context!("../tauri.conf.json"))
+        .expect("error while running Gantry");
+}

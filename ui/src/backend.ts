@@ -1,0 +1,97 @@
+// The only module that touches @tauri-apps/*. Views receive a `Backend` and never import Tauri, so
+// tests hand them a fake one.
+
+import { Channel, invoke } from "@tauri-apps/api/core";
+import { listen } from "@tauri-apps/api/event";
+import { getCurrentWebview } from "@tauri-apps/api/webview";
+import { open } from "@tauri-apps/plugin-dialog";
+import type {
+  AppInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
+  SubmitResult, TimelineRun, WhoAmI, GpuSample,
+} from "./types";
+
+export type Unsubscribe = () => void;
+
+export interface Backend {
+  appInfo(): Promise<AppInfo>;
+  status(): Promise<Status>;
+  whoami(): Promise<WhoAmI>;
+  queue(): Promise<QueueEntry[]>;
+  job(id: number): Promise<JobDetail>;
+  cancel(id: number): Promise<JobState>;
+  setPriority(id: number, priority: number): Promise<boolean>;
+  rerun(id: number): Promise<number>;
+  gpus(): Promise<GpuStatus>;
+  gpuRecent(since: number): Promise<RecentSample[]>;
+  gpuMinutes(index: number, from: number, to: number): Promise<[number, number, number][]>;
+  history(q: HistoryQuery): Promise<HistoryRow[]>;
+  historyCount(q: HistoryQuery): Promise<number>;
+  timeline(from: number, to: number): Promise<TimelineRun[]>;
+  logs(id: number): Promise<string>;
+  followLogs(id: number, onChunk: (text: string) => void): Unsubscribe;
+  watchGpus(onSample: (at: number, gpus: GpuSample[]) => void): Unsubscribe;
+  onJobChanged(cb: (ev: { job_id: number; state: JobState; at: number }) => void): Promise<Unsubscribe>;
+  previewPaths(paths: string[]): Promise<Preview[]>;
+  submitPaths(paths: string[]): Promise<SubmitResult[]>;
+  pickFiles(): Promise<string[]>;
+  openInbox(): Promise<void>;
+  onFileDrop(onDrop: (paths: string[]) => void, onHover: (over: boolean) => void): Promise<Unsubscribe>;
+}
+
+/** Query string for history endpoints (the engine parses it). */
+export function historyQueryString(q: HistoryQuery): string {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(q)) {
+    if (v !== undefined && v !== null && v !== "") p.set(k, String(v));
+  }
+  return p.toString();
+}
+
+export const tauriBackend: Backend = {
+  appInfo: () => invoke("app_info"),
+  status: () => invoke("status"),
+  whoami: () => invoke("whoami"),
+  queue: () => invoke("queue"),
+  job: (id) => invoke("job", { id }),
+  cancel: (id) => invoke("cancel", { id }),
+  setPriority: (id, priority) => invoke("set_priority", { id, priority }),
+  rerun: (id) => invoke("rerun", { id }),
+  gpus: () => invoke("gpus"),
+  gpuRecent: (since) => invoke("gpu_recent", { since }),
+  gpuMinutes: (index, from, to) => invoke("gpu_minutes", { index, from, to }),
+  history: (q) => invoke("history", { query: historyQueryString(q) }),
+  historyCount: (q) => invoke("history_count", { query: historyQueryString({ ...q, limit: undefined, offset: undefined, sort: undefined, asc: undefined }) }),
+  timeline: (from, to) => invoke("timeline", { from, to }),
+  logs: (id) => invoke("logs", { id }),
+  followLogs(id, onChunk) {
+    let live = true;
+    const ch = new Channel<string>();
+    ch.onmessage = (t) => { if (live) onChunk(t); };
+    invoke("follow_logs", { id, onChunk: ch }).catch(() => {});
+    return () => { live = false; };
+  },
+  watchGpus(onSample) {
+    let live = true;
+    const ch = new Channel<{ at: number; gpus: GpuSample[] }>();
+    ch.onmessage = (m) => { if (live) onSample(m.at, m.gpus); };
+    invoke("watch_gpus", { onSample: ch }).catch(() => {});
+    return () => { live = false; };
+  },
+  onJobChanged: (cb) => listen<{ job_id: number; state: JobState; at: number }>("job-changed", (e) => cb(e.payload)),
+  previewPaths: (paths) => invoke("preview_paths", { paths }),
+  submitPaths: (paths) => invoke("submit_paths", { paths }),
+  async pickFiles() {
+    const r = await open({ multiple: true, filters: [{ name: "Job specs", extensions: ["yaml", "yml", "toml"] }] });
+    if (!r) return [];
+    return Array.isArray(r) ? r : [r];
+  },
+  openInbox: () => invoke("open_inbox"),
+  async onFileDrop(onDrop, onHover) {
+    return getCurrentWebview().onDragDropEvent((ev) => {
+      const p = ev.payload;
+      if (p.type === "over" || p.type === "enter") onHover(true);
+      else if (p.type === "leave") onHover(false);
+      else if (p.type === "drop") { onHover(false); onDrop(p.paths); }
+    });
+  },
+};

@@ -1,0 +1,71 @@
+// App shell: tabs, routing (#/gpus, #/queue, #/history, #/submit, #/run/ID), drop handling, shortcuts.
+import "./locale-fix";
+import "./styles.css";
+import { tauriBackend, type Backend } from "./backend";
+import { h, type View } from "./dom";
+import { gpusView } from "./views/gpus";
+import { historyView } from "./views/history";
+import { queueView } from "./views/queue";
+import { runView } from "./views/run";
+import { submitView } from "./views/submit";
+
+export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["submit", "Submit"]] as const;
+
+export function route(hash: string): { tab: string; id?: number } {
+  const m = hash.match(/^#\/run\/(\d+)/);
+  if (m) return { tab: "run", id: Number(m[1]) };
+  const t = hash.replace(/^#\//, "");
+  return { tab: TABS.some(([k]) => k === t) ? t : "gpus" };
+}
+
+export async function mount(root: HTMLElement, backend: Backend) {
+  const [info, status, me] = await Promise.all([backend.appInfo(), backend.status(), backend.whoami()]);
+  const go = (hash: string) => { location.hash = hash; };
+  const nav = h("nav", { class: "tabs", role: "tablist" }, TABS.map(([k, label], i) =>
+    h("a", { href: `#/${k}`, role: "tab", "data-tab": k, "data-testid": `tab-${k}`, title: `${label} (${i + 1})` }, label)));
+  const banner = status.gpu_backend === "simulated"
+    ? h("div", { class: "banner sim", "data-testid": "sim-banner", role: "status" },
+        `Simulated GPUs: no NVIDIA driver was found${status.gpu_note ? ` (${status.gpu_note})` : ""}. Jobs run in real Docker containers; GPU numbers are made up.`)
+    : null;
+  const docker = status.docker_problem ? h("div", { class: "banner warn" }, status.docker_problem) : null;
+  const main = h("main", {});
+  const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
+  root.replaceChildren(
+    h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
+      h("span", { class: "muted", title: info.socket, "data-testid": "mode" }, `${me.name} · ${info.mode === "embedded" ? "engine in this app" : "connected to engine"}`)),
+    banner ?? "", docker ?? "", main, overlay);
+
+  const submit = submitView(backend, go);
+  let current: View | null = null;
+  function show() {
+    const r = route(location.hash);
+    nav.querySelectorAll("a").forEach((a) => a.setAttribute("aria-selected", String(a.dataset.tab === r.tab)));
+    if (current && current !== submit) current.dispose();
+    current = r.tab === "gpus" ? gpusView(backend, me.uid)
+      : r.tab === "queue" ? queueView(backend, me.uid, go)
+      : r.tab === "history" ? historyView(backend, go)
+      : r.tab === "run" ? runView(backend, r.id!, go)
+      : submit;
+    main.replaceChildren(current.el);
+  }
+  window.addEventListener("hashchange", show);
+  show();
+
+  const handleFiles = async (paths: string[]) => { go("#/submit"); await submit.handleFiles(paths); };
+  // Same entry point as a real drop, for tests driving the app through WebDriver.
+  (window as any).__gantryDrop = handleFiles;
+  await backend.onFileDrop(handleFiles, (over) => { overlay.hidden = !over; });
+
+  document.addEventListener("keydown", (e) => {
+    const t = e.target as HTMLElement;
+    if (t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA" || e.ctrlKey || e.metaKey || e.altKey) return;
+    const n = Number(e.key);
+    if (n >= 1 && n <= TABS.length) go(`#/${TABS[n - 1][0]}`);
+    else if (e.key === "/") { const s = document.querySelector<HTMLInputElement>("[data-testid=history-search]"); if (s) { e.preventDefault(); s.focus(); } }
+  });
+}
+
+const root = document.getElementById("app");
+if (root && (window as any).__TAURI_INTERNALS__) {
+  mount(root, tauriBackend).catch((e) => { root.textContent = `Gantry could not start: ${e}`; });
+}

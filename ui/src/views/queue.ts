@@ -1,0 +1,57 @@
+// Queue view: running and queued jobs, why each waits, cancel / priority for your own jobs.
+import type { Backend } from "../backend";
+import { h, clear, type View } from "../dom";
+import { ask, duration, stateLabel } from "../format";
+import type { QueueEntry } from "../types";
+
+export function sortQueue(q: QueueEntry[]): QueueEntry[] {
+  const rank = (e: QueueEntry) => (e.job.state === "queued" ? 1 : 0);
+  return [...q].sort((a, b) => rank(a) - rank(b) || (a.position ?? 0) - (b.position ?? 0) || a.job.id - b.job.id);
+}
+
+export function queueView(backend: Backend, me: number | null, go: (hash: string) => void): View {
+  const el = h("section", { class: "view", "data-testid": "view-queue" });
+  const body = h("tbody");
+  const empty = h("p", { class: "muted", hidden: true }, "No running or queued jobs. Drop a spec on this window to submit one.");
+  el.append(
+    h("div", { class: "toolbar" }, h("h2", {}, "Queue")),
+    h("table", { class: "grid" },
+      h("thead", {}, h("tr", {}, ["#", "State", "Owner", "Name", "Image", "Asks", "Waiting", "Why / where", ""].map((t) => h("th", {}, t)))),
+      body),
+    empty);
+
+  let unsub: (() => void) | null = null;
+  let stopGpus: (() => void) | null = null;
+
+  async function refresh() {
+    const q = sortQueue(await backend.queue());
+    clear(body);
+    empty.hidden = q.length > 0;
+    for (const e of q) {
+      const j = e.job;
+      const mine = me === 0 || j.owner_uid === me;
+      const where = j.state === "queued" ? `#${e.position ?? "?"} · ${e.reason ?? ""}` : `GPU ${e.gpus_assigned.join(", ") || "none"}`;
+      const waited = j.state === "queued" ? duration(Date.now() - j.submitted_at) : duration(Date.now() - (j.started_at ?? j.submitted_at));
+      body.append(h("tr", { "data-testid": `queue-row-${j.id}`, "data-state": j.state },
+        h("td", {}, h("a", { href: `#/run/${j.id}` }, String(j.id))),
+        h("td", {}, h("span", { class: `state ${j.state}` }, stateLabel(j.state))),
+        h("td", {}, j.owner),
+        h("td", {}, j.name),
+        h("td", { class: "mono" }, j.image),
+        h("td", {}, ask(j.gpus, j.gpu_memory)),
+        h("td", {}, waited),
+        h("td", { class: "reason" }, where),
+        h("td", { class: "actions" },
+          h("button", { onclick: () => go(`#/run/${j.id}`), title: "Open the run page and its log" }, "Logs"),
+          mine && j.state === "queued" && h("button", { title: "Raise priority", "aria-label": `raise priority of job ${j.id}`, onclick: async () => { await backend.setPriority(j.id, j.priority + 1); refresh(); } }, "▲"),
+          mine && j.state === "queued" && h("button", { title: "Lower priority", "aria-label": `lower priority of job ${j.id}`, onclick: async () => { await backend.setPriority(j.id, j.priority - 1); refresh(); } }, "▼"),
+          mine && h("button", { class: "danger", "data-testid": `cancel-${j.id}`, onclick: async () => { await backend.cancel(j.id); refresh(); } }, "Cancel"))));
+    }
+  }
+  refresh().catch((e) => el.append(h("p", { class: "error" }, String(e))));
+  backend.onJobChanged(() => { refresh(); }).then((u) => (unsub = u));
+  // Reasons change as GPUs free up: refresh on the engine's 1 Hz push, at most every 2 s.
+  let last = 0;
+  stopGpus = backend.watchGpus((at) => { if (at - last > 2000) { last = at; refresh(); } });
+  return { el, dispose() { unsub?.(); stopGpus?.(); } };
+}

@@ -1,0 +1,86 @@
+// A run's page: spec, attempts, events, log (live tail while running), GPU chart, "Run again".
+import type { Backend } from "../backend";
+import { lineChart } from "../charts";
+import { h, type View } from "../dom";
+import { ask, commandText, duration, stateLabel, time } from "../format";
+import { FINAL_STATES, type JobDetail } from "../types";
+
+/** Per-minute utilization of the run's GPUs, averaged across them: [seconds[], util[], mem (unused)]. */
+export function runChartData(perGpu: [number, number, number][][]): [number[], number[], number[]] {
+  const byMinute = new Map<number, number[]>();
+  for (const rows of perGpu) for (const [m, util] of rows) (byMinute.get(m) ?? byMinute.set(m, []).get(m)!).push(util);
+  const ts = [...byMinute.keys()].sort((a, b) => a - b);
+  return [ts.map((t) => t / 1000), ts.map((t) => { const v = byMinute.get(t)!; return v.reduce((a, b) => a + b, 0) / v.length; }), ts.map(() => 0)];
+}
+
+export function runView(backend: Backend, id: number, go: (hash: string) => void): View {
+  const el = h("section", { class: "view run", "data-testid": "view-run" });
+  const log = h("pre", { class: "log", "data-testid": "run-log", tabindex: 0 });
+  let stopLog: (() => void) | null = null;
+  let unsub: (() => void) | null = null;
+
+  function render(d: JobDetail) {
+    const j = d.job;
+    const s = j.job.spec;
+    el.replaceChildren(
+      h("div", { class: "toolbar" },
+        h("h2", {}, `#${j.id} ${j.name}`),
+        h("span", { class: `state ${j.state}`, "data-testid": "run-state" }, stateLabel(j.state)),
+        h("span", { class: "spacer" }),
+        h("button", { "data-testid": "run-again", onclick: async () => go(`#/run/${await backend.rerun(j.id)}`) }, "Run again"),
+        !FINAL_STATES.includes(j.state) && h("button", { class: "danger", onclick: () => backend.cancel(j.id) }, "Cancel")),
+      h("div", { class: "cols" },
+        h("dl", { class: "facts" },
+          h("dt", {}, "Owner"), h("dd", {}, j.owner),
+          h("dt", {}, "Image"), h("dd", { class: "mono" }, j.image),
+          h("dt", {}, "Command"), h("dd", { class: "mono" }, commandText(s.command)),
+          h("dt", {}, "Asks"), h("dd", {}, ask(j.gpus, j.gpu_memory)),
+          h("dt", {}, "Priority"), h("dd", {}, String(j.priority)),
+          h("dt", {}, "Submitted"), h("dd", {}, `${time(j.submitted_at)} from ${j.source}`),
+          h("dt", {}, "Exit code"), h("dd", { "data-testid": "run-exit" }, j.exit_code ?? "-"),
+          j.message && [h("dt", {}, "Message"), h("dd", {}, j.message)],
+          d.reason && [h("dt", {}, "Waiting"), h("dd", {}, d.reason)]),
+        h("div", {},
+          h("h3", {}, "Attempts"),
+          h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["#", "GPUs", "Start", "Duration", "End", "Code"].map((t) => h("th", {}, t)))),
+            h("tbody", {}, d.attempts.map((a) => h("tr", {},
+              h("td", {}, a.n), h("td", {}, a.gpus.join(",") || "-"), h("td", {}, time(a.started_at)),
+              h("td", {}, duration((a.ended_at ?? Date.now()) - a.started_at)), h("td", {}, a.reason ?? "running"), h("td", {}, a.exit_code ?? "-"))))),
+          h("h3", {}, "Events"),
+          h("ul", { class: "events" }, d.events.map((e) => h("li", {}, h("span", { class: "muted" }, time(e.at)), ` ${e.from ?? "–"} → ${e.to} `, e.message ?? ""))))),
+      h("h3", {}, "GPU utilization"),
+      h("div", { class: "chart", "data-testid": "run-chart" }),
+      h("h3", {}, "Log"),
+      log,
+      h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))));
+    drawChart(d, el.querySelector(".chart") as HTMLElement);
+  }
+
+  async function drawChart(d: JobDetail, box: HTMLElement) {
+    const a = d.attempts[d.attempts.length - 1];
+    if (!a || a.gpus.length === 0) { box.textContent = "This run used no GPU."; return; }
+    const to = a.ended_at ?? Date.now();
+    const rows = await Promise.all(a.gpus.map((g) => backend.gpuMinutes(g, a.started_at - 60_000, to + 60_000)));
+    const data = runChartData(rows);
+    if (data[0].length === 0) { box.textContent = "No per-minute samples yet (they are saved once a minute)."; return; }
+    try { lineChart(box, 640, 160, ["util %", ""]).setData(data); } catch { /* no canvas */ }
+  }
+
+  async function load() {
+    const d = await backend.job(id);
+    render(d);
+    log.textContent = "";
+    if (FINAL_STATES.includes(d.job.state)) log.textContent = await backend.logs(id);
+    else stopLog = backend.followLogs(id, (t) => { log.textContent += t; log.scrollTop = log.scrollHeight; });
+  }
+  load().catch((e) => el.append(h("p", { class: "error" }, String(e))));
+  backend.onJobChanged(async (ev) => {
+    if (ev.job_id !== id) return;
+    const d = await backend.job(id);
+    const text = log.textContent;
+    render(d);
+    log.textContent = text;
+    if (FINAL_STATES.includes(d.job.state)) { stopLog?.(); log.textContent = await backend.logs(id); }
+  }).then((u) => (unsub = u));
+  return { el, dispose() { stopLog?.(); unsub?.(); } };
+}
