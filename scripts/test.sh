@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Set up and run every Gantry test: Rust unit + integration tests against the real Docker engine.
+# Set up and run every Gantry test on Debian 12: Rust unit + integration tests against the real
+# Docker engine, the UI's unit tests, and the end-to-end test of the real app under Xvfb.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config util-linux
+scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
+  libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; pkill -TERM -x dockerd || true; fi; }
 trap cleanup EXIT
-echo "==> cargo test"
+
+echo "==> UI: npm ci, type check, build, unit tests"
+npm --prefix ui ci --no-audit --no-fund
+npm --prefix ui run build
+npm --prefix ui test
+
+echo "==> Rust: unit and integration tests (real Docker, simulated GPUs)"
 cargo test --workspace --locked
+
+echo "==> End to end: the real app under Xvfb through tauri-driver"
+scripts/e2e.sh

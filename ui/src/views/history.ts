@@ -53,7 +53,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
   const scroller = h("div", { class: "vt-scroll", tabindex: 0, "data-testid": "history-scroll" });
   const inner = h("div", { class: "vt-inner" });
   scroller.append(inner);
-  const period = h("select", { "aria-label": "Timeline period" }, [["6", "6 hours"], ["24", "24 hours"], ["168", "7 days"]].map(([v, l]) => h("option", { value: v, selected: v === "24" }, l)));
+  const period = h("select", { "aria-label": "Timeline period" }, [["1", "1 hour"], ["6", "6 hours"], ["24", "24 hours"], ["168", "7 days"]].map(([v, l]) => h("option", { value: v, selected: v === "24" }, l)));
   const lanes = h("div", { class: "timeline", "data-testid": "timeline" });
 
   el.append(

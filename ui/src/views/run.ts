@@ -3,7 +3,7 @@ import type { Backend } from "../backend";
 import { lineChart } from "../charts";
 import { h, type View } from "../dom";
 import { ask, commandText, duration, stateLabel, time } from "../format";
-import { FINAL_STATES, type JobDetail } from "../types";
+import { FINAL_STATES, type JobDetail, type RecentSample } from "../types";
 
 /** Per-minute utilization of the run's GPUs, averaged across them: [seconds[], util[], mem (unused)]. */
 export function runChartData(perGpu: [number, number, number][][]): [number[], number[], number[]] {
@@ -11,6 +11,12 @@ export function runChartData(perGpu: [number, number, number][][]): [number[], n
   for (const rows of perGpu) for (const [m, util] of rows) (byMinute.get(m) ?? byMinute.set(m, []).get(m)!).push(util);
   const ts = [...byMinute.keys()].sort((a, b) => a - b);
   return [ts.map((t) => t / 1000), ts.map((t) => { const v = byMinute.get(t)!; return v.reduce((a, b) => a + b, 0) / v.length; }), ts.map(() => 0)];
+}
+
+/** 1 Hz samples of the run's GPUs in [from, to]: [seconds[], mean util[], mean mem used GiB (unused)]. */
+export function recentChartData(rows: RecentSample[], gpus: number[], from: number, to: number): [number[], number[], number[]] {
+  const sel = rows.filter(([t]) => t >= from && t <= to);
+  return [sel.map(([t]) => t / 1000), sel.map(([, per]) => gpus.reduce((s, g) => s + (per[g]?.[0] ?? 0), 0) / gpus.length), sel.map(() => 0)];
 }
 
 export function runView(backend: Backend, id: number, go: (hash: string) => void): View {
@@ -60,9 +66,14 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
     const a = d.attempts[d.attempts.length - 1];
     if (!a || a.gpus.length === 0) { box.textContent = "This run used no GPU."; return; }
     const to = a.ended_at ?? Date.now();
-    const rows = await Promise.all(a.gpus.map((g) => backend.gpuMinutes(g, a.started_at - 60_000, to + 60_000)));
-    const data = runChartData(rows);
-    if (data[0].length === 0) { box.textContent = "No per-minute samples yet (they are saved once a minute)."; return; }
+    let data: [number[], number[], number[]];
+    if (Date.now() - a.started_at < 55 * 60_000) {
+      // Recent run: the engine still holds its 1 Hz samples.
+      data = recentChartData(await backend.gpuRecent(a.started_at - 5_000), a.gpus, a.started_at - 5_000, to + 5_000);
+    } else {
+      data = runChartData(await Promise.all(a.gpus.map((g) => backend.gpuMinutes(g, a.started_at - 60_000, to + 60_000))));
+    }
+    if (data[0].length === 0) { box.textContent = "No GPU samples for this run."; return; }
     try { lineChart(box, 640, 160, ["util %", ""]).setData(data); } catch { /* no canvas */ }
   }
 

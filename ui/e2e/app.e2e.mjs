@@ -1,0 +1,127 @@
+// End-to-end: the real Gantry app binary (embedded engine, simulated GPUs, real Docker) driven through
+// tauri-driver + WebKitWebDriver. Needs DISPLAY (Xvfb), Docker and the gantry-test/busybox:1 image.
+// Run with scripts/e2e.sh, which sets all of that up.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import net from "node:net";
+import { Builder, By, until } from "selenium-webdriver";
+
+const repo = path.resolve(import.meta.dirname, "../..");
+const app = process.env.GANTRY_APP ?? path.join(repo, "target/debug/gantry-app");
+const shots = process.env.GANTRY_SHOTS ?? path.join(repo, "target/e2e-shots");
+const driverBin = process.env.TAURI_DRIVER ?? path.join(os.homedir(), ".cargo/bin/tauri-driver");
+const work = fs.mkdtempSync(path.join(os.tmpdir(), "gantry-e2e-"));
+let driverProc;
+let d;
+
+assert.ok(process.env.DISPLAY, "DISPLAY must be set (run under Xvfb): without it the app aborts in GTK init");
+
+function waitPort(port, ms) {
+  const end = Date.now() + ms;
+  return new Promise((resolve, reject) => {
+    const tryOnce = () => {
+      const s = net.connect(port, "127.0.0.1", () => { s.end(); resolve(); });
+      s.on("error", () => (Date.now() > end ? reject(new Error(`port ${port} never opened`)) : setTimeout(tryOnce, 100)));
+    };
+    tryOnce();
+  });
+}
+
+async function shot(name) {
+  fs.mkdirSync(shots, { recursive: true });
+  fs.writeFileSync(path.join(shots, `${name}.png`), await d.takeScreenshot(), "base64");
+}
+
+const byTest = (id) => By.css(`[data-testid="${id}"]`);
+const waitFor = (id, ms = 30_000) => d.wait(until.elementLocated(byTest(id)), ms, `no element ${id}`);
+
+async function waitText(id, pred, ms = 60_000) {
+  let last = "";
+  await d.wait(async () => {
+    try { last = await (await d.findElement(byTest(id))).getText(); } catch { return false; }
+    return pred(last);
+  }, ms, `${id} never matched; last text: ${last}`);
+  return last;
+}
+
+before(async () => {
+  fs.mkdirSync(path.join(work, "state"));
+  driverProc = spawn(driverBin, [], {
+    env: { ...process.env, GANTRY_STATE_DIR: path.join(work, "state"), GANTRY_GPUS: "sim:4x24GiB" },
+    stdio: ["ignore", "inherit", "inherit"],
+  });
+  await waitPort(4444, 20_000);
+  const caps = { browserName: "wry", "tauri:options": { application: app } };
+  d = await Promise.race([
+    new Builder().usingServer("http://127.0.0.1:4444/").withCapabilities(caps).build(),
+    new Promise((_, rej) => setTimeout(() => rej(new Error("WebDriver session did not open in 60 s")), 60_000)),
+  ]);
+});
+
+after(async () => {
+  const t0 = Date.now();
+  try { await d?.quit(); } catch {}
+  console.log(`session closed in ${Date.now() - t0} ms`);
+  driverProc?.kill("SIGTERM"); // never SIGKILL: it would orphan WebKitWebDriver on port 4445
+  await new Promise((r) => setTimeout(r, 500));
+  spawn("sh", ["-c", `ids=$(docker ps -aq --filter label=dev.gantry.engine); [ -z "$ids" ] || docker rm -f $ids >/dev/null`]);
+});
+
+test("submit through the app, watch it run, find it in History and read its log", async () => {
+  // GPUs view: simulated, clearly labeled; one card per GPU.
+  const banner = await (await waitFor("sim-banner")).getText();
+  assert.match(banner, /Simulated GPUs/);
+  await waitFor("gpu-3");
+  await shot("1-gpus");
+
+  // Two specs through the drop path: a blocker that takes all 4 GPUs, then our job.
+  const blocker = path.join(work, "blocker.yaml");
+  const job = path.join(work, "hello.yaml");
+  fs.writeFileSync(blocker, "name: blocker\nimage: gantry-test/busybox:1\ncommand: sleep 5\ngpus: 4\n");
+  fs.writeFileSync(job, "name: hello-e2e\nimage: gantry-test/busybox:1\ncommand: 'echo hello-from-the-container; sleep 2; echo done'\ngpus: 1\n");
+  const bad = path.join(work, "broken.yaml");
+  fs.writeFileSync(bad, "image: gantry-test/busybox:1\ngpu: 1\n");
+  await d.executeScript("return window.__gantryDrop(arguments[0])", [blocker, job, bad]);
+  await d.wait(async () => (await d.findElements(byTest("preview-ok"))).length === 2, 20_000, "two previews");
+  const err = await (await waitFor("preview-error")).getText();
+  assert.match(err, /line 2, column 1: unknown field `gpu`/);
+  await shot("2-submit-preview");
+  await (await d.findElement(byTest("submit-confirm"))).click();
+  await d.wait(async () => (await d.findElements(byTest("submitted-job"))).length === 2, 20_000, "two submitted");
+  const links = await d.findElements(byTest("submitted-job"));
+  const ids = await Promise.all(links.map((l) => l.getAttribute("data-job")));
+  const [blockerId, jobId] = ids.map(Number);
+
+  // Queue: our job waits, and says why.
+  await (await d.findElement(byTest("tab-queue"))).click();
+  const row = await waitFor(`queue-row-${jobId}`);
+  assert.equal(await row.getAttribute("data-state"), "queued");
+  assert.match(await row.getText(), /needs 1 free GPU/);
+  await d.wait(async () => (await (await d.findElement(byTest(`queue-row-${blockerId}`))).getAttribute("data-state")) === "running", 30_000);
+  await shot("3-queue");
+
+  // Run page: queued -> running -> succeeded, live log.
+  await d.executeScript(`location.hash = "#/run/${jobId}"`);
+  const seen = new Set();
+  await d.wait(async () => {
+    try { seen.add(await (await d.findElement(byTest("run-state"))).getText()); } catch {}
+    return seen.has("succeeded");
+  }, 90_000, "job never succeeded");
+  assert.ok(seen.has("queued") && seen.has("running"), `states seen: ${[...seen]}`);
+  await waitText("run-log", (t) => t.includes("hello-from-the-container") && t.includes("done"));
+  assert.equal(await (await d.findElement(byTest("run-exit"))).getText(), "0");
+  await shot("4-run");
+
+  // History: the run is there; opening it shows the container's output.
+  await d.executeScript(`location.hash = "#/history"`);
+  const hrow = await waitFor(`history-row-${jobId}`);
+  assert.match(await hrow.getAttribute("textContent"), /hello-e2e/);
+  await waitFor("timeline");
+  await shot("5-history");
+  await hrow.click();
+  await waitText("run-log", (t) => t.includes("hello-from-the-container"));
+});

@@ -1,0 +1,63 @@
+// A Backend for tests: canned data, records calls. No Tauri involved.
+import type { Backend } from "./backend";
+import type { GpuSample, HistoryQuery, HistoryRow, QueueEntry } from "./types";
+
+export function gpu(index: number, over: Partial<GpuSample> = {}): GpuSample {
+  return { index, uuid: `GPU-${index}`, name: "Simulated GPU", memory_total: 24 << 30, memory_used: 0, utilization: 0, temperature_c: 40, power_w: 60, processes: [], ...over };
+}
+
+export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: Partial<QueueEntry> = {}): QueueEntry {
+  return {
+    job: {
+      id, name: `job${id}`, owner_uid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0, retries: 0,
+      timeout_ms: null, job: { name: `job${id}`, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0 }, gpus: 1, gpu_memory: null, retries: 0 },
+      state: "queued", source: "cli", submitted_at: Date.now() - 60_000, not_before: null, started_at: null, finished_at: null,
+      exit_code: null, attempts: 0, cancel_requested: false, message: null, ...over,
+    },
+    gpus_assigned: [], position: 1, reason: "needs 1 free GPU, 0 available", ...extra,
+  };
+}
+
+export function makeRows(n: number): HistoryRow[] {
+  return Array.from({ length: n }, (_, i) => ({
+    id: n - i, name: `run-${n - i}`, owner: i % 2 ? "bob" : "ada", image: "img:1", status: i % 3 ? "succeeded" : "failed",
+    exit_code: i % 3 ? 0 : 1, gpus: [i % 4], gpu_uuids: [], submitted_at: 0, started_at: 1000 * i, finished_at: 1000 * i + 3_600_000, attempts: 1,
+  }));
+}
+
+export function fakeBackend(over: Partial<Backend> = {}) {
+  const calls: { name: string; args: unknown[] }[] = [];
+  const rows = makeRows(1000);
+  const filter = (q: HistoryQuery) => rows.filter((r) => (!q.user || r.owner === q.user) && (!q.status || r.status === q.status) && (!q.text || r.name.includes(q.text)));
+  const rec = <T>(name: string, v: T) => (...args: unknown[]) => { calls.push({ name, args }); return Promise.resolve(v); };
+  const b: Backend = {
+    appInfo: rec("appInfo", { mode: "embedded", socket: "/s" }),
+    status: rec("status", { version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s", docker_problem: null, engine_id: "e" }),
+    whoami: rec("whoami", { uid: 1000, name: "ada" }),
+    queue: rec("queue", [] as QueueEntry[]),
+    job: rec("job", undefined as any),
+    cancel: rec("cancel", "queued"),
+    setPriority: rec("setPriority", true),
+    rerun: rec("rerun", 99),
+    gpus: rec("gpus", { backend: "simulated", note: null, gpus: [gpu(0), gpu(1)], holders: [] }),
+    gpuRecent: rec("gpuRecent", []),
+    gpuMinutes: rec("gpuMinutes", []),
+    history: (q) => { calls.push({ name: "history", args: [q] }); const r = filter(q); return Promise.resolve(r.slice(q.offset ?? 0, (q.offset ?? 0) + (q.limit ?? 100))); },
+    historyCount: (q) => { calls.push({ name: "historyCount", args: [q] }); return Promise.resolve(filter(q).length); },
+    timeline: rec("timeline", []),
+    logs: rec("logs", ""),
+    followLogs: () => () => {},
+    watchGpus: () => () => {},
+    onJobChanged: rec("onJobChanged", () => {}),
+    previewPaths: rec("previewPaths", []),
+    submitPaths: rec("submitPaths", []),
+    pickFiles: rec("pickFiles", []),
+    openInbox: rec("openInbox", undefined),
+    onFileDrop: rec("onFileDrop", () => {}),
+    ...over,
+  };
+  return { b, calls };
+}
+
+export const tick = () => new Promise((r) => setTimeout(r, 0));
+export async function settle(n = 5) { for (let i = 0; i < n; i++) await tick(); }
