@@ -84,6 +84,33 @@ enum Cmd {
     Schema,
     /// Engine status.
     Status,
+    /// Replay a workload trace through the scheduler on a virtual clock (no Docker, no sleeping).
+    Sim {
+        /// Gantry CSV (`submit_s,duration_s,gpus,gpu_memory,user,priority`) or Alibaba GPU-cluster CSV.
+        #[arg(long)]
+        trace: PathBuf,
+        /// The machine: `8x32GiB`.
+        #[arg(long, default_value = "8x32GiB")]
+        gpus: String,
+        /// serial, fifo, greedy, gantry, or all (default: all, side by side).
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Rescale arrivals so offered GPU demand is L x capacity (1.2 = saturated queue).
+        #[arg(long)]
+        load: Option<f64>,
+        /// Give the scheduler the trace's durations as declared runtimes (gantry policy).
+        #[arg(long)]
+        runtimes: bool,
+        /// Reservation threshold for the gantry policy.
+        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+        reserve_after: Duration,
+        /// A job reserves GPUs once it waited this many times the typical wait (gantry policy).
+        #[arg(long, default_value_t = 3.0)]
+        reserve_factor: f64,
+        /// Placement of shared (gpu_memory) jobs: best-fit or worst-fit.
+        #[arg(long, default_value = "best-fit")]
+        packing: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -205,6 +232,20 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
         }
         Cmd::Schema => print_json(&gantry_core::spec::json_schema())?,
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing } => {
+            let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
+            sched.packing = match packing.as_str() {
+                "best-fit" => gantry_core::scheduler::Packing::BestFit,
+                "worst-fit" => gantry_core::scheduler::Packing::WorstFit,
+                p => bail!("unknown packing {p:?}: best-fit or worst-fit"),
+            };
+            let reports = sim(trace, gpus, policy, *load, *runtimes, sched)?;
+            if cli.json {
+                print_json(&reports)?;
+            } else {
+                print_sim(&reports);
+            }
+        }
         Cmd::Status => {
             let s: StatusInfo = client.get("/v1/status").await?;
             if cli.json {
@@ -398,5 +439,53 @@ fn print_history(rows: &[HistoryRow]) {
             time(r.finished_at),
             dur
         );
+    }
+}
+
+fn sim(trace: &Path, gpus: &str, policy: &str, load: Option<f64>, runtimes: bool, sched: gantry_core::scheduler::Config) -> Result<Vec<gantry_core::sim::Report>> {
+    use gantry_core::sim::{self, Policy, SimConfig};
+    let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
+    let (n, mem) = b.shape();
+    let mut t = sim::load_trace(trace, n)?;
+    if let Some(l) = load {
+        sim::rescale_load(&mut t.jobs, n, l);
+    }
+    let policies: Vec<Policy> = if policy == "all" {
+        Policy::ALL.to_vec()
+    } else {
+        vec![Policy::parse(policy).with_context(|| format!("unknown policy {policy:?}: serial, fifo, greedy, gantry or all"))?]
+    };
+    let mut out = vec![];
+    for p in policies {
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone() };
+        out.push(sim::simulate(&t, &cfg));
+        if p == Policy::Gantry && (runtimes || policy == "all") {
+            cfg.declared_runtimes = true;
+            out.push(sim::simulate(&t, &cfg));
+        }
+    }
+    Ok(out)
+}
+
+fn print_sim(reports: &[gantry_core::sim::Report]) {
+    let Some(r0) = reports.first() else { return };
+    println!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
+    println!("{:<18} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU");
+    let h = |s: f64| humantime::format_duration(Duration::from_secs(s as u64)).to_string().split(' ').take(2).collect::<Vec<_>>().join(" ");
+    for r in reports {
+        let w1 = r.mean_wait_by_gpus.get(&1).copied().unwrap_or(0.0);
+        let big: Vec<f64> = r.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
+        let ratio = if big.is_empty() || w1 == 0.0 { "-".to_string() } else { format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1) };
+        println!(
+            "{:<18} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}",
+            r.policy, h(r.makespan_s), r.makespan_ratio, 100.0 * r.alloc_share_while_waiting, h(r.mean_wait_s), h(r.p95_wait_s), ratio
+        );
+    }
+    println!("lower bound: {}", h(r0.lower_bound_s));
+    if r0.user_share.len() > 1 {
+        for r in reports {
+            let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{u} {:.1}%", s * 100.0)).collect();
+            println!("{:<18} GPU share under contention: {}", r.policy, shares.join(", "));
+        }
     }
 }

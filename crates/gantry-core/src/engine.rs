@@ -390,7 +390,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory })
+            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: None })
             .collect();
         let state = scheduler::State {
             now_ms: now_ms(),
@@ -405,9 +405,12 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: j.gpu_memory,
                     not_before_ms: j.not_before,
+                    expected_runtime_ms: None,
+                    user_usage: 0.0,
                 })
                 .collect(),
             config: self.cfg.scheduler.clone(),
+            typical_wait_ms: None,
         };
         let mut plan = scheduler::plan(&state);
         if let Some(msg) = docker_down {

@@ -68,6 +68,10 @@ impl SimulatedBackend {
         let gpus = (0..count).map(|i| (format!("GPU-5160a7ed-0000-4000-8000-{:012x}", i), memory)).collect();
         SimulatedBackend { gpus, load: vec![], tick: 0 }
     }
+    /// (GPU count, memory per GPU).
+    pub fn shape(&self) -> (u32, u64) {
+        (self.gpus.len() as u32, self.gpus.first().map(|g| g.1).unwrap_or(0))
+    }
     /// Parse `sim:4x24GiB` (or `4x24GiB`).
     pub fn from_spec(s: &str) -> Result<Self, GpuError> {
         let body = s.strip_prefix("sim:").unwrap_or(s);

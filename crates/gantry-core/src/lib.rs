@@ -19,3 +19,4 @@ pub mod inbox;
 pub mod api;
 pub mod client;
 pub mod daemon;
+pub mod sim;

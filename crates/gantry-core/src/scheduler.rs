@@ -29,6 +29,9 @@ pub struct RunningJob {
     pub gpus: Vec<u32>,
     /// Declared memory per GPU; `None` = holds its GPUs exclusively.
     pub gpu_memory: Option<u64>,
+    /// When it is expected to end (start + declared runtime), if known.
+    #[serde(default)]
+    pub expected_end_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,17 +43,62 @@ pub struct QueuedJob {
     pub gpu_memory: Option<u64>,
     /// Not before this time (retry backoff).
     pub not_before_ms: Option<i64>,
+    /// Declared (or learned) runtime, if known.
+    #[serde(default)]
+    pub expected_runtime_ms: Option<i64>,
+    /// The owner's recent GPU usage (decayed GPU-hours); among equal priorities, lighter users go first.
+    #[serde(default)]
+    pub user_usage: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     /// After this long in the queue, a job that cannot start reserves GPUs.
     pub reserve_after_ms: i64,
+    /// Use declared runtimes: jobs that end before a reservation's start may backfill its GPUs.
+    #[serde(default = "yes")]
+    pub use_runtimes: bool,
+    /// See `State::typical_wait_ms`.
+    #[serde(default = "factor_default")]
+    pub reserve_factor: f64,
+    /// Pack shared jobs onto the GPU with the least (best fit) or most (worst fit) memory left.
+    #[serde(default)]
+    pub packing: Packing,
+    /// Write a reason for at most this many waiting jobs (the rest say "waiting behind N jobs").
+    /// Reasons cost string formatting; the simulator sets 0.
+    #[serde(default = "explain_default")]
+    pub explain_first: usize,
+}
+
+fn explain_default() -> usize {
+    1000
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Packing {
+    #[default]
+    BestFit,
+    WorstFit,
+}
+
+fn factor_default() -> f64 {
+    3.0
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { reserve_after_ms: 30 * 60 * 1000 }
+        Config {
+            reserve_after_ms: 30 * 60 * 1000,
+            reserve_factor: factor_default(),
+            use_runtimes: true,
+            packing: Packing::BestFit,
+            explain_first: explain_default(),
+        }
     }
 }
 
@@ -61,6 +109,11 @@ pub struct State {
     pub running: Vec<RunningJob>,
     pub queued: Vec<QueuedJob>,
     pub config: Config,
+    /// Mean wait of recently started jobs. A job reserves GPUs only once it has waited
+    /// `reserve_factor` times this (and at least `reserve_after_ms`): reservations are for jobs that
+    /// fall behind their peers, because draining GPUs for them costs capacity.
+    #[serde(default)]
+    pub typical_wait_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,7 +147,10 @@ struct Slot {
     exclusive_by: Option<i64>,
     shared_declared: u64,
     shared_jobs: Vec<i64>,
-    reserved_by: Option<i64>,
+    /// Expected end of each Gantry job on this GPU (`None`: unknown).
+    ends: Vec<Option<i64>>,
+    /// Reserved for (job, the time that job is expected to start, if known).
+    reserved_by: Option<(i64, Option<i64>)>,
 }
 
 impl Slot {
@@ -104,6 +160,70 @@ impl Slot {
     fn is_empty(&self) -> bool {
         self.exclusive_by.is_none() && self.shared_jobs.is_empty()
     }
+    /// When this GPU is expected to be free of Gantry jobs (`None`: unknown).
+    fn free_at(&self, now: i64) -> Option<i64> {
+        self.ends.iter().try_fold(now, |acc, e| e.map(|e| acc.max(e)))
+    }
+}
+
+/// Scheduling order. Priority first (high first); then the owner's recent usage (light users
+/// first). Then, when runtimes are known: "critical" jobs — those so long that starting them later
+/// would stretch the whole schedule (runtime >= CRITICAL_FRACTION x the backlog per GPU) — first, then smallest work
+/// (runtime x GPUs) first, which minimizes mean wait. Without runtimes: submission time. Ties: id.
+pub fn order(state: &State) -> Vec<i64> {
+    sorted(state).iter().map(|j| j.job_id).collect()
+}
+
+fn sorted(state: &State) -> Vec<&QueuedJob> {
+    let runtimes = state.config.use_runtimes && state.queued.iter().any(|q| q.expected_runtime_ms.is_some());
+    let critical_from = if runtimes { backlog_per_gpu(state) as f64 * CRITICAL_FRACTION } else { f64::INFINITY };
+    let key = |q: &QueuedJob| -> (bool, i128) {
+        match q.expected_runtime_ms {
+            Some(rt) if runtimes => ((rt as f64) < critical_from, rt as i128 * q.gpus.max(1) as i128),
+            _ if runtimes => (true, i128::MAX),
+            _ => (true, 0),
+        }
+    };
+    let mut order: Vec<&QueuedJob> = state.queued.iter().collect();
+    order.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.user_usage.total_cmp(&b.user_usage))
+            .then(key(a).cmp(&key(b)))
+            .then(a.submitted_at_ms.cmp(&b.submitted_at_ms))
+            .then(a.job_id.cmp(&b.job_id))
+    });
+    order
+}
+
+/// A job whose runtime is at least this fraction of the backlog per GPU is "critical": starting it
+/// later would stretch the schedule's end. Tuned on the Alibaba trace (see docs/scheduling.md).
+const CRITICAL_FRACTION: f64 = 0.25;
+
+/// Known remaining work (GPU-ms) divided by the GPU count: how long the machine is busy if packed.
+fn backlog_per_gpu(state: &State) -> i64 {
+    let queued: i128 = state.queued.iter().filter_map(|q| q.expected_runtime_ms.map(|r| r as i128 * q.gpus as i128)).sum();
+    let running: i128 = state
+        .running
+        .iter()
+        .filter_map(|r| r.expected_end_ms.map(|e| (e - state.now_ms).max(0) as i128 * r.gpus.len() as i128))
+        .sum();
+    ((queued + running) / state.gpus.len().max(1) as i128) as i64
+}
+
+fn reserve_threshold(state: &State) -> i64 {
+    let typical = state.typical_wait_ms.map(|t| (t as f64 * state.config.reserve_factor) as i64).unwrap_or(0);
+    state.config.reserve_after_ms.max(typical)
+}
+
+/// The job that has waited longest past `reserve_after_ms` (it gets the one reservation).
+fn starving(state: &State) -> Option<&QueuedJob> {
+    state
+        .queued
+        .iter()
+        .filter(|q| q.gpus > 0 && state.now_ms - q.submitted_at_ms >= reserve_threshold(state))
+        .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
+        .min_by_key(|q| (q.submitted_at_ms, q.job_id))
 }
 
 /// Compute placements. Deterministic: same state in, same plan out.
@@ -119,6 +239,7 @@ pub fn plan(state: &State) -> Plan {
             exclusive_by: None,
             shared_declared: 0,
             shared_jobs: vec![],
+            ends: vec![],
             reserved_by: None,
         })
         .collect();
@@ -133,39 +254,33 @@ pub fn plan(state: &State) -> Plan {
                         s.shared_jobs.push(r.job_id);
                     }
                 }
+                s.ends.push(r.expected_end_ms);
             }
         }
     }
-    // A GPU's measured use includes Gantry's own jobs; only outside processes make it "external".
-    let mut order: Vec<&QueuedJob> = state.queued.iter().collect();
-    order.sort_by(|a, b| {
-        b.priority.cmp(&a.priority).then(a.submitted_at_ms.cmp(&b.submitted_at_ms)).then(a.job_id.cmp(&b.job_id))
-    });
-
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing };
+    let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
-    for job in order {
-        if let Some(nb) = job.not_before_ms {
-            if nb > state.now_ms {
-                let secs = (nb - state.now_ms + 999) / 1000;
-                push_wait(&mut out, job.job_id, format!("retrying after a failure in {secs}s"), vec![]);
-                continue;
-            }
-        }
-        if job.gpus == 0 {
-            out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
-            continue;
-        }
-        match choose(&slots, job, false) {
+    // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
+    // nothing else may take them unless it is known to end before the reserved job can start.
+    let starving = starving(state);
+    let mut reserved_for: Option<(i64, Vec<u32>, String)> = None;
+    if let Some(job) = starving {
+        match choose(&slots, job, &ctx, true) {
             Ok(chosen) => {
-                take(&mut slots, job, &chosen);
+                take(&mut slots, job, &chosen, &ctx);
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
+                let reserved = reserve(&mut slots, job, &ctx);
+                reserved_for = Some((job.job_id, reserved, reason));
+            }
+        }
+    }
+    for job in sorted(state) {
+        if starving.is_some_and(|s| s.job_id == job.job_id) {
+            if let Some((_, reserved, reason)) = reserved_for.take() {
                 let waited = state.now_ms - job.submitted_at_ms;
-                let mut reserved = vec![];
-                if waited >= state.config.reserve_after_ms {
-                    reserved = reserve(&mut slots, job);
-                }
                 let reason = if reserved.is_empty() {
                     reason
                 } else {
@@ -173,9 +288,39 @@ pub fn plan(state: &State) -> Plan {
                 };
                 push_wait(&mut out, job.job_id, reason, reserved);
             }
+            continue;
+        }
+        if let Some(nb) = job.not_before_ms {
+            if nb > state.now_ms {
+                let secs = (nb - state.now_ms + 999) / 1000;
+                let reason = if explain(&out) { format!("retrying after a failure in {secs}s") } else { String::new() };
+                push_wait(&mut out, job.job_id, reason, vec![]);
+                continue;
+            }
+        }
+        if job.gpus == 0 {
+            out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
+            continue;
+        }
+        let explained = explain(&out);
+        match choose(&slots, job, &ctx, explained) {
+            Ok(chosen) => {
+                take(&mut slots, job, &chosen, &ctx);
+                out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
+            }
+            Err(reason) => {
+                let reason = if explained { reason } else { format!("waiting behind {} other jobs", out.waiting.len()) };
+                push_wait(&mut out, job.job_id, reason, vec![]);
+            }
         }
     }
     out
+}
+
+struct Ctx {
+    now: i64,
+    use_runtimes: bool,
+    packing: Packing,
 }
 
 fn push_wait(out: &mut Plan, job_id: i64, reason: String, reserved: Vec<u32>) {
@@ -191,31 +336,37 @@ fn human_ms(ms: i64) -> String {
     humantime::format_duration(std::time::Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
 }
 
-/// Pick GPUs for `job`, or say why not. `ignore_busy`: pretend running jobs are gone (for reservations).
-fn choose(slots: &[Slot], job: &QueuedJob, ignore_busy: bool) -> Result<Vec<u32>, String> {
+/// May `job` use a GPU reserved for another job? Only if it is known to end before that job starts.
+fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> bool {
+    ctx.use_runtimes && matches!((job.expected_runtime_ms, shadow), (Some(rt), Some(sh)) if ctx.now + rt <= sh)
+}
+
+/// Pick GPUs for `job`, or say why not.
+fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<Vec<u32>, String> {
     let n = job.gpus as usize;
     if n > slots.len() {
         return Err(format!("needs {n} GPUs, this machine has {}", slots.len()));
     }
     let mut reasons: Vec<String> = vec![];
+    let mut reasons_push = |r: &dyn Fn() -> String| {
+        if explain {
+            reasons.push(r());
+        }
+    };
     let mut candidates: Vec<(u64, u32)> = vec![]; // (sort key, index)
     for s in slots {
-        if let Some(r) = s.reserved_by {
-            if r != job.job_id {
-                reasons.push(format!("GPU {} reserved for job {r}", s.index));
+        if let Some((r, shadow)) = s.reserved_by {
+            if r != job.job_id && !may_backfill(job, shadow, ctx) {
+                reasons_push(&|| format!("GPU {} reserved for job {r}", s.index));
                 continue;
             }
         }
         if s.external {
-            reasons.push(format!("GPU {} busy with processes outside Gantry", s.index));
-            continue;
-        }
-        if ignore_busy {
-            candidates.push((0, s.index));
+            reasons_push(&|| format!("GPU {} busy with processes outside Gantry", s.index));
             continue;
         }
         if let Some(j) = s.exclusive_by {
-            reasons.push(format!("GPU {} held by job {j}", s.index));
+            reasons_push(&|| format!("GPU {} held by job {j}", s.index));
             continue;
         }
         match job.gpu_memory {
@@ -223,16 +374,17 @@ fn choose(slots: &[Slot], job: &QueuedJob, ignore_busy: bool) -> Result<Vec<u32>
                 if s.is_empty() {
                     candidates.push((0, s.index));
                 } else {
-                    reasons.push(format!("GPU {} shared by job {}", s.index, list_i64(&s.shared_jobs)));
+                    reasons_push(&|| format!("GPU {} shared by job {}", s.index, list_i64(&s.shared_jobs)));
                 }
             }
             Some(m) => {
                 let free = s.free_for_shared();
                 if free >= m {
                     // Best fit: least free memory left first, keeping whole GPUs free for big jobs.
-                    candidates.push((free - m, s.index));
+                    let left = free - m;
+                    candidates.push((if ctx.packing == Packing::BestFit { left } else { u64::MAX - left }, s.index));
                 } else {
-                    reasons.push(format!(
+                    reasons_push(&|| format!(
                         "GPU {} has {} free, needs {}",
                         s.index,
                         crate::spec::format_bytes(free),
@@ -247,20 +399,39 @@ fn choose(slots: &[Slot], job: &QueuedJob, ignore_busy: bool) -> Result<Vec<u32>
         let mut chosen: Vec<u32> = candidates.into_iter().take(n).map(|(_, i)| i).collect();
         chosen.sort();
         Ok(chosen)
+    } else if !explain {
+        Err(String::new())
     } else {
         let what = match job.gpu_memory {
             None => format!("needs {n} free GPU{}", if n == 1 { "" } else { "s" }),
             Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::spec::format_bytes(m)),
         };
-        Err(format!("{what}, {} available ({})", candidates.len(), reasons.join("; ")))
+        Err(format!("{what}, {} available ({})", candidates.len(), summarize(&reasons)))
     }
+}
+
+/// "GPU 0 held by job 1; GPU 1 held by job 1" -> "GPUs 0,1 held by job 1".
+fn summarize(reasons: &[String]) -> String {
+    let mut groups: Vec<(String, Vec<String>)> = vec![];
+    for r in reasons {
+        let (gpu, rest) = r.strip_prefix("GPU ").and_then(|x| x.split_once(' ')).unwrap_or(("", r));
+        match groups.iter_mut().find(|(k, _)| k == rest) {
+            Some((_, g)) => g.push(gpu.to_string()),
+            None => groups.push((rest.to_string(), vec![gpu.to_string()])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(rest, g)| if g.len() == 1 { format!("GPU {} {rest}", g[0]) } else { format!("GPUs {} {rest}", g.join(",")) })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn list_i64(v: &[i64]) -> String {
     v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
-fn take(slots: &mut [Slot], job: &QueuedJob, chosen: &[u32]) {
+fn take(slots: &mut [Slot], job: &QueuedJob, chosen: &[u32], ctx: &Ctx) {
     for s in slots.iter_mut().filter(|s| chosen.contains(&s.index)) {
         match job.gpu_memory {
             None => s.exclusive_by = Some(job.job_id),
@@ -269,28 +440,34 @@ fn take(slots: &mut [Slot], job: &QueuedJob, chosen: &[u32]) {
                 s.shared_jobs.push(job.job_id);
             }
         }
+        s.ends.push(job.expected_runtime_ms.map(|r| ctx.now + r));
     }
 }
 
-/// Reserve GPUs for a starving job: prefer GPUs that are already free, then those with the fewest
-/// Gantry jobs on them. Returns the reserved indexes (empty if not enough unreserved GPUs remain).
-fn reserve(slots: &mut [Slot], job: &QueuedJob) -> Vec<u32> {
-    if choose(slots, job, true).is_err() {
-        return vec![];
-    }
-    let mut cands: Vec<(usize, u32)> = slots
+/// Reserve GPUs for a starving job: those expected to free up first (with runtimes), else those with
+/// the fewest Gantry jobs. Returns the reserved indexes (empty if too few unreserved GPUs remain).
+fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
+    let mut cands: Vec<(i64, usize, u32)> = slots
         .iter()
         .filter(|s| s.reserved_by.is_none() && !s.external)
-        .map(|s| (s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index))
+        .map(|s| {
+            let free_at = if ctx.use_runtimes { s.free_at(ctx.now).unwrap_or(i64::MAX) } else { 0 };
+            (free_at, s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index)
+        })
         .collect();
-    cands.sort();
-    let chosen: Vec<u32> = cands.into_iter().take(job.gpus as usize).map(|(_, i)| i).collect();
-    for s in slots.iter_mut().filter(|s| chosen.contains(&s.index)) {
-        s.reserved_by = Some(job.job_id);
+    if cands.len() < job.gpus as usize {
+        return vec![];
     }
-    let mut chosen = chosen;
-    chosen.sort();
-    chosen
+    cands.sort();
+    let chosen: Vec<(i64, usize, u32)> = cands.into_iter().take(job.gpus as usize).collect();
+    // The job can start when the last of its GPUs frees up.
+    let shadow = chosen.iter().map(|c| c.0).max().filter(|t| *t != i64::MAX);
+    let mut idx: Vec<u32> = chosen.iter().map(|c| c.2).collect();
+    for s in slots.iter_mut().filter(|s| idx.contains(&s.index)) {
+        s.reserved_by = Some((job.job_id, shadow));
+    }
+    idx.sort();
+    idx
 }
 
 #[cfg(test)]
@@ -302,13 +479,13 @@ mod tests {
         (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None }
+        QueuedJob { job_id: id, priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0 }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, gpus: gpus.to_vec(), gpu_memory: mem }
+        RunningJob { job_id: id, gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
-        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000 } }
+        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None }
     }
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
@@ -358,7 +535,7 @@ mod tests {
         let p = plan(&st(gpus(2, 24 * G), vec![run(7, &[0], None), run(8, &[1], None)], vec![q(1, 1, None), q(2, 3, None)]));
         assert_eq!(p.waiting[0].position, 1);
         assert!(p.waiting[0].reason.contains("needs 1 free GPU, 0 available"), "{}", p.waiting[0].reason);
-        assert!(p.waiting[0].reason.contains("GPU 0 held by job 7"), "{}", p.waiting[0].reason);
+        assert!(p.waiting[0].reason.contains("GPU 0 held by job 7; GPU 1 held by job 8"), "{}", p.waiting[0].reason);
         assert!(p.waiting[1].reason.contains("this machine has 2"), "{}", p.waiting[1].reason);
     }
 

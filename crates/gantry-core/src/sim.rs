@@ -1,0 +1,474 @@
+//! Trace replay: runs a workload through the same `scheduler::plan` the engine uses, on a virtual
+//! clock (no Docker, no sleeping), and reports makespan, utilization, waits and per-user shares.
+//!
+//! Trace formats (detected from the header):
+//! - Gantry CSV: `submit_s,duration_s,gpus,gpu_memory,user,priority` (`gpu_memory` empty = whole GPUs,
+//!   else a size like `8GiB`; `user` and `priority` optional).
+//! - Alibaba GPU-cluster CSV (`num_gpu`, `gpu_milli`, `creation_time`, `deletion_time`): duration =
+//!   deletion − creation; `gpu_milli` < 1000 on a 1-GPU task is a share of one GPU.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scheduler::{self, GpuView, QueuedJob, RunningJob};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("cannot read the trace: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("trace line {line}: {msg}")]
+    Parse { line: usize, msg: String },
+    #[error("unknown trace format: expected a header with `submit_s,duration_s,gpus,...` or Alibaba's `num_gpu,gpu_milli,creation_time,deletion_time`")]
+    UnknownFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceJob {
+    pub submit_s: f64,
+    pub duration_s: f64,
+    pub gpus: u32,
+    /// Share of one GPU in thousandths (1000 = whole); `None` = whole GPUs.
+    pub gpu_milli: Option<u32>,
+    pub user: String,
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    pub jobs: Vec<TraceJob>,
+    /// Tasks asking for no GPU (not part of a GPU queue).
+    pub dropped_cpu_only: usize,
+    /// Tasks asking for more GPUs than the machine has.
+    pub dropped_too_big: usize,
+    pub dropped_zero_duration: usize,
+}
+
+/// Parse a trace; jobs needing more than `max_gpus` are dropped and counted.
+pub fn load_trace(path: &Path, max_gpus: u32) -> Result<Trace, SimError> {
+    parse_trace(&std::fs::read_to_string(path)?, max_gpus)
+}
+
+pub fn parse_trace(text: &str, max_gpus: u32) -> Result<Trace, SimError> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
+    let (_, header) = lines.next().ok_or(SimError::UnknownFormat)?;
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let idx = |n: &str| cols.iter().position(|c| *c == n);
+    let mut t = Trace::default();
+    let alibaba = idx("num_gpu").is_some() && idx("creation_time").is_some();
+    let gantry = idx("submit_s").is_some() && idx("duration_s").is_some() && idx("gpus").is_some();
+    if !alibaba && !gantry {
+        return Err(SimError::UnknownFormat);
+    }
+    for (i, line) in lines {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let get = |n: &str| idx(n).and_then(|k| f.get(k)).copied().unwrap_or("");
+        let num = |n: &str| -> Result<f64, SimError> {
+            get(n).parse::<f64>().map_err(|_| SimError::Parse { line: i + 1, msg: format!("`{n}` is not a number: {:?}", get(n)) })
+        };
+        let job = if alibaba {
+            let gpus = num("num_gpu")? as u32;
+            let milli = num("gpu_milli").unwrap_or(1000.0) as u32;
+            TraceJob {
+                submit_s: num("creation_time")?,
+                duration_s: num("deletion_time")? - num("creation_time")?,
+                gpus,
+                gpu_milli: (gpus == 1 && milli > 0 && milli < 1000).then_some(milli),
+                user: "default".into(),
+                priority: 0,
+            }
+        } else {
+            let mem = get("gpu_memory");
+            TraceJob {
+                submit_s: num("submit_s")?,
+                duration_s: num("duration_s")?,
+                gpus: num("gpus")? as u32,
+                gpu_milli: if mem.is_empty() {
+                    None
+                } else if let Ok(m) = mem.parse::<u32>() {
+                    Some(m.min(1000))
+                } else {
+                    return Err(SimError::Parse { line: i + 1, msg: format!("gpu_memory {mem:?}: write thousandths of a GPU (e.g. 250)") });
+                },
+                user: Some(get("user")).filter(|u| !u.is_empty()).unwrap_or("default").to_string(),
+                priority: get("priority").parse().unwrap_or(0),
+            }
+        };
+        if job.gpus == 0 {
+            t.dropped_cpu_only += 1;
+        } else if job.gpus > max_gpus {
+            t.dropped_too_big += 1;
+        } else if job.duration_s <= 0.0 {
+            t.dropped_zero_duration += 1;
+        } else {
+            t.jobs.push(job);
+        }
+    }
+    t.jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s));
+    Ok(t)
+}
+
+/// Rescale arrivals so the offered GPU demand (GPU-seconds per second of arrivals) is `load` x the
+/// machine's capacity.
+pub fn rescale_load(jobs: &mut [TraceJob], gpus: u32, load: f64) {
+    let first = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+    let last = jobs.iter().map(|j| j.submit_s).fold(f64::NEG_INFINITY, f64::max);
+    let span = last - first;
+    if span <= 0.0 || load <= 0.0 {
+        return;
+    }
+    let work: f64 = jobs.iter().map(gpu_seconds).sum();
+    let new_span = work / (load * gpus as f64);
+    for j in jobs.iter_mut() {
+        j.submit_s = (j.submit_s - first) * new_span / span;
+    }
+}
+
+fn gpu_seconds(j: &TraceJob) -> f64 {
+    j.duration_s * j.gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(j.gpus as f64)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// One job at a time.
+    Serial,
+    /// Strict priority/submission order: the head of the queue blocks everyone behind it.
+    Fifo,
+    /// First fit over the whole queue, no reservations.
+    Greedy,
+    /// Gantry's scheduler as the engine runs it.
+    Gantry,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 4] = [Policy::Serial, Policy::Fifo, Policy::Greedy, Policy::Gantry];
+    pub fn parse(s: &str) -> Option<Policy> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Serial => "serial",
+            Policy::Fifo => "fifo",
+            Policy::Greedy => "greedy",
+            Policy::Gantry => "gantry",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimConfig {
+    pub gpus: u32,
+    pub gpu_memory: u64,
+    pub policy: Policy,
+    /// Pass trace durations to the scheduler as declared `expected_runtime`.
+    pub declared_runtimes: bool,
+    pub scheduler: scheduler::Config,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub policy: String,
+    pub jobs: usize,
+    pub gpus: u32,
+    pub dropped_cpu_only: usize,
+    pub dropped_too_big: usize,
+    pub makespan_s: f64,
+    /// max(total GPU-seconds / GPUs, latest arrival + its duration)
+    pub lower_bound_s: f64,
+    pub makespan_ratio: f64,
+    /// Allocated GPU capacity / total, averaged over the time some job was waiting.
+    pub alloc_share_while_waiting: f64,
+    pub mean_wait_s: f64,
+    pub p95_wait_s: f64,
+    /// Mean wait by GPUs asked (1, 2, 4, 8...).
+    pub mean_wait_by_gpus: BTreeMap<u32, f64>,
+    /// Each user's share of the GPU time handed out while jobs were waiting (under contention).
+    pub user_share: BTreeMap<String, f64>,
+    /// Scheduler calls made (for speed reporting).
+    pub plan_calls: usize,
+}
+
+const MS: f64 = 1000.0;
+
+/// Replay `trace` through the scheduler on a virtual clock.
+pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
+    let jobs = &trace.jobs;
+    let n = jobs.len();
+    let gpu_views: Vec<GpuView> =
+        (0..cfg.gpus).map(|i| GpuView { index: i, memory_total: cfg.gpu_memory, memory_used: 0, external_busy: false }).collect();
+    let mem_of = |j: &TraceJob| j.gpu_milli.map(|m| (cfg.gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64);
+    let mut start: Vec<Option<i64>> = vec![None; n];
+    let mut running: Vec<(i64, usize, Vec<u32>)> = vec![]; // (end ms, job, gpus)
+    let mut queued: Vec<usize> = vec![];
+    let mut next_arrival = 0usize;
+    let mut now: i64 = 0;
+    let mut plan_calls = 0usize;
+    let mut waiting_time = 0.0f64;
+    let mut alloc_integral = 0.0f64;
+    let mut user_integral: HashMap<String, f64> = HashMap::new();
+    let alloc_of = |running: &[(i64, usize, Vec<u32>)]| -> f64 {
+        running.iter().map(|(_, j, g)| jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64)).sum()
+    };
+    let arrival_ms = |j: &TraceJob| (j.submit_s * MS).round() as i64;
+    // Exponentially weighted mean wait of started jobs (the engine keeps the same figure).
+    let (mut typical, mut typical_n) = (0.0f64, 0.0f64);
+    let mut sched = cfg.scheduler.clone();
+    sched.explain_first = 0;
+    loop {
+        // Admit arrivals and completions at `now`.
+        while next_arrival < n && arrival_ms(&jobs[next_arrival]) <= now {
+            queued.push(next_arrival);
+            next_arrival += 1;
+        }
+        running.retain(|(end, _, _)| *end > now);
+        if !queued.is_empty() {
+            let state = scheduler::State {
+                now_ms: now,
+                gpus: gpu_views.clone(),
+                running: running
+                    .iter()
+                    .map(|(end, j, g)| RunningJob {
+                        job_id: *j as i64,
+                        gpus: g.clone(),
+                        gpu_memory: mem_of(&jobs[*j]),
+                        expected_end_ms: cfg.declared_runtimes.then_some(*end),
+                    })
+                    .collect(),
+                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms),
+                config: sched.clone(),
+                typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
+            };
+            plan_calls += 1;
+            let placements = match cfg.policy {
+                Policy::Gantry => scheduler::plan(&state).placements,
+                Policy::Greedy => {
+                    let mut s = state;
+                    s.config.reserve_after_ms = i64::MAX;
+                    s.config.use_runtimes = false;
+                    scheduler::plan(&s).placements
+                }
+                Policy::Fifo | Policy::Serial => {
+                    let mut s = state;
+                    s.config.reserve_after_ms = i64::MAX;
+                    s.config.use_runtimes = false;
+                    let p = scheduler::plan(&s);
+                    // Strict order: only jobs ahead of the first one that has to wait.
+                    let order = scheduler::order(&s);
+                    let first_waiting = p.waiting.first().and_then(|w| order.iter().position(|id| *id == w.job_id)).unwrap_or(order.len());
+                    let mut allowed: Vec<i64> = order[..first_waiting].to_vec();
+                    if cfg.policy == Policy::Serial {
+                        allowed.truncate(usize::from(running.is_empty()));
+                    }
+                    p.placements.into_iter().filter(|pl| allowed.contains(&pl.job_id)).collect()
+                }
+            };
+            for p in placements {
+                let j = p.job_id as usize;
+                start[j] = Some(now);
+                let w = (now - arrival_ms(&jobs[j])) as f64;
+                typical_n += 1.0;
+                typical += (w - typical) / typical_n.min(100.0);
+                let end = now + (jobs[j].duration_s * MS).round().max(1.0) as i64;
+                running.push((end, j, p.gpus));
+                queued.retain(|q| *q != j);
+            }
+        }
+        // Advance to the next event.
+        let next_end = running.iter().map(|r| r.0).min();
+        let next_arr = (next_arrival < n).then(|| arrival_ms(&jobs[next_arrival]));
+        let next = match (next_end, next_arr) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => break,
+        };
+        // Reservations start at a time, not at an event: wake up for them too.
+        let next = if cfg.policy == Policy::Gantry {
+            queued
+                .iter()
+                .map(|q| arrival_ms(&jobs[*q]) + cfg.scheduler.reserve_after_ms)
+                .filter(|t| *t > now && *t < next)
+                .min()
+                .unwrap_or(next)
+        } else {
+            next
+        };
+        if !queued.is_empty() {
+            let dt = (next - now) as f64;
+            waiting_time += dt;
+            alloc_integral += dt * alloc_of(&running) / cfg.gpus as f64;
+            for (_, j, g) in &running {
+                let a = jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64);
+                *user_integral.entry(jobs[*j].user.clone()).or_default() += dt * a;
+            }
+        }
+        now = next;
+    }
+    report(trace, cfg, &start, waiting_time, alloc_integral, user_integral, plan_calls)
+}
+
+fn queued_view(
+    jobs: &[TraceJob],
+    queued: &[usize],
+    cfg: &SimConfig,
+    mem_of: &impl Fn(&TraceJob) -> Option<u64>,
+    arrival_ms: &impl Fn(&TraceJob) -> i64,
+) -> Vec<QueuedJob> {
+    queued
+        .iter()
+        .map(|q| {
+            let j = &jobs[*q];
+            QueuedJob {
+                job_id: *q as i64,
+                priority: j.priority,
+                submitted_at_ms: arrival_ms(j),
+                gpus: j.gpus,
+                gpu_memory: mem_of(j),
+                not_before_ms: None,
+                expected_runtime_ms: cfg.declared_runtimes.then(|| (j.duration_s * MS) as i64),
+                user_usage: 0.0,
+            }
+        })
+        .collect()
+}
+
+fn report(
+    trace: &Trace,
+    cfg: &SimConfig,
+    start: &[Option<i64>],
+    waiting_time: f64,
+    alloc_integral: f64,
+    user_integral: HashMap<String, f64>,
+    plan_calls: usize,
+) -> Report {
+    let jobs = &trace.jobs;
+    let mut waits: Vec<f64> = vec![];
+    let mut by_gpus: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
+    let mut makespan = 0.0f64;
+    for (j, s) in jobs.iter().zip(start) {
+        let Some(s) = s else { continue };
+        let w = (*s as f64 / MS - j.submit_s).max(0.0);
+        waits.push(w);
+        let e = by_gpus.entry(j.gpus).or_default();
+        e.0 += w;
+        e.1 += 1;
+        makespan = makespan.max(*s as f64 / MS + j.duration_s);
+    }
+    let total: f64 = jobs.iter().map(gpu_seconds).sum();
+    let first = jobs.first().map(|j| j.submit_s).unwrap_or(0.0);
+    let lb = (total / cfg.gpus as f64).max(jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0, f64::max) - first);
+    let makespan = makespan - first;
+    waits.sort_by(f64::total_cmp);
+    let mean = if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 };
+    let p95 = waits.get(((waits.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    Report {
+        policy: format!("{:?}", cfg.policy).to_lowercase() + if cfg.declared_runtimes { "+runtimes" } else { "" },
+        jobs: jobs.len(),
+        gpus: cfg.gpus,
+        dropped_cpu_only: trace.dropped_cpu_only,
+        dropped_too_big: trace.dropped_too_big,
+        makespan_s: makespan,
+        lower_bound_s: lb,
+        makespan_ratio: if lb > 0.0 { makespan / lb } else { 1.0 },
+        alloc_share_while_waiting: if waiting_time > 0.0 { alloc_integral / waiting_time } else { 1.0 },
+        mean_wait_s: mean,
+        p95_wait_s: p95,
+        mean_wait_by_gpus: by_gpus.into_iter().map(|(g, (s, c))| (g, s / c as f64)).collect(),
+        user_share: {
+            let sum: f64 = user_integral.values().sum();
+            user_integral.into_iter().map(|(u, s)| (u, if sum > 0.0 { s / sum } else { 0.0 })).collect()
+        },
+        plan_calls,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
+        let t = parse_trace(csv, gpus).unwrap();
+        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default() };
+        cfg.scheduler.reserve_after_ms = 3_600_000;
+        simulate(&t, &cfg)
+    }
+
+    const TWO: &str = "submit_s,duration_s,gpus,gpu_memory,user,priority\n0,10,1,,a,0\n0,10,1,,b,0\n";
+    // A needs 1 GPU, B (arriving at 1 s) needs both, C (at 2 s) needs 1: B blocks C under strict FIFO.
+    const HOL: &str = "submit_s,duration_s,gpus,gpu_memory,user,priority\n0,10,1,,a,0\n1,10,2,,a,0\n2,5,1,,a,0\n";
+
+    #[test]
+    fn serial_runs_one_at_a_time() {
+        let r = run(TWO, 2, Policy::Serial);
+        assert_eq!((r.makespan_s, r.lower_bound_s, r.mean_wait_s), (20.0, 10.0, 5.0));
+        let r = run(TWO, 2, Policy::Fifo);
+        assert_eq!((r.makespan_s, r.mean_wait_s, r.makespan_ratio), (10.0, 0.0, 1.0));
+    }
+
+    #[test]
+    fn fifo_blocks_behind_the_head_and_greedy_backfills() {
+        let f = run(HOL, 2, Policy::Fifo);
+        assert_eq!(f.makespan_s, 25.0);
+        assert_eq!(f.mean_wait_s, 9.0); // (0 + 9 + 18) / 3
+        // Waiting from 1 s to 20 s: 9 s with 1 of 2 GPUs busy, 10 s with both.
+        assert!((f.alloc_share_while_waiting - 14.5 / 19.0).abs() < 1e-9, "{}", f.alloc_share_while_waiting);
+        let g = run(HOL, 2, Policy::Greedy);
+        assert_eq!((g.makespan_s, g.mean_wait_s), (20.0, 3.0));
+        assert_eq!(g.mean_wait_by_gpus[&2], 9.0);
+        assert_eq!(g.p95_wait_s, 9.0);
+    }
+
+    #[test]
+    fn lower_bound_is_work_or_latest_finish() {
+        let r = run("submit_s,duration_s,gpus\n0,100,1\n50,10,1\n", 1, Policy::Gantry);
+        assert_eq!((r.lower_bound_s, r.makespan_s), (110.0, 110.0));
+        let r = run("submit_s,duration_s,gpus\n0,10,1\n500,10,1\n", 2, Policy::Gantry);
+        assert_eq!(r.lower_bound_s, 510.0);
+    }
+
+    #[test]
+    fn reservation_stops_starvation_of_a_big_job() {
+        // GPU 0 busy for 100 s; a 2-GPU job arrives; a stream of 1-GPU jobs keeps GPU 1 busy.
+        let mut csv = String::from("submit_s,duration_s,gpus\n0,100,1\n1,10,2\n");
+        for i in 0..40 {
+            csv += &format!("{},20,1\n", 2 + i * 5);
+        }
+        let t = parse_trace(&csv, 2).unwrap();
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default() };
+        let greedy = simulate(&t, &cfg);
+        cfg.policy = Policy::Gantry;
+        cfg.scheduler.reserve_after_ms = 30_000;
+        let gantry = simulate(&t, &cfg);
+        let big = |r: &Report| r.mean_wait_by_gpus[&2];
+        assert!(big(&gantry) < big(&greedy), "gantry {} vs greedy {}", big(&gantry), big(&greedy));
+        assert!(big(&gantry) <= 100.0, "starts once GPU 0 frees at 100 s: {}", big(&gantry));
+    }
+
+    #[test]
+    fn shared_jobs_pack_and_count_as_fractions() {
+        // Four quarter-GPU jobs share one GPU at once.
+        let r = run("submit_s,duration_s,gpus,gpu_memory\n0,10,1,250\n0,10,1,250\n0,10,1,250\n0,10,1,250\n", 1, Policy::Gantry);
+        assert_eq!((r.makespan_s, r.mean_wait_s, r.lower_bound_s), (10.0, 0.0, 10.0));
+    }
+
+    #[test]
+    fn alibaba_format_and_load_rescaling() {
+        let csv = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+                   p0,1,1,1,1000,,LS,Running,0,100,0\np1,1,1,1,500,,LS,Running,100,200,100\np2,1,1,0,0,,LS,Running,5,9,5\np3,1,1,8,1000,,LS,Running,5,9,5\n";
+        let mut t = parse_trace(csv, 4).unwrap();
+        assert_eq!((t.jobs.len(), t.dropped_cpu_only, t.dropped_too_big), (2, 1, 1));
+        assert_eq!(t.jobs[1].gpu_milli, Some(500));
+        // 150 GPU-seconds offered over 100 s of arrivals; at load 1.0 on 1 GPU arrivals spread over 150 s.
+        rescale_load(&mut t.jobs, 1, 1.0);
+        assert_eq!(t.jobs[1].submit_s, 150.0);
+    }
+
+    #[test]
+    fn fair_share_is_reported_per_user() {
+        let r = run(TWO, 1, Policy::Fifo);
+        assert_eq!(r.user_share.len(), 1, "only a ran while b waited: {:?}", r.user_share);
+        assert!(parse_trace("a,b\n1,2\n", 1).is_err());
+    }
+}
