@@ -110,6 +110,9 @@ enum Cmd {
         /// Placement of shared (gpu_memory) jobs: best-fit or worst-fit.
         #[arg(long, default_value = "best-fit")]
         packing: String,
+        /// Fair share between users: decay GPU-hours with this half-life (e.g. `24h`); off by default.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        fair_share: Option<Duration>,
     },
 }
 
@@ -232,14 +235,14 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
         }
         Cmd::Schema => print_json(&gantry_core::spec::json_schema())?,
-        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing } => {
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing, fair_share } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
             sched.packing = match packing.as_str() {
                 "best-fit" => gantry_core::scheduler::Packing::BestFit,
                 "worst-fit" => gantry_core::scheduler::Packing::WorstFit,
                 p => bail!("unknown packing {p:?}: best-fit or worst-fit"),
             };
-            let reports = sim(trace, gpus, policy, *load, *runtimes, sched)?;
+            let reports = sim(trace, gpus, policy, *load, *runtimes, sched, *fair_share)?;
             if cli.json {
                 print_json(&reports)?;
             } else {
@@ -282,10 +285,13 @@ async fn submit(client: &Client, files: &[PathBuf], json: bool) -> Result<std::p
     let mut ids = vec![];
     for f in files {
         match submit_one(client, f).await {
-            Ok(id) => {
-                ids.push(serde_json::json!({"file": f, "job_id": id}));
+            Ok(new) => {
+                ids.push(serde_json::json!({"file": f, "job_id": new[0], "job_ids": new}));
                 if !json {
-                    println!("{}: queued as job {id}", f.display());
+                    match new.as_slice() {
+                        [one] => println!("{}: queued as job {one}", f.display()),
+                        many => println!("{}: queued {} jobs: {}", f.display(), many.len(), many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+                    }
                 }
             }
             Err(e) => {
@@ -306,8 +312,12 @@ async fn submit(client: &Client, files: &[PathBuf], json: bool) -> Result<std::p
     Ok(if failed { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS })
 }
 
-async fn submit_one(client: &Client, f: &Path) -> Result<i64> {
+async fn submit_one(client: &Client, f: &Path) -> Result<Vec<i64>> {
     Ok(client.submit_file(f).await?)
+}
+
+fn human_delta(ms: i64) -> String {
+    humantime::format_duration(Duration::from_secs((ms / 1000).max(0) as u64)).to_string().split(' ').take(2).collect::<Vec<_>>().join(" ")
 }
 
 fn ago(ms: i64) -> String {
@@ -335,7 +345,10 @@ fn print_queue(q: &[QueueEntry]) {
     for e in q {
         let j = &e.job;
         let status = match j.state {
-            JobState::Queued => format!("#{} {}", e.position.unwrap_or(0), e.reason.clone().unwrap_or_default()),
+            JobState::Queued => {
+                let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
+                format!("#{} {}{eta}", e.position.unwrap_or(0), e.reason.clone().unwrap_or_default())
+            }
             _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         };
         println!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), j.owner, trunc(&j.name, 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);
@@ -442,7 +455,15 @@ fn print_history(rows: &[HistoryRow]) {
     }
 }
 
-fn sim(trace: &Path, gpus: &str, policy: &str, load: Option<f64>, runtimes: bool, sched: gantry_core::scheduler::Config) -> Result<Vec<gantry_core::sim::Report>> {
+fn sim(
+    trace: &Path,
+    gpus: &str,
+    policy: &str,
+    load: Option<f64>,
+    runtimes: bool,
+    sched: gantry_core::scheduler::Config,
+    fair_share: Option<Duration>,
+) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
     let (n, mem) = b.shape();
@@ -457,7 +478,7 @@ fn sim(trace: &Path, gpus: &str, policy: &str, load: Option<f64>, runtimes: bool
     };
     let mut out = vec![];
     for p in policies {
-        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone() };
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()) };
         out.push(sim::simulate(&t, &cfg));
         if p == Policy::Gantry && (runtimes || policy == "all") {
             cfg.declared_runtimes = true;
@@ -485,7 +506,8 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
     if r0.user_share.len() > 1 {
         for r in reports {
             let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{u} {:.1}%", s * 100.0)).collect();
-            println!("{:<18} GPU share under contention: {}", r.policy, shares.join(", "));
+            let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{u} {}", h(*w))).collect();
+            println!("{:<18} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
         }
     }
 }

@@ -266,3 +266,45 @@ fn a_second_engine_on_the_same_state_dir_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("already"), "{out:?}");
     assert!(e.gantry(&["status"]).status.success(), "the first engine keeps running");
 }
+
+#[test]
+fn job_arrays_dependencies_and_start_estimates() {
+    let e = Engine::start(&["--gpus", "sim:1x24GiB"]);
+    let prep = e.submit_yaml("prep", &format!("name: prep\nimage: {IMAGE}\ncommand: sleep 2\ngpus: 1\nexpected_runtime: 2s\n"));
+    let f = e.write_spec("sweep.yaml", &format!(
+        "name: sweep\nimage: {IMAGE}\ncommand: 'echo lr={{lr}} bs=$BS'\ngpus: 1\nexpected_runtime: 10m\nafter: [prep]\nmatrix: {{lr: [0.1, 0.01], bs: [32]}}\n"));
+    let v = e.json(&["submit", f.to_str().unwrap()]);
+    let ids: Vec<i64> = v[0]["job_ids"].as_array().unwrap().iter().map(|i| i.as_i64().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "{v}");
+    let q = e.json(&["ls"]);
+    let waiting = q.as_array().unwrap().iter().find(|j| j["job"]["id"] == ids[0]).unwrap();
+    assert!(waiting["reason"].as_str().unwrap().contains(&format!("waiting for job {prep}")), "{waiting}");
+    for id in &ids {
+        assert_eq!(e.wait_final(*id)["job"]["state"], "succeeded");
+    }
+    let logs: Vec<String> = ids.iter().map(|id| e.logs(*id)).collect();
+    assert!(logs[0].contains("lr=0.1 bs=32") && logs[1].contains("lr=0.01 bs=32"), "{logs:?}");
+    let first = e.show(ids[0]);
+    assert!(first["attempts"][0]["started_at"].as_i64() >= e.show(prep)["job"]["finished_at"].as_i64(), "ran after its dependency");
+
+    // A failed dependency fails the dependent job instead of leaving it queued forever.
+    let bad = e.submit_yaml("bad", &format!("name: bad\nimage: {IMAGE}\ncommand: 'exit 2'\ngpus: 0\n"));
+    let dep = e.submit_yaml("dep", &format!("image: {IMAGE}\ngpus: 0\nafter: [{bad}]\n"));
+    let j = e.wait_final(dep);
+    assert_eq!(j["job"]["state"], "failed");
+    assert!(j["job"]["message"].as_str().unwrap().contains(&format!("dependency job {bad} ended failed")), "{j}");
+
+    // Start estimates: a 1-GPU machine busy with a declared 1-hour job.
+    let long = e.submit_yaml("long", &format!("image: {IMAGE}\ncommand: sleep 60\ngpus: 1\nexpected_runtime: 1h\n"));
+    e.wait_state(long, "running");
+    let next = e.submit_yaml("next", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\n"));
+    e.wait_until("an estimated start", || {
+        let q = e.json(&["ls"]);
+        q.as_array().unwrap().iter().any(|j| j["job"]["id"] == next && j["estimated_start"].as_i64().is_some())
+    });
+    let q = e.json(&["ls"]);
+    let eta = q.as_array().unwrap().iter().find(|j| j["job"]["id"] == next).unwrap()["estimated_start"].as_i64().unwrap();
+    let started = e.show(long)["attempts"][0]["started_at"].as_i64().unwrap();
+    assert!((eta - (started + 3_600_000)).abs() < 5_000, "starts when the 1-hour job ends: {eta} vs {started}");
+    assert!(e.gantry(&["cancel", &long.to_string()]).status.success());
+}

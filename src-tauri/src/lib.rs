@@ -116,7 +116,7 @@ async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Pre
     Ok(out)
 }
 #[tauri::command]
-async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Result<i64, String>>> {
+async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Result<Vec<i64>, String>>> {
     let mut out = Vec::new();
     for p in paths {
         out.push(s.client.submit_file(&p).await.map_err(e));

@@ -21,7 +21,7 @@ export interface Job {
   submitted_at: number; not_before: number | null; started_at: number | null; finished_at: number | null;
   exit_code: number | null; attempts: number; cancel_requested: boolean; message: string | null;
 }
-export interface QueueEntry { job: Job; gpus_assigned: number[]; position: number | null; reason: string | null }
+export interface QueueEntry { job: Job; gpus_assigned: number[]; position: number | null; reason: string | null; estimated_start?: number | null }
 export interface Attempt {
   id: number; job_id: number; n: number; container_id: string | null; gpus: number[]; gpu_uuids: string[];
   started_at: number; ended_at: number | null; exit_code: number | null; reason: string | null; message: string | null;
@@ -51,4 +51,4 @@ export interface TimelineRun { job_id: number; name: string; owner: string; gpus
 export interface SpecError { message: string; line: number | null; column: number | null; hint: string }
 export interface Preview { path: string; file_name: string; job: ValidJob | null; error: string | null; spec_error: SpecError | null }
 /** Rust `Result<i64, String>` as serialized by serde. */
-export type SubmitResult = { Ok: number } | { Err: string };
+export type SubmitResult = { Ok: number[] } | { Err: string };

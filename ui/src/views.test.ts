@@ -74,7 +74,7 @@ describe("submit view", () => {
     { path: "/a/bad.yaml", file_name: "bad.yaml", job: null, error: "line 2", spec_error: { message: "unknown field `gpu`", line: 2, column: 1, hint: "remove it" } },
   ];
   it("previews each file with errors and line numbers, then submits only valid ones", async () => {
-    const { b, calls } = fakeBackend({ previewPaths: () => Promise.resolve(previews), submitPaths: (p) => { calls.push({ name: "submitPaths", args: [p] }); return Promise.resolve([{ Ok: 7 }]); } });
+    const { b, calls } = fakeBackend({ previewPaths: () => Promise.resolve(previews), submitPaths: (p) => { calls.push({ name: "submitPaths", args: [p] }); return Promise.resolve([{ Ok: [7] }]); } });
     const go = vi.fn();
     const v = submitView(b, go);
     await v.handleFiles(["/a/ok.yaml", "/a/bad.yaml"]);

@@ -61,7 +61,17 @@ pub struct SubmitRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Submitted {
+    /// The first (or only) job.
     pub job_id: i64,
+    /// Every job created (a `matrix` makes several).
+    #[serde(default)]
+    pub job_ids: Vec<i64>,
+}
+
+impl Submitted {
+    fn of(ids: Vec<i64>) -> Self {
+        Submitted { job_id: ids.first().copied().unwrap_or(0), job_ids: ids }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,8 +206,8 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     })?;
     let owner = owner_of(&p);
     let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
-    let id = e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name))?;
-    Ok(Json(Submitted { job_id: id }))
+    let ids = e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name))?;
+    Ok(Json(Submitted::of(ids)))
 }
 
 async fn queue(State(e): E) -> Res<Vec<crate::engine::QueueEntry>> {
@@ -265,7 +275,7 @@ async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec:
 
 /// Queue a copy of a job's spec, owned by the caller.
 async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
-    Ok(Json(Submitted { job_id: e.rerun(id, &owner_of(&p))? }))
+    Ok(Json(Submitted::of(e.rerun(id, &owner_of(&p))?)))
 }
 
 async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {

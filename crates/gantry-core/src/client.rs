@@ -122,10 +122,10 @@ impl Client {
         Ok(())
     }
 
-    /// Queue one spec file; returns the job id.
-    pub async fn submit_file(&self, path: &Path) -> Result<i64, ClientError> {
+    /// Queue one spec file; returns the job ids (several for a `matrix`).
+    pub async fn submit_file(&self, path: &Path) -> Result<Vec<i64>, ClientError> {
         let req = read_spec_file(path)?;
-        Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_id)
+        Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_ids)
     }
 
     /// Check one spec file without queueing it.

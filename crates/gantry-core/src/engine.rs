@@ -89,6 +89,8 @@ pub struct Config {
     /// First retry delay; doubles per attempt, capped at 10 minutes.
     pub retry_backoff: Duration,
     pub sample_every: Duration,
+    /// Fair share: a user's GPU-hours count half as much after this long.
+    pub fair_share_half_life: Duration,
 }
 
 impl Config {
@@ -101,6 +103,7 @@ impl Config {
             log_cap: 64 << 20,
             retry_backoff: Duration::from_secs(10),
             sample_every: Duration::from_secs(1),
+            fair_share_half_life: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -120,6 +123,17 @@ struct RunHandle {
     cancel: CancellationToken,
     /// A task follows this attempt (so recovery must not start a second one).
     monitored: bool,
+    /// Start + expected runtime, when known.
+    expected_end: Option<i64>,
+}
+
+/// Figures the scheduler needs that change slowly; refreshed every 30 s.
+#[derive(Default)]
+struct Stats {
+    at: i64,
+    usage: HashMap<String, f64>,
+    typical_wait: Option<i64>,
+    runtimes: HashMap<(String, String), Option<i64>>,
 }
 
 /// A queued job with the scheduler's verdict.
@@ -129,6 +143,8 @@ pub struct QueueEntry {
     pub gpus_assigned: Vec<u32>,
     pub position: Option<usize>,
     pub reason: Option<String>,
+    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    pub estimated_start: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,6 +177,8 @@ pub struct Engine {
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
     waiting: RwLock<HashMap<i64, scheduler::Waiting>>,
+    eta: RwLock<HashMap<i64, i64>>,
+    stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     docker_down: RwLock<Option<String>>,
     wake: Notify,
@@ -207,6 +225,8 @@ impl Engine {
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),
+            eta: RwLock::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             docker_down: RwLock::new(None),
             wake: Notify::new(),
@@ -356,7 +376,7 @@ impl Engine {
 
     /// One scheduling pass.
     pub async fn schedule_once(self: Arc<Self>) {
-        let queued: Vec<Job> = match self.store().active_jobs() {
+        let mut queued: Vec<Job> = match self.store().active_jobs() {
             Ok(j) => j.into_iter().filter(|j| j.state == JobState::Queued).collect(),
             Err(e) => {
                 error!("cannot read the queue: {e}");
@@ -367,6 +387,8 @@ impl Engine {
             self.waiting.write().unwrap().clear();
             return;
         }
+        let blocked = self.check_dependencies(&mut queued);
+        self.refresh_stats();
         let docker_down = match self.exec.ping().await {
             Ok(()) => {
                 if self.docker_down.write().unwrap().take().is_some() {
@@ -390,7 +412,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: None })
+            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end })
             .collect();
         let state = scheduler::State {
             now_ms: now_ms(),
@@ -405,14 +427,18 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: j.gpu_memory,
                     not_before_ms: j.not_before,
-                    expected_runtime_ms: None,
-                    user_usage: 0.0,
+                    expected_runtime_ms: self.expected_runtime(j),
+                    user_usage: self.stats.lock().unwrap().usage.get(&j.owner).copied().unwrap_or(0.0),
                 })
                 .collect(),
             config: self.cfg.scheduler.clone(),
-            typical_wait_ms: None,
+            typical_wait_ms: self.stats.lock().unwrap().typical_wait,
         };
         let mut plan = scheduler::plan(&state);
+        *self.eta.write().unwrap() = if state.queued.len() <= 500 { scheduler::estimate_starts(&state, 3_600_000, 500) } else { HashMap::new() };
+        for (id, reason) in blocked {
+            plan.waiting.push(scheduler::Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
+        }
         if let Some(msg) = docker_down {
             for (i, p) in plan.placements.drain(..).enumerate() {
                 plan.waiting.push(scheduler::Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
@@ -435,7 +461,14 @@ impl Engine {
             let cancel = CancellationToken::new();
             self.running.lock().unwrap().insert(
                 job.id,
-                RunHandle { gpus: p.gpus.clone(), gpu_memory: job.gpu_memory, container_id: None, cancel: cancel.clone(), monitored: true },
+                RunHandle {
+                    gpus: p.gpus.clone(),
+                    gpu_memory: job.gpu_memory,
+                    container_id: None,
+                    cancel: cancel.clone(),
+                    monitored: true,
+                    expected_end: self.expected_runtime(&job).map(|r| now_ms() + r),
+                },
             );
             self.notify_job(job.id, JobState::Starting);
             tokio::spawn(self.clone().launch(job, attempt, total, cancel));
@@ -571,6 +604,75 @@ impl Engine {
         }
     }
 
+    /// Declared runtime, else the median of this name+image's recent successful runs.
+    fn expected_runtime(&self, j: &Job) -> Option<i64> {
+        if let Some(r) = j.job.expected_runtime {
+            return Some(r.as_millis() as i64);
+        }
+        let key = (j.name.clone(), j.image.clone());
+        if let Some(v) = self.stats.lock().unwrap().runtimes.get(&key) {
+            return *v;
+        }
+        let v = self.store().typical_runtime(&j.name, &j.image).ok().flatten();
+        self.stats.lock().unwrap().runtimes.insert(key, v);
+        v
+    }
+
+    /// Fair-share usage (decayed GPU-hours per owner) and the typical wait, every 30 s.
+    fn refresh_stats(&self) {
+        let now = now_ms();
+        if now - self.stats.lock().unwrap().at < 30_000 {
+            return;
+        }
+        let hl = self.cfg.fair_share_half_life.as_millis().max(1) as f64;
+        let (rows, typical) = {
+            let st = self.store();
+            (st.usage_since(now - (hl * 5.0) as i64).unwrap_or_default(), st.typical_wait(now - 24 * 3_600_000).ok().flatten())
+        };
+        let mut usage: HashMap<String, f64> = HashMap::new();
+        for (owner, gpus, start, end) in rows {
+            let end = end.unwrap_or(now);
+            let hours = (end - start).max(0) as f64 / 3_600_000.0 * gpus as f64;
+            *usage.entry(owner).or_default() += hours * 0.5f64.powf((now - end) as f64 / hl);
+        }
+        let mut s = self.stats.lock().unwrap();
+        *s = Stats { at: now, usage, typical_wait: typical, runtimes: HashMap::new() };
+    }
+
+    /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
+    /// fail jobs whose dependencies ended without success.
+    fn check_dependencies(&self, queued: &mut Vec<Job>) -> Vec<(i64, String)> {
+        let mut blocked = vec![];
+        let mut failed = vec![];
+        queued.retain(|j| {
+            for dep in &j.job.spec.after {
+                let spec::IdOrName::Id(d) = dep else { continue };
+                match self.store().state_of(*d).ok().flatten() {
+                    Some(JobState::Succeeded) => continue,
+                    Some(s) if s.is_final() => {
+                        failed.push((j.id, format!("dependency job {d} ended {}; this job will not run", s.as_str())));
+                        return false;
+                    }
+                    Some(s) => {
+                        blocked.push((j.id, format!("waiting for job {d} to succeed (it is {})", s.as_str())));
+                        return false;
+                    }
+                    None => {
+                        failed.push((j.id, format!("dependency job {d} no longer exists")));
+                        return false;
+                    }
+                }
+            }
+            true
+        });
+        for (id, msg) in failed {
+            if let Ok(true) = self.store().fail_queued(id, &msg) {
+                self.notify_job(id, JobState::Failed);
+            }
+        }
+        blocked
+    }
+
     /// A failed attempt: retry with backoff while retries remain.
     fn failure(&self, job: &Job, attempt: &Attempt, code: Option<i64>, reason: EndReason, what: String) -> Ending {
         if attempt.n <= job.retries {
@@ -619,6 +721,7 @@ impl Engine {
                     container_id: a.container_id.clone(),
                     cancel: CancellationToken::new(),
                     monitored: false,
+                    expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
                 });
             }
         }
@@ -694,7 +797,7 @@ impl Engine {
     // ---- API operations ----
 
     /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
-    pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<i64, EngineError> {
+    pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
         let job = spec::validate_text(text, format, origin)?;
         self.submit(&job, owner, source, None, |_, _| None)
     }
@@ -707,7 +810,7 @@ impl Engine {
     }
 
     /// Queue the same spec again ("Run again"), owned by the caller.
-    pub fn rerun(&self, id: i64, owner: &Owner) -> Result<i64, EngineError> {
+    pub fn rerun(&self, id: i64, owner: &Owner) -> Result<Vec<i64>, EngineError> {
         let old = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
         self.submit(&old.job, owner, &format!("rerun:{id}"), None, |_, _| None)
     }
@@ -724,20 +827,49 @@ impl Engine {
         Ok(self.store().gpu_minutes(gpu, from)?.into_iter().filter(|m| m.0 < to).collect())
     }
 
+    /// Queue a job (a `matrix` expands into one job per combination). Returns the new job ids.
+    /// `finalize` may rewrite each job once its id is known (template mounts).
     pub fn submit(
         &self,
         job: &ValidJob,
         owner: &Owner,
         source: &str,
         source_key: Option<&str>,
-        finalize: impl FnOnce(i64, &ValidJob) -> Option<ValidJob>,
-    ) -> Result<i64, EngineError> {
+        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
+    ) -> Result<Vec<i64>, EngineError> {
         self.check_fits(job)?;
-        let id = self.store().insert_job(job, owner, source, source_key, finalize)?;
-        info!(job = id, owner = %owner.name, "queued {}", job.name);
-        self.notify_job(id, JobState::Queued);
+        let job = self.resolve_after(job, owner)?;
+        let mut ids = vec![];
+        for (i, j) in spec::expand(&job).iter().enumerate() {
+            let id = self.store().insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
+            info!(job = id, owner = %owner.name, "queued {}", j.name);
+            self.notify_job(id, JobState::Queued);
+            ids.push(id);
+        }
         self.wake.notify_one();
-        Ok(id)
+        Ok(ids)
+    }
+
+    /// Turn `after: [name]` into job ids (the owner's latest job of that name); check ids exist.
+    fn resolve_after(&self, job: &ValidJob, owner: &Owner) -> Result<ValidJob, EngineError> {
+        let mut job = job.clone();
+        let st = self.store();
+        for a in job.spec.after.iter_mut() {
+            match a {
+                spec::IdOrName::Id(id) => {
+                    if st.state_of(*id)?.is_none() {
+                        return Err(SpecError::new(format!("`after` refers to job {id}, which does not exist"), "check the id with `gantry ls` or `gantry history`").into());
+                    }
+                }
+                spec::IdOrName::Name(n) => match st.latest_by_name(owner.uid, n)? {
+                    Some(id) => *a = spec::IdOrName::Id(id),
+                    None => {
+                        return Err(SpecError::new(format!("`after` refers to {n:?}, but you have no job with that name"), "submit that job first, or use its id").into())
+                    }
+                },
+            }
+        }
+        Ok(job)
     }
 
     /// Reject jobs this machine can never run.
@@ -768,6 +900,7 @@ impl Engine {
     pub fn queue(&self) -> Result<Vec<QueueEntry>, EngineError> {
         let jobs = self.store().active_jobs()?;
         let waiting = self.waiting.read().unwrap();
+        let eta = self.eta.read().unwrap();
         let running = self.running.lock().unwrap();
         Ok(jobs
             .into_iter()
@@ -781,6 +914,7 @@ impl Engine {
                         (JobState::Queued, None) => Some("about to be scheduled".into()),
                         _ => None,
                     },
+                    estimated_start: if j.state == JobState::Queued { eta.get(&j.id).copied() } else { None },
                     job: j,
                 }
             })

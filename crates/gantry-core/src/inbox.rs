@@ -179,6 +179,7 @@ pub fn process(engine: &Engine, inbox: &Path, path: &Path) -> Outcome {
             spec::validate_text(&text, format, &Origin { file_name: Some(name.clone()), base_dir: Some(dir.to_path_buf()) })
                 .map_err(EngineError::from)
                 .and_then(|job| engine.submit(&job, &owner, &source, Some(&key), |_, _| None))
+                .map(|ids| ids[0])
         }
         Some(tdir) => submit_from_template(engine, dir, tdir, &name, &owner, &source, &key),
     };
@@ -207,13 +208,30 @@ fn submit_from_template(engine: &Engine, dir: &Path, tdir: &str, name: &str, own
     })?;
     let accepted = dir.join(ACCEPTED);
     let origin = Origin { file_name: Some(name.into()), base_dir: Some(dir.to_path_buf()) };
-    let make = |id: i64| -> Result<spec::ValidJob, SpecError> {
-        let host = accepted.join(format!("{id}-{name}"));
-        let s = spec::instantiate_template(&template, tdir, &host.to_string_lossy(), name);
-        spec::validate(s, &origin).map_err(|(e, _)| e)
-    };
-    let probe = make(0)?;
-    engine.submit(&probe, owner, source, Some(key), |id, _| make(id).ok())
+    // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
+    let placeholder = accepted.join(format!("0-{name}")).to_string_lossy().into_owned();
+    let s = spec::instantiate_template(&template, tdir, &placeholder, name);
+    let probe = spec::validate(s, &origin).map_err(|(e, _)| e)?;
+    let first = std::cell::Cell::new(None::<i64>);
+    let ids = engine.submit(&probe, owner, source, Some(key), |id, job| {
+        let first = match first.get() {
+            Some(f) => f,
+            None => {
+                first.set(Some(id));
+                id
+            }
+        };
+        let real = accepted.join(format!("{first}-{name}")).to_string_lossy().into_owned();
+        let mut j = job.clone();
+        for m in j.mounts.iter_mut().filter(|m| m.host == placeholder) {
+            m.host = real.clone();
+        }
+        for m in j.spec.mounts.iter_mut() {
+            *m = m.replace(&placeholder, &real);
+        }
+        Some(j)
+    })?;
+    Ok(ids[0])
 }
 
 fn read_capped(path: &Path) -> Result<String, SpecError> {

@@ -165,6 +165,9 @@ pub struct SimConfig {
     /// Pass trace durations to the scheduler as declared `expected_runtime`.
     pub declared_runtimes: bool,
     pub scheduler: scheduler::Config,
+    /// Fair share: decay users' GPU-hours with this half-life (seconds); `None` = off.
+    #[serde(default)]
+    pub fair_share_half_life_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -186,6 +189,8 @@ pub struct Report {
     pub mean_wait_by_gpus: BTreeMap<u32, f64>,
     /// Each user's share of the GPU time handed out while jobs were waiting (under contention).
     pub user_share: BTreeMap<String, f64>,
+    /// Mean wait per user.
+    pub mean_wait_by_user: BTreeMap<String, f64>,
     /// Scheduler calls made (for speed reporting).
     pub plan_calls: usize,
 }
@@ -208,6 +213,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut waiting_time = 0.0f64;
     let mut alloc_integral = 0.0f64;
     let mut user_integral: HashMap<String, f64> = HashMap::new();
+    let mut usage: HashMap<String, f64> = HashMap::new();
     let alloc_of = |running: &[(i64, usize, Vec<u32>)]| -> f64 {
         running.iter().map(|(_, j, g)| jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64)).sum()
     };
@@ -236,7 +242,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         expected_end_ms: cfg.declared_runtimes.then_some(*end),
                     })
                     .collect(),
-                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms),
+                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage),
                 config: sched.clone(),
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
             };
@@ -288,13 +294,22 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         let next = if cfg.policy == Policy::Gantry {
             queued
                 .iter()
-                .map(|q| arrival_ms(&jobs[*q]) + cfg.scheduler.reserve_after_ms)
+                .map(|q| arrival_ms(&jobs[*q]).saturating_add(cfg.scheduler.reserve_after_ms))
                 .filter(|t| *t > now && *t < next)
                 .min()
                 .unwrap_or(next)
         } else {
             next
         };
+        if let Some(hl) = cfg.fair_share_half_life_s {
+            let dt = (next - now) as f64;
+            let decay = 0.5f64.powf(dt / (hl * MS));
+            usage.values_mut().for_each(|u| *u *= decay);
+            for (_, j, g) in &running {
+                let a = jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64);
+                *usage.entry(jobs[*j].user.clone()).or_default() += dt / 3_600_000.0 * a;
+            }
+        }
         if !queued.is_empty() {
             let dt = (next - now) as f64;
             waiting_time += dt;
@@ -315,6 +330,7 @@ fn queued_view(
     cfg: &SimConfig,
     mem_of: &impl Fn(&TraceJob) -> Option<u64>,
     arrival_ms: &impl Fn(&TraceJob) -> i64,
+    usage: &HashMap<String, f64>,
 ) -> Vec<QueuedJob> {
     queued
         .iter()
@@ -328,7 +344,7 @@ fn queued_view(
                 gpu_memory: mem_of(j),
                 not_before_ms: None,
                 expected_runtime_ms: cfg.declared_runtimes.then(|| (j.duration_s * MS) as i64),
-                user_usage: 0.0,
+                user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
             }
         })
         .collect()
@@ -346,6 +362,7 @@ fn report(
     let jobs = &trace.jobs;
     let mut waits: Vec<f64> = vec![];
     let mut by_gpus: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
+    let mut by_user: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut makespan = 0.0f64;
     for (j, s) in jobs.iter().zip(start) {
         let Some(s) = s else { continue };
@@ -354,6 +371,9 @@ fn report(
         let e = by_gpus.entry(j.gpus).or_default();
         e.0 += w;
         e.1 += 1;
+        let u = by_user.entry(j.user.clone()).or_default();
+        u.0 += w;
+        u.1 += 1;
         makespan = makespan.max(*s as f64 / MS + j.duration_s);
     }
     let total: f64 = jobs.iter().map(gpu_seconds).sum();
@@ -364,7 +384,9 @@ fn report(
     let mean = if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 };
     let p95 = waits.get(((waits.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
     Report {
-        policy: format!("{:?}", cfg.policy).to_lowercase() + if cfg.declared_runtimes { "+runtimes" } else { "" },
+        policy: format!("{:?}", cfg.policy).to_lowercase()
+            + if cfg.declared_runtimes { "+runtimes" } else { "" }
+            + if cfg.fair_share_half_life_s.is_some() { "+fairshare" } else { "" },
         jobs: jobs.len(),
         gpus: cfg.gpus,
         dropped_cpu_only: trace.dropped_cpu_only,
@@ -376,6 +398,7 @@ fn report(
         mean_wait_s: mean,
         p95_wait_s: p95,
         mean_wait_by_gpus: by_gpus.into_iter().map(|(g, (s, c))| (g, s / c as f64)).collect(),
+        mean_wait_by_user: by_user.into_iter().map(|(u, (s, c))| (u, s / c as f64)).collect(),
         user_share: {
             let sum: f64 = user_integral.values().sum();
             user_integral.into_iter().map(|(u, s)| (u, if sum > 0.0 { s / sum } else { 0.0 })).collect()
@@ -390,7 +413,7 @@ mod tests {
 
     fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
         let t = parse_trace(csv, gpus).unwrap();
-        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default() };
+        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None };
         cfg.scheduler.reserve_after_ms = 3_600_000;
         simulate(&t, &cfg)
     }
@@ -436,7 +459,7 @@ mod tests {
             csv += &format!("{},20,1\n", 2 + i * 5);
         }
         let t = parse_trace(&csv, 2).unwrap();
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default() };
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None };
         let greedy = simulate(&t, &cfg);
         cfg.policy = Policy::Gantry;
         cfg.scheduler.reserve_after_ms = 30_000;
@@ -463,6 +486,25 @@ mod tests {
         // 150 GPU-seconds offered over 100 s of arrivals; at load 1.0 on 1 GPU arrivals spread over 150 s.
         rescale_load(&mut t.jobs, 1, 1.0);
         assert_eq!(t.jobs[1].submit_s, 150.0);
+    }
+
+    #[test]
+    fn fair_share_lets_a_light_user_ahead_of_a_heavy_one() {
+        // ana queues ten 1-hour jobs at once; ben arrives a little later with two.
+        let mut csv = String::from("submit_s,duration_s,gpus,gpu_memory,user,priority\n");
+        for _ in 0..10 {
+            csv += "0,3600,1,,ana,0\n";
+        }
+        csv += "60,3600,1,,ben,0\n60,3600,1,,ben,0\n";
+        let t = parse_trace(&csv, 1).unwrap();
+        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None };
+        cfg.scheduler.reserve_after_ms = i64::MAX;
+        let plain = simulate(&t, &cfg);
+        cfg.fair_share_half_life_s = Some(86_400.0);
+        let fair = simulate(&t, &cfg);
+        assert!(plain.mean_wait_by_user["ben"] > 9.0 * 3600.0, "without fair share ben waits for all of ana's jobs");
+        assert!(fair.mean_wait_by_user["ben"] < 2.0 * 3600.0, "with fair share ben goes next: {:?}", fair.mean_wait_by_user);
+        assert_eq!(plain.makespan_s, fair.makespan_s, "same work, same end");
     }
 
     #[test]

@@ -30,7 +30,7 @@ impl Command {
             Command::Exec(v) => v.clone(),
         }
     }
-    fn map(&self, f: impl Fn(&str) -> String) -> Command {
+    pub fn map(&self, f: impl Fn(&str) -> String) -> Command {
         match self {
             Command::Shell(s) => Command::Shell(f(s)),
             Command::Exec(v) => Command::Exec(v.iter().map(|s| f(s)).collect()),
@@ -85,6 +85,45 @@ pub struct JobSpec {
     #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
     pub retries: i64,
+    /// How long the job is expected to run (`2h`). Lets the scheduler backfill and estimate start times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_runtime: Option<String>,
+    /// Start only after these jobs succeeded: job ids, or names of your earlier jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<IdOrName>,
+    /// Job array: one job per combination of values, e.g. `{lr: [0.1, 0.01], bs: [32, 64]}` makes 4
+    /// jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub matrix: BTreeMap<String, Vec<Scalar>>,
+}
+
+/// A job reference in `after`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum IdOrName {
+    Id(i64),
+    Name(String),
+}
+
+/// A matrix value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Scalar {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Int(i) => write!(f, "{i}"),
+            Scalar::Float(x) => write!(f, "{x}"),
+            Scalar::Bool(b) => write!(f, "{b}"),
+            Scalar::Str(s) => write!(f, "{s}"),
+        }
+    }
 }
 
 fn default_gpus() -> i64 {
@@ -102,6 +141,8 @@ pub struct ValidJob {
     pub timeout: Option<Duration>,
     pub retries: u32,
     pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub expected_runtime: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,7 +384,55 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     if name.len() > 200 {
         return err("`name` is longer than 200 characters".into(), "use a short name", "name");
     }
-    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, spec })
+    let expected_runtime = match &spec.expected_runtime {
+        None => None,
+        Some(s) => match humantime::parse_duration(s.trim()) {
+            Ok(d) if d > Duration::ZERO => Some(d),
+            _ => return err(format!("`expected_runtime` {s:?} is not a duration"), "write e.g. `2h` or `45m`", "expected_runtime"),
+        },
+    };
+    let combos: usize = spec.matrix.values().map(|v| v.len().max(1)).product();
+    if spec.matrix.values().any(|v| v.is_empty()) {
+        return err("a `matrix` entry has no values".into(), "give each matrix key a list of values, e.g. `lr: [0.1, 0.01]`", "matrix");
+    }
+    if combos > 1000 {
+        return err(format!("`matrix` expands to {combos} jobs; the limit is 1000"), "split the sweep into several files", "matrix");
+    }
+    for k in spec.matrix.keys() {
+        if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return err(format!("matrix key {k:?} must be letters, digits and `_`"), "rename the key, e.g. `lr`", "matrix");
+        }
+    }
+    if let Some(IdOrName::Id(i)) = spec.after.iter().find(|a| matches!(a, IdOrName::Id(i) if *i <= 0)) {
+        return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
+    }
+    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, spec })
+}
+
+/// Expand a job array (`matrix`) into one job per combination; a job without `matrix` is returned as is.
+pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
+    if job.spec.matrix.is_empty() {
+        return vec![job.clone()];
+    }
+    let mut combos: Vec<Vec<(String, String)>> = vec![vec![]];
+    for (k, vals) in &job.spec.matrix {
+        combos = combos.into_iter().flat_map(|c| vals.iter().map(move |v| { let mut c = c.clone(); c.push((k.clone(), v.to_string())); c })).collect();
+    }
+    combos
+        .into_iter()
+        .map(|c| {
+            let mut j = job.clone();
+            j.spec.matrix.clear();
+            let subst = |s: &str| c.iter().fold(s.to_string(), |acc, (k, v)| acc.replace(&format!("{{{k}}}"), v));
+            j.spec.command = job.spec.command.as_ref().map(|cmd| cmd.map(subst));
+            for (k, v) in &c {
+                j.spec.env.insert(k.to_ascii_uppercase(), v.clone());
+            }
+            j.name = format!("{}[{}]", job.name, c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","));
+            j.spec.name = Some(j.name.clone());
+            j
+        })
+        .collect()
 }
 
 /// Host paths that must never be bind-mounted into a job.
@@ -545,10 +634,27 @@ mod tests {
     }
 
     #[test]
+    fn matrix_expands_into_one_job_per_combination() {
+        let j = ok_yaml("name: sweep\nimage: a\ncommand: python train.py --lr {lr} --bs {bs}\nmatrix: {lr: [0.1, 0.01], bs: [32, 64]}\nafter: [12, prep]\nexpected_runtime: 2h\n");
+        assert_eq!(j.expected_runtime, Some(Duration::from_secs(7200)));
+        assert_eq!(j.spec.after, vec![IdOrName::Id(12), IdOrName::Name("prep".into())]);
+        let jobs = expand(&j);
+        assert_eq!(jobs.len(), 4);
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["sweep[bs=32,lr=0.1]", "sweep[bs=32,lr=0.01]", "sweep[bs=64,lr=0.1]", "sweep[bs=64,lr=0.01]"]);
+        assert_eq!(jobs[1].spec.command.as_ref().unwrap().argv()[2], "python train.py --lr 0.01 --bs 32");
+        assert_eq!(jobs[1].spec.env.get("LR").map(String::as_str), Some("0.01"));
+        assert!(jobs.iter().all(|j| j.spec.matrix.is_empty()));
+        assert_eq!(expand(&ok_yaml("image: a\n")).len(), 1);
+        assert!(err_yaml("image: a\nmatrix: {lr: []}\n").message.contains("no values"));
+        assert!(err_yaml("image: a\nexpected_runtime: soon\n").message.contains("not a duration"));
+    }
+
+    #[test]
     fn schema_lists_fields() {
         let s = json_schema();
         let props = s["properties"].as_object().unwrap();
-        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "priority", "timeout", "retries"] {
+        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"] {
             assert!(props.contains_key(f), "{f}");
         }
         assert_eq!(s["additionalProperties"], serde_json::json!(false));

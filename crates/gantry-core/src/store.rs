@@ -316,7 +316,7 @@ impl Store {
         owner: &Owner,
         source: &str,
         source_key: Option<&str>,
-        finalize: impl FnOnce(i64, &ValidJob) -> Option<ValidJob>,
+        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<i64> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
@@ -584,6 +584,61 @@ impl Store {
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+
+    /// The caller's most recent job with this name (for `after: [name]`).
+    pub fn latest_by_name(&self, owner_uid: u32, name: &str) -> Result<Option<i64>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT id FROM jobs WHERE owner_uid = ?1 AND name = ?2 ORDER BY id DESC LIMIT 1")?
+            .query_row(params![owner_uid, name], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn state_of(&self, id: i64) -> Result<Option<JobState>> {
+        let s: Option<String> = self.conn.prepare_cached("SELECT state FROM jobs WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
+        Ok(s.and_then(|s| JobState::parse(&s)))
+    }
+
+    /// queued -> failed without an attempt (e.g. a dependency failed).
+    pub fn fail_queued(&mut self, id: i64, message: &str) -> Result<bool> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("UPDATE jobs SET state = 'failed', finished_at = ?2, message = ?3 WHERE id = ?1 AND state = 'queued'", params![id, now, message])?;
+        if n == 1 {
+            Self::event(&tx, id, now, Some(JobState::Queued), JobState::Failed, Some(message))?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// GPU use per owner since `since` (ms): (owner, GPUs, start, end or None while running).
+    pub fn usage_since(&self, since: i64) -> Result<Vec<(String, u32, i64, Option<i64>)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT j.owner, json_array_length(a.gpus), a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.ended_at IS NULL OR a.ended_at >= ?1",
+        )?;
+        let rows = st.query_map([since], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Mean wait (ms) of first attempts started since `since`.
+    pub fn typical_wait(&self, since: i64) -> Result<Option<i64>> {
+        let v: Option<f64> = self
+            .conn
+            .prepare_cached("SELECT AVG(a.started_at - j.submitted_at) FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.n = 1 AND a.started_at >= ?1")?
+            .query_row([since], |r| r.get(0))?;
+        Ok(v.map(|v| v as i64))
+    }
+
+    /// Median duration (ms) of the last 20 successful runs with this name and image.
+    pub fn typical_runtime(&self, name: &str, image: &str) -> Result<Option<i64>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT finished_at - started_at FROM jobs WHERE name = ?1 AND image = ?2 AND state = 'succeeded' ORDER BY id DESC LIMIT 20",
+        )?;
+        let mut v: Vec<i64> = st.query_map(params![name, image], |r| r.get(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        v.sort();
+        Ok(v.get(v.len() / 2).copied())
     }
 
     /// Record one minute of GPU aggregates (replacing a partial one for the same minute).

@@ -30,7 +30,8 @@ export function queueView(backend: Backend, me: number | null, go: (hash: string
     for (const e of q) {
       const j = e.job;
       const mine = me === 0 || j.owner_uid === me;
-      const where = j.state === "queued" ? `#${e.position ?? "?"} · ${e.reason ?? ""}` : `GPU ${e.gpus_assigned.join(", ") || "none"}`;
+      const eta = e.estimated_start ? ` · starts ~${e.estimated_start <= Date.now() ? "now" : "in " + duration(e.estimated_start - Date.now())}` : "";
+      const where = j.state === "queued" ? `#${e.position ?? "?"} · ${e.reason ?? ""}${eta}` : `GPU ${e.gpus_assigned.join(", ") || "none"}`;
       const waited = j.state === "queued" ? duration(Date.now() - j.submitted_at) : duration(Date.now() - (j.started_at ?? j.submitted_at));
       body.append(h("tr", { "data-testid": `queue-row-${j.id}`, "data-state": j.state },
         h("td", {}, h("a", { href: `#/run/${j.id}` }, String(j.id))),

@@ -61,7 +61,7 @@ export function submitView(backend: Backend, go: (hash: string) => void): Submit
     clear(result);
     const ids: number[] = [];
     res.forEach((r, i) => {
-      if ("Ok" in r) ids.push(r.Ok);
+      if ("Ok" in r) ids.push(...r.Ok);
       else result.append(h("p", { class: "error" }, `${paths[i]}: ${r.Err}`));
     });
     ids.forEach((id) => result.append(h("a", { href: `#/run/${id}`, "data-testid": "submitted-job", "data-job": id }, `job #${id}`), " "));
