@@ -161,6 +161,10 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<AppInfo> {
     }
     let mut cfg = Config::new(paths.clone());
     cfg.gpus = std::env::var("GANTRY_GPUS").ok().filter(|s| !s.is_empty());
+    // Benchmarks fill an hour of samples quickly with e.g. GANTRY_SAMPLE_MS=10.
+    if let Some(ms) = std::env::var("GANTRY_SAMPLE_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|ms| *ms > 0) {
+        cfg.sample_every = std::time::Duration::from_millis(ms);
+    }
     let engine: Arc<Engine> = {
         let _guard = rt.enter();
         Engine::open(cfg)?

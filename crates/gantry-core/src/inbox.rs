@@ -56,7 +56,8 @@ pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError>
                 EventKind::Access(notify::event::AccessKind::Close(notify::event::AccessMode::Write))
                     | EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::To))
                     | EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::Both))
-            ) || (matches!(ev.kind, EventKind::Create(_))
+            ) || matches!(ev.kind, EventKind::Create(notify::event::CreateKind::Folder))
+                || (matches!(ev.kind, EventKind::Create(_))
                 // A symlink is complete when created (it has no close-after-write); regular files
                 // being written also fire Create, and must wait for their close.
                 && ev.paths.last().and_then(|p| std::fs::symlink_metadata(p).ok()).is_some_and(|m| m.file_type().is_symlink()));
@@ -75,14 +76,46 @@ pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError>
     for p in scan(&inbox) {
         handle(&engine, &inbox, &p);
     }
-    while let Some(p) = rx.recv().await {
-        handle(&engine, &inbox, &p);
+    // A safety net for events the kernel drops (inotify queue overflow): rescan now and then.
+    let mut rescan = tokio::time::interval(std::time::Duration::from_secs(10));
+    rescan.tick().await;
+    loop {
+        tokio::select! {
+            p = rx.recv() => {
+                let Some(p) = p else { break };
+                if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                    // A new (template) folder: files may have landed before its watch was added.
+                    if let Ok(rd) = std::fs::read_dir(&p) {
+                        let mut files: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|f| !f.is_dir()).collect();
+                        files.sort();
+                        for f in files {
+                            handle(&engine, &inbox, &f);
+                        }
+                    }
+                } else {
+                    handle(&engine, &inbox, &p);
+                }
+            }
+            _ = rescan.tick() => {
+                for p in scan(&inbox) {
+                    handle(&engine, &inbox, &p);
+                }
+            }
+        }
     }
     Ok(())
 }
 
-/// Candidate files now in the inbox (root and template folders), oldest name first.
+/// Candidate files now in the inbox (root and template folders), sorted by name. Files modified in
+/// the last 5 seconds are skipped: they may still be being written, and their close event will come.
 pub fn scan(inbox: &Path) -> Vec<PathBuf> {
+    let settled = |p: &PathBuf| {
+        std::fs::symlink_metadata(p).and_then(|m| m.modified()).map(|t| t.elapsed().map(|e| e.as_secs() >= 5).unwrap_or(true)).unwrap_or(false)
+    };
+    scan_all(inbox).into_iter().filter(settled).collect()
+}
+
+fn scan_all(inbox: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
     let Ok(rd) = std::fs::read_dir(inbox) else { return out };
     for e in rd.flatten() {

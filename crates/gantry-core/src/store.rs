@@ -641,6 +641,14 @@ impl Store {
         Ok(v.get(v.len() / 2).copied())
     }
 
+    /// Run `f` with fsync off (bulk loading for benchmarks and imports), then restore durability.
+    pub fn bulk<T>(&mut self, f: impl FnOnce(&mut Store) -> T) -> Result<T> {
+        self.conn.pragma_update(None, "synchronous", "OFF")?;
+        let out = f(self);
+        self.conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(out)
+    }
+
     /// Record one minute of GPU aggregates (replacing a partial one for the same minute).
     pub fn record_gpu_minute(&mut self, gpu: u32, minute_ms: i64, util_avg: f64, util_max: u32, mem_used_avg: u64, mem_total: u64) -> Result<()> {
         self.conn

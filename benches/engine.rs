@@ -1,0 +1,268 @@
+//! Engine benchmarks (not timed tests): prints a table and writes it to target/bench/engine.md.
+//! Run with `scripts/bench.sh` (or `cargo bench --bench engine`). Needs Docker and the test image.
+//!
+//! 1. dispatch: spec renamed into the inbox -> container process running, vs a bare create+start of
+//!    the same container through the Docker API (the executor's own calls).
+//! 2. submit throughput through the API with 0, 10,000 and 100,000 jobs queued.
+//! 3. history query (filter + sort + one page) with 100,000 completed runs.
+//! 4. engine idle with 8 simulated GPUs sampled at 1 Hz: CPU and resident memory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gantry_core::api::{StatusInfo, SubmitRequest, Submitted};
+use gantry_core::client::Client;
+use gantry_core::engine::EngineEvent;
+use gantry_core::executor::{Executor, GpuBinding, Launch};
+use gantry_core::spec::{validate_text, Format, Origin};
+use gantry_core::store::{EndReason, Ending, HistoryFilter, JobState, Owner, Store};
+
+const IMAGE: &str = "gantry-test/busybox:1";
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let mut rows: Vec<(String, String, String)> = vec![];
+    let quick = std::env::var("GANTRY_BENCH_QUICK").is_ok();
+
+    // 1. Dispatch latency.
+    let (gantry, bare) = rt.block_on(dispatch(if quick { 5 } else { 20 }));
+    rows.push(("dispatch: inbox rename -> container running (median)".into(), ms(gantry), format!("{:.2}x bare create+start ({})", gantry / bare, ms(bare))));
+
+    // 2. Submit throughput with a deep queue.
+    let levels: &[usize] = if quick { &[0, 10_000] } else { &[0, 10_000, 100_000] };
+    let mut base = 0.0;
+    for &n in levels {
+        let per = rt.block_on(submit_cost(n, 200));
+        if n == 0 {
+            base = per;
+        }
+        rows.push((format!("submit via API, {n} jobs queued (mean of 200)"), ms(per), format!("{:.2}x the cost at 0", per / base)));
+    }
+
+    // 3. History query at 100k completed runs.
+    let (p50, p95) = history_query(if quick { 20_000 } else { 100_000 });
+    rows.push((format!("history query at {} runs: filter+sort+page, p50", if quick { "20k" } else { "100k" }), ms(p50), String::new()));
+    rows.push(("history query p95 (goal <= 20 ms)".into(), ms(p95), String::new()));
+
+    // 4. Idle engine.
+    let (cpu, rss) = idle(if quick { 10 } else { 30 });
+    rows.push(("engine idle, 8 simulated GPUs at 1 Hz: CPU".into(), format!("{cpu:.2}% of one core"), "goal <= 1%".into()));
+    rows.push(("engine idle: resident memory".into(), format!("{rss:.1} MB"), "goal <= 40 MB".into()));
+
+    let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
+    for (a, b, c) in &rows {
+        out += &format!("| {a} | {b} | {c} |\n");
+    }
+    println!("\n{out}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("engine.md"), &out).unwrap();
+    println!("written to {}", dir.join("engine.md").display());
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.2} ms", s * 1000.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Daemon {
+    child: Child,
+    state: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(gpus: &str, prepare: impl FnOnce(&Path)) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        prepare(&state);
+        let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["daemon", "--gpus", gpus])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon { child, state, _dir: dir };
+        let c = d.client();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let t = Instant::now();
+        while rt.block_on(c.get::<StatusInfo>("/v1/status")).is_err() || !d.state.join("inbox/accepted").exists() {
+            assert!(t.elapsed() < Duration::from_secs(120), "daemon did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+    fn client(&self) -> Client {
+        Client::new(self.state.join("gantry.sock"))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+        let _ = Command::new("sh").arg("-c").arg("ids=$(docker ps -aq --filter label=dev.gantry.engine); [ -z \"$ids\" ] || docker rm -f $ids >/dev/null").status();
+    }
+}
+
+async fn dispatch(n: usize) -> (f64, f64) {
+    let d = Daemon::start("sim:8x80GiB", |_| {});
+    let client = d.client();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(i64, JobState, Instant)>();
+    let c2 = client.clone();
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let _ = c2
+            .stream("/v1/events", |chunk| {
+                buf.extend_from_slice(chunk);
+                while let Some(p) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=p).collect();
+                    if let Ok(EngineEvent::Job { job_id, state, .. }) = serde_json::from_slice(&line) {
+                        let _ = tx.send((job_id, state, Instant::now()));
+                    }
+                }
+                true
+            })
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut gantry = vec![];
+    for i in 0..n {
+        let staging = d.state.join(format!("s{i}.yaml"));
+        std::fs::write(&staging, format!("image: {IMAGE}\ncommand: sleep 1\ngpus: 1\n")).unwrap();
+        let t0 = Instant::now();
+        std::fs::rename(&staging, d.state.join(format!("inbox/j{i}.yaml"))).unwrap();
+        loop {
+            let (_, state, at) = rx.recv().await.unwrap();
+            if state == JobState::Running {
+                gantry.push((at - t0).as_secs_f64());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Bare: the same container through the same Docker API calls, nothing else.
+    let exec = Executor::connect().unwrap();
+    let job = validate_text(&format!("image: {IMAGE}\ncommand: sleep 1\ngpus: 1\n"), Format::Yaml, &Origin::default()).unwrap();
+    let mut bare = vec![];
+    for i in 0..n {
+        let l = Launch {
+            engine_id: "benchbare0000000",
+            job_id: 1_000_000 + i as i64,
+            attempt_id: 1,
+            attempt_n: 1,
+            job: &job,
+            uid: 0,
+            gid: 0,
+            gpu_uuids: vec!["GPU-bench".into()],
+            gpu_total_memory: None,
+            binding: GpuBinding::EnvOnly,
+        };
+        let t0 = Instant::now();
+        let id = exec.create(&l).await.unwrap();
+        exec.start(&id).await.unwrap();
+        bare.push(t0.elapsed().as_secs_f64());
+        exec.remove(&id).await.unwrap();
+    }
+    (median(gantry), median(bare))
+}
+
+fn owner() -> Owner {
+    Owner { uid: 0, gid: 0, name: "root".into() }
+}
+
+async fn submit_cost(queued: usize, n: usize) -> f64 {
+    let job = validate_text(&format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\n"), Format::Yaml, &Origin::default()).unwrap();
+    // One simulated GPU, held by a long job, so everything else stays queued.
+    let d = Daemon::start("sim:1x24GiB", |state| {
+        let mut st = Store::open(&state.join("gantry.db")).unwrap();
+        st.bulk(|st| {
+            for _ in 0..queued {
+                st.insert_job(&job, &owner(), "bench", None, |_, _| None).unwrap();
+            }
+        })
+        .unwrap();
+    });
+    let client = d.client();
+    let text = format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: -1\n");
+    let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None };
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let _: Submitted = client.post("/v1/jobs", &req).await.unwrap();
+    }
+    t0.elapsed().as_secs_f64() / n as f64
+}
+
+fn history_query(n: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut st = Store::open(&dir.path().join("h.db")).unwrap();
+    let users = ["ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal"];
+    let jobs: Vec<_> = (0..20)
+        .map(|i| validate_text(&format!("name: exp-{i}\nimage: img{}:1\ngpus: {}\n", i % 5, 1 + i % 4), Format::Yaml, &Origin::default()).unwrap())
+        .collect();
+    st.bulk(|st| {
+        for i in 0..n {
+            let o = Owner { name: users[i % users.len()].into(), ..owner() };
+            let id = st.insert_job(&jobs[i % jobs.len()], &o, "bench", None, |_, _| None).unwrap();
+            let a = st.begin_attempt(id, &[(i % 8) as u32], &[]).unwrap().unwrap();
+            let next = if i % 7 == 0 { JobState::Failed } else { JobState::Succeeded };
+            st.end_attempt(id, a.id, &Ending { exit_code: Some((i % 7 == 0) as i64), reason: EndReason::Exited, message: None, next, not_before: None }).unwrap();
+        }
+    })
+    .unwrap();
+    let sorts = ["finished", "duration", "name", "gpu_hours", "owner"];
+    let mut times = vec![];
+    for i in 0..200 {
+        let f = HistoryFilter {
+            user: (i % 2 == 0).then(|| users[i % users.len()].to_string()),
+            status: (i % 3 == 0).then_some(JobState::Succeeded),
+            text: (i % 5 == 0).then(|| format!("exp-{}", i % 20)),
+            sort: Some(sorts[i % sorts.len()].into()),
+            asc: Some(i % 2 == 1),
+            limit: Some(200),
+            offset: Some(((i * 997) % 5000) as u32),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let rows = st.history(&f).unwrap();
+        let _count = st.history_count(&f).unwrap();
+        times.push(t0.elapsed().as_secs_f64());
+        std::hint::black_box(rows);
+    }
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[(times.len() * 95).div_ceil(100) - 1])
+}
+
+fn proc_cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn rss_mb(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb / 1024.0
+}
+
+fn idle(secs: u64) -> (f64, f64) {
+    let d = Daemon::start("sim:8x80GiB", |_| {});
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = d.child.id();
+    let hz = 100.0; // USER_HZ on Linux
+    let t0 = proc_cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(secs));
+    let t1 = proc_cpu_ticks(pid);
+    let cpu = (t1 - t0) as f64 / hz / secs as f64 * 100.0;
+    (cpu, rss_mb(pid))
+}
