@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gantry_core::api::{StatusInfo, SubmitRequest, Submitted};
+use gantry_core::api::{SubmitRequest, Submitted};
 use gantry_core::client::Client;
 use gantry_core::engine::EngineEvent;
 use gantry_core::executor::{Executor, GpuBinding, Launch};
@@ -92,10 +92,8 @@ impl Daemon {
             .spawn()
             .unwrap();
         let d = Daemon { child, state, _dir: dir };
-        let c = d.client();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let t = Instant::now();
-        while rt.block_on(c.get::<StatusInfo>("/v1/status")).is_err() || !d.state.join("inbox/accepted").exists() {
+        while std::os::unix::net::UnixStream::connect(d.state.join("gantry.sock")).is_err() || !d.state.join("inbox/accepted").exists() {
             assert!(t.elapsed() < Duration::from_secs(120), "daemon did not start");
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -369,8 +369,18 @@ pub async fn serve(engine: Arc<Engine>, socket: &Path, shutdown: impl std::futur
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))?;
     }
     tracing::info!("API listening on {}", socket.display());
-    axum::serve(listener, router(engine).into_make_service_with_connect_info::<Peer>())
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let stopping = tokio_util::sync::CancellationToken::new();
+    let stop = stopping.clone();
+    let served = axum::serve(listener, router(engine).into_make_service_with_connect_info::<Peer>()).with_graceful_shutdown(async move {
+        shutdown.await;
+        stop.cancel();
+    });
+    // Streams (`logs -f`, the app's live events) never end on their own: give requests 2 s, then go.
+    tokio::select! {
+        r = served => r?,
+        _ = async { stopping.cancelled().await; tokio::time::sleep(Duration::from_secs(2)).await } => {
+            tracing::info!("closing remaining API connections");
+        }
+    }
     Ok(())
 }
