@@ -276,9 +276,11 @@ fn job_arrays_dependencies_and_start_estimates() {
     let v = e.json(&["submit", f.to_str().unwrap()]);
     let ids: Vec<i64> = v[0]["job_ids"].as_array().unwrap().iter().map(|i| i.as_i64().unwrap()).collect();
     assert_eq!(ids.len(), 2, "{v}");
-    let q = e.json(&["ls"]);
-    let waiting = q.as_array().unwrap().iter().find(|j| j["job"]["id"] == ids[0]).unwrap();
-    assert!(waiting["reason"].as_str().unwrap().contains(&format!("waiting for job {prep}")), "{waiting}");
+    e.wait_until("the sweep to wait for prep", || {
+        let q = e.json(&["ls"]);
+        q.as_array().unwrap().iter().any(|j| j["job"]["id"] == ids[0] && j["reason"].as_str().unwrap_or("").contains(&format!("waiting for job {prep} to succeed")))
+            || e.show(prep)["job"]["state"] == "succeeded"
+    });
     for id in &ids {
         assert_eq!(e.wait_final(*id)["job"]["state"], "succeeded");
     }

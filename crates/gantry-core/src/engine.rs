@@ -271,6 +271,8 @@ impl Engine {
                 _ = tick.tick() => {},
             }
             self.clone().schedule_once().await;
+            // Coalesce bursts (hundreds of submits): at most ~20 passes a second.
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         sampler.abort();
         info!("engine stopped; running containers keep running and are reattached on next start");
@@ -376,8 +378,8 @@ impl Engine {
 
     /// One scheduling pass.
     pub async fn schedule_once(self: Arc<Self>) {
-        let mut queued: Vec<Job> = match self.store().active_jobs() {
-            Ok(j) => j.into_iter().filter(|j| j.state == JobState::Queued).collect(),
+        let mut queued: Vec<crate::store::QueuedRow> = match self.store().queued_rows() {
+            Ok(j) => j,
             Err(e) => {
                 error!("cannot read the queue: {e}");
                 return;
@@ -427,7 +429,7 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: j.gpu_memory,
                     not_before_ms: j.not_before,
-                    expected_runtime_ms: self.expected_runtime(j),
+                    expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
                     user_usage: self.stats.lock().unwrap().usage.get(&j.owner).copied().unwrap_or(0.0),
                 })
                 .collect(),
@@ -447,7 +449,7 @@ impl Engine {
         *self.waiting.write().unwrap() = plan.waiting.iter().map(|w| (w.job_id, w.clone())).collect();
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
         for p in plan.placements {
-            let Some(job) = queued.iter().find(|j| j.id == p.job_id).cloned() else { continue };
+            let Ok(Some(job)) = self.store().job(p.job_id) else { continue };
             let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
             let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
             let attempt = match self.store().begin_attempt(job.id, &p.gpus, &gpu_uuids) {
@@ -467,7 +469,9 @@ impl Engine {
                     container_id: None,
                     cancel: cancel.clone(),
                     monitored: true,
-                    expected_end: self.expected_runtime(&job).map(|r| now_ms() + r),
+                    expected_end: self
+                        .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
+                        .map(|r| now_ms() + r),
                 },
             );
             self.notify_job(job.id, JobState::Starting);
@@ -605,15 +609,15 @@ impl Engine {
     }
 
     /// Declared runtime, else the median of this name+image's recent successful runs.
-    fn expected_runtime(&self, j: &Job) -> Option<i64> {
-        if let Some(r) = j.job.expected_runtime {
-            return Some(r.as_millis() as i64);
+    fn expected_runtime(&self, declared: Option<i64>, name: &str, image: &str) -> Option<i64> {
+        if declared.is_some() {
+            return declared;
         }
-        let key = (j.name.clone(), j.image.clone());
+        let key = (name.to_string(), image.to_string());
         if let Some(v) = self.stats.lock().unwrap().runtimes.get(&key) {
             return *v;
         }
-        let v = self.store().typical_runtime(&j.name, &j.image).ok().flatten();
+        let v = self.store().typical_runtime(name, image).ok().flatten();
         self.stats.lock().unwrap().runtimes.insert(key, v);
         v
     }
@@ -641,12 +645,11 @@ impl Engine {
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
     /// fail jobs whose dependencies ended without success.
-    fn check_dependencies(&self, queued: &mut Vec<Job>) -> Vec<(i64, String)> {
+    fn check_dependencies(&self, queued: &mut Vec<crate::store::QueuedRow>) -> Vec<(i64, String)> {
         let mut blocked = vec![];
         let mut failed = vec![];
         queued.retain(|j| {
-            for dep in &j.job.spec.after {
-                let spec::IdOrName::Id(d) = dep else { continue };
+            for d in &j.after {
                 match self.store().state_of(*d).ok().flatten() {
                     Some(JobState::Succeeded) => continue,
                     Some(s) if s.is_final() => {

@@ -21,7 +21,7 @@ pub enum StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Migrations, applied in order; `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql"), include_str!("../migrations/0002_history_columns.sql")];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +223,27 @@ pub fn now_ms() -> i64 {
 const JOB_COLS: &str = "id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
     spec_json, state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message";
 
+fn after_json(j: &ValidJob) -> Result<Option<String>> {
+    let ids: Vec<i64> = j.spec.after.iter().filter_map(|a| if let crate::spec::IdOrName::Id(i) = a { Some(*i) } else { None }).collect();
+    Ok(if ids.is_empty() { None } else { Some(serde_json::to_string(&ids)?) })
+}
+
+/// What the scheduler needs of a queued job, without parsing its spec.
+#[derive(Debug, Clone)]
+pub struct QueuedRow {
+    pub id: i64,
+    pub name: String,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub expected_runtime_ms: Option<i64>,
+    pub after: Vec<i64>,
+}
+
 fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
     let state: String = r.get(12)?;
     let spec_json: String = r.get(11)?;
@@ -322,7 +343,8 @@ impl Store {
         let tx = self.conn.transaction()?;
         tx.prepare_cached(
             "INSERT INTO jobs (name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
-             spec_json, state, source, source_key, submitted_at) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,'queued',?12,?13,?14)",
+             spec_json, state, source, source_key, submitted_at, expected_runtime_ms, after_ids) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,'queued',?12,?13,?14,?15,?16)",
         )?
         .execute(params![
             job.name,
@@ -338,11 +360,13 @@ impl Store {
             serde_json::to_string(job)?,
             source,
             source_key,
-            now
+            now,
+            job.expected_runtime.map(|d| d.as_millis() as i64),
+            after_json(job)?
         ])?;
         let id = tx.last_insert_rowid();
         if let Some(j) = finalize(id, job) {
-            tx.execute("UPDATE jobs SET spec_json = ?2, name = ?3 WHERE id = ?1", params![id, serde_json::to_string(&j)?, j.name])?;
+            tx.execute("UPDATE jobs SET spec_json = ?2, name = ?3, after_ids = ?4 WHERE id = ?1", params![id, serde_json::to_string(&j)?, j.name, after_json(&j)?])?;
         }
         Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
         tx.commit()?;
@@ -355,6 +379,33 @@ impl Store {
 
     pub fn job(&self, id: i64) -> Result<Option<Job>> {
         Ok(self.conn.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?.query_row([id], job_from_row).optional()?)
+    }
+
+    /// Queued jobs, light rows for the scheduler (no spec parsing).
+    pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids \
+             FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                let after: Option<String> = r.get(10)?;
+                Ok(QueuedRow {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    owner: r.get(2)?,
+                    image: r.get(3)?,
+                    gpus: r.get(4)?,
+                    gpu_memory: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+                    priority: r.get(6)?,
+                    submitted_at: r.get(7)?,
+                    not_before: r.get(8)?,
+                    expected_runtime_ms: r.get(9)?,
+                    after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     /// Jobs that are queued, starting or running, in submission order.
@@ -446,7 +497,8 @@ impl Store {
         let from: String = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))?;
         let finished = if end.next.is_final() { Some(now) } else { None };
         tx.execute(
-            "UPDATE jobs SET state = ?2, exit_code = ?3, finished_at = ?4, not_before = ?5, message = ?6 WHERE id = ?1",
+            "UPDATE jobs SET state = ?2, exit_code = ?3, finished_at = ?4, not_before = ?5, message = ?6, \
+             duration_ms = ?4 - started_at, gpu_ms = (?4 - started_at) * gpus WHERE id = ?1",
             params![job_id, end.next.as_str(), end.exit_code, finished, end.not_before, end.message],
         )?;
         let msg = match (&end.message, end.exit_code) {
@@ -517,8 +569,8 @@ impl Store {
         let (wh, args) = Self::where_clause(f);
         let key = match f.sort.as_deref().unwrap_or("finished") {
             "started" => "j.started_at",
-            "duration" => "(j.finished_at - j.started_at)",
-            "gpu_hours" => "((j.finished_at - COALESCE(j.started_at, j.finished_at)) * j.gpus)",
+            "duration" => "j.duration_ms",
+            "gpu_hours" => "j.gpu_ms",
             "name" => "j.name",
             "owner" => "j.owner",
             "exit_code" => "j.exit_code",
@@ -528,7 +580,8 @@ impl Store {
         let dir = if f.asc.unwrap_or(false) { "ASC" } else { "DESC" };
         let sql = format!(
             "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
-             FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}",
+             FROM (SELECT j.* FROM jobs j{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}) j \
+             LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts ORDER BY {key} {dir}, j.id {dir}",
             f.limit.unwrap_or(100).min(10_000),
             f.offset.unwrap_or(0)
         );
