@@ -24,15 +24,19 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut rows: Vec<(String, String, String)> = vec![];
     let quick = std::env::var("GANTRY_BENCH_QUICK").is_ok();
+    let only = std::env::var("GANTRY_BENCH_ONLY").unwrap_or_default();
+    let run = |name: &str| only.is_empty() || only == name;
 
     // 1. Dispatch latency.
-    let (gantry, bare) = rt.block_on(dispatch(if quick { 5 } else { 20 }));
-    rows.push(("dispatch: inbox rename -> container running (median)".into(), ms(gantry), format!("{:.2}x bare create+start ({})", gantry / bare, ms(bare))));
+    if run("dispatch") {
+        let (gantry, bare) = rt.block_on(dispatch(if quick { 5 } else { 20 }));
+        rows.push(("dispatch: inbox rename -> container running (median)".into(), ms(gantry), format!("{:.2}x bare create+start ({})", gantry / bare, ms(bare))));
+    }
 
     // 2. Submit throughput with a deep queue.
     let levels: &[usize] = if quick { &[0, 10_000] } else { &[0, 10_000, 100_000] };
     let mut base = 0.0;
-    for &n in levels {
+    for &n in levels.iter().filter(|_| run("submit")) {
         let per = rt.block_on(submit_cost(n, 200));
         if n == 0 {
             base = per;
@@ -41,14 +45,18 @@ fn main() {
     }
 
     // 3. History query at 100k completed runs.
-    let (p50, p95) = history_query(if quick { 20_000 } else { 100_000 });
-    rows.push((format!("history query at {} runs: filter+sort+page, p50", if quick { "20k" } else { "100k" }), ms(p50), String::new()));
-    rows.push(("history query p95 (goal <= 20 ms)".into(), ms(p95), String::new()));
+    if run("history") {
+        let (p50, p95) = history_query(if quick { 20_000 } else { 100_000 });
+        rows.push((format!("history query at {} runs: filter+sort+page+count, p50", if quick { "20k" } else { "100k" }), ms(p50), String::new()));
+        rows.push(("history query p95 (goal <= 20 ms)".into(), ms(p95), String::new()));
+    }
 
     // 4. Idle engine.
-    let (cpu, rss) = idle(if quick { 10 } else { 30 });
-    rows.push(("engine idle, 8 simulated GPUs at 1 Hz: CPU".into(), format!("{cpu:.2}% of one core"), "goal <= 1%".into()));
-    rows.push(("engine idle: resident memory".into(), format!("{rss:.1} MB"), "goal <= 40 MB".into()));
+    if run("idle") {
+        let (cpu, rss) = idle(if quick { 10 } else { 30 });
+        rows.push(("engine idle, 8 simulated GPUs at 1 Hz: CPU".into(), format!("{cpu:.2}% of one core"), "goal <= 1%".into()));
+        rows.push(("engine idle: resident memory".into(), format!("{rss:.1} MB"), "goal <= 40 MB".into()));
+    }
 
     let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
     for (a, b, c) in &rows {
@@ -233,7 +241,11 @@ fn history_query(n: usize) -> (f64, f64) {
         let t0 = Instant::now();
         let rows = st.history(&f).unwrap();
         let _count = st.history_count(&f).unwrap();
-        times.push(t0.elapsed().as_secs_f64());
+        let el = t0.elapsed().as_secs_f64();
+        if el > 0.02 && std::env::var("GANTRY_BENCH_VERBOSE").is_ok() {
+            eprintln!("slow {:.1} ms: {f:?}", el * 1000.0);
+        }
+        times.push(el);
         std::hint::black_box(rows);
     }
     times.sort_by(f64::total_cmp);

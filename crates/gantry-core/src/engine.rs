@@ -169,6 +169,9 @@ pub struct Engine {
     pub cfg: Config,
     pub engine_id: String,
     store: Mutex<Store>,
+    /// A second connection for long reads (scheduling pass, history), so they never hold up writes:
+    /// WAL lets readers and the writer proceed together.
+    reader: Mutex<Store>,
     exec: Executor,
     backend: Mutex<Box<dyn GpuBackend>>,
     backend_kind: BackendKind,
@@ -204,6 +207,7 @@ impl Engine {
         std::fs::create_dir_all(cfg.paths.logs())?;
         let lock = lock_state_dir(&cfg.paths.state_dir)?;
         let store = Store::open(&cfg.paths.db())?;
+        let reader = Store::open(&cfg.paths.db())?;
         let (backend, note) = crate::gpu::open(cfg.gpus.as_deref())?;
         let kind = backend.kind();
         match (&kind, &note) {
@@ -218,6 +222,7 @@ impl Engine {
             cfg,
             engine_id,
             store: Mutex::new(store),
+            reader: Mutex::new(reader),
             exec,
             backend: Mutex::new(backend),
             backend_kind: kind,
@@ -254,6 +259,10 @@ impl Engine {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn reader(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn notify_job(&self, job_id: i64, state: JobState) {
         let _ = self.events.send(EngineEvent::Job { job_id, state, at: now_ms() });
     }
@@ -270,9 +279,11 @@ impl Engine {
                 _ = self.wake.notified() => {},
                 _ = tick.tick() => {},
             }
+            let t0 = std::time::Instant::now();
             self.clone().schedule_once().await;
-            // Coalesce bursts (hundreds of submits): at most ~20 passes a second.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Coalesce bursts (hundreds of submits): at most ~20 passes a second, and a long pass
+            // (a very deep queue) is followed by an equal pause so it never takes over the engine.
+            tokio::time::sleep(t0.elapsed().max(Duration::from_millis(50))).await;
         }
         sampler.abort();
         info!("engine stopped; running containers keep running and are reattached on next start");
@@ -378,7 +389,7 @@ impl Engine {
 
     /// One scheduling pass.
     pub async fn schedule_once(self: Arc<Self>) {
-        let mut queued: Vec<crate::store::QueuedRow> = match self.store().queued_rows() {
+        let mut queued: Vec<crate::store::QueuedRow> = match self.reader().queued_rows() {
             Ok(j) => j,
             Err(e) => {
                 error!("cannot read the queue: {e}");
@@ -819,11 +830,11 @@ impl Engine {
     }
 
     pub fn history_count(&self, f: &crate::store::HistoryFilter) -> Result<i64, EngineError> {
-        Ok(self.store().history_count(f)?)
+        Ok(self.reader().history_count(f)?)
     }
 
     pub fn timeline(&self, from: i64, to: i64) -> Result<Vec<crate::store::TimelineRun>, EngineError> {
-        Ok(self.store().timeline(from, to)?)
+        Ok(self.reader().timeline(from, to)?)
     }
 
     pub fn gpu_minutes(&self, gpu: u32, from: i64, to: i64) -> Result<Vec<(i64, f64, i64)>, EngineError> {
@@ -976,7 +987,7 @@ impl Engine {
     }
 
     pub fn history(&self, f: &crate::store::HistoryFilter) -> Result<Vec<crate::store::HistoryRow>, EngineError> {
-        Ok(self.store().history(f)?)
+        Ok(self.reader().history(f)?)
     }
 
     pub fn docker_problem(&self) -> Option<String> {

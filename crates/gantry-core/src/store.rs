@@ -321,6 +321,8 @@ impl Store {
             tx.pragma_update(None, "user_version", (i + 1) as i64)?;
             tx.commit()?;
         }
+        // Refresh the query planner's statistics when they are stale (cheap when they are not).
+        conn.execute_batch("PRAGMA optimize=0x10002;")?;
         Ok(Store { conn })
     }
 
@@ -580,8 +582,8 @@ impl Store {
         let dir = if f.asc.unwrap_or(false) { "ASC" } else { "DESC" };
         let sql = format!(
             "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
-             FROM (SELECT j.* FROM jobs j{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}) j \
-             LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts ORDER BY {key} {dir}, j.id {dir}",
+             FROM (SELECT j.id AS pid FROM jobs j{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}) p \
+             JOIN jobs j ON j.id = p.pid LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts ORDER BY {key} {dir}, j.id {dir}",
             f.limit.unwrap_or(100).min(10_000),
             f.offset.unwrap_or(0)
         );
