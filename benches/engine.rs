@@ -16,7 +16,7 @@ use gantry_core::client::Client;
 use gantry_core::engine::EngineEvent;
 use gantry_core::executor::{Executor, GpuBinding, Launch};
 use gantry_core::spec::{validate_text, Format, Origin};
-use gantry_core::store::{EndReason, Ending, HistoryFilter, JobState, Owner, Store};
+use gantry_core::store::{HistoryFilter, JobState, Owner, Store};
 
 const IMAGE: &str = "gantry-test/busybox:1";
 
@@ -211,20 +211,7 @@ async fn submit_cost(queued: usize, n: usize) -> f64 {
 fn history_query(n: usize) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let mut st = Store::open(&dir.path().join("h.db")).unwrap();
-    let users = ["ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal"];
-    let jobs: Vec<_> = (0..20)
-        .map(|i| validate_text(&format!("name: exp-{i}\nimage: img{}:1\ngpus: {}\n", i % 5, 1 + i % 4), Format::Yaml, &Origin::default()).unwrap())
-        .collect();
-    st.bulk(|st| {
-        for i in 0..n {
-            let o = Owner { name: users[i % users.len()].into(), ..owner() };
-            let id = st.insert_job(&jobs[i % jobs.len()], &o, "bench", None, |_, _| None).unwrap();
-            let a = st.begin_attempt(id, &[(i % 8) as u32], &[]).unwrap().unwrap();
-            let next = if i % 7 == 0 { JobState::Failed } else { JobState::Succeeded };
-            st.end_attempt(id, a.id, &Ending { exit_code: Some((i % 7 == 0) as i64), reason: EndReason::Exited, message: None, next, not_before: None }).unwrap();
-        }
-    })
-    .unwrap();
+    let users = st.seed_completed_runs(n).unwrap();
     let sorts = ["finished", "duration", "name", "gpu_hours", "owner"];
     let mut times = vec![];
     for i in 0..200 {

@@ -704,6 +704,27 @@ impl Store {
         Ok(out)
     }
 
+    /// Fill the store with `n` completed runs from 8 users, 20 job names and 5 images (every 7th
+    /// failed), for benchmarks of history queries and the app. Returns the users' names.
+    pub fn seed_completed_runs(&mut self, n: usize) -> Result<Vec<&'static str>> {
+        use crate::spec::{validate_text, Format, Origin};
+        let users = vec!["ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal"];
+        let jobs: Vec<ValidJob> = (0..20)
+            .map(|i| validate_text(&format!("name: exp-{i}\nimage: img{}:1\ngpus: {}\n", i % 5, 1 + i % 4), Format::Yaml, &Origin::default()).expect("valid seed spec"))
+            .collect();
+        self.bulk(|st| -> Result<()> {
+            for i in 0..n {
+                let o = Owner { uid: 1000 + (i % users.len()) as u32, gid: 1000, name: users[i % users.len()].into() };
+                let id = st.insert_job(&jobs[i % jobs.len()], &o, "seed", None, |_, _| None)?;
+                let Some(a) = st.begin_attempt(id, &[(i % 8) as u32], &[])? else { continue };
+                let next = if i % 7 == 0 { JobState::Failed } else { JobState::Succeeded };
+                st.end_attempt(id, a.id, &Ending { exit_code: Some((i % 7 == 0) as i64), reason: EndReason::Exited, message: None, next, not_before: None })?;
+            }
+            Ok(())
+        })??;
+        Ok(users)
+    }
+
     /// Record one minute of GPU aggregates (replacing a partial one for the same minute).
     pub fn record_gpu_minute(&mut self, gpu: u32, minute_ms: i64, util_avg: f64, util_max: u32, mem_used_avg: u64, mem_total: u64) -> Result<()> {
         self.conn
