@@ -86,41 +86,6 @@ pub struct ApiError {
     pub spec_error: Option<SpecError>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct HistoryQuery {
-    pub user: Option<String>,
-    pub status: Option<String>,
-    pub since: Option<i64>,
-    pub limit: Option<u32>,
-    pub offset: Option<u32>,
-    pub text: Option<String>,
-    pub image: Option<String>,
-    pub until: Option<i64>,
-    pub sort: Option<String>,
-    pub asc: Option<bool>,
-}
-
-impl HistoryQuery {
-    fn filter(self) -> Result<HistoryFilter, Failure> {
-        let status = match self.status.as_deref().filter(|s| !s.is_empty()) {
-            None => None,
-            Some(s) => Some(JobState::parse(s).ok_or_else(|| bad(format!("unknown status {s:?}")))?),
-        };
-        Ok(HistoryFilter {
-            user: self.user.filter(|s| !s.is_empty()),
-            status,
-            since: self.since,
-            limit: self.limit,
-            offset: self.offset,
-            text: self.text.filter(|s| !s.is_empty()),
-            image: self.image.filter(|s| !s.is_empty()),
-            until: self.until,
-            sort: self.sort,
-            asc: self.asc,
-        })
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WhoAmI {
     pub uid: u32,
@@ -154,9 +119,6 @@ impl From<EngineError> for Failure {
     }
 }
 
-fn bad(msg: impl Into<String>) -> Failure {
-    Failure(StatusCode::BAD_REQUEST, ApiError { error: msg.into(), spec_error: None })
-}
 
 type E = State<Arc<Engine>>;
 type Res<T> = Result<Json<T>, Failure>;
@@ -230,12 +192,12 @@ async fn gpus(State(e): E) -> Json<crate::engine::GpuStatus> {
     Json(e.gpu_status())
 }
 
-async fn history(State(e): E, Query(q): Query<HistoryQuery>) -> Res<Vec<crate::store::HistoryRow>> {
-    Ok(Json(e.history(&q.filter()?)?))
+async fn history(State(e): E, Query(f): Query<HistoryFilter>) -> Res<Vec<crate::store::HistoryRow>> {
+    Ok(Json(e.history(&f)?))
 }
 
-async fn history_count(State(e): E, Query(q): Query<HistoryQuery>) -> Res<i64> {
-    Ok(Json(e.history_count(&q.filter()?)?))
+async fn history_count(State(e): E, Query(f): Query<HistoryFilter>) -> Res<i64> {
+    Ok(Json(e.history_count(&f)?))
 }
 
 async fn timeline(State(e): E, Query(r): Query<Range>) -> Res<Vec<crate::store::TimelineRun>> {

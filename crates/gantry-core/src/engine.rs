@@ -181,6 +181,7 @@ pub struct Engine {
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
     waiting: RwLock<HashMap<i64, scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
+    eta_at: std::sync::atomic::AtomicI64,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     docker_down: RwLock<Option<String>>,
@@ -231,6 +232,7 @@ impl Engine {
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),
             eta: RwLock::new(HashMap::new()),
+            eta_at: std::sync::atomic::AtomicI64::new(0),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             docker_down: RwLock::new(None),
@@ -448,7 +450,11 @@ impl Engine {
             typical_wait_ms: self.stats.lock().unwrap().typical_wait,
         };
         let mut plan = scheduler::plan(&state);
-        *self.eta.write().unwrap() = if state.queued.len() <= 500 { scheduler::estimate_starts(&state, 3_600_000, 500) } else { HashMap::new() };
+        // Start estimates replay the queue forward (quadratic in its length): every 5 s at most.
+        if state.now_ms - self.eta_at.load(std::sync::atomic::Ordering::Relaxed) >= 5_000 {
+            self.eta_at.store(state.now_ms, std::sync::atomic::Ordering::Relaxed);
+            *self.eta.write().unwrap() = if state.queued.len() <= 500 { scheduler::estimate_starts(&state, 3_600_000, 500) } else { HashMap::new() };
+        }
         for (id, reason) in blocked {
             plan.waiting.push(scheduler::Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
         }
