@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod users;
+#[allow(unused_imports)]
+pub use users::*;
+
 pub const IMAGE: &str = "gantry-test/busybox:1";
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -121,6 +125,20 @@ impl Engine {
             .args(args)
             .output()
             .expect("run setpriv")
+    }
+
+    /// Run the CLI as a real user (their uid, gid and supplementary groups).
+    pub fn gantry_user(&self, u: &User, args: &[&str]) -> Output {
+        u.command(bin()).arg("--state-dir").arg(&self.state).args(args).current_dir("/").output().expect("run setpriv")
+    }
+
+    /// `gantry --json ARGS` as a user; panics unless it succeeds.
+    pub fn json_as(&self, u: &User, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.gantry_user(u, &a);
+        assert!(out.status.success(), "gantry {args:?} as {} failed: {}\n{}", u.name, String::from_utf8_lossy(&out.stderr), self.daemon_log());
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     pub fn json(&self, args: &[&str]) -> Value {
