@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gantry_core::api::{SubmitRequest, Submitted};
 use gantry_core::client::Client;
 use gantry_core::engine::EngineEvent;
-use gantry_core::executor::{Executor, GpuBinding, Launch};
+use gantry_core::executor::{DockerExecutor, Executor, GpuBinding, Launch};
 use gantry_core::spec::{validate_text, Format, Origin};
 use gantry_core::store::{HistoryFilter, JobState, Owner, Store};
 
@@ -157,18 +157,21 @@ async fn dispatch(n: usize) -> (f64, f64) {
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     // Bare: the same container through the same Docker API calls, nothing else.
-    let exec = Executor::connect().unwrap();
+    let exec = DockerExecutor::connect().unwrap();
     let job = validate_text(&format!("image: {IMAGE}\ncommand: sleep 1\ngpus: 1\n"), Format::Yaml, &Origin::default()).unwrap();
     let mut bare = vec![];
     for i in 0..n {
         let l = Launch {
             engine_id: "benchbare0000000",
+            db_uid: "benchbare",
+            name: format!("gantry-benchbare-j{}-a1", 1_000_000 + i),
             job_id: 1_000_000 + i as i64,
             attempt_id: 1,
             attempt_n: 1,
             job: &job,
             uid: 0,
             gid: 0,
+            gpus: vec![0],
             gpu_uuids: vec!["GPU-bench".into()],
             gpu_total_memory: None,
             binding: GpuBinding::EnvOnly,

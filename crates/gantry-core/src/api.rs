@@ -253,7 +253,7 @@ struct LogQuery {
 /// The job's log file; with `follow`, keep streaming until the job has ended.
 async fn logs(State(e): E, UrlPath(id): UrlPath<i64>, Query(q): Query<LogQuery>) -> Result<Response, Failure> {
     e.job_detail(id)?;
-    let path = e.cfg.paths.log_of(id);
+    let path = e.log_of(id);
     if !q.follow {
         let bytes = tokio::fs::read(&path).await.unwrap_or_default();
         return Ok(bytes.into_response());

@@ -23,21 +23,35 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
             }
         })
     };
-    let looped = tokio::spawn(engine.clone().run());
+    let looped = {
+        let e = engine.clone();
+        tokio::spawn(async move {
+            let r = e.clone().run().await;
+            e.shutdown(); // a fatal error stops the whole daemon, loudly
+            r
+        })
+    };
     let stop = engine.clone();
     let socket = engine.cfg.paths.socket();
     let served = crate::api::serve(engine.clone(), &socket, async move {
-        shutdown.await;
+        tokio::select! {
+            _ = shutdown => {}
+            _ = stop.stopped() => {}
+        }
         stop.shutdown();
     })
     .await;
     engine.shutdown();
     inbox.abort();
-    if let Err(e) = looped.await {
-        warn!("engine loop ended abnormally: {e}");
-    }
+    let result = match looped.await {
+        Ok(r) => r,
+        Err(e) => {
+            warn!("engine loop ended abnormally: {e}");
+            Ok(())
+        }
+    };
     if !matches!(served, Err(EngineError::AlreadyRunning(_))) {
         let _ = std::fs::remove_file(&socket);
     }
-    served
+    served.and(result)
 }

@@ -5,21 +5,28 @@
 //! capability dropped.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters as qp;
 use bollard::Docker;
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
 
 use crate::spec::ValidJob;
+
+#[cfg(test)]
+pub mod fake;
 
 pub const LABEL_ENGINE: &str = "dev.gantry.engine";
 pub const LABEL_JOB: &str = "dev.gantry.job";
 pub const LABEL_ATTEMPT: &str = "dev.gantry.attempt";
+/// The database's unique id: a container from a lost or replaced database is never taken for a new job's.
+pub const LABEL_DB: &str = "dev.gantry.db";
+/// GPU indexes the container holds, so an orphan's GPUs still count as busy.
+pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -29,6 +36,8 @@ pub enum ExecError {
     ImageUnavailable { image: String, detail: String },
     #[error("Docker refused the container: {0}")]
     Rejected(String),
+    #[error("no such container {0}")]
+    NotFound(String),
 }
 
 impl ExecError {
@@ -40,6 +49,7 @@ impl ExecError {
 
 fn classify(e: DockerError) -> ExecError {
     match e {
+        DockerError::DockerResponseServerError { status_code: 404, message } => ExecError::NotFound(message),
         DockerError::DockerResponseServerError { message, .. } => ExecError::Rejected(message),
         other => ExecError::DockerUnavailable(other.to_string()),
     }
@@ -58,12 +68,16 @@ pub enum GpuBinding {
 #[derive(Debug, Clone)]
 pub struct Launch<'a> {
     pub engine_id: &'a str,
+    /// The database's unique id (label) and the container's name, unique across lost databases too.
+    pub db_uid: &'a str,
+    pub name: String,
     pub job_id: i64,
     pub attempt_id: i64,
     pub attempt_n: u32,
     pub job: &'a ValidJob,
     pub uid: u32,
     pub gid: u32,
+    pub gpus: Vec<u32>,
     pub gpu_uuids: Vec<String>,
     /// Total memory of the assigned GPUs (first one), for memory-fraction hints when shared.
     pub gpu_total_memory: Option<u64>,
@@ -98,15 +112,25 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// Where a found container is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Life {
+    /// Created, never started.
+    Created,
+    Running,
+    Exited,
+}
+
 /// A container of ours found at startup.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
     pub container_id: String,
+    pub name: String,
     pub job_id: i64,
     pub attempt_id: i64,
-    pub running: bool,
-    /// Never started (created only).
-    pub created_only: bool,
+    pub db_uid: Option<String>,
+    pub gpus: Vec<u32>,
+    pub life: Life,
 }
 
 /// How a container ended.
@@ -116,23 +140,48 @@ pub struct Exit {
     pub oom_killed: bool,
 }
 
+/// Runs attempts. Docker today (Slurm later); an in-memory fake drives the engine's logic in unit tests.
+#[async_trait::async_trait]
+pub trait Executor: Send + Sync + 'static {
+    async fn ping(&self) -> Result<(), ExecError>;
+    /// Make sure the image is present; try one pull if not.
+    async fn ensure_image(&self, image: &str) -> Result<(), ExecError>;
+    /// Create (not start) the attempt's container; returns its id.
+    async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError>;
+    async fn start(&self, id: &str) -> Result<(), ExecError>;
+    /// Wait for the container to exit; its real exit code and OOM flag.
+    async fn wait(&self, id: &str) -> Result<Exit, ExecError>;
+    /// Exit status of a stopped container; `None` while it runs.
+    async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError>;
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError>;
+    async fn remove(&self, id: &str) -> Result<(), ExecError>;
+    /// Every container this engine created that still exists.
+    async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
+    /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds), following
+    /// until the container ends. The stream ends or errors when Docker goes away.
+    fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>>;
+}
+
 #[derive(Clone)]
-pub struct Executor {
+pub struct DockerExecutor {
     docker: Docker,
 }
 
-impl Executor {
-    pub fn connect() -> Result<Executor, ExecError> {
+impl DockerExecutor {
+    pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(Executor { docker })
+        Ok(DockerExecutor { docker })
     }
+}
 
-    pub async fn ping(&self) -> Result<(), ExecError> {
+#[async_trait::async_trait]
+impl Executor for DockerExecutor {
+    async fn ping(&self) -> Result<(), ExecError> {
         self.docker.ping().await.map(|_| ()).map_err(|e| ExecError::DockerUnavailable(e.to_string()))
     }
 
-    /// Make sure the image is present; try one pull if not.
-    pub async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
+    async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
         match self.docker.inspect_image(image).await {
             Ok(_) => return Ok(()),
             Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
@@ -156,12 +205,13 @@ impl Executor {
         }
     }
 
-    /// Create (not start) the attempt's container; returns its id.
-    pub async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {
+    async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {
         let labels = HashMap::from([
             (LABEL_ENGINE.to_string(), l.engine_id.to_string()),
             (LABEL_JOB.to_string(), l.job_id.to_string()),
             (LABEL_ATTEMPT.to_string(), l.attempt_id.to_string()),
+            (LABEL_DB.to_string(), l.db_uid.to_string()),
+            (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         ]);
         let binds: Vec<String> =
             l.job.mounts.iter().map(|m| format!("{}:{}{}", m.host, m.container, if m.read_only { ":ro" } else { "" })).collect();
@@ -190,17 +240,15 @@ impl Executor {
             }),
             ..Default::default()
         };
-        let name = format!("gantry-{}-j{}-a{}", &l.engine_id[..8.min(l.engine_id.len())], l.job_id, l.attempt_n);
-        let opts = qp::CreateContainerOptions { name: Some(name), ..Default::default() };
+        let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
         Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
     }
 
-    pub async fn start(&self, id: &str) -> Result<(), ExecError> {
+    async fn start(&self, id: &str) -> Result<(), ExecError> {
         self.docker.start_container(id, None::<qp::StartContainerOptions>).await.map_err(classify)
     }
 
-    /// Wait for the container to exit; then read its real exit code and OOM flag.
-    pub async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
+    async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
         let mut s = self.docker.wait_container(id, None::<qp::WaitContainerOptions>);
         match s.next().await {
             Some(Ok(_)) | Some(Err(DockerError::DockerContainerWaitError { .. })) | None => {}
@@ -209,8 +257,7 @@ impl Executor {
         self.exit_of(id).await?.ok_or_else(|| ExecError::Rejected(format!("container {id} still running after wait")))
     }
 
-    /// Exit status of a stopped container; `None` while it runs.
-    pub async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError> {
+    async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError> {
         let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
         let st = info.state.unwrap_or_default();
         if st.running.unwrap_or(false) {
@@ -219,8 +266,7 @@ impl Executor {
         Ok(Some(Exit { code: st.exit_code.unwrap_or(-1), oom_killed: st.oom_killed.unwrap_or(false) }))
     }
 
-    /// SIGTERM, then SIGKILL after `grace`.
-    pub async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
         let opts = qp::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
         match self.docker.stop_container(id, Some(opts)).await {
             Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
@@ -228,7 +274,7 @@ impl Executor {
         }
     }
 
-    pub async fn remove(&self, id: &str) -> Result<(), ExecError> {
+    async fn remove(&self, id: &str) -> Result<(), ExecError> {
         let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
         match self.docker.remove_container(id, Some(opts)).await {
             Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
@@ -236,8 +282,7 @@ impl Executor {
         }
     }
 
-    /// Every container this engine created that still exists.
-    pub async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {
+    async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_ENGINE}={engine_id}")])]);
         let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
         let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
@@ -248,39 +293,24 @@ impl Executor {
                 let state = c.state.map(|s| s.to_string()).unwrap_or_default();
                 Some(Found {
                     container_id: c.id?,
+                    name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
                     job_id: labels.get(LABEL_JOB)?.parse().ok()?,
                     attempt_id: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
-                    running: state == "running" || state == "restarting" || state == "paused",
-                    created_only: state == "created",
+                    db_uid: labels.get(LABEL_DB).cloned(),
+                    gpus: labels.get(LABEL_GPUS).map(|g| g.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_default(),
+                    life: match state.as_str() {
+                        "running" | "restarting" | "paused" => Life::Running,
+                        "created" => Life::Created,
+                        _ => Life::Exited,
+                    },
                 })
             })
             .collect())
     }
 
-    /// Copy the container's output to `path` (appending, timestamped, capped at `cap` bytes) until
-    /// the container ends. `since_s`: skip output before this Unix time (for reattaching).
-    pub async fn stream_logs(&self, id: &str, path: &Path, cap: u64, since_s: i64) -> std::io::Result<()> {
-        let mut f = tokio::fs::OpenOptions::new().create(true).append(true).open(path).await?;
-        let mut written = f.metadata().await?.len();
+    fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
         let opts = qp::LogsOptions { follow: true, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
-        let mut s = self.docker.logs(id, Some(opts));
-        let mut truncated = false;
-        while let Some(item) = s.next().await {
-            let Ok(chunk) = item else { break };
-            let bytes = chunk.into_bytes();
-            if truncated {
-                continue;
-            }
-            if written + bytes.len() as u64 > cap {
-                f.write_all(format!("[gantry] log truncated: the job wrote more than {cap} bytes\n").as_bytes()).await?;
-                truncated = true;
-                continue;
-            }
-            written += bytes.len() as u64;
-            f.write_all(&bytes).await?;
-            f.flush().await?;
-        }
-        Ok(())
+        self.docker.logs(id, Some(opts)).map(|r| r.map(|c| c.into_bytes()).map_err(classify)).boxed()
     }
 }
 
@@ -292,12 +322,15 @@ mod tests {
     fn launch(job: &ValidJob, uuids: &[&str]) -> Vec<String> {
         job_env(&Launch {
             engine_id: "e",
+            db_uid: "d",
+            name: "gantry-d-j7-a1".into(),
             job_id: 7,
             attempt_id: 1,
             attempt_n: 1,
             job,
             uid: 1000,
             gid: 1000,
+            gpus: (0..uuids.len() as u32).collect(),
             gpu_uuids: uuids.iter().map(|s| s.to_string()).collect(),
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,

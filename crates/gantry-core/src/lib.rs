@@ -14,6 +14,8 @@ pub mod store;
 pub mod gpu;
 pub mod scheduler;
 pub mod executor;
+pub mod config;
+pub mod protocol;
 pub mod engine;
 pub mod inbox;
 pub mod api;

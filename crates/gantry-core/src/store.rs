@@ -14,6 +14,8 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("stored job data is corrupt: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("cannot open the database file: {0}")]
+    Io(std::io::Error),
     #[error("the database was written by a newer Gantry (schema {found}, this build knows {known}); upgrade Gantry")]
     TooNew { found: i64, known: i64 },
 }
@@ -21,7 +23,11 @@ pub enum StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Migrations, applied in order; `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql"), include_str!("../migrations/0002_history_columns.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_history_columns.sql"),
+    include_str!("../migrations/0003_identity.sql"),
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -296,9 +302,21 @@ fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
 const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message";
 
 impl Store {
+    /// Open (or create) the database, readable and writable by the engine's user only: it holds
+    /// every user's specs and environment.
     pub fn open(path: &Path) -> Result<Store> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(path).map_err(StoreError::Io)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(StoreError::Io)?;
         let conn = Connection::open(path)?;
-        Self::init(conn)
+        let store = Self::init(conn)?;
+        // SQLite creates -wal/-shm with the database's mode; tighten ones left by older versions.
+        for ext in ["-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(ext);
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(store)
     }
 
     pub fn open_in_memory() -> Result<Store> {
@@ -373,6 +391,62 @@ impl Store {
         Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
         tx.commit()?;
         Ok(id)
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?)
+    }
+
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<()> {
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", params![key, value])?;
+        Ok(())
+    }
+
+    /// The highest job id ever handed out by this database (0 if none).
+    pub fn job_id_high_water(&self) -> Result<i64> {
+        let seq: Option<i64> = self.conn.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'", [], |r| r.get(0)).optional()?;
+        let max: Option<i64> = self.conn.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0))?;
+        Ok(seq.unwrap_or(0).max(max.unwrap_or(0)))
+    }
+
+    /// Make the next job id larger than `floor`: ids are never reused, even after a lost WAL.
+    pub fn raise_job_ids_above(&mut self, floor: i64) -> Result<()> {
+        if self.job_id_high_water()? >= floor {
+            return Ok(());
+        }
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'jobs'", [floor])?;
+        if n == 0 {
+            tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?1)", [floor])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Queued jobs of one user (for the per-user cap).
+    pub fn queued_count(&self, owner_uid: u32) -> Result<usize> {
+        let n: i64 = self.conn.prepare_cached("SELECT COUNT(*) FROM jobs WHERE owner_uid = ?1 AND state = 'queued'")?.query_row([owner_uid], |r| r.get(0))?;
+        Ok(n as usize)
+    }
+
+    /// Open attempts with their jobs (for recovery).
+    pub fn open_attempts(&self) -> Result<Vec<(Job, Attempt)>> {
+        let mut out = vec![];
+        for j in self.active_jobs()?.into_iter().filter(|j| j.state != JobState::Queued) {
+            if let Some(a) = self.open_attempt(j.id)? {
+                out.push((j, a));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Does any attempt of this job carry this container id?
+    pub fn attempt_with_container(&self, job_id: i64, container_id: &str) -> Result<Option<Attempt>> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND container_id = ?2"))?
+            .query_row(params![job_id, container_id], attempt_from_row)
+            .optional()?)
     }
 
     pub fn job_by_source_key(&self, key: &str) -> Result<Option<i64>> {

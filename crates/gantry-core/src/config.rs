@@ -1,0 +1,114 @@
+//! Engine configuration: where state lives and every tunable, with its default and the reason for it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
+pub const LOG_CAP: u64 = 64 << 20;
+/// First retry delay; doubles per attempt, capped at [`RETRY_BACKOFF_MAX`].
+pub const RETRY_BACKOFF: Duration = Duration::from_secs(10);
+/// A failing job retries at most every 10 minutes, so it cannot churn through containers.
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(600);
+/// GPU sampling period: NVML's utilization counters are averaged over ~1 s anyway.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Fair share: a user's GPU-hours count half as much after a day (a day's burst is forgiven by tomorrow).
+pub const FAIR_SHARE_HALF_LIFE: Duration = Duration::from_secs(24 * 3600);
+/// Priorities a plain user may set: enough to order one's own work, too little to jump everyone.
+pub const USER_PRIORITY: (i32, i32) = (-10, 10);
+/// Root (the admin) may go further, still bounded so ordering stays meaningful.
+pub const ADMIN_PRIORITY: (i32, i32) = (-1000, 1000);
+/// Queued jobs per user: a week of a busy lab's work; a runaway script hits it long before the database hurts.
+pub const MAX_QUEUED_PER_USER: usize = 2000;
+/// Scheduling passes run at least this often (time-based events: backoff ends, timeouts, reservations).
+pub const PASS_EVERY: Duration = Duration::from_secs(1);
+/// ... and at most every 50 ms, so a burst of submits coalesces into few passes.
+pub const PASS_MIN_GAP: Duration = Duration::from_millis(50);
+/// Fair-share usage and typical waits change slowly: refresh every 30 s.
+pub const STATS_EVERY_MS: i64 = 30_000;
+/// Start estimates replay the queue (quadratic): every 5 s at most, and only for up to this many jobs.
+pub const ETA_EVERY_MS: i64 = 5_000;
+pub const ETA_MAX_QUEUE: usize = 500;
+/// When the database cannot be written, try again this often (nothing starts meanwhile).
+pub const STORE_RETRY: Duration = Duration::from_secs(2);
+/// When Docker is unreachable, retry waits and log streams this often.
+pub const DOCKER_RETRY: Duration = Duration::from_secs(1);
+/// A start that failed for a reason outside the job (Docker away) is retried after this long.
+pub const TRANSIENT_RETRY_MS: i64 = 5_000;
+
+/// Where an engine keeps its state.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub state_dir: PathBuf,
+    pub inbox: PathBuf,
+}
+
+impl Paths {
+    pub fn db(&self) -> PathBuf {
+        self.state_dir.join("gantry.db")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("gantry.sock")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+    /// XDG default: `$XDG_STATE_HOME/gantry` (or `~/.local/state/gantry`), inbox `~/Gantry/inbox`.
+    pub fn default_state_dir() -> PathBuf {
+        if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+            return PathBuf::from(x).join("gantry");
+        }
+        home().join(".local/state/gantry")
+    }
+    pub fn default_inbox() -> PathBuf {
+        home().join("Gantry/inbox")
+    }
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub paths: Paths,
+    /// `sim:NxMEM` forces simulated GPUs.
+    pub gpus: Option<String>,
+    pub scheduler: crate::scheduler::Config,
+    pub stop_grace: Duration,
+    pub log_cap: u64,
+    pub retry_backoff: Duration,
+    pub sample_every: Duration,
+    pub fair_share_half_life: Duration,
+    pub user_priority: (i32, i32),
+    pub admin_priority: (i32, i32),
+    pub max_queued_per_user: usize,
+}
+
+impl Config {
+    pub fn new(paths: Paths) -> Self {
+        Config {
+            paths,
+            gpus: None,
+            scheduler: crate::scheduler::Config::default(),
+            stop_grace: STOP_GRACE,
+            log_cap: LOG_CAP,
+            retry_backoff: RETRY_BACKOFF,
+            sample_every: SAMPLE_EVERY,
+            fair_share_half_life: FAIR_SHARE_HALF_LIFE,
+            user_priority: USER_PRIORITY,
+            admin_priority: ADMIN_PRIORITY,
+            max_queued_per_user: MAX_QUEUED_PER_USER,
+        }
+    }
+
+    /// The priority range a caller may use.
+    pub fn priority_range(&self, caller_uid: u32) -> (i32, i32) {
+        if caller_uid == 0 {
+            self.admin_priority
+        } else {
+            self.user_priority
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The engine: ties the store, GPU sampler, scheduler, executor and drop folder together.
+//!
+//! The main loop runs in named phases (pueue's task handler is the model):
+//! 1. [`reconcile`]: on start (and when Docker comes back), every open attempt is matched with the
+//!    containers found; a pure function decides reattach / record / requeue / lost / orphan.
+//! 2. [`pass`]: a scheduling pass reads the queue and runs `scheduler::plan`, then claims each placement
+//!    with a compare-and-set in SQLite (queued -> starting), so a job never starts twice.
+//! 3. [`supervisor`]: one owned task per attempt launches, follows logs, enforces timeout and cancel, and
+//!    records the end through [`outcome`] (pure) exactly once. A container is removed only after its end
+//!    is committed.
+//! 4. [`sampler`]: GPUs at 1 Hz, per-minute aggregates to SQLite.
+//! [`ops`] is the API facade.
+//!
+//! Invariants: the database is the source of truth; the in-memory `running` map mirrors its open
+//! attempts. When the database cannot be written, nothing new starts and the problem is reported
+//! until a write succeeds again.
+
+mod ops;
+pub mod outcome;
+mod pass;
+pub mod reconcile;
+mod sampler;
+mod supervisor;
+
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::executor::{DockerExecutor, ExecError, Executor};
+use crate::gpu::{BackendKind, GpuBackend, GpuSample};
+use crate::spec::SpecError;
+use crate::store::{now_ms, JobState, Store, StoreError};
+
+pub use crate::config::{Config, Paths};
+pub use crate::protocol::{EngineEvent, GpuStatus, Health, JobDetail, Orphan, QueueEntry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("no job {0}")]
+    NoSuchJob(i64),
+    #[error("job {job} belongs to {owner}; only its owner or root may change it")]
+    NotOwner { job: i64, owner: String },
+    #[error("another Gantry engine already uses {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("{0}")]
+    Refused(String),
+    #[error("the engine cannot trust its state and stopped: {0}")]
+    Fatal(String),
+}
+
+pub(crate) struct RunHandle {
+    pub gpus: Vec<u32>,
+    pub gpu_memory: Option<u64>,
+    pub container_id: Option<String>,
+    pub cancel: CancellationToken,
+    /// A task follows this attempt (so recovery must not start a second one).
+    pub monitored: bool,
+    /// Start + expected runtime, when known.
+    pub expected_end: Option<i64>,
+}
+
+/// Figures the scheduler needs that change slowly.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub at: i64,
+    pub usage: HashMap<String, f64>,
+    pub typical_wait: Option<i64>,
+    pub runtimes: HashMap<(String, String), Option<i64>>,
+}
+
+pub struct Engine {
+    pub cfg: Config,
+    /// Random per database (legacy databases keep their old id so their containers are still found).
+    pub engine_id: String,
+    /// Random per database: names log files and containers.
+    pub db_uid: String,
+    store: Mutex<Store>,
+    /// A second connection for long reads (scheduling pass, history), so they never hold up writes.
+    reader: Mutex<Store>,
+    exec: Arc<dyn Executor>,
+    backend: Mutex<Box<dyn GpuBackend>>,
+    backend_kind: BackendKind,
+    backend_note: Option<String>,
+    latest: RwLock<Vec<GpuSample>>,
+    /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
+    recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
+    waiting: RwLock<HashMap<i64, crate::scheduler::Waiting>>,
+    eta: RwLock<HashMap<i64, i64>>,
+    eta_at: std::sync::atomic::AtomicI64,
+    stats: Mutex<Stats>,
+    running: Mutex<HashMap<i64, RunHandle>>,
+    health: RwLock<Health>,
+    /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
+    id_mark: Mutex<std::fs::File>,
+    wake: Notify,
+    events: broadcast::Sender<EngineEvent>,
+    shutdown: CancellationToken,
+    /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
+    tasks: TaskTracker,
+    _lock: std::fs::File,
+}
+
+fn lock_state_dir(dir: &Path) -> Result<std::fs::File, EngineError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(dir.join("engine.lock"))?;
+    // SAFETY: flock on a valid, owned fd.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(EngineError::AlreadyRunning(dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// The state dir is 0711: the socket inside stays reachable, nothing can be listed; logs are 0700.
+fn prepare_state_dir(paths: &Paths) -> Result<(), EngineError> {
+    std::fs::create_dir_all(&paths.state_dir)?;
+    std::fs::set_permissions(&paths.state_dir, std::fs::Permissions::from_mode(0o711))?;
+    std::fs::create_dir_all(paths.logs())?;
+    std::fs::set_permissions(paths.logs(), std::fs::Permissions::from_mode(0o700))?;
+    Ok(())
+}
+
+const ID_MARK_FILE: &str = ".job-id-high-water";
+
+/// The largest job id named by a log file (`<db>-<id>.log` or legacy `<id>.log`).
+fn max_logged_job_id(logs: &Path) -> i64 {
+    std::fs::read_dir(logs)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    let stem = n.strip_suffix(".log")?;
+                    stem.rsplit('-').next()?.parse::<i64>().ok()
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Open the store, GPU backend and Docker; nothing runs until [`Engine::run`].
+    pub fn open(cfg: Config) -> Result<Arc<Engine>, EngineError> {
+        let exec = DockerExecutor::connect()?;
+        Self::open_with(cfg, Arc::new(exec))
+    }
+
+    pub fn open_with(cfg: Config, exec: Arc<dyn Executor>) -> Result<Arc<Engine>, EngineError> {
+        prepare_state_dir(&cfg.paths)?;
+        let lock = lock_state_dir(&cfg.paths.state_dir)?;
+        let mut store = Store::open(&cfg.paths.db())?;
+        let reader = Store::open(&cfg.paths.db())?;
+        let db_uid = store.meta("db_uid")?.ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
+        let engine_id = match store.meta("engine_id")? {
+            Some(id) => id,
+            None => {
+                // Databases from before 0003 named their containers by a hash of the state dir: keep it so
+                // running containers are found after the upgrade. New databases get a random id.
+                let id = if store.job_id_high_water()? > 0 { legacy_engine_id(&cfg.paths.state_dir) } else { db_uid.clone() };
+                store.set_meta("engine_id", &id)?;
+                id
+            }
+        };
+        rename_legacy_logs(&cfg.paths.logs(), &db_uid);
+        // Ids never restart: the high-water mark lives in the database AND in the logs dir. If the
+        // database lost commits (a cut WAL), new ids continue after the highest id ever handed out.
+        let mark_path = cfg.paths.logs().join(ID_MARK_FILE);
+        let id_mark = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).mode(0o600).open(&mark_path)?;
+        let marked: i64 = std::fs::read_to_string(&mark_path)?.trim().parse().unwrap_or(0);
+        let floor = marked.max(max_logged_job_id(&cfg.paths.logs()));
+        let have = store.job_id_high_water()?;
+        if floor > have {
+            error!("the database knows job ids up to {have}, but ids up to {floor} were handed out: it lost commits (cut or lost WAL?). New jobs continue after {floor}");
+            store.raise_job_ids_above(floor)?;
+        }
+        let (backend, note) = crate::gpu::open(cfg.gpus.as_deref())?;
+        let kind = backend.kind();
+        match (&kind, &note) {
+            (BackendKind::Simulated, Some(why)) => warn!("SIMULATED GPUs: NVML not available ({why})"),
+            (BackendKind::Simulated, None) => warn!("SIMULATED GPUs ({})", cfg.gpus.as_deref().unwrap_or("")),
+            _ => info!("using NVML"),
+        }
+        let (events, _) = broadcast::channel(1024);
+        let e = Arc::new(Engine {
+            cfg,
+            engine_id,
+            db_uid,
+            store: Mutex::new(store),
+            reader: Mutex::new(reader),
+            exec,
+            backend: Mutex::new(backend),
+            backend_kind: kind,
+            backend_note: note,
+            latest: RwLock::new(vec![]),
+            recent: Mutex::new(VecDeque::new()),
+            waiting: RwLock::new(HashMap::new()),
+            eta: RwLock::new(HashMap::new()),
+            eta_at: std::sync::atomic::AtomicI64::new(0),
+            stats: Mutex::new(Stats::default()),
+            running: Mutex::new(HashMap::new()),
+            health: RwLock::new(Health::default()),
+            id_mark: Mutex::new(id_mark),
+            wake: Notify::new(),
+            events,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            _lock: lock,
+        });
+        e.sample_gpus();
+        Ok(e)
+    }
+
+    pub fn backend_kind(&self) -> BackendKind {
+        self.backend_kind
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<EngineEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Resolves once the engine stops (shutdown, or a fatal error).
+    pub async fn stopped(&self) {
+        self.shutdown.cancelled().await
+    }
+
+    /// The log file of a job: named by the database's id, so a new database never shows an old job's output.
+    pub fn log_of(&self, job: i64) -> PathBuf {
+        self.cfg.paths.logs().join(format!("{}-{job}.log", self.db_uid))
+    }
+
+    /// The container name of an attempt: unique across databases (db_uid) and attempts.
+    pub fn container_name(&self, job: i64, attempt_n: u32) -> String {
+        format!("gantry-{}-j{job}-a{attempt_n}", self.db_uid)
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reader(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify_job(&self, job_id: i64, state: JobState) {
+        let _ = self.events.send(EngineEvent::Job { job_id, state, at: now_ms() });
+    }
+
+    pub fn health(&self) -> Health {
+        self.health.read().unwrap().clone()
+    }
+
+    pub fn docker_problem(&self) -> Option<String> {
+        self.health.read().unwrap().docker_problem.clone()
+    }
+
+    /// A state write failed: stop starting work and say why (cleared by the next successful write).
+    fn store_failed(&self, what: &str, e: &StoreError) {
+        let msg = format!("cannot write the state database ({what}: {e}); no job starts until it can — free disk space in {}", self.cfg.paths.state_dir.display());
+        let mut h = self.health.write().unwrap();
+        if h.store_problem.as_deref() != Some(&msg) {
+            error!("{msg}");
+        }
+        h.store_problem = Some(msg);
+    }
+
+    fn store_ok(&self) {
+        if self.health.write().unwrap().store_problem.take().is_some() {
+            info!("the state database is writable again");
+            self.wake.notify_one();
+        }
+    }
+
+    /// Run until shutdown: recovery, then sampler and scheduling passes.
+    /// Returns an error when the engine cannot trust its state (it then stops loudly).
+    pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
+        self.clone().recover().await?;
+        let sampler = tokio::spawn(self.clone().sampler_loop());
+        let mut tick = tokio::time::interval(crate::config::PASS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                _ = self.wake.notified() => {},
+                _ = tick.tick() => {},
+            }
+            let t0 = tokio::time::Instant::now();
+            self.clone().schedule_once().await;
+            // Coalesce bursts (hundreds of submits), and follow a long pass (a very deep queue) by an
+            // equal pause so it never takes over the engine.
+            tokio::time::sleep(t0.elapsed().max(crate::config::PASS_MIN_GAP)).await;
+        }
+        sampler.abort();
+        // Supervisors see the shutdown and return, leaving containers running.
+        self.tasks.close();
+        self.tasks.wait().await;
+        info!("engine stopped; running containers keep running and are reattached on next start");
+        Ok(())
+    }
+}
+
+fn legacy_engine_id(state_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let canon = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    canon.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// Logs from before 0003 are `<id>.log`: give them the database's prefix once.
+fn rename_legacy_logs(logs: &Path, db_uid: &str) {
+    let Ok(rd) = std::fs::read_dir(logs) else { return };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if let Some(id) = n.strip_suffix(".log").filter(|s| s.parse::<i64>().is_ok()) {
+            let _ = std::fs::rename(e.path(), logs.join(format!("{db_uid}-{id}.log")));
+        }
+    }
+}
+
+pub(crate) fn gpu_list(g: &[u32]) -> String {
+    if g.is_empty() {
+        "no GPU".into()
+    } else {
+        format!("GPU {}", g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))
+    }
+}
+
+pub(crate) fn human(ms: i64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs((ms / 1000).max(0) as u64)).to_string()
+}
+
+/// Gantry's own lines in a job log start with `[gantry`, never with a digit, so they are never taken
+/// for Docker's timestamped output when finding where to resume.
+pub(crate) fn append_log(path: &Path, line: &str) {
+    use std::io::Write;
+    let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
+        let _ = writeln!(f, "[gantry {ts}] {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+//! The API facade: what clients may ask of the engine.
+
+use std::collections::HashMap;
+use std::io::{Seek, SeekFrom, Write};
+
+use tracing::info;
+
+use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
+use crate::spec::{self, Format, Origin, SpecError, ValidJob};
+use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
+
+impl Engine {
+    /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
+    pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
+        let job = spec::validate_text(text, format, origin)?;
+        self.submit(&job, owner, source, None, |_, _| None)
+    }
+
+    /// Everything `submit_text` checks, without queueing.
+    pub fn validate_text(&self, text: &str, format: Format, origin: &Origin) -> Result<ValidJob, EngineError> {
+        let job = spec::validate_text(text, format, origin)?;
+        self.check_fits(&job)?;
+        Ok(job)
+    }
+
+    /// Queue the same spec again ("Run again"). Only its owner (or root) may: the spec holds their
+    /// environment, and it would run with their mounts.
+    pub fn rerun(&self, id: i64, caller: &Owner) -> Result<Vec<i64>, EngineError> {
+        let old = self.owned(id, caller.uid)?;
+        let owner = if caller.uid == 0 { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
+        self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
+    }
+
+    pub fn history_count(&self, f: &HistoryFilter) -> Result<i64, EngineError> {
+        Ok(self.reader().history_count(f)?)
+    }
+
+    pub fn timeline(&self, from: i64, to: i64) -> Result<Vec<TimelineRun>, EngineError> {
+        Ok(self.reader().timeline(from, to)?)
+    }
+
+    pub fn gpu_minutes(&self, gpu: u32, from: i64, to: i64) -> Result<Vec<(i64, f64, i64)>, EngineError> {
+        Ok(self.reader().gpu_minutes(gpu, from)?.into_iter().filter(|m| m.0 < to).collect())
+    }
+
+    /// Queue a job (a `matrix` expands into one job per combination). Returns the new job ids.
+    /// `finalize` may rewrite each job once its id is known (template mounts).
+    pub fn submit(
+        &self,
+        job: &ValidJob,
+        owner: &Owner,
+        source: &str,
+        source_key: Option<&str>,
+        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
+    ) -> Result<Vec<i64>, EngineError> {
+        self.check_fits(job)?;
+        let (lo, hi) = self.cfg.priority_range(owner.uid);
+        if !(lo..=hi).contains(&job.spec.priority) {
+            return Err(SpecError::new(
+                format!("priority {} is outside the range you may use ({lo}..{hi})", job.spec.priority),
+                format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
+            )
+            .into());
+        }
+        let job = self.resolve_after(job, owner)?;
+        let jobs = spec::expand(&job);
+        let mut st = self.store();
+        if owner.uid != 0 {
+            let queued = st.queued_count(owner.uid)?;
+            if queued + jobs.len() > self.cfg.max_queued_per_user {
+                return Err(EngineError::Refused(format!(
+                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user. \
+                     Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
+                    jobs.len(),
+                    self.cfg.max_queued_per_user
+                )));
+            }
+        }
+        let mut ids = vec![];
+        for (i, j) in jobs.iter().enumerate() {
+            let id = st.insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
+            self.mark_job_id(id)?;
+            info!(job = id, owner = %owner.name, "queued {}", j.name);
+            ids.push(id);
+        }
+        drop(st);
+        for id in &ids {
+            self.notify_job(*id, JobState::Queued);
+        }
+        self.wake.notify_one();
+        Ok(ids)
+    }
+
+    /// Keep the highest job id outside the database too (fixed width, rewritten in place, so it
+    /// needs no new disk blocks): ids never restart even if the database loses its WAL.
+    fn mark_job_id(&self, id: i64) -> Result<(), EngineError> {
+        let mut f = self.id_mark.lock().unwrap();
+        f.seek(SeekFrom::Start(0))?;
+        f.write_all(format!("{id:>20}\n").as_bytes())?;
+        Ok(())
+    }
+
+    /// Turn `after: [name]` into job ids (the owner's latest job of that name); check ids exist.
+    fn resolve_after(&self, job: &ValidJob, owner: &Owner) -> Result<ValidJob, EngineError> {
+        let mut job = job.clone();
+        let st = self.store();
+        for a in job.spec.after.iter_mut() {
+            match a {
+                spec::IdOrName::Id(id) => {
+                    if st.state_of(*id)?.is_none() {
+                        return Err(SpecError::new(format!("`after` refers to job {id}, which does not exist"), "check the id with `gantry ls` or `gantry history`").into());
+                    }
+                }
+                spec::IdOrName::Name(n) => match st.latest_by_name(owner.uid, n)? {
+                    Some(id) => *a = spec::IdOrName::Id(id),
+                    None => {
+                        return Err(SpecError::new(format!("`after` refers to {n:?}, but you have no job with that name"), "submit that job first, or use its id").into())
+                    }
+                },
+            }
+        }
+        Ok(job)
+    }
+
+    /// Reject jobs this machine can never run.
+    pub fn check_fits(&self, job: &ValidJob) -> Result<(), SpecError> {
+        let gpus = self.latest.read().unwrap();
+        if job.gpus as usize > gpus.len() {
+            return Err(SpecError::new(
+                format!("the job asks for {} GPUs, this machine has {}", job.gpus, gpus.len()),
+                format!("ask for at most {} GPUs", gpus.len()),
+            ));
+        }
+        if let Some(m) = job.gpu_memory {
+            let max = gpus.iter().map(|g| g.memory_total).max().unwrap_or(0);
+            if m > max {
+                return Err(SpecError::new(
+                    format!("the job asks for {} per GPU, the largest GPU here has {}", spec::format_bytes(m), spec::format_bytes(max)),
+                    "lower `gpu_memory`, or leave it out to get whole GPUs",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn source_known(&self, key: &str) -> Option<i64> {
+        self.store().job_by_source_key(key).ok().flatten()
+    }
+
+    pub fn queue(&self) -> Result<Vec<QueueEntry>, EngineError> {
+        let jobs = self.reader().active_jobs()?;
+        let waiting = self.waiting.read().unwrap();
+        let eta = self.eta.read().unwrap();
+        let running = self.running.lock().unwrap();
+        let problem = self.health.read().unwrap().store_problem.clone();
+        Ok(jobs
+            .into_iter()
+            .map(|j| {
+                let w = waiting.get(&j.id);
+                QueueEntry {
+                    gpus_assigned: running.get(&j.id).map(|h| h.gpus.clone()).unwrap_or_default(),
+                    position: w.map(|w| w.position),
+                    reason: match (j.state, w) {
+                        (JobState::Queued, _) if problem.is_some() => problem.clone(),
+                        (JobState::Queued, Some(w)) => Some(w.reason.clone()),
+                        (JobState::Queued, None) => Some("about to be scheduled".into()),
+                        _ => None,
+                    },
+                    estimated_start: if j.state == JobState::Queued { eta.get(&j.id).copied() } else { None },
+                    job: j,
+                }
+            })
+            .collect())
+    }
+
+    pub fn job_detail(&self, id: i64) -> Result<JobDetail, EngineError> {
+        let st = self.reader();
+        let job = st.job(id)?.ok_or(EngineError::NoSuchJob(id))?;
+        let reason = self.waiting.read().unwrap().get(&id).map(|w| w.reason.clone());
+        Ok(JobDetail { attempts: st.attempts(id)?, events: st.events(id)?, job, reason })
+    }
+
+    fn owned(&self, id: i64, caller_uid: u32) -> Result<Job, EngineError> {
+        let job = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
+        if caller_uid != 0 && caller_uid != job.owner_uid {
+            return Err(EngineError::NotOwner { job: id, owner: job.owner });
+        }
+        Ok(job)
+    }
+
+    /// Cancel: queued jobs end at once; running ones get SIGTERM, then SIGKILL after the grace period.
+    pub fn cancel(&self, id: i64, caller_uid: u32) -> Result<JobState, EngineError> {
+        self.owned(id, caller_uid)?;
+        let before = self.store().request_cancel(id)?.ok_or(EngineError::NoSuchJob(id))?;
+        match before {
+            JobState::Queued => self.notify_job(id, JobState::Cancelled),
+            JobState::Starting | JobState::Running => {
+                if let Some(h) = self.running.lock().unwrap().get(&id) {
+                    h.cancel.cancel();
+                }
+            }
+            _ => {}
+        }
+        self.wake.notify_one();
+        Ok(before)
+    }
+
+    pub fn set_priority(&self, id: i64, priority: i32, caller_uid: u32) -> Result<bool, EngineError> {
+        self.owned(id, caller_uid)?;
+        let (lo, hi) = self.cfg.priority_range(caller_uid);
+        if !(lo..=hi).contains(&priority) {
+            return Err(EngineError::Refused(format!("priority {priority} is outside the range you may use ({lo}..{hi}); pick a value from {lo} to {hi}")));
+        }
+        let ok = self.store().set_priority(id, priority)?;
+        self.wake.notify_one();
+        Ok(ok)
+    }
+
+    pub fn gpu_status(&self) -> GpuStatus {
+        let mut holders: HashMap<u32, Vec<i64>> = HashMap::new();
+        for (id, h) in self.running.lock().unwrap().iter() {
+            for g in &h.gpus {
+                holders.entry(*g).or_default().push(*id);
+            }
+        }
+        let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
+        holders.sort();
+        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus: self.latest.read().unwrap().clone(), holders }
+    }
+
+    pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {
+        Ok(self.reader().history(f)?)
+    }
+}

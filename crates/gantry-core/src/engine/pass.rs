@@ -1,0 +1,214 @@
+//! One scheduling pass: read the queue, plan, claim each placement with a compare-and-set, and hand
+//! the attempt to its supervisor.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::{Engine, RunHandle, Stats};
+use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, STATS_EVERY_MS};
+use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
+use crate::store::{now_ms, JobState, QueuedRow};
+
+impl Engine {
+    /// One scheduling pass.
+    pub async fn schedule_once(self: Arc<Self>) {
+        let mut queued: Vec<QueuedRow> = match self.reader().queued_rows() {
+            Ok(j) => j,
+            Err(e) => {
+                error!("cannot read the queue: {e}");
+                return;
+            }
+        };
+        if queued.is_empty() {
+            self.waiting.write().unwrap().clear();
+            return;
+        }
+        let blocked = self.check_dependencies(&mut queued);
+        self.refresh_stats();
+        let docker_down = match self.exec.ping().await {
+            Ok(()) => {
+                if self.health.write().unwrap().docker_problem.take().is_some() {
+                    info!("Docker engine is back");
+                    let e = self.clone();
+                    self.tasks.spawn(async move {
+                        if let Err(err) = e.clone().recover().await {
+                            e.fatal(err);
+                        }
+                    });
+                }
+                None
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let mut h = self.health.write().unwrap();
+                if h.docker_problem.is_none() {
+                    warn!("{msg}");
+                }
+                h.docker_problem = Some(msg.clone());
+                Some(msg)
+            }
+        };
+        let store_problem = self.health.read().unwrap().store_problem.clone();
+        let running: Vec<RunningJob> = self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end })
+            .collect();
+        let (usage, typical_wait) = {
+            let s = self.stats.lock().unwrap();
+            (s.usage.clone(), s.typical_wait)
+        };
+        let state = scheduler::State {
+            now_ms: now_ms(),
+            gpus: self.gpu_views(),
+            running,
+            queued: queued
+                .iter()
+                .map(|j| QueuedJob {
+                    job_id: j.id,
+                    priority: j.priority,
+                    submitted_at_ms: j.submitted_at,
+                    gpus: j.gpus,
+                    gpu_memory: j.gpu_memory,
+                    not_before_ms: j.not_before,
+                    expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
+                    user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
+                })
+                .collect(),
+            config: self.cfg.scheduler.clone(),
+            typical_wait_ms: typical_wait,
+        };
+        let mut plan = scheduler::plan(&state);
+        if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {
+            self.eta_at.store(state.now_ms, Ordering::Relaxed);
+            *self.eta.write().unwrap() =
+                if state.queued.len() <= ETA_MAX_QUEUE { scheduler::estimate_starts(&state, 3_600_000, ETA_MAX_QUEUE) } else { HashMap::new() };
+        }
+        for (id, reason) in blocked {
+            plan.waiting.push(Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
+        }
+        // Nothing starts while Docker is away or the database cannot record a start.
+        if let Some(msg) = store_problem.or(docker_down) {
+            for (i, p) in plan.placements.drain(..).enumerate() {
+                plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
+            }
+        }
+        *self.waiting.write().unwrap() = plan.waiting.iter().map(|w| (w.job_id, w.clone())).collect();
+        let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
+        for p in plan.placements {
+            let job = match self.store().job(p.job_id) {
+                Ok(Some(j)) => j,
+                Ok(None) => continue,
+                Err(e) => {
+                    error!("cannot read job {}: {e}", p.job_id);
+                    return;
+                }
+            };
+            let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
+            let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
+            let attempt = match self.store().begin_attempt(job.id, &p.gpus, &gpu_uuids) {
+                Ok(Some(a)) => a,
+                Ok(None) => continue, // cancelled or taken meanwhile
+                Err(e) => {
+                    self.store_failed(&format!("starting job {}", job.id), &e);
+                    return;
+                }
+            };
+            let cancel = CancellationToken::new();
+            self.running.lock().unwrap().insert(
+                job.id,
+                RunHandle {
+                    gpus: p.gpus.clone(),
+                    gpu_memory: job.gpu_memory,
+                    container_id: None,
+                    cancel: cancel.clone(),
+                    monitored: true,
+                    expected_end: self
+                        .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
+                        .map(|r| now_ms() + r),
+                },
+            );
+            self.notify_job(job.id, JobState::Starting);
+            self.supervise(job.id, self.clone().launch(job, attempt, total, cancel));
+        }
+    }
+
+    /// Declared runtime, else the median of this name+image's recent successful runs.
+    pub(super) fn expected_runtime(&self, declared: Option<i64>, name: &str, image: &str) -> Option<i64> {
+        if declared.is_some() {
+            return declared;
+        }
+        let key = (name.to_string(), image.to_string());
+        if let Some(v) = self.stats.lock().unwrap().runtimes.get(&key) {
+            return *v;
+        }
+        let v = self.reader().typical_runtime(name, image).ok().flatten();
+        self.stats.lock().unwrap().runtimes.insert(key, v);
+        v
+    }
+
+    /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
+    fn refresh_stats(&self) {
+        let now = now_ms();
+        if now - self.stats.lock().unwrap().at < STATS_EVERY_MS {
+            return;
+        }
+        let hl = self.cfg.fair_share_half_life.as_millis().max(1) as f64;
+        let (rows, typical) = {
+            let st = self.reader();
+            (st.usage_since(now - (hl * 5.0) as i64).unwrap_or_default(), st.typical_wait(now - 24 * 3_600_000).ok().flatten())
+        };
+        let mut usage: HashMap<String, f64> = HashMap::new();
+        for (owner, gpus, start, end) in rows {
+            let end = end.unwrap_or(now);
+            let hours = (end - start).max(0) as f64 / 3_600_000.0 * gpus as f64;
+            *usage.entry(owner).or_default() += hours * 0.5f64.powf((now - end) as f64 / hl);
+        }
+        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, runtimes: HashMap::new() };
+    }
+
+    /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
+    /// fail jobs whose dependencies ended without success.
+    fn check_dependencies(&self, queued: &mut Vec<QueuedRow>) -> Vec<(i64, String)> {
+        let mut blocked = vec![];
+        let mut failed = vec![];
+        queued.retain(|j| {
+            for d in &j.after {
+                match self.reader().state_of(*d) {
+                    Ok(Some(JobState::Succeeded)) => continue,
+                    Ok(Some(s)) if s.is_final() => {
+                        failed.push((j.id, format!("dependency job {d} ended {}; this job will not run", s.as_str())));
+                        return false;
+                    }
+                    Ok(Some(s)) => {
+                        blocked.push((j.id, format!("waiting for job {d} to succeed (it is {})", s.as_str())));
+                        return false;
+                    }
+                    Ok(None) => {
+                        failed.push((j.id, format!("dependency job {d} no longer exists")));
+                        return false;
+                    }
+                    Err(e) => {
+                        blocked.push((j.id, format!("cannot read dependency job {d}: {e}")));
+                        return false;
+                    }
+                }
+            }
+            true
+        });
+        for (id, msg) in failed {
+            match self.store().fail_queued(id, &msg) {
+                Ok(true) => self.notify_job(id, JobState::Failed),
+                Ok(false) => {}
+                Err(e) => self.store_failed(&format!("failing job {id}"), &e),
+            }
+        }
+        blocked
+    }
+}

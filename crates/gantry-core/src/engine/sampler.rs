@@ -1,0 +1,121 @@
+//! GPU sampling: the latest sample for the scheduler, an hour of 1 Hz samples for charts, and
+//! per-minute aggregates in SQLite for history.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::Engine;
+use crate::gpu::{GpuSample, SimLoad};
+use crate::protocol::EngineEvent;
+use crate::scheduler::GpuView;
+use crate::store::now_ms;
+
+/// An hour of samples at 1 Hz.
+const RECENT_SAMPLES: usize = 3600;
+
+impl Engine {
+    pub(super) async fn sampler_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.sample_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut minute: Option<(i64, Vec<(u64, u32, u64, u64)>)> = None; // per GPU: (util sum, util max, mem sum, count)
+        loop {
+            tick.tick().await;
+            let samples = self.sample_gpus();
+            let now = now_ms();
+            let m = now - now.rem_euclid(60_000);
+            if let Some((start, acc)) = &minute {
+                if *start != m {
+                    let mut st = self.store();
+                    for (i, (us, umax, ms, n)) in acc.iter().enumerate() {
+                        let total = samples.get(i).map(|g| g.memory_total).unwrap_or(0);
+                        // Chart data, not job state: a lost minute is a gap in a chart, so warn only.
+                        if let Err(e) = st.record_gpu_minute(i as u32, *start, *us as f64 / *n as f64, *umax, ms / n, total) {
+                            warn!("could not save GPU minute: {e}");
+                        }
+                    }
+                    minute = None;
+                }
+            }
+            let acc = &mut minute.get_or_insert_with(|| (m, vec![(0, 0, 0, 0); samples.len()])).1;
+            for (a, g) in acc.iter_mut().zip(&samples) {
+                a.0 += g.utilization as u64;
+                a.1 = a.1.max(g.utilization);
+                a.2 += g.memory_used;
+                a.3 += 1;
+            }
+            let _ = self.events.send(EngineEvent::Gpus { at: now, gpus: samples });
+        }
+    }
+
+    /// Read the GPUs once (the simulated backend first learns what Gantry runs).
+    pub(super) fn sample_gpus(&self) -> Vec<GpuSample> {
+        let load = self.sim_load();
+        let samples = {
+            let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
+            b.set_load(&load);
+            match b.sample() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("GPU sampling failed: {e}");
+                    return self.latest.read().unwrap().clone();
+                }
+            }
+        };
+        let now = now_ms();
+        {
+            let mut r = self.recent.lock().unwrap();
+            r.push_back((now, samples.iter().map(|g| (g.utilization, g.memory_used)).collect()));
+            while r.len() > RECENT_SAMPLES {
+                r.pop_front();
+            }
+        }
+        *self.latest.write().unwrap() = samples.clone();
+        samples
+    }
+
+    fn sim_load(&self) -> Vec<SimLoad> {
+        let mut load: HashMap<u32, SimLoad> = HashMap::new();
+        for h in self.running.lock().unwrap().values() {
+            for g in &h.gpus {
+                let l = load.entry(*g).or_insert_with(|| SimLoad { index: *g, ..Default::default() });
+                match h.gpu_memory {
+                    None => l.exclusive = true,
+                    Some(m) => {
+                        l.shared_declared += m;
+                        l.shared_jobs += 1;
+                    }
+                }
+            }
+        }
+        load.into_values().collect()
+    }
+
+    /// Last hour of 1 Hz samples.
+    pub fn recent_samples(&self, since_ms: i64) -> Vec<(i64, Vec<(u32, u64)>)> {
+        self.recent.lock().unwrap().iter().filter(|(t, _)| *t >= since_ms).cloned().collect()
+    }
+
+    /// GPUs as the scheduler sees them: processes outside our containers, and running containers we
+    /// do not know (orphans from a lost database), make a GPU busy.
+    pub(super) fn gpu_views(&self) -> Vec<GpuView> {
+        let ours: Vec<String> = self.running.lock().unwrap().values().filter_map(|h| h.container_id.clone()).collect();
+        let orphaned: Vec<u32> = self.health.read().unwrap().orphans.iter().filter(|o| o.running).flat_map(|o| o.gpus.clone()).collect();
+        self.latest
+            .read()
+            .unwrap()
+            .iter()
+            .map(|g| GpuView {
+                index: g.index,
+                memory_total: g.memory_total,
+                memory_used: g.memory_used,
+                external_busy: orphaned.contains(&g.index)
+                    || g.processes.iter().any(|p| match &p.container_id {
+                        Some(c) => !ours.iter().any(|o| o == c),
+                        None => true,
+                    }),
+            })
+            .collect()
+    }
+}

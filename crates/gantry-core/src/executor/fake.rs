@@ -1,0 +1,177 @@
+//! An in-memory executor for unit tests of the engine's retry, timeout, cancel and recovery logic
+//! under `tokio::time::pause`. Containers "run" for a scripted time and exit with a scripted code.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{ExecError, Executor, Exit, Found, Launch, Life};
+
+/// How a fake container behaves, chosen by job name.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub runtime: Duration,
+    pub code: i64,
+    pub output: Vec<String>,
+    /// `wait` panics (a bug in a monitor).
+    pub panic_on_wait: bool,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Script { runtime: Duration::from_secs(1), code: 0, output: vec![], panic_on_wait: false }
+    }
+}
+
+struct Container {
+    found: Found,
+    script: Script,
+    started: Option<Instant>,
+    exit: Option<Exit>,
+    stopped: Arc<Notify>,
+}
+
+#[derive(Default)]
+pub struct FakeExecutor {
+    scripts: Mutex<HashMap<String, Script>>,
+    containers: Mutex<HashMap<String, Container>>,
+    next: AtomicU64,
+    pub down: AtomicBool,
+    /// Every container ever started, by name (to assert "never ran twice").
+    pub started: Mutex<Vec<String>>,
+}
+
+impl FakeExecutor {
+    pub fn new() -> Arc<FakeExecutor> {
+        Arc::new(FakeExecutor::default())
+    }
+    pub fn script(&self, job_name: &str, s: Script) {
+        self.scripts.lock().unwrap().insert(job_name.into(), s);
+    }
+    pub fn live(&self) -> usize {
+        self.containers.lock().unwrap().len()
+    }
+    fn up(&self) -> Result<(), ExecError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(ExecError::DockerUnavailable("fake Docker is down".into()));
+        }
+        Ok(())
+    }
+    fn settle(c: &mut Container) {
+        if let (None, Some(t)) = (c.exit, c.started) {
+            if t.elapsed() >= c.script.runtime {
+                c.exit = Some(Exit { code: c.script.code, oom_killed: false });
+                c.found.life = Life::Exited;
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Executor for FakeExecutor {
+    async fn ping(&self) -> Result<(), ExecError> {
+        self.up()
+    }
+    async fn ensure_image(&self, _image: &str) -> Result<(), ExecError> {
+        self.up()
+    }
+    async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {
+        self.up()?;
+        let id = format!("fake{:08}", self.next.fetch_add(1, Ordering::SeqCst));
+        let script = self.scripts.lock().unwrap().get(&l.job.name).cloned().unwrap_or_default();
+        let found = Found {
+            container_id: id.clone(),
+            name: l.name.clone(),
+            job_id: l.job_id,
+            attempt_id: l.attempt_id,
+            db_uid: Some(l.db_uid.into()),
+            gpus: l.gpus.clone(),
+            life: Life::Created,
+        };
+        self.containers.lock().unwrap().insert(id.clone(), Container { found, script, started: None, exit: None, stopped: Arc::new(Notify::new()) });
+        Ok(id)
+    }
+    async fn start(&self, id: &str) -> Result<(), ExecError> {
+        self.up()?;
+        let mut cs = self.containers.lock().unwrap();
+        let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
+        c.started = Some(Instant::now());
+        c.found.life = Life::Running;
+        self.started.lock().unwrap().push(c.found.name.clone());
+        Ok(())
+    }
+    async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
+        loop {
+            self.up()?;
+            let (left, stopped, panic) = {
+                let mut cs = self.containers.lock().unwrap();
+                let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
+                Self::settle(c);
+                if let Some(x) = c.exit {
+                    return Ok(x);
+                }
+                let t = c.started.unwrap_or_else(Instant::now);
+                (c.script.runtime.saturating_sub(t.elapsed()), c.stopped.clone(), c.script.panic_on_wait)
+            };
+            assert!(!panic, "scripted panic in wait");
+            tokio::select! {
+                _ = tokio::time::sleep(left) => {}
+                _ = stopped.notified() => {}
+            }
+        }
+    }
+    async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError> {
+        self.up()?;
+        let mut cs = self.containers.lock().unwrap();
+        let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
+        Self::settle(c);
+        Ok(c.exit)
+    }
+    async fn stop(&self, id: &str, _grace: Duration) -> Result<(), ExecError> {
+        self.up()?;
+        let mut cs = self.containers.lock().unwrap();
+        let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
+        Self::settle(c);
+        if c.exit.is_none() {
+            c.exit = Some(Exit { code: 143, oom_killed: false });
+            c.found.life = Life::Exited;
+        }
+        c.stopped.notify_waiters();
+        Ok(())
+    }
+    async fn remove(&self, id: &str) -> Result<(), ExecError> {
+        self.up()?;
+        if let Some(c) = self.containers.lock().unwrap().remove(id) {
+            c.stopped.notify_waiters();
+        }
+        Ok(())
+    }
+    async fn list_ours(&self, _engine_id: &str) -> Result<Vec<Found>, ExecError> {
+        self.up()?;
+        let mut cs = self.containers.lock().unwrap();
+        Ok(cs.values_mut().map(|c| {
+            Self::settle(c);
+            c.found.clone()
+        }).collect())
+    }
+    fn logs(&self, id: &str, _since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
+        let lines: Vec<Result<Bytes, ExecError>> = match self.containers.lock().unwrap().get(id) {
+            Some(c) => c
+                .script
+                .output
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Ok(Bytes::from(format!("2026-01-01T00:00:{:02}.000000001Z {l}\n", i % 60))))
+                .collect(),
+            None => vec![],
+        };
+        futures_util::stream::iter(lines).boxed()
+    }
+}

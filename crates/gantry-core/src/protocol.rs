@@ -1,0 +1,63 @@
+//! Wire types the engine hands to its API and clients (CLI, app).
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{BackendKind, GpuSample};
+use crate::store::{Attempt, Event, Job, JobState};
+
+/// Pushed to API subscribers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EngineEvent {
+    Job { job_id: i64, state: JobState, at: i64 },
+    Gpus { at: i64, gpus: Vec<GpuSample> },
+}
+
+/// A queued or running job with the scheduler's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueEntry {
+    pub job: Job,
+    pub gpus_assigned: Vec<u32>,
+    pub position: Option<usize>,
+    pub reason: Option<String>,
+    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    pub estimated_start: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuStatus {
+    pub backend: BackendKind,
+    /// Why NVML is not used, when it is not.
+    pub note: Option<String>,
+    pub gpus: Vec<GpuSample>,
+    /// Which Gantry jobs hold which GPU.
+    pub holders: Vec<(u32, Vec<i64>)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDetail {
+    pub job: Job,
+    pub attempts: Vec<Attempt>,
+    pub events: Vec<Event>,
+    pub reason: Option<String>,
+}
+
+/// A container labelled for this engine that its database does not know (e.g. after a lost WAL).
+/// Reported, never adopted under a new job; its GPUs count as busy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    pub container_id: String,
+    pub name: String,
+    pub job_id: i64,
+    pub running: bool,
+    pub gpus: Vec<u32>,
+}
+
+/// What keeps the engine from doing its work, for `gantry status` and the app's banner.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Health {
+    /// The state database cannot be written: nothing starts until it can.
+    pub store_problem: Option<String>,
+    pub docker_problem: Option<String>,
+    pub orphans: Vec<Orphan>,
+}
