@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::access::{self, Cred, Forbidden};
 use crate::executor::{ExecError, Executor, Exit, GpuBinding, Launch};
 use crate::gpu::{BackendKind, GpuBackend, GpuSample, SimLoad};
 use crate::scheduler::{self, GpuView, QueuedJob, RunningJob};
@@ -500,20 +501,25 @@ impl Engine {
         let log = self.cfg.paths.log_of(job.id);
         append_log(&log, &format!("[gantry] attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)));
         let binding = if self.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
-        let l = Launch {
-            engine_id: &self.engine_id,
-            job_id: job.id,
-            attempt_id: attempt.id,
-            attempt_n: attempt.n,
-            job: &job.job,
-            uid: job.owner_uid,
-            gid: job.owner_gid,
-            gpu_uuids: attempt.gpu_uuids.clone(),
-            gpu_total_memory: gpu_total,
-            binding,
-        };
         let started = async {
             self.exec.ensure_image(&job.image).await?;
+            // Paths change while a job waits: check the mounts as the owner again, right before create.
+            let cred = Cred::of_user(job.owner_uid, job.owner_gid);
+            let mounts = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            let l = Launch {
+                engine_id: &self.engine_id,
+                job_id: job.id,
+                attempt_id: attempt.id,
+                attempt_n: attempt.n,
+                job: &job.job,
+                uid: job.owner_uid,
+                gid: job.owner_gid,
+                groups: cred.groups,
+                mounts,
+                gpu_uuids: attempt.gpu_uuids.clone(),
+                gpu_total_memory: gpu_total,
+                binding,
+            };
             let cid = self.exec.create(&l).await?;
             self.store().set_container(attempt.id, &cid).map_err(|e| ExecError::Rejected(e.to_string()))?;
             if let Some(h) = self.running.lock().unwrap().get_mut(&job.id) {
@@ -523,7 +529,7 @@ impl Engine {
                 return Ok((cid, false));
             }
             self.exec.start(&cid).await?;
-            Ok::<_, ExecError>((cid, true))
+            Ok::<_, EngineError>((cid, true))
         }
         .await;
         match started {
@@ -542,7 +548,7 @@ impl Engine {
             Err(e) => {
                 append_log(&log, &format!("[gantry] could not start: {e}"));
                 warn!(job = job.id, "could not start: {e}");
-                let end = if e.is_transient() {
+                let end = if matches!(&e, EngineError::Exec(x) if x.is_transient()) {
                     Ending { exit_code: None, reason: EndReason::EngineError, message: Some(e.to_string()), next: JobState::Queued, not_before: Some(now_ms() + 5_000) }
                 } else {
                     Ending { exit_code: None, reason: EndReason::EngineError, message: Some(e.to_string()), next: JobState::Failed, not_before: None }
@@ -819,6 +825,7 @@ impl Engine {
     /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
     pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
         let job = spec::validate_text(text, format, origin)?;
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &job.mounts, &self.forbidden())?;
         self.submit(&job, owner, source, None, |_, _| None)
     }
 
@@ -832,6 +839,7 @@ impl Engine {
     /// Queue the same spec again ("Run again"), owned by the caller.
     pub fn rerun(&self, id: i64, owner: &Owner) -> Result<Vec<i64>, EngineError> {
         let old = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &old.job.mounts, &self.forbidden())?;
         self.submit(&old.job, owner, &format!("rerun:{id}"), None, |_, _| None)
     }
 
@@ -911,6 +919,11 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// What no job may mount: the container engine's sockets and this engine's state.
+    fn forbidden(&self) -> Forbidden {
+        Forbidden::for_engine(&self.cfg.paths.state_dir, &self.cfg.paths.socket())
     }
 
     pub fn source_known(&self, key: &str) -> Option<i64> {
