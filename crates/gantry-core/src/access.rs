@@ -386,11 +386,14 @@ fn blocked_at(host: &Path, denied_at: usize) -> Option<String> {
 #[derive(Debug, Clone, Default)]
 pub struct Forbidden {
     entries: Vec<(PathBuf, &'static str)>,
+    /// Subtrees that may be mounted although they lie inside an entry: the drop folder, which may sit in
+    /// the state dir, holds the config files template jobs mount.
+    exempt: Vec<PathBuf>,
 }
 
 impl Forbidden {
-    /// For an engine with this state dir and socket (the Docker socket from `DOCKER_HOST` too).
-    pub fn for_engine(state_dir: &Path, socket: &Path) -> Forbidden {
+    /// For an engine with this state dir, socket and drop folder (the Docker socket from `DOCKER_HOST` too).
+    pub fn for_engine(state_dir: &Path, socket: &Path, inbox: &Path) -> Forbidden {
         let mut f = Forbidden::default();
         if let Some(p) = std::env::var("DOCKER_HOST").ok().as_deref().and_then(|h| h.strip_prefix("unix://")) {
             f.add(Path::new(p), "the Docker socket");
@@ -403,6 +406,7 @@ impl Forbidden {
         f.add(Path::new("/var/run/docker"), "Docker's runtime directory");
         f.add(state_dir, "the Gantry state directory");
         f.add(socket, "the Gantry socket");
+        f.exempt = [Some(inbox.to_path_buf()), std::fs::canonicalize(inbox).ok()].into_iter().flatten().collect();
         f
     }
 
@@ -429,7 +433,7 @@ impl Forbidden {
                 Some(format!("is {what}"))
             } else if f.starts_with(p) {
                 Some(format!("contains {what} ({})", f.display()))
-            } else if p.starts_with(f) {
+            } else if p.starts_with(f) && !self.exempt.iter().any(|x| p.starts_with(x)) {
                 Some(format!("lies inside {what} ({})", f.display()))
             } else {
                 None
@@ -527,6 +531,7 @@ mod tests {
                 (PathBuf::from("/srv/g"), "the Gantry state directory"),
                 (PathBuf::from("/srv/g/gantry.sock"), "the Gantry socket"),
             ],
+            exempt: vec![PathBuf::from("/srv/g/inbox")],
         }
     }
 
@@ -541,6 +546,10 @@ mod tests {
         assert_eq!(refused("/srv/g").as_deref(), Some("is the Gantry state directory"));
         assert!(refused("/srv/g/logs").unwrap().starts_with("lies inside the Gantry state directory"));
         assert!(refused("/srv/g/gantry.sock").is_some());
+        // The drop folder may live in the state dir: what lies in it may be mounted, the state dir may not.
+        assert_eq!(refused("/srv/g/inbox/paddle/accepted/7-exp.yaml"), None);
+        assert_eq!(refused("/srv/g/inbox"), None);
+        assert!(refused("/srv/g/inboxes").is_some());
         // Whole components only: neighbours with a common prefix are fine.
         for ok in ["/run2", "/srv/gx", "/srv/other", "/home/alice", "/run/user/1000"] {
             assert_eq!(refused(ok), None, "{ok}");
@@ -555,7 +564,7 @@ mod tests {
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         // The engine named its state dir through a symlink, and its socket does not exist yet.
-        let f = Forbidden::for_engine(&link, &link.join("gantry.sock"));
+        let f = Forbidden::for_engine(&link, &link.join("gantry.sock"), &link.join("inbox"));
         assert_eq!(f.refusal(&real).as_deref(), Some("is the Gantry state directory"));
         assert!(f.refusal(&real.join("gantry.sock")).is_some());
         assert!(f.refusal(d.path()).unwrap().starts_with("contains the Gantry state directory"));

@@ -923,7 +923,7 @@ impl Engine {
 
     /// What no job may mount: the container engine's sockets and this engine's state.
     fn forbidden(&self) -> Forbidden {
-        Forbidden::for_engine(&self.cfg.paths.state_dir, &self.cfg.paths.socket())
+        Forbidden::for_engine(&self.cfg.paths.state_dir, &self.cfg.paths.socket(), &self.cfg.paths.inbox)
     }
 
     pub fn source_known(&self, key: &str) -> Option<i64> {
