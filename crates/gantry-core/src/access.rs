@@ -357,10 +357,11 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
         STAGE_CRED => return Err(io(std::io::Error::new(os.kind(), format!("cannot take on uid {} to check the path: {os}", cred.uid)))),
         _ => return Err(io(os)),
     }
-    // The path the user's open led to must still be that file now, seen by the engine.
+    // The path the user's open led to must still be that file now, seen by the engine (which Docker is).
     match std::fs::metadata(&resolved) {
         Ok(m) if m.dev() == r.dev && m.ino() == r.ino => {}
-        _ => return Err(AccessError::Changed { path: host.to_path_buf() }),
+        Ok(_) => return Err(AccessError::Changed { path: host.to_path_buf() }),
+        Err(source) => return Err(AccessError::Io { path: resolved, source }),
     }
     Ok(Resolved { path: resolved, kind: kind_of(r.mode), dev: r.dev, ino: r.ino })
 }
