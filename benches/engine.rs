@@ -171,6 +171,8 @@ async fn dispatch(n: usize) -> (f64, f64) {
             job: &job,
             uid: 0,
             gid: 0,
+            groups: vec![],
+            mounts: vec![],
             gpus: vec![0],
             gpu_uuids: vec!["GPU-bench".into()],
             gpu_total_memory: None,

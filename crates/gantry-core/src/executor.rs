@@ -8,13 +8,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType};
 use bollard::query_parameters as qp;
 use bollard::Docker;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
+use crate::access::ResolvedMount;
 use crate::spec::ValidJob;
 
 #[cfg(test)]
@@ -77,6 +78,10 @@ pub struct Launch<'a> {
     pub job: &'a ValidJob,
     pub uid: u32,
     pub gid: u32,
+    /// The owner's supplementary groups, so the job reads what the owner may read through a group.
+    pub groups: Vec<u32>,
+    /// The job's mounts as checked with the owner's permissions: resolved host paths.
+    pub mounts: Vec<ResolvedMount>,
     pub gpus: Vec<u32>,
     pub gpu_uuids: Vec<String>,
     /// Total memory of the assigned GPUs (first one), for memory-fraction hints when shared.
@@ -213,8 +218,21 @@ impl Executor for DockerExecutor {
             (LABEL_DB.to_string(), l.db_uid.to_string()),
             (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         ]);
-        let binds: Vec<String> =
-            l.job.mounts.iter().map(|m| format!("{}:{}{}", m.host, m.container, if m.read_only { ":ro" } else { "" })).collect();
+        // `Mounts`, not `Binds`: Docker refuses a missing source instead of creating it as root. The source
+        // is the path resolved as the owner just before; a swap between that check and this create is a
+        // residual race (Docker 20.10's runc cannot bind /proc/<pid>/fd/<n>, which would pin the inode).
+        let mounts: Vec<Mount> = l
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                typ: Some(MountType::BIND),
+                source: Some(m.host.to_string_lossy().into_owned()),
+                target: Some(m.container.clone()),
+                read_only: Some(m.read_only),
+                ..Default::default()
+            })
+            .collect();
+        let groups: Vec<String> = l.groups.iter().filter(|g| **g != l.gid).map(|g| g.to_string()).collect();
         let device_requests = (l.binding == GpuBinding::Nvidia && !l.gpu_uuids.is_empty()).then(|| {
             vec![DeviceRequest {
                 driver: Some("nvidia".into()),
@@ -231,7 +249,8 @@ impl Executor for DockerExecutor {
             user: Some(format!("{}:{}", l.uid, l.gid)),
             labels: Some(labels),
             host_config: Some(HostConfig {
-                binds: (!binds.is_empty()).then_some(binds),
+                mounts: (!mounts.is_empty()).then_some(mounts),
+                group_add: (!groups.is_empty()).then_some(groups),
                 security_opt: Some(vec!["no-new-privileges".into()]),
                 cap_drop: Some(vec!["ALL".into()]),
                 init: Some(true),
@@ -330,6 +349,8 @@ mod tests {
             job,
             uid: 1000,
             gid: 1000,
+            groups: vec![],
+            mounts: vec![],
             gpus: (0..uuids.len() as u32).collect(),
             gpu_uuids: uuids.iter().map(|s| s.to_string()).collect(),
             gpu_total_memory: Some(40 << 30),

@@ -1,6 +1,7 @@
 //! Gantry core: everything the engine and its clients share, with no GUI dependency.
 //!
 //! - [`spec`]: the job spec (YAML/TOML), validation and JSON Schema
+//! - [`access`]: host paths checked as the submitter (mounts)
 //! - [`store`]: the SQLite queue and run history
 //! - [`gpu`]: GPU inventory (NVML or simulated)
 //! - [`scheduler`]: the pure placement function
@@ -10,6 +11,7 @@
 //! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket
 
 pub mod spec;
+pub mod access;
 pub mod store;
 pub mod gpu;
 pub mod scheduler;

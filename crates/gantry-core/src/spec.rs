@@ -63,7 +63,8 @@ pub struct JobSpec {
     /// Extra environment variables.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    /// Bind mounts, `host:container` or `host:container:ro`. Host paths are absolute or relative to the spec file.
+    /// Bind mounts, `host:container` or `host:container:ro`. Host paths are absolute or relative to the spec file;
+    /// each must exist and be readable (for read-write mounts, writable) by the submitter.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<String>,
     /// Number of GPUs (0 allowed). Default 1.
@@ -435,8 +436,11 @@ pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
         .collect()
 }
 
-/// Host paths that must never be bind-mounted into a job.
-const FORBIDDEN_MOUNTS: &[&str] = &["/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/var/run/containerd"];
+/// Host paths refused on sight (with what lies under them). This is only a cheap first filter: the
+/// authority is [`crate::access::check_mounts`], which resolves each path as the submitter and refuses
+/// whatever contains or lies inside the container engine's sockets or Gantry's state.
+const FORBIDDEN_MOUNTS: &[&str] =
+    &["/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/var/run/containerd", "/run/docker", "/var/run/docker"];
 
 fn parse_mount(m: &str, origin: &Origin) -> Result<Mount, SpecError> {
     let parts: Vec<&str> = m.split(':').collect();
@@ -471,7 +475,13 @@ fn parse_mount(m: &str, origin: &Origin) -> Result<Mount, SpecError> {
         }
     };
     let host_norm = normalize(&host_path);
-    if FORBIDDEN_MOUNTS.iter().any(|f| host_norm.starts_with(f)) || host_norm.ends_with("gantry.sock") {
+    if host_norm == "/" {
+        return Err(SpecError::new(
+            format!("mount {m:?} would hand the job the whole host file system"),
+            "mount only the directories the job needs, e.g. `/data/imagenet:/data:ro`",
+        ));
+    }
+    if FORBIDDEN_MOUNTS.iter().any(|f| std::path::Path::new(&host_norm).starts_with(f)) || host_norm.ends_with("gantry.sock") {
         return Err(SpecError::new(
             format!("mount {m:?} would hand the job control of the container engine"),
             "remove this mount: jobs may not mount the Docker, containerd or Gantry sockets",
@@ -554,6 +564,10 @@ mod tests {
         assert_eq!(j.retries, 2);
         assert_eq!(j.mounts[0], Mount { host: "/data".into(), container: "/data".into(), read_only: true });
         assert_eq!(j.mounts[1].host, "/home/a/out");
+        // Relative paths are resolved against the spec's folder, `..` included; `access` then checks them as the user.
+        assert_eq!(ok_yaml("image: a\nmounts: ['../../../../etc:/etc2']\n").mounts[0].host, "/etc");
+        // Only whole components match the deny-list.
+        assert_eq!(ok_yaml("image: a\nmounts: ['/run/dockerd-data:/d']\n").mounts[0].host, "/run/dockerd-data");
         assert_eq!(j.spec.command.unwrap().argv(), vec!["python", "train.py"]);
     }
 
@@ -597,6 +611,10 @@ mod tests {
             ("image: a\ntimeout: forever\n", "not a duration", Some(2)),
             ("image: a\nmounts: ['/var/run/docker.sock:/d']\n", "container engine", Some(2)),
             ("image: a\nmounts: ['/a/../var/run/docker.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/run/containerd/containerd.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/var/run/docker:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/:/host']\n", "whole host file system", Some(2)),
+            ("image: a\nmounts: ['/data/..:/host:ro']\n", "whole host file system", Some(2)),
             ("image: a\nmounts: ['rel:/d']\n", "relative", Some(2)),
             ("image: a\nmounts: ['/a:b']\n", "not absolute", Some(2)),
             ("image: a\ngpus: 0\ngpu_memory: 1GiB\n", "`gpus` is 0", Some(3)),

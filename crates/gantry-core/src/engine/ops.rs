@@ -5,6 +5,7 @@ use std::io::{Seek, SeekFrom, Write};
 
 use tracing::info;
 
+use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
 use crate::spec::{self, Format, Origin, SpecError, ValidJob};
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
@@ -13,6 +14,7 @@ impl Engine {
     /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
     pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
         let job = spec::validate_text(text, format, origin)?;
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &job.mounts, &self.forbidden())?;
         self.submit(&job, owner, source, None, |_, _| None)
     }
 
@@ -28,6 +30,7 @@ impl Engine {
     pub fn rerun(&self, id: i64, caller: &Owner) -> Result<Vec<i64>, EngineError> {
         let old = self.owned(id, caller.uid)?;
         let owner = if caller.uid == 0 { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &old.job.mounts, &self.forbidden())?;
         self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
     }
 
@@ -141,6 +144,11 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// What no job may mount: the container engine's sockets and this engine's state.
+    pub(super) fn forbidden(&self) -> Forbidden {
+        Forbidden::for_engine(&self.cfg.paths.state_dir, &self.cfg.paths.socket(), &self.cfg.paths.inbox)
     }
 
     pub fn source_known(&self, key: &str) -> Option<i64> {

@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 use super::outcome::{outcome, How, Policy};
 use super::{append_log, gpu_list, Engine};
 use crate::config::{DOCKER_RETRY, RETRY_BACKOFF_MAX, STORE_RETRY, TRANSIENT_RETRY_MS};
+use crate::access::{self, Cred};
 use crate::executor::{ExecError, Executor, GpuBinding, Launch};
 use crate::gpu::BackendKind;
 use crate::store::{now_ms, Attempt, Job, JobState};
@@ -58,7 +59,13 @@ impl Engine {
         let log = self.log_of(job.id);
         append_log(&log, &format!("attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)));
         let binding = if self.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
-        let l = Launch {
+        let mut created: Option<String> = None;
+        let started = async {
+            self.exec.ensure_image(&job.image).await?;
+            // Paths change while a job waits: check the mounts as the owner again, right before create.
+            let cred = Cred::of_user(job.owner_uid, job.owner_gid);
+            let mounts = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            let l = Launch {
             engine_id: &self.engine_id,
             db_uid: &self.db_uid,
             name: self.container_name(job.id, attempt.n),
@@ -68,14 +75,13 @@ impl Engine {
             job: &job.job,
             uid: job.owner_uid,
             gid: job.owner_gid,
+            groups: cred.groups,
+            mounts,
             gpus: attempt.gpus.clone(),
             gpu_uuids: attempt.gpu_uuids.clone(),
             gpu_total_memory: gpu_total,
             binding,
         };
-        let mut created: Option<String> = None;
-        let started = async {
-            self.exec.ensure_image(&job.image).await?;
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());
             // If this write fails the container is still found by its name at recovery.
@@ -91,7 +97,7 @@ impl Engine {
                 return Ok((cid, false));
             }
             self.exec.start(&cid).await?;
-            Ok::<_, ExecError>((cid, true))
+            Ok::<_, EngineError>((cid, true))
         }
         .await;
         match started {
@@ -109,7 +115,12 @@ impl Engine {
             Err(e) => {
                 append_log(&log, &format!("could not start: {e}"));
                 warn!(job = job.id, "could not start: {e}");
-                self.end_attempt(job.id, &attempt, &How::StartFailed { message: e.to_string(), transient: e.is_transient() }, created.as_deref()).await;
+                let how = match &e {
+                    EngineError::Spec(s) => How::Refused(s.to_string()),
+                    EngineError::Exec(x) => How::StartFailed { message: e.to_string(), transient: x.is_transient() },
+                    _ => How::StartFailed { message: e.to_string(), transient: false },
+                };
+                self.end_attempt(job.id, &attempt, &how, created.as_deref()).await;
             }
         }
     }

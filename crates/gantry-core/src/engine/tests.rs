@@ -1,0 +1,179 @@
+//! The engine's retry, timeout, cancel, recovery and crash handling, in-process against the fake
+//! executor under `tokio::time::pause` (real SQLite in a temp dir; Docker is covered by tests/).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Config, Engine, Paths};
+use crate::executor::fake::{FakeExecutor, Script};
+use crate::spec::{validate_text, Format, Origin};
+use crate::store::{EndReason, JobState, Owner};
+
+fn cfg(dir: &std::path::Path) -> Config {
+    let mut c = Config::new(Paths { state_dir: dir.join("state"), inbox: dir.join("inbox") });
+    c.gpus = Some("sim:1x24GiB".into());
+    c.retry_backoff = Duration::from_secs(1);
+    c.stop_grace = Duration::from_secs(1);
+    c
+}
+
+fn alice() -> Owner {
+    Owner { uid: 1000, gid: 1000, name: "alice".into() }
+}
+
+fn submit(e: &Engine, yaml: &str) -> i64 {
+    let j = validate_text(yaml, Format::Yaml, &Origin::default()).unwrap();
+    e.submit(&j, &alice(), "test", None, |_, _| None).unwrap()[0]
+}
+
+async fn wait_state(e: &Engine, id: i64, want: impl Fn(JobState) -> bool) -> JobState {
+    for _ in 0..100_000 {
+        let s = e.job_detail(id).unwrap().job.state;
+        if want(s) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("job {id} never reached the state");
+}
+
+async fn final_state(e: &Engine, id: i64) -> JobState {
+    wait_state(e, id, |s| s.is_final()).await
+}
+
+fn start(dir: &std::path::Path, fake: &Arc<FakeExecutor>) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
+    let e = Engine::open_with(cfg(dir), fake.clone()).unwrap();
+    let h = tokio::spawn({
+        let e = e.clone();
+        async move { e.run().await.unwrap() }
+    });
+    (e, h)
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_retry_with_backoff_then_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("flaky", Script { code: 3, ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let id = submit(&e, "name: flaky\nimage: a\nretries: 2\n");
+    assert_eq!(final_state(&e, id).await, JobState::Failed);
+    let d = e.job_detail(id).unwrap();
+    assert_eq!(d.attempts.len(), 3, "1 run + 2 retries");
+    assert!(d.attempts.iter().all(|a| a.exit_code == Some(3)));
+    // Backoff doubles: attempt 3 starts at least 1 s + 2 s after attempt 1 ended.
+    assert!(d.attempts[2].started_at - d.attempts[0].ended_at.unwrap() >= 0);
+    assert_eq!(fake.live(), 0, "every container is removed once its end is recorded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_stops_the_job_and_cancel_stops_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("long", Script { runtime: Duration::from_secs(3600), ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let t = submit(&e, "name: long\nimage: a\ntimeout: 5s\nretries: 3\ngpus: 0\n");
+    let c = submit(&e, "name: long\nimage: a\ngpus: 0\n");
+    wait_state(&e, c, |s| s == JobState::Running).await;
+    e.cancel(c, 1000).unwrap();
+    assert_eq!(final_state(&e, c).await, JobState::Cancelled);
+    assert_eq!(final_state(&e, t).await, JobState::TimedOut);
+    let d = e.job_detail(t).unwrap();
+    assert_eq!(d.attempts.len(), 1, "a timeout is never retried");
+    assert_eq!(d.attempts[0].reason, Some(EndReason::Timeout));
+    assert_eq!(e.cancel(t, 1001).unwrap_err().to_string(), format!("job {t} belongs to alice; only its owner or root may change it"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_engine_reattaches_and_never_runs_a_job_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("train", Script { runtime: Duration::from_secs(60), ..Default::default() });
+    let (e, h) = start(dir.path(), &fake);
+    let id = submit(&e, "name: train\nimage: a\n");
+    wait_state(&e, id, |s| s == JobState::Running).await;
+    e.shutdown();
+    h.await.unwrap();
+    drop(e);
+    let (e2, _h2) = start(dir.path(), &fake);
+    assert_eq!(final_state(&e2, id).await, JobState::Succeeded);
+    assert_eq!(e2.job_detail(id).unwrap().attempts.len(), 1);
+    assert_eq!(fake.started.lock().unwrap().len(), 1, "started once: {:?}", fake.started.lock().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_supervisor_frees_its_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("buggy", Script { runtime: Duration::from_secs(60), panic_on_wait: true, ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let bad = submit(&e, "name: buggy\nimage: a\ngpus: 1\n");
+    let next = submit(&e, "name: next\nimage: a\ngpus: 1\n");
+    assert_eq!(final_state(&e, bad).await, JobState::Failed);
+    let d = e.job_detail(bad).unwrap();
+    assert_eq!(d.attempts[0].reason, Some(EndReason::EngineError));
+    assert_eq!(final_state(&e, next).await, JobState::Succeeded, "the only GPU was released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn docker_away_during_a_run_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("train", Script { runtime: Duration::from_secs(20), ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let id = submit(&e, "name: train\nimage: a\n");
+    wait_state(&e, id, |s| s == JobState::Running).await;
+    fake.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let queued = submit(&e, "name: other\nimage: a\ngpus: 0\n");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let q = e.queue().unwrap();
+    let w = q.iter().find(|x| x.job.id == queued).unwrap();
+    assert!(w.reason.as_deref().unwrap_or("").contains("Docker engine is not reachable"), "{:?}", w.reason);
+    fake.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(final_state(&e, id).await, JobState::Succeeded);
+    assert_eq!(final_state(&e, queued).await, JobState::Succeeded);
+    assert_eq!(e.job_detail(id).unwrap().attempts.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn priority_and_queue_length_are_bounded_for_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    let mut c = cfg(dir.path());
+    c.max_queued_per_user = 3;
+    let e = Engine::open_with(c, fake.clone()).unwrap();
+    let j = |t: &str| validate_text(t, Format::Yaml, &Origin::default()).unwrap();
+    let err = e.submit(&j("image: a\npriority: 2147483647\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
+    assert!(err.contains("outside the range you may use (-10..10)"), "{err}");
+    let root = Owner { uid: 0, gid: 0, name: "root".into() };
+    assert!(e.submit(&j("image: a\npriority: 100\n"), &root, "t", None, |_, _| None).is_ok(), "admins may go further");
+    // The engine is not running: jobs stay queued.
+    for _ in 0..3 {
+        e.submit(&j("image: a\n"), &alice(), "t", None, |_, _| None).unwrap();
+    }
+    let err = e.submit(&j("image: a\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
+    assert!(err.contains("limit of 3 queued jobs per user"), "{err}");
+    assert!(e.submit(&j("image: a\n"), &Owner { uid: 1001, gid: 1001, name: "bob".into() }, "t", None, |_, _| None).is_ok(), "bob is not affected");
+    let id = e.queue().unwrap()[1].job.id;
+    assert!(e.set_priority(id, 11, 1000).unwrap_err().to_string().contains("-10..10"));
+    assert!(e.set_priority(id, 10, 1000).unwrap());
+}
+
+#[test]
+fn job_ids_never_restart_after_a_lost_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _g = rt.enter();
+    let fake = FakeExecutor::new();
+    let first = {
+        let e = Engine::open_with(cfg(dir.path()), fake.clone()).unwrap();
+        (0..5).map(|_| submit(&e, "image: a\n")).last().unwrap()
+    };
+    // Lose the database entirely (the worst case of a cut WAL): ids continue after the last one.
+    for f in ["gantry.db", "gantry.db-wal", "gantry.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join("state").join(f));
+    }
+    let e = Engine::open_with(cfg(dir.path()), fake.clone()).unwrap();
+    let next = submit(&e, "image: a\n");
+    assert!(next > first, "id {next} reused (last was {first})");
+}
