@@ -84,7 +84,9 @@ pub fn transient(e: Errno) -> bool {
 }
 
 fn ignorable(name: &str) -> bool {
-    name.starts_with('.')
+    name == ACCEPTED
+        || name == REJECTED
+        || name.starts_with('.')
         || name.ends_with(".error.txt")
         || name.ends_with('~')
         || [".tmp", ".part", ".swp", ".crdownload"].iter().any(|s| name.ends_with(s))
