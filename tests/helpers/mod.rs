@@ -107,8 +107,13 @@ impl Engine {
         }
     }
 
+    /// The drop folder: `--inbox` when given, else `STATE/inbox`.
     pub fn inbox(&self) -> PathBuf {
-        self.state.join("inbox")
+        self.args.iter().position(|a| a == "--inbox").map(|i| PathBuf::from(&self.args[i + 1])).unwrap_or_else(|| self.state.join("inbox"))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("engine running").id()
     }
 
     pub fn gantry(&self, args: &[&str]) -> Output {

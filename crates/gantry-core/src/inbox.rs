@@ -1,6 +1,21 @@
 //! The drop folder. Files dropped into the inbox become jobs; each one ends in `accepted/` (named
 //! `<job id>-<file name>`) or in `rejected/` next to `<file>.error.txt`. A user's file is never
-//! deleted or overwritten and symlinks are never followed.
+//! deleted or overwritten.
+//!
+//! The engine may run as root while users own the drop folder, so it never follows a symbolic link a
+//! user could have made: it works on directory file descriptors, opens folders with
+//! `O_NOFOLLOW|O_DIRECTORY` and files with `O_NOFOLLOW`, moves with `renameat2(RENAME_NOREPLACE)`
+//! between folder descriptors, and creates error files `O_EXCL` and hands them over with `fchown`.
+//! The rules:
+//! - a dropped file counts only if its owner owns the drop folder; the job runs as that owner;
+//! - a template is used only if the template file belongs to the dropper or to root (lab-wide);
+//! - `accepted/` and `rejected/` must be real folders of the owner of the folder they sit in; the
+//!   engine creates them when missing.
+//!
+//! A file that breaks an ownership or folder rule stays where it is, with `<file>.error.txt` next to
+//! it, and is not looked at again until it changes. A transient error (out of file descriptors or
+//! memory, an I/O error, database trouble) leaves the file to be tried again on the next event or
+//! rescan: it is never rejected for the engine's own trouble.
 //!
 //! Only complete files are read: the watcher acts on "closed after write" and "renamed in" events,
 //! never on a file still being written. Files dropped while the engine was down are picked up on start.
@@ -8,11 +23,16 @@
 //! A subfolder holding `gantry.toml` (or `.yaml`) is a template folder: any other file dropped there
 //! becomes a job from the template with that file mounted read-only at `/gantry/config/<name>`.
 
+use std::ffi::OsString;
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use nix::errno::Errno;
+use nix::fcntl::{openat, readlinkat, renameat2, AtFlags, OFlag, RenameFlags};
+use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{info, warn};
 
@@ -23,13 +43,29 @@ use crate::store::Owner;
 pub const ACCEPTED: &str = "accepted";
 pub const REJECTED: &str = "rejected";
 
+const DIR: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
+const NOFOLLOW: AtFlags = AtFlags::AT_SYMLINK_NOFOLLOW;
+
 /// What happened to one dropped file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Accepted { job_id: i64, moved_to: PathBuf },
     Rejected { moved_to: PathBuf, error: String },
-    /// Not a job file (template itself, hidden/temporary file, our own folders): left alone.
+    /// An ownership or folder problem: the file stays where it is, with `<name>.error.txt` next to it.
+    Refused { error: String },
+    /// A transient problem, not the file's fault: the file stays and is tried again later.
+    Retry { reason: String },
+    /// Not a job file (template itself, hidden/temporary file, our own folders), or already handled.
     Ignored,
+}
+
+/// Why a file was not queued on this pass.
+#[derive(Debug)]
+enum Stop {
+    Ignore,
+    Retry(String),
+    Refuse(SpecError),
+    Reject(SpecError),
 }
 
 /// Look up a user name for a uid, falling back to the number.
@@ -37,19 +73,68 @@ pub fn user_name(uid: u32) -> String {
     nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string())
 }
 
+/// Errors that say nothing about the file: the engine is short of descriptors, memory or disk, or the
+/// disk or network file system hiccupped. EIO counts: a bad sector is not the user's mistake, and
+/// retrying only costs a warning per rescan.
+pub fn transient(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM | Errno::ENOBUFS | Errno::EAGAIN | Errno::EINTR | Errno::EIO | Errno::ENOSPC | Errno::EDQUOT | Errno::ESTALE
+    )
+}
+
 fn ignorable(name: &str) -> bool {
-    name.starts_with('.')
+    name == ACCEPTED
+        || name == REJECTED
+        || name.starts_with('.')
         || name.ends_with(".error.txt")
         || name.ends_with('~')
         || [".tmp", ".part", ".swp", ".crdownload"].iter().any(|s| name.ends_with(s))
 }
 
+fn kind(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(0))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ids {
+    uid: u32,
+    gid: u32,
+}
+
+impl Ids {
+    fn of(st: &FileStat) -> Ids {
+        Ids { uid: st.st_uid, gid: st.st_gid }
+    }
+}
+
+/// An open drop folder.
+pub struct Inbox {
+    pub path: PathBuf,
+    fd: OwnedFd,
+    /// The only user whose files count here.
+    owner: Ids,
+}
+
+/// The inbox itself or one template folder in it.
+struct Folder {
+    fd: OwnedFd,
+    path: PathBuf,
+    /// Owner of this folder: its `accepted/` and `rejected/` belong to them.
+    owner: Ids,
+    /// The template folder's name; `None` for the inbox itself.
+    template: Option<String>,
+}
+
 /// Set up folders, pick up what is already there, then watch until the engine stops.
 pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError> {
-    std::fs::create_dir_all(inbox.join(ACCEPTED))?;
-    std::fs::create_dir_all(inbox.join(REJECTED))?;
+    let ib = Inbox::open(inbox)?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+    let handler = move |res: notify::Result<notify::Event>| match res {
         Ok(ev) => {
             let complete = matches!(
                 ev.kind,
@@ -69,182 +154,499 @@ pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError>
             }
         }
         Err(e) => warn!("drop folder watch error: {e}"),
-    })
-    .map_err(|e| std::io::Error::other(e.to_string()))?;
-    watcher.watch(&inbox, RecursiveMode::Recursive).map_err(|e| std::io::Error::other(e.to_string()))?;
-    info!("watching drop folder {}", inbox.display());
-    for p in scan(&inbox) {
-        handle(&engine, &inbox, &p);
-    }
-    // A safety net for events the kernel drops (inotify queue overflow): rescan now and then.
+    };
+    // The inbox and each template folder are watched on their own, one level deep: a recursive
+    // watch would walk users' folder trees (and links) as root.
+    let mut watcher = notify::RecommendedWatcher::new(handler, notify::Config::default().with_follow_symlinks(false))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    watcher.watch(&ib.path, RecursiveMode::NonRecursive).map_err(|e| std::io::Error::other(e.to_string()))?;
+    info!("watching drop folder {} (owned by {})", ib.path.display(), user_name(ib.owner.uid));
+    ib.rescan(&engine, &mut watcher);
+    // A safety net for events the kernel drops (inotify queue overflow) and for files left to retry.
     let mut rescan = tokio::time::interval(std::time::Duration::from_secs(10));
     rescan.tick().await;
     loop {
         tokio::select! {
             p = rx.recv() => {
                 let Some(p) = p else { break };
-                if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-                    // A new (template) folder: files may have landed before its watch was added.
-                    if let Ok(rd) = std::fs::read_dir(&p) {
-                        let mut files: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|f| !f.is_dir()).collect();
-                        files.sort();
-                        for f in files {
-                            handle(&engine, &inbox, &f);
+                match ib.locate(&p) {
+                    Some((None, name)) if ib.subfolder(&name) => {
+                        // A new (template) folder: files may have landed before its watch was added.
+                        ib.watch(&mut watcher, &name);
+                        let files = openat(&ib.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd));
+                        for (f, _) in files.unwrap_or_default().into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR) {
+                            ib.handle(&engine, Some(&name), &f);
                         }
                     }
-                } else {
-                    handle(&engine, &inbox, &p);
+                    Some((sub, name)) => ib.handle(&engine, sub.as_deref(), &name),
+                    None => {}
                 }
             }
-            _ = rescan.tick() => {
-                for p in scan(&inbox) {
-                    handle(&engine, &inbox, &p);
-                }
-            }
+            _ = rescan.tick() => ib.rescan(&engine, &mut watcher),
         }
     }
     Ok(())
 }
 
-/// Candidate files now in the inbox (root and template folders), sorted by name. Files modified in
-/// the last 5 seconds are skipped: they may still be being written, and their close event will come.
-pub fn scan(inbox: &Path) -> Vec<PathBuf> {
-    let settled = |p: &PathBuf| {
-        std::fs::symlink_metadata(p).and_then(|m| m.modified()).map(|t| t.elapsed().map(|e| e.as_secs() >= 5).unwrap_or(true)).unwrap_or(false)
-    };
-    scan_all(inbox).into_iter().filter(settled).collect()
+/// Entries of a folder with their `lstat`, sorted by name; names that are not UTF-8 are skipped.
+fn list(dir: &OwnedFd) -> nix::Result<Vec<(String, FileStat)>> {
+    let mut d = nix::dir::Dir::openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut out = vec![];
+    for e in d.iter() {
+        let e = e?;
+        let Ok(name) = e.file_name().to_str() else { continue };
+        if name == "." || name == ".." {
+            continue;
+        }
+        if let Ok(st) = fstatat(dir, name, NOFOLLOW) {
+            out.push((name.to_string(), st));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
-fn scan_all(inbox: &Path) -> Vec<PathBuf> {
-    let mut out = vec![];
-    let Ok(rd) = std::fs::read_dir(inbox) else { return out };
-    for e in rd.flatten() {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        match e.file_type() {
-            Ok(t) if t.is_dir() && name != ACCEPTED && name != REJECTED && !name.starts_with('.') => {
-                if let Ok(sub) = std::fs::read_dir(&p) {
-                    out.extend(sub.flatten().filter(|f| f.file_type().map(|t| !t.is_dir()).unwrap_or(false)).map(|f| f.path()));
+/// Open (creating what is missing) the directory `path` without following a symbolic link that a
+/// user could have made: a link is followed only if it, and the directory holding it, belong to root
+/// and only root may write that directory (e.g. Fedora Silverblue's `/home -> var/home`).
+fn open_dir_path(path: &Path) -> std::io::Result<OwnedFd> {
+    let abs = std::path::absolute(path)?;
+    let parts = |p: &Path| -> Vec<OsString> {
+        p.components()
+            .rev()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_owned()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect()
+    };
+    let root = || nix::fcntl::open("/", DIR, Mode::empty());
+    let mut todo = parts(&abs);
+    let mut dir = root()?;
+    let mut links = 0;
+    while let Some(c) = todo.pop() {
+        match openat(&dir, c.as_os_str(), DIR, Mode::empty()) {
+            Ok(fd) => dir = fd,
+            Err(Errno::ENOENT) => {
+                match mkdirat(&dir, c.as_os_str(), Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                dir = openat(&dir, c.as_os_str(), DIR, Mode::empty())?;
+            }
+            Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => {
+                let st = fstatat(&dir, c.as_os_str(), NOFOLLOW)?;
+                if kind(&st) != SFlag::S_IFLNK {
+                    return Err(e.into());
+                }
+                let holder = fstat(&dir)?;
+                if st.st_uid != 0 || holder.st_uid != 0 || holder.st_mode & 0o022 != 0 || links >= 40 {
+                    return Err(std::io::Error::other(format!(
+                        "the drop folder path {} goes through the symbolic link {:?}, which a user could change; \
+                         Gantry never follows such links: give the real path of the drop folder",
+                        abs.display(),
+                        c
+                    )));
+                }
+                links += 1;
+                let target = PathBuf::from(readlinkat(&dir, c.as_os_str())?);
+                if target.is_absolute() {
+                    dir = root()?;
+                }
+                todo.extend(parts(&target));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(dir)
+}
+
+/// `accepted/` or `rejected/` in `dir`: a real folder owned by `owner`, made when missing.
+fn subdir(dir: &OwnedFd, dir_path: &Path, name: &str, owner: Ids) -> Result<OwnedFd, Stop> {
+    let shown = dir_path.join(name);
+    let mut created = false;
+    let mut opened = openat(dir, name, DIR, Mode::empty());
+    if matches!(opened, Err(Errno::ENOENT)) {
+        match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) => created = true,
+            Err(Errno::EEXIST) => {}
+            Err(e) if transient(e) => return Err(Stop::Retry(format!("cannot create {}: {e}", shown.display()))),
+            Err(e) => return Err(Stop::Refuse(SpecError::new(format!("cannot create {}: {}", shown.display(), e.desc()), "check the folder's permissions"))),
+        }
+        opened = openat(dir, name, DIR, Mode::empty());
+    }
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(e) if transient(e) => return Err(Stop::Retry(format!("cannot open {}: {e}", shown.display()))),
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => {
+            let link = fstatat(dir, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFLNK);
+            return Err(Stop::Refuse(if link {
+                SpecError::new(
+                    format!("{name}/ in {} is a symbolic link; Gantry never follows symbolic links", dir_path.display()),
+                    format!("remove the link (`rm {}`); Gantry then makes a real folder", shown.display()),
+                )
+            } else {
+                SpecError::new(
+                    format!("{name} in {} is not a folder ({})", dir_path.display(), e.desc()),
+                    format!("rename or remove {}; Gantry then makes the folder", shown.display()),
+                )
+            }));
+        }
+        Err(e) => return Err(Stop::Refuse(SpecError::new(format!("cannot open {}: {}", shown.display(), e.desc()), "check the folder's permissions"))),
+    };
+    let st = fstat(&fd).map_err(|e| Stop::Retry(format!("cannot stat {}: {e}", shown.display())))?;
+    if st.st_uid != owner.uid {
+        // Only a folder the engine has just made (still its own and empty) is handed over: never
+        // someone else's folder moved into place.
+        if created && st.st_uid == nix::unistd::geteuid().as_raw() && st.st_nlink == 2 {
+            fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid)))
+                .map_err(|e| Stop::Retry(format!("cannot hand {} to {}: {e}", shown.display(), user_name(owner.uid))))?;
+        } else {
+            return Err(Stop::Refuse(SpecError::new(
+                format!("{name}/ in {} belongs to {}, not to {}, who owns {}", dir_path.display(), user_name(st.st_uid), user_name(owner.uid), dir_path.display()),
+                format!("rename or remove {}; Gantry then makes a folder owned by {}", shown.display(), user_name(owner.uid)),
+            )));
+        }
+    }
+    Ok(fd)
+}
+
+/// Read a whole small file through `dir` without following links. `what` names it in errors.
+fn read_at(dir: &OwnedFd, name: &str, what: &str) -> Result<(FileStat, String), Stop> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let fd = match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Err(Stop::Ignore), // moved away meanwhile (duplicate event)
+        Err(Errno::ELOOP) => return Err(Stop::Reject(link_error(what))),
+        Err(e) if transient(e) => return Err(Stop::Retry(format!("cannot open {what}: {e}"))),
+        Err(e) => return Err(Stop::Reject(SpecError::new(format!("cannot read {what}: {}", e.desc()), "check its permissions: the engine must be able to read it"))),
+    };
+    let st = fstat(&fd).map_err(|e| Stop::Retry(format!("cannot stat {what}: {e}")))?;
+    if kind(&st) != SFlag::S_IFREG {
+        return Err(Stop::Reject(SpecError::new(format!("{what} is not a regular file"), "drop a plain text file")));
+    }
+    if st.st_nlink > 1 {
+        return Err(Stop::Reject(SpecError::new(
+            format!("{what} is a hard link to another file; Gantry only reads files dropped as copies"),
+            "copy the file instead of linking it",
+        )));
+    }
+    let too_big = |n: u64| {
+        Stop::Reject(SpecError::new(
+            format!("{what} is {n} bytes; job files are limited to {MAX_SPEC_BYTES} bytes"),
+            "a job spec is a few lines of YAML or TOML: drop the spec, and put data in a mount",
+        ))
+    };
+    if st.st_size as u64 > MAX_SPEC_BYTES {
+        return Err(too_big(st.st_size as u64));
+    }
+    let mut buf = Vec::new();
+    if let Err(e) = std::fs::File::from(fd).take(MAX_SPEC_BYTES + 1).read_to_end(&mut buf) {
+        return Err(if transient(errno_of(&e)) {
+            Stop::Retry(format!("cannot read {what}: {e}"))
+        } else {
+            Stop::Reject(SpecError::new(format!("cannot read {what}: {e}"), "check the file"))
+        });
+    }
+    if buf.len() as u64 > MAX_SPEC_BYTES {
+        return Err(too_big(buf.len() as u64));
+    }
+    let text = String::from_utf8(buf).map_err(|_| Stop::Reject(SpecError::new(format!("{what} is not UTF-8 text"), "save it as UTF-8 text")))?;
+    Ok((st, text))
+}
+
+fn link_error(what: &str) -> SpecError {
+    SpecError::new(
+        format!("{what} is a symbolic link; Gantry never follows links in the drop folder"),
+        "copy the file itself into the folder (cp -L), not a link to it",
+    )
+}
+
+/// A file refused earlier is not looked at again until it changes or is moved again: until then its
+/// error file (which the engine gave to the file's owner) is newer than the file's last change.
+fn explained(dir: &OwnedFd, name: &str, st: &FileStat) -> bool {
+    let changed = (st.st_mtime, st.st_mtime_nsec).max((st.st_ctime, st.st_ctime_nsec));
+    fstatat(dir, format!("{name}.error.txt").as_str(), NOFOLLOW)
+        .is_ok_and(|e| kind(&e) == SFlag::S_IFREG && e.st_uid == st.st_uid && (e.st_mtime, e.st_mtime_nsec) >= changed)
+}
+
+/// Write `<name>.error.txt` in `dir`, owned by `owner`: a fresh file made `O_EXCL` under a hidden
+/// name, then renamed into place (replacing an earlier report, never following a link).
+fn write_error(dir: &OwnedFd, name: &str, owner: Ids, text: &str) -> nix::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let tmp = format!(".gantry-error-{}-{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(dir, tmp.as_str(), flags, Mode::from_bits_truncate(0o644))?;
+    let done = fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid)))
+        .and_then(|()| std::io::Write::write_all(&mut std::fs::File::from(fd), text.as_bytes()).map_err(|e| errno_of(&e)))
+        .and_then(|()| renameat2(dir, tmp.as_str(), dir, format!("{name}.error.txt").as_str(), RenameFlags::empty()));
+    if done.is_err() {
+        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+    }
+    done
+}
+
+/// renameat2 that never replaces an existing file: tries `name`, `name.1`, `name.2`, ...
+fn move_noreplace(from: &OwnedFd, name: &str, to: &OwnedFd, to_name: &str) -> nix::Result<String> {
+    for i in 0..1000 {
+        let cand = if i == 0 { to_name.to_string() } else { format!("{to_name}.{i}") };
+        match renameat2(from, name, to, cand.as_str(), RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => return Ok(cand),
+            Err(Errno::EEXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno::EEXIST)
+}
+
+impl Inbox {
+    /// Open the drop folder (creating it if missing) and make its `accepted/` and `rejected/`.
+    pub fn open(path: PathBuf) -> std::io::Result<Inbox> {
+        let fd = open_dir_path(&path)?;
+        let owner = Ids::of(&fstat(&fd)?);
+        let ib = Inbox { path, fd, owner };
+        for d in [ACCEPTED, REJECTED] {
+            // A problem here is explained next to each dropped file; the engine still starts.
+            if let Err(e) = subdir(&ib.fd, &ib.path, d, owner) {
+                warn!("drop folder {}: {e:?}", ib.path.display());
+            }
+        }
+        Ok(ib)
+    }
+
+    /// `(template folder, name)` of a path in the inbox: `name` or `folder/name`.
+    fn locate(&self, p: &Path) -> Option<(Option<String>, String)> {
+        let rel: Vec<String> = p.strip_prefix(&self.path).ok()?.components().map(|c| c.as_os_str().to_str().map(String::from)).collect::<Option<_>>()?;
+        match rel.as_slice() {
+            [n] => Some((None, n.clone())),
+            [d, n] => Some((Some(d.clone()), n.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether `name` in the inbox is a real folder that may be a template folder.
+    fn subfolder(&self, name: &str) -> bool {
+        name != ACCEPTED && name != REJECTED && !name.starts_with('.') && fstatat(&self.fd, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFDIR)
+    }
+
+    fn watch(&self, watcher: &mut notify::RecommendedWatcher, name: &str) {
+        if let Err(e) = watcher.watch(&self.path.join(name), RecursiveMode::NonRecursive) {
+            warn!("cannot watch {}: {e}", self.path.join(name).display());
+        }
+    }
+
+    /// Watch every folder and handle every settled file: files changed in the last 5 seconds may still
+    /// be being written, and their close event will come.
+    fn rescan(&self, engine: &Engine, watcher: &mut notify::RecommendedWatcher) {
+        let settled = |st: &FileStat| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+            now - st.st_mtime >= 5
+        };
+        let top = match list(&self.fd) {
+            Ok(t) => t,
+            Err(e) => return warn!("cannot list the drop folder {}: {e}; will retry", self.path.display()),
+        };
+        let mut files = vec![];
+        for (name, st) in top {
+            if kind(&st) != SFlag::S_IFDIR {
+                if settled(&st) {
+                    files.push((None, name));
+                }
+            } else if self.subfolder(&name) {
+                self.watch(watcher, &name);
+                match openat(&self.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd)) {
+                    Ok(sub) => files.extend(sub.into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR && settled(st)).map(|(n, _)| (Some(name.clone()), n))),
+                    Err(e) => warn!("cannot list {}: {e}; will retry", self.path.join(&name).display()),
                 }
             }
-            Ok(t) if !t.is_dir() => out.push(p),
-            _ => {}
+        }
+        for (sub, name) in files {
+            self.handle(engine, sub.as_deref(), &name);
         }
     }
-    out.sort();
-    out
-}
 
-fn handle(engine: &Engine, inbox: &Path, path: &Path) {
-    match process(engine, inbox, path) {
-        Outcome::Accepted { job_id, moved_to } => info!(job = job_id, "accepted {} -> {}", path.display(), moved_to.display()),
-        Outcome::Rejected { moved_to, error } => warn!("rejected {}: {error} (see {}.error.txt)", path.display(), moved_to.display()),
-        Outcome::Ignored => {}
+    fn handle(&self, engine: &Engine, sub: Option<&str>, name: &str) {
+        let path = sub.map(|s| self.path.join(s)).unwrap_or_else(|| self.path.clone()).join(name);
+        match self.process(engine, sub, name) {
+            Outcome::Accepted { job_id, moved_to } => info!(job = job_id, "accepted {} -> {}", path.display(), moved_to.display()),
+            Outcome::Rejected { moved_to, error } => warn!("rejected {}: {error} (see {}.error.txt)", path.display(), moved_to.display()),
+            Outcome::Refused { error } => warn!("refused {}: {error} (see {}.error.txt)", path.display(), path.display()),
+            Outcome::Retry { reason } => warn!("{}: {reason}; will retry", path.display()),
+            Outcome::Ignored => {}
+        }
     }
-}
 
-/// Turn one dropped file into a job, or reject it with an explanation.
-pub fn process(engine: &Engine, inbox: &Path, path: &Path) -> Outcome {
-    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return Outcome::Ignored };
-    let Some(dir) = path.parent() else { return Outcome::Ignored };
-    if ignorable(&name) {
-        return Outcome::Ignored;
+    /// The inbox itself (`None`) or a template folder in it; `None` for anything else.
+    fn folder(&self, sub: Option<&str>) -> Result<Option<Folder>, Stop> {
+        let retry = |e: Errno| Stop::Retry(format!("cannot open its folder: {e}"));
+        let Some(d) = sub else {
+            let fd = openat(&self.fd, ".", DIR, Mode::empty()).map_err(retry)?;
+            return Ok(Some(Folder { fd, path: self.path.clone(), owner: self.owner, template: None }));
+        };
+        if d == ACCEPTED || d == REJECTED || d.starts_with('.') {
+            return Ok(None);
+        }
+        let fd = match openat(&self.fd, d, DIR, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(e) if transient(e) => return Err(retry(e)),
+            Err(_) => return Ok(None), // gone, or not a folder (then it is an entry of the inbox itself)
+        };
+        let mut is_template = false;
+        for t in TEMPLATE_NAMES {
+            match fstatat(&fd, *t, NOFOLLOW) {
+                Ok(_) => is_template = true,
+                Err(e) if transient(e) => return Err(retry(e)),
+                Err(_) => {}
+            }
+        }
+        if !is_template {
+            return Ok(None); // a plain subfolder
+        }
+        let owner = Ids::of(&fstat(&fd).map_err(retry)?);
+        Ok(Some(Folder { fd, path: self.path.join(d), owner, template: Some(d.to_string()) }))
     }
-    let template_dir = if dir == inbox {
-        None
-    } else if dir.parent() == Some(inbox) {
-        let d = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if d == ACCEPTED || d == REJECTED || d.starts_with('.') || TEMPLATE_NAMES.contains(&name.as_str()) {
+
+    /// Turn one dropped file into a job, or say why not.
+    pub fn process(&self, engine: &Engine, sub: Option<&str>, name: &str) -> Outcome {
+        if ignorable(name) || (sub.is_some() && TEMPLATE_NAMES.contains(&name)) {
             return Outcome::Ignored;
         }
-        if !TEMPLATE_NAMES.iter().any(|t| dir.join(t).is_file()) {
-            return Outcome::Ignored; // a plain subfolder, not a template folder
+        let f = match self.folder(sub) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Outcome::Ignored,
+            Err(s) => return stopped(s),
+        };
+        let st = match fstatat(&f.fd, name, NOFOLLOW) {
+            Ok(st) => st,
+            Err(e) if transient(e) => return Outcome::Retry { reason: format!("cannot stat it: {e}") },
+            Err(_) => return Outcome::Ignored, // already moved (duplicate event)
+        };
+        if !matches!(kind(&st), SFlag::S_IFREG | SFlag::S_IFLNK) || explained(&f.fd, name, &st) {
+            return Outcome::Ignored;
         }
-        Some(d)
-    } else {
-        return Outcome::Ignored;
-    };
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(_) => return Outcome::Ignored, // already moved (duplicate event)
-    };
-    if meta.file_type().is_symlink() {
-        return reject(dir, &name, &meta, SpecError::new(
-            "the dropped file is a symbolic link; Gantry never follows links in the drop folder",
-            "copy the spec file itself into the inbox (cp -L), not a link to it",
-        ));
-    }
-    if !meta.is_file() {
-        return Outcome::Ignored;
-    }
-    if meta.nlink() > 1 {
-        return reject(dir, &name, &meta, SpecError::new(
-            "the dropped file is a hard link to another file; Gantry only reads files dropped as copies",
-            "copy the spec file into the inbox instead of linking it",
-        ));
-    }
-    if meta.len() > MAX_SPEC_BYTES {
-        return reject(dir, &name, &meta, SpecError::new(
-            format!("the file is {} bytes; job files are limited to {} bytes", meta.len(), MAX_SPEC_BYTES),
-            "a job spec is a few lines of YAML or TOML: drop the spec, and put data in a mount",
-        ));
-    }
-    let text = match read_capped(path) {
-        Ok(t) => t,
-        Err(e) => return reject(dir, &name, &meta, e),
-    };
-    let owner = Owner { uid: meta.uid(), gid: meta.gid(), name: user_name(meta.uid()) };
-    let key = format!("{}:{}:{}:{}", meta.dev(), meta.ino(), meta.len(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000);
-    let accepted_dir = dir.join(ACCEPTED);
-    if let Some(id) = engine.source_known(&key) {
-        // Queued before a crash, not yet moved: finish the move, do not queue it twice.
-        return accept(&accepted_dir, path, &name, id);
-    }
-    let source = format!("inbox:{}", path.display());
-    let result = match &template_dir {
-        None => {
-            let Some(format) = Format::from_name(&name) else {
-                return reject(dir, &name, &meta, SpecError::new(
-                    format!("{name:?} is not a job file: Gantry reads .yaml, .yml and .toml"),
-                    "rename it to .yaml or .toml if it is a job spec, or drop it into a template folder",
-                ));
-            };
-            spec::validate_text(&text, format, &Origin { file_name: Some(name.clone()), base_dir: Some(dir.to_path_buf()) })
-                .map_err(EngineError::from)
-                .and_then(|job| engine.submit(&job, &owner, &source, Some(&key), |_, _| None))
-                .map(|ids| ids[0])
+        let dirs = self.check(&f, &st).and_then(|()| {
+            let accepted = subdir(&f.fd, &f.path, ACCEPTED, f.owner)?;
+            Ok((accepted, subdir(&f.fd, &f.path, REJECTED, f.owner)?))
+        });
+        let (accepted, rejected) = match dirs {
+            Ok(d) => d,
+            Err(Stop::Refuse(e)) => return refuse(&f, name, &st, e),
+            Err(s) => return stopped(s),
+        };
+        match self.queue(engine, &f, name, &st) {
+            Ok(id) => {
+                let moved = move_noreplace(&f.fd, name, &accepted, &format!("{id}-{name}"));
+                match moved {
+                    Ok(n) => Outcome::Accepted { job_id: id, moved_to: f.path.join(ACCEPTED).join(n) },
+                    Err(e) => {
+                        warn!("job {id} queued but {} could not be moved to accepted/: {e}", f.path.join(name).display());
+                        Outcome::Accepted { job_id: id, moved_to: f.path.join(name) }
+                    }
+                }
+            }
+            Err(Stop::Reject(e)) => reject(&f, name, &st, &rejected, e),
+            Err(Stop::Refuse(e)) => refuse(&f, name, &st, e),
+            Err(s) => stopped(s),
         }
-        Some(tdir) => submit_from_template(engine, dir, tdir, &name, &owner, &source, &key),
-    };
-    match result {
-        Ok(id) => accept(&accepted_dir, path, &name, id),
-        Err(EngineError::Spec(e)) => reject(dir, &name, &meta, e),
-        Err(e) => {
+    }
+
+    /// Ownership rules: the file belongs to the owner of the drop folder, and a template folder to
+    /// that owner or root.
+    fn check(&self, f: &Folder, st: &FileStat) -> Result<(), Stop> {
+        let (me, them) = (user_name(self.owner.uid), user_name(st.st_uid));
+        if st.st_uid != self.owner.uid {
+            return Err(Stop::Refuse(SpecError::new(
+                format!("this file is owned by {them}, but this drop folder ({}) belongs to {me}", self.path.display()),
+                format!("drop files into your own drop folder; {me} can queue this job by copying the file (a copy is owned by whoever makes it)"),
+            )));
+        }
+        if f.owner.uid != self.owner.uid && f.owner.uid != 0 {
+            return Err(Stop::Refuse(SpecError::new(
+                format!("the template folder {} belongs to {}, not to {me}, who owns this drop folder", f.path.display(), user_name(f.owner.uid)),
+                format!("{me} can make their own template folder (a copy of this one)"),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Read, validate and queue the file: `Stop::Reject` for the file's own faults.
+    fn queue(&self, engine: &Engine, f: &Folder, name: &str, st: &FileStat) -> Result<i64, Stop> {
+        if kind(st) == SFlag::S_IFLNK {
+            return Err(Stop::Reject(link_error("the dropped file")));
+        }
+        let (fst, text) = read_at(&f.fd, name, "the dropped file")?;
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) {
+            return Err(Stop::Retry("it was replaced while being read".into()));
+        }
+        let owner = Owner { uid: fst.st_uid, gid: fst.st_gid, name: user_name(fst.st_uid) };
+        let key = format!("{}:{}:{}:{}", fst.st_dev, fst.st_ino, fst.st_size, fst.st_mtime_nsec + fst.st_mtime * 1_000_000_000);
+        if let Some(id) = engine.source_known(&key) {
+            // Queued before a crash, not yet moved: finish the move, do not queue it twice.
+            return Ok(id);
+        }
+        let source = format!("inbox:{}", f.path.join(name).display());
+        let result = match &f.template {
+            None => {
+                let Some(format) = Format::from_name(name) else {
+                    return Err(Stop::Reject(SpecError::new(
+                        format!("{name:?} is not a job file: Gantry reads .yaml, .yml and .toml"),
+                        "rename it to .yaml or .toml if it is a job spec, or drop it into a template folder",
+                    )));
+                };
+                spec::validate_text(&text, format, &Origin { file_name: Some(name.into()), base_dir: Some(f.path.clone()) })
+                    .map_err(EngineError::from)
+                    .and_then(|job| engine.check_mounts(&job, &owner, None).map(|_| job))
+                    .and_then(|job| engine.submit(&job, &owner, &source, Some(&key), |_, _| None))
+                    .map(|ids| ids[0])
+            }
+            Some(tdir) => {
+                let template = read_template(f, fst.st_uid)?;
+                submit_from_template(engine, f, tdir, &template, name, &owner, &source, &key)
+            }
+        };
+        match result {
+            Ok(id) => Ok(id),
+            Err(EngineError::Spec(e)) => Err(Stop::Reject(e)),
             // Not the file's fault (database trouble): leave it in place to retry later.
-            warn!("could not queue {}: {e}", path.display());
-            Outcome::Ignored
+            Err(e) => Err(Stop::Retry(format!("could not queue it: {e}"))),
         }
     }
 }
 
-fn submit_from_template(engine: &Engine, dir: &Path, tdir: &str, name: &str, owner: &Owner, source: &str, key: &str) -> Result<i64, EngineError> {
-    let (tpath, ttext) = TEMPLATE_NAMES
-        .iter()
-        .find_map(|t| {
-            let p = dir.join(t);
-            read_capped(&p).ok().map(|s| (p, s))
-        })
-        .ok_or_else(|| SpecError::new("the template folder's gantry.toml could not be read", "check the template file"))?;
-    let tformat = Format::from_name(&tpath.to_string_lossy()).unwrap_or(Format::Toml);
-    let template = spec::parse_template(&ttext, tformat).map_err(|e| {
-        SpecError::new(format!("the template {} is invalid: {e}", tpath.display()), "fix the template; this file was not the problem and can be dropped again")
+/// The folder's template, if its file belongs to the dropper or to root.
+fn read_template(f: &Folder, dropper: u32) -> Result<spec::JobSpec, Stop> {
+    let Some(tname) = TEMPLATE_NAMES.iter().find(|t| fstatat(&f.fd, **t, NOFOLLOW).is_ok()) else { return Err(Stop::Ignore) };
+    let tpath = f.path.join(tname);
+    let what = format!("the template {}", tpath.display());
+    let (tst, text) = read_at(&f.fd, tname, &what).map_err(|s| match s {
+        Stop::Reject(e) => Stop::Reject(SpecError::new(e.message, format!("{}; this file was not the problem and can be dropped again", e.hint))),
+        s => s,
     })?;
-    let accepted = dir.join(ACCEPTED);
-    let origin = Origin { file_name: Some(name.into()), base_dir: Some(dir.to_path_buf()) };
+    if tst.st_uid != dropper && tst.st_uid != 0 {
+        return Err(Stop::Reject(SpecError::new(
+            format!("{what} belongs to {}; a template is used only for its owner's files, or for everyone's when root owns it", user_name(tst.st_uid)),
+            format!(
+                "{} can replace it with a copy of their own (`cp {tname} mine && mv mine {tname}`), or an admin can install a lab-wide template owned by root; then drop this file again",
+                user_name(dropper)
+            ),
+        )));
+    }
+    spec::parse_template(&text, Format::from_name(tname).unwrap_or(Format::Toml)).map_err(|e| {
+        Stop::Reject(SpecError::new(format!("the template {} is invalid: {e}", tpath.display()), "fix the template; this file was not the problem and can be dropped again"))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn submit_from_template(engine: &Engine, f: &Folder, tdir: &str, template: &spec::JobSpec, name: &str, owner: &Owner, source: &str, key: &str) -> Result<i64, EngineError> {
+    let accepted = f.path.join(ACCEPTED);
+    let origin = Origin { file_name: Some(name.into()), base_dir: Some(f.path.clone()) };
     // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
     let placeholder = accepted.join(format!("0-{name}")).to_string_lossy().into_owned();
-    let s = spec::instantiate_template(&template, tdir, &placeholder, name);
+    let s = spec::instantiate_template(template, tdir, &placeholder, name);
     let probe = spec::validate(s, &origin).map_err(|(e, _)| e)?;
+    engine.check_mounts(&probe, owner, Some(&placeholder))?;
     let first = std::cell::Cell::new(None::<i64>);
     let ids = engine.submit(&probe, owner, source, Some(key), |id, job| {
         let first = match first.get() {
@@ -267,75 +669,163 @@ fn submit_from_template(engine: &Engine, dir: &Path, tdir: &str, name: &str, own
     Ok(ids[0])
 }
 
-fn read_capped(path: &Path) -> Result<String, SpecError> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| SpecError::new(format!("cannot read the file: {e}"), "check its permissions: the engine must be able to read it"))?;
-    let mut buf = Vec::new();
-    f.take(MAX_SPEC_BYTES + 1).read_to_end(&mut buf).map_err(|e| SpecError::new(format!("cannot read the file: {e}"), "check the file"))?;
-    if buf.len() as u64 > MAX_SPEC_BYTES {
-        return Err(SpecError::new(format!("the file is larger than {MAX_SPEC_BYTES} bytes"), "job specs are small text files"));
-    }
-    String::from_utf8(buf).map_err(|_| SpecError::new("the file is not UTF-8 text", "save the spec as UTF-8 YAML or TOML"))
-}
-
-/// rename(2) that never replaces an existing file: tries `name`, `name.1`, `name.2`, ...
-fn move_noreplace(from: &Path, to_dir: &Path, name: &str) -> std::io::Result<PathBuf> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    std::fs::create_dir_all(to_dir)?;
-    let src = CString::new(from.as_os_str().as_bytes())?;
-    for i in 0..1000 {
-        let cand = if i == 0 { to_dir.join(name) } else { to_dir.join(format!("{name}.{i}")) };
-        let dst = CString::new(cand.as_os_str().as_bytes())?;
-        // SAFETY: valid NUL-terminated paths.
-        let rc = unsafe { libc::renameat2(libc::AT_FDCWD, src.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::RENAME_NOREPLACE) };
-        if rc == 0 {
-            return Ok(cand);
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EEXIST) {
-            return Err(err);
-        }
-    }
-    Err(std::io::Error::other("too many files with the same name"))
-}
-
-fn accept(accepted_dir: &Path, path: &Path, name: &str, id: i64) -> Outcome {
-    match move_noreplace(path, accepted_dir, &format!("{id}-{name}")) {
-        Ok(moved_to) => Outcome::Accepted { job_id: id, moved_to },
-        Err(e) => {
-            warn!("job {id} queued but {} could not be moved to accepted/: {e}", path.display());
-            Outcome::Accepted { job_id: id, moved_to: path.to_path_buf() }
-        }
+fn stopped(s: Stop) -> Outcome {
+    match s {
+        Stop::Retry(reason) => Outcome::Retry { reason },
+        Stop::Ignore => Outcome::Ignored,
+        // Callers handle these with the folder at hand.
+        Stop::Refuse(e) | Stop::Reject(e) => Outcome::Refused { error: e.to_string() },
     }
 }
 
-fn reject(dir: &Path, name: &str, meta: &std::fs::Metadata, e: SpecError) -> Outcome {
-    let src = dir.join(name);
-    let rejected = dir.join(REJECTED);
-    let moved_to = match move_noreplace(&src, &rejected, name) {
-        Ok(p) => p,
+/// Leave the file where it is and explain next to it.
+fn refuse(f: &Folder, name: &str, st: &FileStat, e: SpecError) -> Outcome {
+    let report = format!(
+        "Gantry did not queue {name:?}:\n\n{e}\n\nThe file was left where it is, unchanged, and will not be looked at again until it changes.\n\
+         Once the problem is fixed, drop it again (or `touch` it).\n"
+    );
+    match write_error(&f.fd, name, Ids::of(st), &report) {
+        Ok(()) => Outcome::Refused { error: e.to_string() },
+        Err(err) if transient(err) => Outcome::Retry { reason: format!("cannot write its error file: {err}") },
         Err(err) => {
-            warn!("could not move {} to rejected/: {err}", src.display());
-            return Outcome::Ignored;
+            warn!("cannot write {}.error.txt: {err}", f.path.join(name).display());
+            Outcome::Refused { error: e.to_string() }
+        }
+    }
+}
+
+/// Move the file to `rejected/` and explain next to it there.
+fn reject(f: &Folder, name: &str, st: &FileStat, rejected: &OwnedFd, e: SpecError) -> Outcome {
+    let moved = match move_noreplace(&f.fd, name, rejected, name) {
+        Ok(n) => n,
+        Err(err) => {
+            return Outcome::Retry { reason: format!("rejected ({e}), but it could not be moved to rejected/: {err}") };
         }
     };
     let report = format!(
         "Gantry could not queue {name:?}:\n\n{e}\n\nThe file was moved here unchanged. Fix it and drop it into the inbox again.\n\
          `gantry schema` prints every field a job spec may have.\n"
     );
-    let err_path = PathBuf::from(format!("{}.error.txt", moved_to.display()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&err_path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, report.as_bytes()));
-    if written.is_ok() {
-        let _ = std::os::unix::fs::lchown(&err_path, Some(meta.uid()), Some(meta.gid()));
+    if let Err(err) = write_error(rejected, &moved, Ids::of(st), &report) {
+        warn!("cannot write the error file for {}: {err}", f.path.join(REJECTED).join(&moved).display());
     }
-    Outcome::Rejected { moved_to, error: e.to_string() }
+    Outcome::Rejected { moved_to: f.path.join(REJECTED).join(moved), error: e.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn tmp() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("gantry-inbox-unit-").tempdir().unwrap()
+    }
+
+    fn dirfd(p: &Path) -> OwnedFd {
+        nix::fcntl::open(p, DIR, Mode::empty()).unwrap()
+    }
+
+    fn me() -> Ids {
+        Ids { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
+    }
+
+    #[test]
+    fn only_engine_trouble_is_transient() {
+        for e in [Errno::EMFILE, Errno::ENFILE, Errno::ENOMEM, Errno::EAGAIN, Errno::EINTR, Errno::EIO, Errno::ENOSPC] {
+            assert!(transient(e), "{e}");
+        }
+        for e in [Errno::ENOENT, Errno::EACCES, Errno::ELOOP, Errno::ENOTDIR, Errno::EISDIR, Errno::EINVAL] {
+            assert!(!transient(e), "{e}");
+        }
+    }
+
+    #[test]
+    fn missing_accepted_folder_is_made_and_a_symlink_or_file_is_refused() {
+        let d = tmp();
+        let fd = dirfd(d.path());
+        assert!(subdir(&fd, d.path(), ACCEPTED, me()).is_ok());
+        assert!(std::fs::symlink_metadata(d.path().join(ACCEPTED)).unwrap().is_dir());
+        let target = tmp();
+        std::os::unix::fs::symlink(target.path(), d.path().join(REJECTED)).unwrap();
+        match subdir(&fd, d.path(), REJECTED, me()) {
+            Err(Stop::Refuse(e)) => assert!(e.message.contains("symbolic link") && e.hint.contains("rm "), "{e}"),
+            r => panic!("{r:?}"),
+        }
+        std::fs::remove_file(d.path().join(REJECTED)).unwrap();
+        std::fs::write(d.path().join(REJECTED), "x").unwrap();
+        assert!(matches!(subdir(&fd, d.path(), REJECTED, me()), Err(Stop::Refuse(e)) if e.message.contains("not a folder")));
+        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0, "nothing was made through the link");
+    }
+
+    #[test]
+    fn a_folder_owned_by_someone_else_is_refused_and_a_new_one_is_handed_to_the_owner() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // needs chown; the suite runs as root
+        }
+        let d = tmp();
+        let fd = dirfd(d.path());
+        let other = Ids { uid: 4242, gid: 4242 };
+        std::fs::create_dir(d.path().join(ACCEPTED)).unwrap();
+        assert!(matches!(subdir(&fd, d.path(), ACCEPTED, other), Err(Stop::Refuse(e)) if e.message.contains("belongs to root")));
+        subdir(&fd, d.path(), REJECTED, other).unwrap();
+        assert_eq!(std::fs::metadata(d.path().join(REJECTED)).unwrap().uid(), 4242);
+    }
+
+    #[test]
+    fn error_files_are_fresh_files_that_mark_the_file_as_explained() {
+        let d = tmp();
+        let fd = dirfd(d.path());
+        std::fs::write(d.path().join("a.yaml"), "x").unwrap();
+        let st = fstatat(&fd, "a.yaml", NOFOLLOW).unwrap();
+        assert!(!explained(&fd, "a.yaml", &st));
+        // A link in the way is replaced, never written through.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join("a.yaml.error.txt")).unwrap();
+        write_error(&fd, "a.yaml", me(), "why").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(d.path().join("a.yaml.error.txt")).unwrap(), "why");
+        assert!(explained(&fd, "a.yaml", &st));
+        // Changed after the report: looked at again.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.path().join("a.yaml"), "y").unwrap();
+        assert!(!explained(&fd, "a.yaml", &fstatat(&fd, "a.yaml", NOFOLLOW).unwrap()));
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names.len(), 3, "no temporary file is left: {names:?}");
+    }
+
+    #[test]
+    fn files_are_read_without_following_links_and_within_limits() {
+        let d = tmp();
+        let fd = dirfd(d.path());
+        std::fs::write(d.path().join("ok.yaml"), "image: x\n").unwrap();
+        assert_eq!(read_at(&fd, "ok.yaml", "f").unwrap().1, "image: x\n");
+        std::os::unix::fs::symlink(d.path().join("ok.yaml"), d.path().join("link.yaml")).unwrap();
+        assert!(matches!(read_at(&fd, "link.yaml", "f"), Err(Stop::Reject(e)) if e.message.contains("symbolic link")));
+        std::fs::hard_link(d.path().join("ok.yaml"), d.path().join("hard.yaml")).unwrap();
+        assert!(matches!(read_at(&fd, "hard.yaml", "f"), Err(Stop::Reject(e)) if e.message.contains("hard link")));
+        std::fs::write(d.path().join("big.yaml"), vec![b'#'; MAX_SPEC_BYTES as usize + 1]).unwrap();
+        assert!(matches!(read_at(&fd, "big.yaml", "f"), Err(Stop::Reject(e)) if e.message.contains("limited to")));
+        assert!(matches!(read_at(&fd, "gone.yaml", "f"), Err(Stop::Ignore)));
+    }
+
+    #[test]
+    fn the_drop_folder_path_follows_only_links_root_alone_controls() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // the rule is about root-owned links
+        }
+        let d = tmp(); // root's, mode 0700
+        std::fs::create_dir(d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", d.path().join("link")).unwrap();
+        let inbox = d.path().join("link/inbox");
+        open_dir_path(&inbox).unwrap();
+        assert!(d.path().join("real/inbox").is_dir(), "missing folders are made");
+        // The same link in a folder others may write: refused.
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = open_dir_path(&inbox).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::lchown(d.path().join("link"), Some(4242), None).unwrap();
+        assert!(open_dir_path(&inbox).is_err(), "a link owned by a user is never followed");
+    }
 }

@@ -245,8 +245,10 @@ fn hint_for(message: &str) -> String {
     }
 }
 
-/// Parse text into a spec (syntax and field names only).
+/// Parse text into a spec (syntax and field names only). A leading UTF-8 byte order mark (what
+/// Notepad saves) is skipped.
 pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     match format {
         Format::Yaml => serde_yaml_ng::from_str::<JobSpec>(text).map_err(|e| {
             let msg = e.to_string();
@@ -549,6 +551,16 @@ mod tests {
     }
     fn err_yaml(t: &str) -> SpecError {
         validate_text(t, Format::Yaml, &Origin::default()).unwrap_err()
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let j = ok_yaml("\u{feff}image: busybox\ncommand: [echo, hi]\n");
+        assert_eq!(j.spec.image, "busybox");
+        let t = parse("\u{feff}image = \"busybox\"\n", Format::Toml).unwrap();
+        assert_eq!(t.image, "busybox");
+        let e = parse_template("\u{feff}image = \"busybox\"\n", Format::Toml).unwrap_err();
+        assert!(e.message.contains("{config}"), "{e}");
     }
 
     #[test]

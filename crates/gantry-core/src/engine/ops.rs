@@ -14,7 +14,7 @@ impl Engine {
     /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
     pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
         let job = spec::validate_text(text, format, origin)?;
-        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &job.mounts, &self.forbidden())?;
+        self.check_mounts(&job, owner, None)?;
         self.submit(&job, owner, source, None, |_, _| None)
     }
 
@@ -30,7 +30,7 @@ impl Engine {
     pub fn rerun(&self, id: i64, caller: &Owner) -> Result<Vec<i64>, EngineError> {
         let old = self.owned(id, caller.uid)?;
         let owner = if caller.uid == 0 { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
-        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &old.job.mounts, &self.forbidden())?;
+        self.check_mounts(&old.job, &owner, None)?;
         self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
     }
 
@@ -143,6 +143,14 @@ impl Engine {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Check a job's mounts with its owner's permissions (all but `skip`, a path that exists only once
+    /// the job is queued: a template's config file).
+    pub fn check_mounts(&self, job: &ValidJob, owner: &Owner, skip: Option<&str>) -> Result<(), EngineError> {
+        let mounts: Vec<spec::Mount> = job.mounts.iter().filter(|m| Some(m.host.as_str()) != skip).cloned().collect();
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &mounts, &self.forbidden())?;
         Ok(())
     }
 
