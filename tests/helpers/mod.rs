@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod faults;
 mod users;
+#[allow(unused_imports)]
+pub use faults::*;
 #[allow(unused_imports)]
 pub use users::*;
 
@@ -49,11 +52,20 @@ pub struct Engine {
     args: Vec<String>,
     child: Option<Child>,
     pub engine_id: String,
+    /// Extra environment for the daemon (e.g. `DOCKER_HOST`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Engine {
     /// Start `gantry daemon` with 2 simulated 24 GiB GPUs unless `extra` says otherwise.
     pub fn start(extra: &[&str]) -> Engine {
+        let mut e = Engine::stopped(extra);
+        e.restart();
+        e
+    }
+
+    /// Like [`Engine::start`], but not started yet: set `state` or `env`, then call `restart`.
+    pub fn stopped(extra: &[&str]) -> Engine {
         ensure_image();
         let dir = tempfile::Builder::new().prefix("gantry-test-").tempdir().unwrap();
         // Other test users (setpriv) must reach the socket inside.
@@ -64,18 +76,17 @@ impl Engine {
             args.extend(["--gpus".into(), "sim:2x24GiB".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut e = Engine { _dir: dir, state, args, child: None, engine_id: String::new() };
-        e.restart();
-        e
+        Engine { _dir: dir, state, args, child: None, engine_id: String::new(), env: vec![] }
     }
 
     pub fn restart(&mut self) {
         std::fs::create_dir_all(&self.state).unwrap();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.state.join("daemon.log")).unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.daemon_log_path()).unwrap();
         let child = Command::new(bin())
             .arg("--state-dir")
             .arg(&self.state)
             .args(&self.args)
+            .envs(self.env.iter().cloned())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -96,8 +107,13 @@ impl Engine {
         }
     }
 
+    /// Outside the state dir, so a full state disk does not swallow the engine's own log.
+    fn daemon_log_path(&self) -> PathBuf {
+        self._dir.path().join("daemon.log")
+    }
+
     pub fn daemon_log(&self) -> String {
-        std::fs::read_to_string(self.state.join("daemon.log")).unwrap_or_default()
+        std::fs::read_to_string(self.daemon_log_path()).unwrap_or_default()
     }
 
     pub fn kill9(&mut self) {
