@@ -2,6 +2,7 @@
 //! engine and a locally built busybox image. Each test runs its own engine, so they run in parallel.
 
 mod helpers;
+mod security_api;
 
 use helpers::*;
 use serde_json::Value;

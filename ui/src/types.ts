@@ -15,9 +15,10 @@ export interface JobSpec {
   mounts?: string[]; gpus: number; gpu_memory?: string; priority: number; timeout?: string; retries: number;
 }
 export interface ValidJob { name: string; spec: JobSpec; gpus: number; gpu_memory: number | null; retries: number }
+/** `job` (the spec) and `message` are null, with `spec_hidden`, for other users' jobs (owner and root only). */
 export interface Job {
   id: number; name: string; owner_uid: number; owner: string; image: string; gpus: number; gpu_memory: number | null;
-  priority: number; retries: number; timeout_ms: number | null; job: ValidJob; state: JobState; source: string;
+  priority: number; retries: number; timeout_ms: number | null; job: ValidJob | null; spec_hidden: boolean; state: JobState; source: string;
   submitted_at: number; not_before: number | null; started_at: number | null; finished_at: number | null;
   exit_code: number | null; attempts: number; cancel_requested: boolean; message: string | null;
 }

@@ -91,6 +91,8 @@ pub struct Config {
     pub sample_every: Duration,
     /// Fair share: a user's GPU-hours count half as much after this long.
     pub fair_share_half_life: Duration,
+    /// API connection limits and header-read timeout.
+    pub api: crate::api::Limits,
 }
 
 impl Config {
@@ -104,6 +106,7 @@ impl Config {
             retry_backoff: Duration::from_secs(10),
             sample_every: Duration::from_secs(1),
             fair_share_half_life: Duration::from_secs(24 * 3600),
+            api: crate::api::Limits::default(),
         }
     }
 }
