@@ -1,13 +1,14 @@
 //! `gantry`: the command-line client (and `gantry daemon`, the engine).
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gantry_core::api::{PriorityRequest, StatusInfo};
+use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, Submitted, WhoAmI};
 use gantry_core::client::{Client, ClientError};
-use gantry_core::engine::{Config, GpuStatus, JobDetail, Paths, QueueEntry};
+use gantry_core::engine::{Config, GpuStatus, Paths};
 use gantry_core::gpu::BackendKind;
 use gantry_core::spec::format_bytes;
 use gantry_core::store::{now_ms, HistoryRow, JobState};
@@ -21,6 +22,9 @@ struct Cli {
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// How long to wait for the engine's answer (tests shorten it).
+    #[arg(long, global = true, hide = true, env = "GANTRY_CLIENT_TIMEOUT", value_parser = humantime::parse_duration)]
+    client_timeout: Option<Duration>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -44,6 +48,9 @@ enum Cmd {
         /// First retry delay (doubles per attempt).
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         retry_backoff: Duration,
+        /// API: close a connection whose request head has not arrived after this long (tests shorten it).
+        #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+        header_timeout: Option<Duration>,
     },
     /// Queue job spec files (YAML or TOML).
     Submit {
@@ -61,6 +68,8 @@ enum Cmd {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Queue one of your jobs again, with the same spec.
+    Rerun { id: i64 },
     /// Cancel a job (SIGTERM, then SIGKILL after the grace period).
     Cancel { id: i64 },
     /// Change a queued job's priority (higher runs first).
@@ -122,7 +131,7 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gantry: {e:#}");
+            eprintln!("gantry: {}", escape(&format!("{e:#}"), "\n"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -134,15 +143,52 @@ fn paths(cli: &Cli, inbox: Option<PathBuf>) -> Paths {
     Paths { state_dir, inbox }
 }
 
+/// `println!` that exits quietly once stdout is closed (`gantry ls | head -1`) instead of panicking.
+/// SIGPIPE stays ignored: the CLI also writes to the engine's socket, and dying of SIGPIPE there
+/// would hide the engine's error.
+macro_rules! outln {
+    ($($arg:tt)*) => { write_out(format!("{}\n", format_args!($($arg)*)).as_bytes()) };
+}
+
+fn write_out(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(bytes).and_then(|_| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("gantry: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Control characters (and bidi overrides) in `s` as visible escapes (`\u{1b}`), except those in
+/// `keep`: names, messages and output come from other users and must not drive the reader's terminal.
+fn escape<'a>(s: &'a str, keep: &str) -> Cow<'a, str> {
+    let bad = |c: char| (c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')) && !keep.contains(c);
+    if !s.chars().any(bad) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(s.chars().map(|c| if bad(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
+/// A one-line field of human output.
+fn esc(s: &str) -> Cow<'_, str> {
+    escape(s, "")
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
 async fn run(cli: Cli) -> Result<std::process::ExitCode> {
-    let client = Client::new(paths(&cli, None).socket());
+    let mut client = Client::new(paths(&cli, None).socket());
+    if let Some(t) = cli.client_timeout {
+        client = client.with_timeout(t);
+    }
     match &cli.cmd {
-        Cmd::Daemon { gpus, inbox, reserve_after, stop_grace, retry_backoff } => {
+        Cmd::Daemon { gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
@@ -153,6 +199,9 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             cfg.scheduler.reserve_after_ms = reserve_after.as_millis() as i64;
             cfg.stop_grace = *stop_grace;
             cfg.retry_backoff = *retry_backoff;
+            if let Some(t) = header_timeout {
+                cfg.api.header_read_timeout = *t;
+            }
             gantry_core::daemon::run(cfg, async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
                 tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
@@ -162,7 +211,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         }
         Cmd::Submit { files } => return submit(&client, files, cli.json).await,
         Cmd::Ls => {
-            let q: Vec<QueueEntry> = client.get("/v1/jobs").await?;
+            let q: Vec<QueueEntryView> = client.get("/v1/jobs").await?;
             if cli.json {
                 print_json(&q)?;
             } else {
@@ -170,7 +219,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
         }
         Cmd::Show { id } => {
-            let d: JobDetail = client.get(&format!("/v1/jobs/{id}")).await?;
+            let d: JobDetailView = client.get(&format!("/v1/jobs/{id}")).await?;
             if cli.json {
                 print_json(&d)?;
             } else {
@@ -178,24 +227,38 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
         }
         Cmd::Logs { id, follow } => {
-            use std::io::Write;
+            // Raw for the job's owner (progress bars, colours); escaped when someone else (root)
+            // reads it on a terminal, since the owner wrote it.
+            let mut safe = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !own_job(&client, *id).await?).then(TermSafe::default);
+            let mut show = |chunk: &[u8]| match safe.as_mut() {
+                Some(s) => write_out(s.feed(chunk).as_bytes()),
+                None => write_out(chunk),
+            };
             if *follow {
                 client
                     .stream(&format!("/v1/jobs/{id}/logs?follow=true"), |chunk| {
-                        let mut out = std::io::stdout().lock();
-                        out.write_all(chunk).and_then(|_| out.flush()).is_ok()
+                        show(chunk);
+                        true
                     })
                     .await?;
             } else {
-                std::io::stdout().write_all(&client.raw(&format!("/v1/jobs/{id}/logs")).await?)?;
+                show(&client.raw(&format!("/v1/jobs/{id}/logs")).await?);
+            }
+        }
+        Cmd::Rerun { id } => {
+            let s: Submitted = client.post(&format!("/v1/jobs/{id}/rerun"), &()).await?;
+            if cli.json {
+                print_json(&s)?;
+            } else {
+                outln!("job {id} queued again as job {}", s.job_id);
             }
         }
         Cmd::Cancel { id } => {
             let before: JobState = client.post(&format!("/v1/jobs/{id}/cancel"), &()).await?;
             match before {
-                JobState::Queued => println!("job {id} cancelled"),
-                JobState::Starting | JobState::Running => println!("job {id} is being stopped (SIGTERM, then SIGKILL after the grace period)"),
-                s => println!("job {id} had already ended ({})", s.as_str()),
+                JobState::Queued => outln!("job {id} cancelled"),
+                JobState::Starting | JobState::Running => outln!("job {id} is being stopped (SIGTERM, then SIGKILL after the grace period)"),
+                s => outln!("job {id} had already ended ({})", s.as_str()),
             }
         }
         Cmd::Priority { id, priority } => {
@@ -203,7 +266,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             if !ok {
                 bail!("job {id} is no longer queued; only queued jobs change priority");
             }
-            println!("job {id} priority set to {priority}");
+            outln!("job {id} priority set to {priority}");
         }
         Cmd::Gpus => {
             let g: GpuStatus = client.get("/v1/gpus").await?;
@@ -254,16 +317,67 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             if cli.json {
                 print_json(&s)?;
             } else {
-                println!("engine pid {} (v{}), state in {}", s.pid, s.version, s.state_dir.display());
-                println!("drop folder: {}", s.inbox.display());
-                println!("{} GPU(s), {}", s.gpu_count, backend_label(s.gpu_backend, s.gpu_note.as_deref()));
+                outln!("engine pid {} (v{}), state in {}", s.pid, s.version, esc(&s.state_dir.display().to_string()));
+                outln!("drop folder: {}", esc(&s.inbox.display().to_string()));
+                outln!("{} GPU(s), {}", s.gpu_count, esc(&backend_label(s.gpu_backend, s.gpu_note.as_deref())));
+                if let Some(p) = s.store_problem {
+                    outln!("ERROR: {}", esc(&p));
+                }
                 if let Some(p) = s.docker_problem {
-                    println!("WARNING: {p}");
+                    outln!("WARNING: {}", esc(&p));
+                }
+                for o in &s.orphans {
+                    outln!(
+                        "WARNING: orphan container {} (job {} of a lost or replaced database, {}): left alone, its GPUs count as busy",
+                        esc(&o.name),
+                        o.job_id,
+                        if o.running { "running" } else { "stopped" }
+                    );
                 }
             }
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Whether the caller owns job `id` (root reading someone's log does not).
+async fn own_job(client: &Client, id: i64) -> Result<bool> {
+    let me: WhoAmI = client.get("/v1/whoami").await?;
+    let d: JobDetailView = client.get(&format!("/v1/jobs/{id}")).await?;
+    Ok(me.uid == d.job.owner_uid)
+}
+
+/// Job output made safe for a terminal: control characters other than newline and tab are escaped.
+/// A UTF-8 character split between chunks is held back until its end arrives.
+#[derive(Default)]
+struct TermSafe {
+    held: Vec<u8>,
+}
+
+impl TermSafe {
+    fn feed(&mut self, chunk: &[u8]) -> String {
+        self.held.extend_from_slice(chunk);
+        let keep = incomplete_utf8_tail(&self.held);
+        let tail = self.held.split_off(self.held.len() - keep);
+        let text = escape(&String::from_utf8_lossy(&self.held), "\n\t").into_owned();
+        self.held = tail;
+        text
+    }
+}
+
+/// How many bytes at the end of `b` start a UTF-8 character that is not complete yet.
+fn incomplete_utf8_tail(b: &[u8]) -> usize {
+    for back in 1..=b.len().min(3) {
+        let c = b[b.len() - back];
+        if c >= 0xC0 {
+            let len = if c >= 0xF0 { 4 } else if c >= 0xE0 { 3 } else { 2 };
+            return if len > back { back } else { 0 };
+        }
+        if c < 0x80 {
+            return 0;
+        }
+    }
+    0
 }
 
 fn urlencode(s: &str) -> String {
@@ -289,8 +403,8 @@ async fn submit(client: &Client, files: &[PathBuf], json: bool) -> Result<std::p
                 ids.push(serde_json::json!({"file": f, "job_id": new[0], "job_ids": new}));
                 if !json {
                     match new.as_slice() {
-                        [one] => println!("{}: queued as job {one}", f.display()),
-                        many => println!("{}: queued {} jobs: {}", f.display(), many.len(), many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+                        [one] => outln!("{}: queued as job {one}", esc(&f.display().to_string())),
+                        many => outln!("{}: queued {} jobs: {}", esc(&f.display().to_string()), many.len(), many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
                     }
                 }
             }
@@ -301,7 +415,7 @@ async fn submit(client: &Client, files: &[PathBuf], json: bool) -> Result<std::p
                 }
                 ids.push(serde_json::json!({"file": f, "error": format!("{e:#}")}));
                 if !json {
-                    eprintln!("{}: {e:#}", f.display());
+                    eprintln!("{}: {}", esc(&f.display().to_string()), escape(&format!("{e:#}"), "\n"));
                 }
             }
         }
@@ -336,22 +450,22 @@ fn ask(gpus: u32, mem: Option<u64>) -> String {
     }
 }
 
-fn print_queue(q: &[QueueEntry]) {
+fn print_queue(q: &[QueueEntryView]) {
     if q.is_empty() {
-        println!("no running or queued jobs");
+        outln!("no running or queued jobs");
         return;
     }
-    println!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} STATUS", "ID", "STATE", "OWNER", "NAME", "GPUS", "AGE");
+    outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} STATUS", "ID", "STATE", "OWNER", "NAME", "GPUS", "AGE");
     for e in q {
         let j = &e.job;
         let status = match j.state {
             JobState::Queued => {
                 let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
-                format!("#{} {}{eta}", e.position.unwrap_or(0), e.reason.clone().unwrap_or_default())
+                format!("#{} {}{eta}", e.position.unwrap_or(0), esc(e.reason.as_deref().unwrap_or_default()))
             }
             _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         };
-        println!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), j.owner, trunc(&j.name, 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);
+        outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), esc(&j.owner), trunc(&esc(&j.name), 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);
     }
 }
 
@@ -359,27 +473,25 @@ fn trunc(s: &str, n: usize) -> String {
     if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n - 1).collect::<String>()) }
 }
 
-fn print_detail(d: &JobDetail) {
+fn print_detail(d: &JobDetailView) {
     let j = &d.job;
-    println!("job {}  {}  ({})", j.id, j.name, j.state.as_str());
-    println!("owner:     {} (uid {})", j.owner, j.owner_uid);
-    println!("image:     {}", j.image);
-    if let Some(c) = &j.job.spec.command {
-        println!("command:   {}", c.argv().join(" "));
-    }
-    println!("gpus:      {}   priority {}   retries {}", ask(j.gpus, j.gpu_memory), j.priority, j.retries);
-    println!("submitted: {}  from {}", time(Some(j.submitted_at)), j.source);
+    outln!("job {}  {}  ({})", j.id, esc(&j.name), j.state.as_str());
+    outln!("owner:     {} (uid {})", esc(&j.owner), j.owner_uid);
+    outln!("image:     {}", esc(&j.image));
+    print_spec(j);
+    outln!("gpus:      {}   priority {}   retries {}", ask(j.gpus, j.gpu_memory), j.priority, j.retries);
+    outln!("submitted: {}  from {}", time(Some(j.submitted_at)), esc(&j.source));
     if let Some(r) = &d.reason {
-        println!("waiting:   {r}");
+        outln!("waiting:   {}", esc(r));
     }
     if let Some(c) = j.exit_code {
-        println!("exit code: {c}");
+        outln!("exit code: {c}");
     }
     if let Some(m) = &j.message {
-        println!("message:   {m}");
+        outln!("message:   {}", esc(m));
     }
     for a in &d.attempts {
-        println!(
+        outln!(
             "attempt {}: GPU [{}] {} -> {} {} {}",
             a.n,
             a.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
@@ -389,9 +501,29 @@ fn print_detail(d: &JobDetail) {
             a.exit_code.map(|c| format!("(code {c})")).unwrap_or_default()
         );
     }
-    println!("events:");
+    outln!("events:");
     for e in &d.events {
-        println!("  {}  {} -> {}  {}", time(Some(e.at)), e.from.as_deref().unwrap_or("-"), e.to, e.message.as_deref().unwrap_or(""));
+        outln!("  {}  {} -> {}  {}", time(Some(e.at)), esc(e.from.as_deref().unwrap_or("-")), esc(&e.to), esc(e.message.as_deref().unwrap_or("")));
+    }
+}
+
+/// Command, workdir, environment and mounts: the owner's and root's to see.
+fn print_spec(j: &JobView) {
+    let Some(v) = &j.job else {
+        outln!("spec:      hidden: only {} and root see its command, environment, mounts and output", esc(&j.owner));
+        return;
+    };
+    if let Some(c) = &v.spec.command {
+        outln!("command:   {}", esc(&c.argv().join(" ")));
+    }
+    if let Some(w) = &v.spec.workdir {
+        outln!("workdir:   {}", esc(w));
+    }
+    for (i, (k, val)) in v.spec.env.iter().enumerate() {
+        outln!("{:<11}{}={}", if i == 0 { "env:" } else { "" }, esc(k), esc(val));
+    }
+    for (i, m) in v.mounts.iter().enumerate() {
+        outln!("{:<11}{} -> {}{}", if i == 0 { "mounts:" } else { "" }, esc(&m.host), esc(&m.container), if m.read_only { " (read-only)" } else { "" });
     }
 }
 
@@ -405,9 +537,9 @@ fn backend_label(kind: BackendKind, note: Option<&str>) -> String {
 
 fn print_gpus(g: &GpuStatus) {
     if g.backend == BackendKind::Simulated {
-        println!("*** {} ***", backend_label(g.backend, g.note.as_deref()));
+        outln!("*** {} ***", esc(&backend_label(g.backend, g.note.as_deref())));
     }
-    println!("{:>3}  {:<22} {:>6} {:>21} {:>6} {:>7}  HELD BY", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER");
+    outln!("{:>3}  {:<22} {:>6} {:>21} {:>6} {:>7}  HELD BY", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER");
     for s in &g.gpus {
         let holders = g.holders.iter().find(|(i, _)| *i == s.index).map(|(_, j)| j.iter().map(|j| format!("job {j}")).collect::<Vec<_>>().join(", ")).unwrap_or_default();
         let external = s.processes.iter().filter(|p| p.container_id.is_none()).count();
@@ -417,10 +549,10 @@ fn print_gpus(g: &GpuStatus) {
             (true, n) => format!("{n} process(es) outside Gantry"),
             (false, n) => format!("{holders}; {n} process(es) outside Gantry"),
         };
-        println!(
+        outln!(
             "{:>3}  {:<22} {:>5}% {:>21} {:>6} {:>7}  {}",
             s.index,
-            trunc(&s.name, 22),
+            trunc(&esc(&s.name), 22),
             s.utilization,
             format!("{} / {}", format_bytes(s.memory_used), format_bytes(s.memory_total)),
             s.temperature_c.map(|t| format!("{t}C")).unwrap_or_else(|| "-".into()),
@@ -432,21 +564,21 @@ fn print_gpus(g: &GpuStatus) {
 
 fn print_history(rows: &[HistoryRow]) {
     if rows.is_empty() {
-        println!("no completed runs match");
+        outln!("no completed runs match");
         return;
     }
-    println!("{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}", "ID", "STATUS", "OWNER", "NAME", "CODE", "GPUS", "FINISHED", "DURATION");
+    outln!("{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}", "ID", "STATUS", "OWNER", "NAME", "CODE", "GPUS", "FINISHED", "DURATION");
     for r in rows {
         let dur = match (r.started_at, r.finished_at) {
             (Some(s), Some(f)) => humantime::format_duration(Duration::from_secs(((f - s) / 1000).max(0) as u64)).to_string(),
             _ => "-".into(),
         };
-        println!(
+        outln!(
             "{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}",
             r.id,
             r.status.as_str(),
-            r.owner,
-            trunc(&r.name, 24),
+            esc(&r.owner),
+            trunc(&esc(&r.name), 24),
             r.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
             r.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
             time(r.finished_at),
@@ -490,24 +622,46 @@ fn sim(
 
 fn print_sim(reports: &[gantry_core::sim::Report]) {
     let Some(r0) = reports.first() else { return };
-    println!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
-    println!("{:<18} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU");
+    outln!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
+    outln!("{:<18} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU");
     let h = |s: f64| humantime::format_duration(Duration::from_secs(s as u64)).to_string().split(' ').take(2).collect::<Vec<_>>().join(" ");
     for r in reports {
         let w1 = r.mean_wait_by_gpus.get(&1).copied().unwrap_or(0.0);
         let big: Vec<f64> = r.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
         let ratio = if big.is_empty() || w1 == 0.0 { "-".to_string() } else { format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1) };
-        println!(
+        outln!(
             "{:<18} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}",
             r.policy, h(r.makespan_s), r.makespan_ratio, 100.0 * r.alloc_share_while_waiting, h(r.mean_wait_s), h(r.p95_wait_s), ratio
         );
     }
-    println!("lower bound: {}", h(r0.lower_bound_s));
+    outln!("lower bound: {}", h(r0.lower_bound_s));
     if r0.user_share.len() > 1 {
         for r in reports {
-            let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{u} {:.1}%", s * 100.0)).collect();
-            let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{u} {}", h(*w))).collect();
-            println!("{:<18} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
+            let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{} {:.1}%", esc(u), s * 100.0)).collect();
+            let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{} {}", esc(u), h(*w))).collect();
+            outln!("{:<18} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_print_as_visible_escapes() {
+        assert_eq!(esc("plain name-1"), "plain name-1");
+        assert_eq!(esc("\x1b[2Jx\r\n\t\u{9b}\u{202e}"), "\\u{1b}[2Jx\\r\\n\\t\\u{9b}\\u{202e}");
+        assert_eq!(escape("a\nb\x07", "\n"), "a\nb\\u{7}");
+    }
+
+    #[test]
+    fn job_output_is_escaped_across_chunk_boundaries() {
+        let mut t = TermSafe::default();
+        let text = "é\x1b]0;owned\x07 ok\n".as_bytes();
+        let out: String = text.chunks(1).map(|c| t.feed(c)).collect();
+        assert_eq!(out, "é\\u{1b}]0;owned\\u{7} ok\n");
+        assert_eq!(incomplete_utf8_tail(&[b'a', 0xE2, 0x82]), 2);
+        assert_eq!(incomplete_utf8_tail(&[0xE2, 0x82, 0xAC]), 0);
     }
 }

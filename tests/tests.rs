@@ -3,6 +3,7 @@
 
 mod faults;
 mod helpers;
+mod security_api;
 mod security_inbox;
 mod security_mounts;
 mod security_state;

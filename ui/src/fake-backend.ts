@@ -10,7 +10,7 @@ export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: 
   return {
     job: {
       id, name: `job${id}`, owner_uid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0, retries: 0,
-      timeout_ms: null, job: { name: `job${id}`, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0 }, gpus: 1, gpu_memory: null, retries: 0 },
+      timeout_ms: null, job: { name: `job${id}`, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0 }, gpus: 1, gpu_memory: null, retries: 0 }, spec_hidden: false,
       state: "queued", source: "cli", submitted_at: Date.now() - 60_000, not_before: null, started_at: null, finished_at: null,
       exit_code: null, attempts: 0, cancel_requested: false, message: null, ...over,
     },

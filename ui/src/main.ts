@@ -28,12 +28,13 @@ export async function mount(root: HTMLElement, backend: Backend) {
         `Simulated GPUs: no NVIDIA driver was found${status.gpu_note ? ` (${status.gpu_note})` : ""}. Jobs run in real Docker containers; GPU numbers are made up.`)
     : null;
   const docker = status.docker_problem ? h("div", { class: "banner warn" }, status.docker_problem) : null;
+  const store = status.store_problem ? h("div", { class: "banner warn", role: "alert" }, status.store_problem) : null;
   const main = h("main", {});
   const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
   root.replaceChildren(
     h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
       h("span", { class: "muted", title: info.socket, "data-testid": "mode" }, `${me.name} · ${info.mode === "embedded" ? "engine in this app" : "connected to engine"}`)),
-    banner ?? "", docker ?? "", main, overlay);
+    banner ?? "", store ?? "", docker ?? "", main, overlay);
 
   const submit = submitView(backend, go);
   let current: View | null = null;

@@ -6,7 +6,7 @@ export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "ti
 export interface AppInfo { mode: "embedded" | "client"; socket: string }
 export interface Status {
   version: string; pid: number; gpu_backend: "nvml" | "simulated"; gpu_note: string | null;
-  gpu_count: number; inbox: string; state_dir: string; docker_problem: string | null; engine_id: string;
+  gpu_count: number; inbox: string; state_dir: string; docker_problem: string | null; store_problem?: string | null; engine_id: string;
 }
 export interface WhoAmI { uid: number; name: string }
 
@@ -15,9 +15,10 @@ export interface JobSpec {
   mounts?: string[]; gpus: number; gpu_memory?: string; priority: number; timeout?: string; retries: number;
 }
 export interface ValidJob { name: string; spec: JobSpec; gpus: number; gpu_memory: number | null; retries: number }
+/** `job` (the spec) and `message` are null, with `spec_hidden`, for other users' jobs (owner and root only). */
 export interface Job {
   id: number; name: string; owner_uid: number; owner: string; image: string; gpus: number; gpu_memory: number | null;
-  priority: number; retries: number; timeout_ms: number | null; job: ValidJob; state: JobState; source: string;
+  priority: number; retries: number; timeout_ms: number | null; job: ValidJob | null; spec_hidden: boolean; state: JobState; source: string;
   submitted_at: number; not_before: number | null; started_at: number | null; finished_at: number | null;
   exit_code: number | null; attempts: number; cancel_requested: boolean; message: string | null;
 }

@@ -1,25 +1,29 @@
 //! The engine's local API: HTTP+JSON on a Unix socket. The caller's identity is the socket's peer
 //! credentials (uid/gid), never something the client claims.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::connect_info::{self, ConnectInfo};
-use axum::extract::{Path as UrlPath, Query, State};
+use axum::extract::{ConnectInfo, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 use crate::engine::{Engine, EngineError};
 use crate::gpu::BackendKind;
 use crate::inbox::user_name;
-use crate::spec::{Format, Origin, SpecError};
-use crate::store::{HistoryFilter, JobState, Owner};
+use crate::spec::{Format, Origin, SpecError, ValidJob};
+use crate::store::{Attempt, Event, HistoryFilter, Job, JobState, Owner};
 
 /// Who is calling, from SO_PEERCRED.
 #[derive(Debug, Clone, Copy)]
@@ -28,12 +32,21 @@ pub struct Peer {
     pub gid: u32,
 }
 
-impl connect_info::Connected<axum::serve::IncomingStream<'_, UnixListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, UnixListener>) -> Self {
-        let cred = stream.io().peer_cred().ok();
+impl Peer {
+    fn of(stream: &UnixStream) -> Peer {
+        let cred = stream.peer_cred().ok();
         // No credentials: treat as "nobody", which owns nothing.
-        Peer { uid: cred.map(|c| c.uid()).unwrap_or(65534), gid: cred.map(|c| c.gid()).unwrap_or(65534) }
+        Peer { uid: cred.map(|c| c.uid()).unwrap_or(NOBODY), gid: cred.map(|c| c.gid()).unwrap_or(NOBODY) }
     }
+}
+
+const NOBODY: u32 = 65534;
+
+/// The one place that decides whether `caller` may see the private parts of a job owned by `owner`:
+/// its spec (command, env, mounts, workdir), its free-text messages and its output.
+/// Rows (id, name, owner, image, resources, state, times, exit code) are public on a shared machine.
+pub fn may_see_private(caller: u32, owner: u32) -> bool {
+    caller == 0 || caller == owner
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,6 +59,12 @@ pub struct StatusInfo {
     pub inbox: PathBuf,
     pub state_dir: PathBuf,
     pub docker_problem: Option<String>,
+    /// The state database cannot be written: nothing starts until it can.
+    #[serde(default)]
+    pub store_problem: Option<String>,
+    /// Containers labelled for this engine that its database does not know (never adopted).
+    #[serde(default)]
+    pub orphans: Vec<crate::protocol::Orphan>,
     /// Value of the `dev.gantry.engine` label on this engine's containers.
     pub engine_id: String,
 }
@@ -98,7 +117,127 @@ pub struct Range {
     pub to: i64,
 }
 
+/// A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
+/// workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
+/// are `None` with `spec_hidden: true` unless [`may_see_private`] allows the caller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub retries: u32,
+    pub timeout_ms: Option<i64>,
+    pub job: Option<ValidJob>,
+    pub spec_hidden: bool,
+    pub state: JobState,
+    pub source: String,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub attempts: u32,
+    pub cancel_requested: bool,
+    pub message: Option<String>,
+}
+
+impl JobView {
+    pub fn new(j: Job, caller: u32) -> JobView {
+        // Destructured field by field: a new `Job` field does not compile until someone decides
+        // whether it is public.
+        let Job {
+            id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, job, state, source,
+            submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message,
+        } = j;
+        let shown = may_see_private(caller, owner_uid);
+        JobView {
+            id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms,
+            job: shown.then_some(job),
+            spec_hidden: !shown,
+            state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested,
+            message: message.filter(|_| shown),
+        }
+    }
+}
+
+/// `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueEntryView {
+    pub job: JobView,
+    pub gpus_assigned: Vec<u32>,
+    pub position: Option<usize>,
+    pub reason: Option<String>,
+    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    pub estimated_start: Option<i64>,
+}
+
+/// `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDetailView {
+    pub job: JobView,
+    pub attempts: Vec<Attempt>,
+    pub events: Vec<Event>,
+    pub reason: Option<String>,
+}
+
+impl JobDetailView {
+    fn new(d: crate::engine::JobDetail, caller: u32) -> JobDetailView {
+        let shown = may_see_private(caller, d.job.owner_uid);
+        JobDetailView {
+            job: JobView::new(d.job, caller),
+            attempts: d.attempts.into_iter().map(|a| Attempt { message: a.message.filter(|_| shown), ..a }).collect(),
+            events: d.events.into_iter().map(|e| Event { message: e.message.filter(|_| shown), ..e }).collect(),
+            reason: d.reason,
+        }
+    }
+}
+
+/// Connection limits of the API. A connection is one file descriptor and one task in the engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A request's head must arrive within this long after the connection opens (or goes idle);
+    /// otherwise the connection is closed, so half-sent requests cannot pin descriptors.
+    pub header_read_timeout: Duration,
+    /// Open connections per uid; more are closed at once with a 503.
+    pub per_uid: usize,
+    /// Open connections in all; more are closed at once with a 503.
+    pub total: usize,
+}
+
+/// Every client sends its whole request head right after connecting; 10 s covers a heavily loaded
+/// machine and still recycles a slow-loris connection quickly (hyper's own default is 30 s).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A CLI holds one connection at a time; the app holds a few (events, a log tail, polling). 64 is
+/// room for several apps, scripts and `logs -f` tails of one person, and 8 people's worth is `MAX_CONNECTIONS`.
+pub const MAX_CONNECTIONS_PER_UID: usize = 64;
+/// Half of the usual 1024 soft descriptor limit, so even if raising it fails the store, logs,
+/// Docker and the drop folder keep 500+ descriptors.
+pub const MAX_CONNECTIONS: usize = 512;
+/// On shutdown, requests in flight get this long; streams (`logs -f`, the app's events) never end
+/// on their own, so they are cut after it.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// After a failed accept (e.g. EMFILE), wait this long instead of spinning on the error.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { header_read_timeout: HEADER_READ_TIMEOUT, per_uid: MAX_CONNECTIONS_PER_UID, total: MAX_CONNECTIONS }
+    }
+}
+
 struct Failure(StatusCode, ApiError);
+
+impl Failure {
+    fn forbidden(error: String) -> Failure {
+        Failure(StatusCode::FORBIDDEN, ApiError { error, spec_error: None })
+    }
+}
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -146,6 +285,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
 
 async fn status(State(e): E) -> Json<StatusInfo> {
     let g = e.gpu_status();
+    let h = e.health();
     Json(StatusInfo {
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
@@ -154,7 +294,9 @@ async fn status(State(e): E) -> Json<StatusInfo> {
         gpu_count: g.gpus.len(),
         inbox: e.cfg.paths.inbox.clone(),
         state_dir: e.cfg.paths.state_dir.clone(),
-        docker_problem: e.docker_problem(),
+        docker_problem: h.docker_problem,
+        store_problem: h.store_problem,
+        orphans: h.orphans,
         engine_id: e.engine_id.clone(),
     })
 }
@@ -172,12 +314,19 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     Ok(Json(Submitted::of(ids)))
 }
 
-async fn queue(State(e): E) -> Res<Vec<crate::engine::QueueEntry>> {
-    Ok(Json(e.queue()?))
+async fn queue(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<QueueEntryView>> {
+    let view = |q: crate::engine::QueueEntry| QueueEntryView {
+        job: JobView::new(q.job, p.uid),
+        gpus_assigned: q.gpus_assigned,
+        position: q.position,
+        reason: q.reason,
+        estimated_start: q.estimated_start,
+    };
+    Ok(Json(e.queue()?.into_iter().map(view).collect()))
 }
 
-async fn job(State(e): E, UrlPath(id): UrlPath<i64>) -> Res<crate::engine::JobDetail> {
-    Ok(Json(e.job_detail(id)?))
+async fn job(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobDetailView> {
+    Ok(Json(JobDetailView::new(e.job_detail(id)?, p.uid)))
 }
 
 async fn cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobState> {
@@ -235,8 +384,13 @@ async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec:
     Ok(Json(e.validate_text(&r.text, format, &origin)?))
 }
 
-/// Queue a copy of a job's spec, owned by the caller.
+/// Queue a copy of a job's spec, owned by the caller. Only the job's owner (or root) may: the copy
+/// carries the spec's env and mounts, which are the owner's.
 async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
+    let job = e.job_detail(id)?.job;
+    if p.uid != 0 && p.uid != job.owner_uid {
+        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or root can run it again", job.owner)));
+    }
     Ok(Json(Submitted::of(e.rerun(id, &owner_of(&p))?)))
 }
 
@@ -251,8 +405,11 @@ struct LogQuery {
 }
 
 /// The job's log file; with `follow`, keep streaming until the job has ended.
-async fn logs(State(e): E, UrlPath(id): UrlPath<i64>, Query(q): Query<LogQuery>) -> Result<Response, Failure> {
-    e.job_detail(id)?;
+async fn logs(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Query(q): Query<LogQuery>) -> Result<Response, Failure> {
+    let job = e.job_detail(id)?.job;
+    if !may_see_private(p.uid, job.owner_uid) {
+        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or root can read its output", job.owner)));
+    }
     let path = e.log_of(id);
     if !q.follow {
         let bytes = tokio::fs::read(&path).await.unwrap_or_default();
@@ -330,19 +487,132 @@ pub async fn serve(engine: Arc<Engine>, socket: &Path, shutdown: impl std::futur
         // Every local user may connect; what they may do is decided by their peer credentials.
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))?;
     }
-    tracing::info!("API listening on {}", socket.display());
-    let stopping = tokio_util::sync::CancellationToken::new();
-    let stop = stopping.clone();
-    let served = axum::serve(listener, router(engine).into_make_service_with_connect_info::<Peer>()).with_graceful_shutdown(async move {
-        shutdown.await;
-        stop.cancel();
-    });
-    // Streams (`logs -f`, the app's live events) never end on their own: give requests 2 s, then go.
-    tokio::select! {
-        r = served => r?,
-        _ = async { stopping.cancelled().await; tokio::time::sleep(Duration::from_secs(2)).await } => {
-            tracing::info!("closing remaining API connections");
+    info!("API listening on {}", socket.display());
+    let limits = engine.cfg.api;
+    let app = router(engine);
+    let admission = Arc::new(Admission { limits, open: Mutex::default() });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    let stopping = CancellationToken::new();
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        warn!("accepting an API connection failed: {err}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
+                let peer = Peer::of(&stream);
+                let slot = match admission.admit(peer.uid) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        refuse(&stream, &why);
+                        continue;
+                    }
+                };
+                let app = app.clone();
+                let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    tower_service::Service::call(&mut app.clone(), req)
+                });
+                let conn = http.serve_connection(TokioIo::new(stream), service);
+                let stopping = stopping.clone();
+                conns.spawn(async move {
+                    let _slot = slot;
+                    tokio::pin!(conn);
+                    let ended = tokio::select! {
+                        r = conn.as_mut() => r,
+                        _ = stopping.cancelled() => {
+                            // Finish the request in flight, then close.
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
+                    };
+                    if let Err(err) = ended {
+                        debug!(uid = peer.uid, "API connection ended: {err}");
+                    }
+                });
+            }
         }
     }
+    drop(listener);
+    stopping.cancel();
+    if tokio::time::timeout(SHUTDOWN_GRACE, async { while conns.join_next().await.is_some() {} }).await.is_err() {
+        info!("closing remaining API connections");
+    }
+    conns.shutdown().await;
     Ok(())
+}
+
+/// Counts open connections per uid and in total.
+struct Admission {
+    limits: Limits,
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_uid: HashMap<u32, usize>,
+    /// Uids refused since their last connection closed: warn once per episode, not per connection.
+    refusing: HashSet<u32>,
+}
+
+/// One admitted connection; frees its place when dropped.
+struct Slot {
+    admission: Arc<Admission>,
+    uid: u32,
+}
+
+impl Admission {
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Slot, String> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = open.by_uid.get(&uid).copied().unwrap_or(0);
+        let why = if mine >= self.limits.per_uid {
+            format!("too many connections from uid {uid}: at most {} per user; close some and try again", self.limits.per_uid)
+        } else if open.total >= self.limits.total {
+            format!("the engine has {} connections open, its limit; try again shortly", self.limits.total)
+        } else {
+            open.total += 1;
+            *open.by_uid.entry(uid).or_default() += 1;
+            return Ok(Slot { admission: self.clone(), uid });
+        };
+        if open.refusing.insert(uid) {
+            warn!("refusing API connections: {why}");
+        } else {
+            debug!("refusing an API connection: {why}");
+        }
+        Err(why)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.admission.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.total -= 1;
+        if let Some(n) = open.by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_uid.remove(&self.uid);
+            }
+        }
+        open.refusing.remove(&self.uid);
+    }
+}
+
+/// Answer 503 with the reason if the socket takes it at once (never wait on a refused client), then close.
+fn refuse(stream: &UnixStream, why: &str) {
+    let body = serde_json::to_string(&ApiError { error: why.into(), spec_error: None }).unwrap_or_default();
+    let reply = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(reply.as_bytes());
 }

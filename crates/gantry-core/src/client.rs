@@ -1,6 +1,8 @@
 //! Client for the engine's Unix-socket API (used by the CLI and the desktop app).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -17,6 +19,10 @@ use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
 pub enum ClientError {
     #[error("no Gantry engine is running at {0}: start it with `gantry daemon` or open the Gantry app")]
     NoEngine(PathBuf),
+    #[error("cannot connect to the engine at {}: {error}", socket.display())]
+    Connect { socket: PathBuf, error: std::io::Error },
+    #[error("the engine at {} did not answer within {}: it may be overloaded; see its log or `gantry status`", socket.display(), humantime::format_duration(*after))]
+    Timeout { socket: PathBuf, after: Duration },
     #[error("{message}")]
     Api { status: u16, message: String, spec_error: Option<SpecError> },
     #[error("talking to the engine failed: {0}")]
@@ -54,22 +60,52 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
     })
 }
 
+/// How long a request (connect, send, whole answer) may take; streams only wait this long for the
+/// answer to start. The engine answers in milliseconds; 30 s means it is stuck or flooded.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// While the socket's accept queue is full, retry the connect this often (within the timeout).
+const CONNECT_RETRY: Duration = Duration::from_millis(50);
+
 #[derive(Debug, Clone)]
 pub struct Client {
     socket: PathBuf,
+    timeout: Duration,
 }
 
 impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Client { socket: socket.into() }
+        Client { socket: socket.into(), timeout: DEFAULT_TIMEOUT }
+    }
+
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Client { timeout, ..self }
     }
 
     pub fn socket(&self) -> &Path {
         &self.socket
     }
 
+    /// `fut` within the timeout, or [`ClientError::Timeout`].
+    async fn bounded<T>(&self, fut: impl Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| Err(ClientError::Timeout { socket: self.socket.clone(), after: self.timeout }))
+    }
+
+    async fn connect(&self) -> Result<UnixStream, ClientError> {
+        loop {
+            match UnixStream::connect(&self.socket).await {
+                Ok(s) => return Ok(s),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                    return Err(ClientError::NoEngine(self.socket.clone()))
+                }
+                // EAGAIN: the engine's accept queue is full; it may drain.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => tokio::time::sleep(CONNECT_RETRY).await,
+                Err(error) => return Err(ClientError::Connect { socket: self.socket.clone(), error }),
+            }
+        }
+    }
+
     async fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|_| ClientError::NoEngine(self.socket.clone()))?;
+        let stream = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
         tokio::spawn(async move {
             let _ = conn.await;
@@ -94,9 +130,17 @@ impl Client {
     }
 
     async fn json<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T, ClientError> {
-        let resp = self.send(method, path, body).await?;
-        let bytes = resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes();
+        let bytes = self.bytes(method, path, body).await?;
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(format!("unexpected reply: {e}")))
+    }
+
+    /// A whole answer, within the timeout.
+    async fn bytes(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Bytes, ClientError> {
+        self.bounded(async {
+            let resp = self.send(method, path, body).await?;
+            Ok(resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes())
+        })
+        .await
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
@@ -108,9 +152,10 @@ impl Client {
         self.json("POST", path, Some(b)).await
     }
 
-    /// Stream a response body chunk by chunk (logs with follow, events).
+    /// Stream a response body chunk by chunk (logs with follow, events). Only the start of the
+    /// answer is bounded by the timeout: a stream may stay quiet for as long as the job runs.
     pub async fn stream(&self, path: &str, mut on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
-        let mut body = self.send("GET", path, None).await?.into_body();
+        let mut body = self.bounded(self.send("GET", path, None)).await?.into_body();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ClientError::Protocol(e.to_string()))?;
             if let Some(data) = frame.data_ref() {
@@ -147,7 +192,6 @@ impl Client {
     }
 
     pub async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {
-        let resp = self.send("GET", path, None).await?;
-        Ok(resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes().to_vec())
+        Ok(self.bytes("GET", path, None).await?.to_vec())
     }
 }

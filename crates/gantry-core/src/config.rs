@@ -84,6 +84,8 @@ pub struct Config {
     pub user_priority: (i32, i32),
     pub admin_priority: (i32, i32),
     pub max_queued_per_user: usize,
+    /// API connection limits and header-read timeout.
+    pub api: crate::api::Limits,
 }
 
 impl Config {
@@ -100,6 +102,7 @@ impl Config {
             user_priority: USER_PRIORITY,
             admin_priority: ADMIN_PRIORITY,
             max_queued_per_user: MAX_QUEUED_PER_USER,
+            api: crate::api::Limits::default(),
         }
     }
 

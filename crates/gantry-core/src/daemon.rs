@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::engine::{Config, Engine, EngineError};
 
@@ -15,6 +15,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 }
 
 pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+    raise_fd_limit();
     let inbox = {
         let (e, dir) = (engine.clone(), engine.cfg.paths.inbox.clone());
         tokio::spawn(async move {
@@ -54,4 +55,18 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
         let _ = std::fs::remove_file(&socket);
     }
     served.and(result)
+}
+
+/// Every API connection, log file and Docker call is a descriptor; the usual soft limit (1024) is far
+/// below the hard one, and running out makes the engine fail at everything at once.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!("open file limit raised from {soft} to {hard}"),
+            Err(e) => warn!("could not raise the open file limit from {soft} to {hard}: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!("could not read the open file limit: {e}"),
+    }
 }

@@ -27,19 +27,19 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
 
   function render(d: JobDetail) {
     const j = d.job;
-    const s = j.job.spec;
+    const s = j.job?.spec;
     el.replaceChildren(
       h("div", { class: "toolbar" },
         h("h2", {}, `#${j.id} ${j.name}`),
         h("span", { class: `state ${j.state}`, "data-testid": "run-state" }, stateLabel(j.state)),
         h("span", { class: "spacer" }),
-        h("button", { "data-testid": "run-again", onclick: async () => go(`#/run/${await backend.rerun(j.id)}`) }, "Run again"),
+        !j.spec_hidden && h("button", { "data-testid": "run-again", onclick: async () => go(`#/run/${await backend.rerun(j.id)}`) }, "Run again"),
         !FINAL_STATES.includes(j.state) && h("button", { class: "danger", onclick: () => backend.cancel(j.id) }, "Cancel")),
       h("div", { class: "cols" },
         h("dl", { class: "facts" },
           h("dt", {}, "Owner"), h("dd", {}, j.owner),
           h("dt", {}, "Image"), h("dd", { class: "mono" }, j.image),
-          h("dt", {}, "Command"), h("dd", { class: "mono" }, commandText(s.command)),
+          h("dt", {}, "Command"), s ? h("dd", { class: "mono" }, commandText(s.command)) : h("dd", { class: "muted" }, `hidden: only ${j.owner} and root see the spec and output`),
           h("dt", {}, "Asks"), h("dd", {}, ask(j.gpus, j.gpu_memory)),
           h("dt", {}, "Priority"), h("dd", {}, String(j.priority)),
           h("dt", {}, "Submitted"), h("dd", {}, `${time(j.submitted_at)} from ${j.source}`),
@@ -58,7 +58,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
       h("div", { class: "chart", "data-testid": "run-chart" }),
       h("h3", {}, "Log"),
       log,
-      h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))));
+      s && h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))));
     drawChart(d, el.querySelector(".chart") as HTMLElement);
   }
 
@@ -81,7 +81,8 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
     const d = await backend.job(id);
     render(d);
     log.textContent = "";
-    if (FINAL_STATES.includes(d.job.state)) log.textContent = await backend.logs(id);
+    if (d.job.spec_hidden) log.textContent = "";
+    else if (FINAL_STATES.includes(d.job.state)) log.textContent = await backend.logs(id);
     else stopLog = backend.followLogs(id, (t) => { log.textContent += t; log.scrollTop = log.scrollHeight; });
   }
   load().catch((e) => el.append(h("p", { class: "error" }, String(e))));
@@ -91,7 +92,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
     const text = log.textContent;
     render(d);
     log.textContent = text;
-    if (FINAL_STATES.includes(d.job.state)) { stopLog?.(); log.textContent = await backend.logs(id); }
+    if (FINAL_STATES.includes(d.job.state) && !d.job.spec_hidden) { stopLog?.(); log.textContent = await backend.logs(id); }
   }).then((u) => (unsub = u));
   return { el, dispose() { stopLog?.(); unsub?.(); } };
 }
