@@ -136,6 +136,7 @@ fn prepare_state_dir(paths: &Paths) -> Result<(), EngineError> {
 }
 
 const ID_MARK_FILE: &str = ".job-id-high-water";
+const ENGINE_ID_FILE: &str = ".engine-id";
 
 /// The largest job id named by a log file (`<db>-<id>.log` or legacy `<id>.log`).
 fn max_logged_job_id(logs: &Path) -> i64 {
@@ -166,9 +167,17 @@ impl Engine {
         let mut store = Store::open(&cfg.paths.db())?;
         let reader = Store::open(&cfg.paths.db())?;
         let db_uid = store.meta("db_uid")?.ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
-        let engine_id = match store.meta("engine_id")? {
-            Some(id) => id,
-            None => {
+        // The engine id is kept in the database and, like the id high-water mark, in the logs dir: a
+        // database that lost its WAL must still recognize (and report) its engine's containers.
+        let id_file = cfg.paths.logs().join(ENGINE_ID_FILE);
+        let kept = std::fs::read_to_string(&id_file).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+        let engine_id = match (store.meta("engine_id")?, kept) {
+            (Some(id), _) => id,
+            (None, Some(id)) => {
+                store.set_meta("engine_id", &id)?;
+                id
+            }
+            (None, None) => {
                 // Databases from before 0003 named their containers by a hash of the state dir: keep it so
                 // running containers are found after the upgrade. New databases get a random id.
                 let id = if store.job_id_high_water()? > 0 { legacy_engine_id(&cfg.paths.state_dir) } else { db_uid.clone() };
@@ -176,6 +185,7 @@ impl Engine {
                 id
             }
         };
+        std::fs::write(&id_file, format!("{engine_id}\n"))?;
         rename_legacy_logs(&cfg.paths.logs(), &db_uid);
         // Ids never restart: the high-water mark lives in the database AND in the logs dir. If the
         // database lost commits (a cut WAL), new ids continue after the highest id ever handed out.
