@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gantry_core::api::{PriorityRequest, StatusInfo, Submitted, WhoAmI};
+use gantry_core::api::{JobDetailView as JobDetail, PriorityRequest, QueueEntryView as QueueEntry, StatusInfo, Submitted, WhoAmI};
 use gantry_core::client::{Client, Preview};
-use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, JobDetail, Paths, QueueEntry};
+use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, Paths};
 use gantry_core::store::{HistoryRow, TimelineRun};
 use serde::Serialize;
 use serde_json::Value;

@@ -58,7 +58,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
       h("div", { class: "chart", "data-testid": "run-chart" }),
       h("h3", {}, "Log"),
       log,
-      s && h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))));
+      s ? h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))) : "");
     drawChart(d, el.querySelector(".chart") as HTMLElement);
   }
 
