@@ -159,8 +159,9 @@ fn pinned_mounts_are_read_only_when_asked_and_released_when_jobs_end() {
     let result = std::fs::metadata(out.join("one.txt")).expect("the read-write mount reaches alice's folder");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&result), alice.uid);
     // Released right after the end is recorded (which `wait_final` sees).
-    e.wait_until("no pinned mount to outlive its job", || mounts_under(&e.state).is_empty());
-    assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0, "its staging paths are removed");
+    let state = e.state.clone();
+    let released = || mounts_under(&state).is_empty() && std::fs::read_dir(&staging).unwrap().count() == 0;
+    e.wait_until("no pinned mount or staging path to outlive its job", released);
 
     // Across an engine restart: a running job keeps its pinned mounts; stale ones (their container is gone)
     // are released at start, and releasing never deletes what was mounted.
@@ -177,6 +178,5 @@ fn pinned_mounts_are_read_only_when_asked_and_released_when_jobs_end() {
     assert_eq!(std::fs::read_to_string(spare.join("keep.txt")).unwrap(), "keep\n");
     assert!(alice.sh(&format!("touch {}/go2", out.display())).status.success());
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
-    e.wait_until("the pinned mounts to be released after the restart too", || mounts_under(&e.state).is_empty());
-    assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0);
+    e.wait_until("the pinned mounts to be released after the restart too", released);
 }
