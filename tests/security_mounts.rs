@@ -138,14 +138,18 @@ fn own_folders_mount_read_write_as_the_owner_and_symlinks_mount_their_target() {
     let meta = std::fs::metadata(out.join("result.txt")).expect("the job wrote into alice's folder");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), alice.uid);
 
-    // Through a symlink in her folder: Docker gets the resolved path, not the link.
+    // Through a symlink in her folder: Docker gets the link's target, pinned under the state dir.
     let s = spec(&alice, &dir, "link", &format!("{}/link:/d:ro", dir.display()), "cat /d/hello.txt; sleep 60");
     let id = submit(&e, &alice, &s).unwrap();
     e.wait_state(id, "running");
     let ps = Command::new("docker").args(["ps", "-q", "--filter", &format!("label=dev.gantry.engine={}", e.engine_id)]).args(["--filter", &format!("label=dev.gantry.job={id}")]).output().unwrap();
     let cid = String::from_utf8_lossy(&ps.stdout).trim().to_string();
     let mounts = Command::new("docker").args(["inspect", "--format", "{{range .Mounts}}{{.Type}} {{.Source}} {{.RW}};{{end}}", &cid]).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&mounts.stdout).trim(), format!("bind {} false;", out.display()));
+    let mounts = String::from_utf8_lossy(&mounts.stdout).trim().to_string();
+    let source = mounts.strip_prefix("bind ").and_then(|m| m.strip_suffix(" false;")).unwrap_or_else(|| panic!("{mounts}"));
+    assert!(Path::new(source).starts_with(e.state.join("mnt")), "{mounts}");
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    assert_eq!(ino(Path::new(source)), ino(&out), "the pinned source is alice's folder: {mounts}");
     assert!(e.gantry_user(&alice, &["cancel", &id.to_string()]).status.success());
     e.wait_final(id);
     assert!(e.logs(id).contains("hello"), "{}", e.logs(id));

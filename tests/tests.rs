@@ -6,6 +6,7 @@ mod helpers;
 mod security_api;
 mod security_inbox;
 mod security_mounts;
+mod security_mounts_race;
 mod security_state;
 
 use helpers::*;

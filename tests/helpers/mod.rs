@@ -266,5 +266,8 @@ impl Drop for Engine {
         if !ids.is_empty() {
             let _ = Command::new("docker").args(["rm", "-f"]).args(&ids).output();
         }
+        // Pinned mounts a stopped engine left (a job still ran): unmount them before the temp dir is
+        // deleted, or its removal would reach into the users' mounted folders.
+        let _ = Command::new("sh").arg("-c").arg(format!("grep -o ' {0}/mnt/[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l", self.state.display())).output();
     }
 }

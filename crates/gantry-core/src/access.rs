@@ -4,13 +4,16 @@
 //! helper process takes the submitter's uid, gid and supplementary groups and opens the path with
 //! `O_PATH`: the kernel then checks search permission on every component and follows symlinks as that
 //! user, with every permission rule it knows (ACLs, LSMs, root-squashing NFS). The helper reports the
-//! resolved path, its type, device and inode, and whether the user may read (and write) it. Gantry
-//! mounts the resolved path, never the one written in the spec.
+//! resolved path, its type, device and inode, and whether the user may read (and write) it, and hands
+//! the opened file itself back to the engine (SCM_RIGHTS). A root engine mounts exactly that file (see
+//! [`crate::staging`]), so swapping a path component afterwards changes nothing; any other engine mounts
+//! the resolved path, never the one written in the spec.
 //!
 //! The engine is multi-threaded, so the forked helper only makes raw, async-signal-safe calls: every
 //! buffer is prepared before `fork`, and the helper never allocates.
 
 use std::ffi::{CStr, CString};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -57,13 +60,15 @@ pub enum FileKind {
 }
 
 /// A path as the user's own open resolved it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Resolved {
     /// Absolute, every symlink followed.
     pub path: PathBuf,
     pub kind: FileKind,
     pub dev: u64,
     pub ino: u64,
+    /// The file the user's open reached (`O_PATH`).
+    pub file: OwnedFd,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,8 +156,9 @@ fn fd_link(fd: i32, buf: &mut [u8; 32]) {
     buf[PREFIX.len() + i] = 0;
 }
 
-/// Open `path` as whoever runs this and fill `r`. Raw libc only: this runs in a forked child.
-unsafe fn probe(path: &CStr, write: bool, r: &mut Reply) {
+/// Open `path` as whoever runs this and fill `r`; the opened fd when every check passed, else -1.
+/// Raw libc only: this runs in a forked child.
+unsafe fn probe(path: &CStr, write: bool, r: &mut Reply) -> i32 {
     let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
     if fd < 0 {
         r.stage = STAGE_OPEN;
@@ -160,14 +166,14 @@ unsafe fn probe(path: &CStr, write: bool, r: &mut Reply) {
         if r.errno == libc::EACCES {
             r.denied_at = first_denied_prefix(path.to_bytes());
         }
-        return;
+        return -1;
     }
     let mut st: libc::stat = std::mem::zeroed();
     if libc::fstat(fd, &mut st) != 0 {
         r.stage = STAGE_STAT;
         r.errno = errno();
         libc::close(fd);
-        return;
+        return -1;
     }
     (r.mode, r.dev, r.ino) = (st.st_mode, st.st_dev, st.st_ino);
     let mut link = [0u8; 32];
@@ -188,7 +194,34 @@ unsafe fn probe(path: &CStr, write: bool, r: &mut Reply) {
             r.errno = errno();
         }
     }
+    if r.stage == OK {
+        return fd;
+    }
     libc::close(fd);
+    -1
+}
+
+/// Room for one SCM_RIGHTS message carrying one fd (CMSG_SPACE(4) is 24 on 64-bit Linux).
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 64]);
+
+/// Send the reply as one datagram, with `fd` attached when it is valid. Raw libc only (forked child).
+unsafe fn send_reply(sock: i32, r: &Reply, fd: i32) {
+    let mut iov = libc::iovec { iov_base: r as *const Reply as *mut libc::c_void, iov_len: std::mem::size_of::<Reply>() };
+    let mut cbuf = CmsgBuf([0; 64]);
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if fd >= 0 {
+        msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as usize;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
+    }
+    while libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 && errno() == libc::EINTR {}
 }
 
 /// Length of the shortest prefix of `path` that fails to open with EACCES (0: none found).
@@ -216,11 +249,12 @@ unsafe fn first_denied_prefix(path: &[u8]) -> u32 {
     0
 }
 
-/// Serializes forks, so a helper never inherits another helper's pipe and delays its EOF.
+/// Serializes forks, so a helper never inherits another helper's socket and delays its EOF.
 static FORK: Mutex<()> = Mutex::new(());
 
-/// Run [`probe`] in a child with `cred` (or with the engine's own ids when `become_user` is false).
-fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Result<Reply, std::io::Error> {
+/// Run [`probe`] in a child with `cred` (or with the engine's own ids when `become_user` is false): its
+/// reply, and the file it opened when every check passed.
+fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
     let groups: Vec<libc::gid_t> = cred.groups.clone();
     let (uid, gid) = (cred.uid as libc::uid_t, cred.gid as libc::gid_t);
     let mut fds = [0i32; 2];
@@ -228,7 +262,8 @@ fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Resul
     // SAFETY: plain syscalls on owned fds. After fork, the child runs only async-signal-safe code
     // (raw syscalls, stack buffers) and leaves with _exit.
     let pid = unsafe {
-        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+        // A datagram socket: the reply arrives whole, with the opened fd attached.
+        if libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         let pid = libc::fork();
@@ -241,24 +276,14 @@ fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Resul
                 || (libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) == 0
                     && libc::syscall(libc::SYS_setresgid, gid, gid, gid) == 0
                     && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0);
+            let mut fd = -1;
             if dropped {
-                probe(path, write, &mut r);
+                fd = probe(path, write, &mut r);
             } else {
                 r.stage = STAGE_CRED;
                 r.errno = errno();
             }
-            let bytes = std::slice::from_raw_parts(&r as *const Reply as *const u8, std::mem::size_of::<Reply>());
-            let mut off = 0;
-            while off < bytes.len() {
-                let n = libc::write(fds[1], bytes[off..].as_ptr() as *const libc::c_void, bytes.len() - off);
-                if n > 0 {
-                    off += n as usize;
-                } else if n < 0 && errno() == libc::EINTR {
-                    continue;
-                } else {
-                    break;
-                }
-            }
+            send_reply(fds[1], &r, fd);
             libc::_exit(0);
         }
         libc::close(fds[1]);
@@ -285,13 +310,12 @@ fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Resul
     got
 }
 
-fn read_reply(fd: i32, deadline: Instant) -> Result<Reply, std::io::Error> {
+fn read_reply(sock: i32, deadline: Instant) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
     let mut buf = vec![0u8; std::mem::size_of::<Reply>()];
-    let mut got = 0;
-    while got < buf.len() {
+    loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd; reads into our own buffer within its length.
+        let mut pfd = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
         if n == 0 {
             return Err(std::io::ErrorKind::TimedOut.into());
@@ -302,16 +326,42 @@ fn read_reply(fd: i32, deadline: Instant) -> Result<Reply, std::io::Error> {
             }
             return Err(std::io::Error::last_os_error());
         }
-        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, buf.len() - got) };
-        match n {
-            0 => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the path-check helper died")),
-            n if n < 0 && errno() == libc::EINTR => continue,
-            n if n < 0 => return Err(std::io::Error::last_os_error()),
-            n => got += n as usize,
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+        let mut cbuf = CmsgBuf([0; 64]);
+        // SAFETY: a zeroed msghdr pointing at our own buffers, within their lengths.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = cbuf.0.len();
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && errno() == libc::EINTR {
+            continue;
         }
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Take ownership of a passed fd first, so no error path leaks it.
+        let mut file = None;
+        // SAFETY: walks the control buffer the kernel filled, as CMSG_* define it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    file = Some(OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32)));
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the path-check helper died"));
+        }
+        if n as usize != buf.len() || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the path-check helper sent a malformed reply"));
+        }
+        // SAFETY: `buf` holds exactly one Reply, written by the helper from the same type; any bytes are valid.
+        return Ok((unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const Reply) }, file));
     }
-    // SAFETY: `buf` holds exactly one Reply, written by the helper from the same type; any bytes are valid.
-    Ok(unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const Reply) })
 }
 
 fn kind_of(mode: u32) -> FileKind {
@@ -340,7 +390,7 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
     if euid != 0 && euid != cred.uid {
         return Err(AccessError::CannotActAs { engine_uid: euid, uid: cred.uid });
     }
-    let r = run_helper(cred, &c, write, euid == 0).map_err(|e| match e.kind() {
+    let (r, file) = run_helper(cred, &c, write, euid == 0).map_err(|e| match e.kind() {
         std::io::ErrorKind::TimedOut => AccessError::Timeout { path: host.to_path_buf() },
         _ => io(e),
     })?;
@@ -357,13 +407,14 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
         STAGE_CRED => return Err(io(std::io::Error::new(os.kind(), format!("cannot take on uid {} to check the path: {os}", cred.uid)))),
         _ => return Err(io(os)),
     }
+    let file = file.ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::InvalidData, "the path-check helper sent no file")))?;
     // The path the user's open led to must still be that file now, seen by the engine (which Docker is).
     match std::fs::metadata(&resolved) {
         Ok(m) if m.dev() == r.dev && m.ino() == r.ino => {}
         Ok(_) => return Err(AccessError::Changed { path: host.to_path_buf() }),
         Err(source) => return Err(AccessError::Io { path: resolved, source }),
     }
-    Ok(Resolved { path: resolved, kind: kind_of(r.mode), dev: r.dev, ino: r.ino })
+    Ok(Resolved { path: resolved, kind: kind_of(r.mode), dev: r.dev, ino: r.ino, file })
 }
 
 /// Where a path stopped the user: the prefix that failed is a symlink they could not follow, or lies in
@@ -445,7 +496,7 @@ impl Forbidden {
 
 // ---- Mounts ----
 
-/// A mount that passed the check: `host` is the resolved path, the one handed to Docker.
+/// A mount as handed to Docker: `host` is the resolved path, or the staging path that pins it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedMount {
     pub host: PathBuf,
@@ -453,19 +504,28 @@ pub struct ResolvedMount {
     pub read_only: bool,
 }
 
+/// A mount that passed the check, with the file the owner's own open reached.
+#[derive(Debug)]
+pub struct CheckedMount {
+    /// `host` is the resolved path.
+    pub mount: ResolvedMount,
+    /// Kept open so the engine can mount exactly this file ([`crate::staging`]).
+    pub file: OwnedFd,
+}
+
 /// Check every mount as `cred` and resolve it; the first refusal says which mount, why, and how to fix it.
-pub fn check_mounts(cred: &Cred, mounts: &[Mount], forbidden: &Forbidden) -> Result<Vec<ResolvedMount>, SpecError> {
+pub fn check_mounts(cred: &Cred, mounts: &[Mount], forbidden: &Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
     mounts.iter().map(|m| check_mount(cred, m, forbidden)).collect()
 }
 
 /// [`check_mounts`] off the async runtime (the helper may wait up to [`CHECK_TIMEOUT`] per path).
-pub async fn check_mounts_async(cred: Cred, mounts: Vec<Mount>, forbidden: Forbidden) -> Result<Vec<ResolvedMount>, SpecError> {
+pub async fn check_mounts_async(cred: Cred, mounts: Vec<Mount>, forbidden: Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
     tokio::task::spawn_blocking(move || check_mounts(&cred, &mounts, &forbidden))
         .await
         .unwrap_or_else(|e| Err(SpecError::new(format!("checking the mounts failed: {e}"), "submit the job again")))
 }
 
-fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Result<ResolvedMount, SpecError> {
+fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Result<CheckedMount, SpecError> {
     let shown = format!("{}:{}{}", m.host, m.container, if m.read_only { ":ro" } else { "" });
     let who = &cred.name;
     let refuse = |what: String, hint: String| SpecError::new(format!("mount {shown:?}: {what}"), hint);
@@ -518,7 +578,7 @@ fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Result<Resolved
     if let FileKind::Other(kind) = r.kind {
         return Err(refuse(format!("{} is a {kind}; only files and folders can be mounted", named(&r.path)), "mount a file or a folder".into()));
     }
-    Ok(ResolvedMount { host: r.path, container: m.container.clone(), read_only: m.read_only })
+    Ok(CheckedMount { mount: ResolvedMount { host: r.path, container: m.container.clone(), read_only: m.read_only }, file: r.file })
 }
 
 #[cfg(test)]
@@ -597,6 +657,8 @@ mod tests {
         assert_eq!(r.path, dir);
         assert_eq!(r.kind, FileKind::Directory);
         assert_eq!(r.ino, std::fs::metadata(&dir).unwrap().ino());
+        // The helper hands back the file its open reached.
+        assert_eq!(nix::sys::stat::fstat(&r.file).unwrap().st_ino, r.ino);
         assert!(matches!(resolve_as(&me(), &d.path().join("nope/x"), false), Err(AccessError::Missing { .. })));
     }
 
@@ -643,7 +705,7 @@ mod tests {
         std::os::unix::fs::symlink(&real, real.join("link")).unwrap();
         let m = |host: &Path, ro| Mount { host: host.to_string_lossy().into_owned(), container: "/d".into(), read_only: ro };
         let none = Forbidden::default();
-        let got = check_mounts(&me(), &[m(&real.join("link"), true)], &none).unwrap();
+        let got: Vec<ResolvedMount> = check_mounts(&me(), &[m(&real.join("link"), true)], &none).unwrap().into_iter().map(|c| c.mount).collect();
         assert_eq!(got, vec![ResolvedMount { host: real.clone(), container: "/d".into(), read_only: true }]);
         let e = check_mounts(&me(), &[m(&real.join("missing"), false)], &none).unwrap_err();
         assert!(e.message.contains("does not exist") && e.message.contains("missing:/d"), "{e}");

@@ -80,7 +80,8 @@ pub struct Launch<'a> {
     pub gid: u32,
     /// The owner's supplementary groups, so the job reads what the owner may read through a group.
     pub groups: Vec<u32>,
-    /// The job's mounts as checked with the owner's permissions: resolved host paths.
+    /// The job's mounts as checked with the owner's permissions: staging paths pinning what the check
+    /// opened (root engine), or the resolved host paths.
     pub mounts: Vec<ResolvedMount>,
     pub gpus: Vec<u32>,
     pub gpu_uuids: Vec<String>,
@@ -219,8 +220,9 @@ impl Executor for DockerExecutor {
             (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         ]);
         // `Mounts`, not `Binds`: Docker refuses a missing source instead of creating it as root. The source
-        // is the path resolved as the owner just before; a swap between that check and this create is a
-        // residual race (Docker 20.10's runc cannot bind /proc/<pid>/fd/<n>, which would pin the inode).
+        // is what the owner's check opened, pinned by a root engine under its state dir (`staging`), so no
+        // swap after the check can redirect it; a non-root engine passes the resolved path (Docker 20.10's
+        // runc cannot bind /proc/<pid>/fd/<n> itself).
         let mounts: Vec<Mount> = l
             .mounts
             .iter()

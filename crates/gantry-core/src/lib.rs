@@ -2,6 +2,7 @@
 //!
 //! - [`spec`]: the job spec (YAML/TOML), validation and JSON Schema
 //! - [`access`]: host paths checked as the submitter (mounts)
+//! - [`staging`]: checked mounts pinned for Docker (root engine)
 //! - [`store`]: the SQLite queue and run history
 //! - [`gpu`]: GPU inventory (NVML or simulated)
 //! - [`scheduler`]: the pure placement function
@@ -12,6 +13,7 @@
 
 pub mod spec;
 pub mod access;
+pub mod staging;
 pub mod store;
 pub mod gpu;
 pub mod scheduler;

@@ -50,6 +50,8 @@ pub enum EngineError {
     Gpu(#[from] crate::gpu::GpuError),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error(transparent)]
+    Staging(#[from] crate::staging::StagingError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("no job {0}")]
@@ -262,6 +264,18 @@ impl Engine {
         format!("gantry-{}-j{job}-a{attempt_n}", self.db_uid)
     }
 
+    /// Where a root engine pins the checked mounts of its containers.
+    fn staging(&self) -> crate::staging::Staging {
+        crate::staging::Staging::in_state_dir(&self.cfg.paths.state_dir)
+    }
+
+    /// Unmount the pinned mounts of a container that is gone or will never start again.
+    fn release_staging(&self, container_name: &str) {
+        if let Err(e) = self.staging().release(container_name) {
+            warn!("{e}");
+        }
+    }
+
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -302,6 +316,11 @@ impl Engine {
     /// Run until shutdown: recovery, then sampler and scheduling passes.
     /// Returns an error when the engine cannot trust its state (it then stops loudly).
     pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
+        // Before anything launches: pinned mounts whose container no longer exists are released.
+        match self.exec.list_ours(&self.engine_id).await {
+            Ok(found) => self.staging().sweep(&found.into_iter().map(|f| f.name).collect()),
+            Err(e) => warn!("cannot look for stale pinned mounts yet: {e}"),
+        }
         self.clone().recover().await?;
         let sampler = tokio::spawn(self.clone().sampler_loop());
         let mut tick = tokio::time::interval(crate::config::PASS_EVERY);

@@ -168,6 +168,9 @@ impl Engine {
                 }
                 Action::Remove { container_id } => {
                     let _ = self.exec.remove(&container_id).await;
+                    if let Some((f, _)) = facts.iter().find(|(f, _)| f.container_id == container_id) {
+                        self.release_staging(&f.name);
+                    }
                 }
                 Action::Orphan(f) => {
                     warn!(

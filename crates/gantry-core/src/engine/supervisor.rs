@@ -64,11 +64,14 @@ impl Engine {
             self.exec.ensure_image(&job.image).await?;
             // Paths change while a job waits: check the mounts as the owner again, right before create.
             let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-            let mounts = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            let checked = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            // Docker gets paths the owner cannot swap: the checked files, pinned (released in end_attempt).
+            let name = self.container_name(job.id, attempt.n);
+            let mounts = self.staging().stage(&name, checked)?;
             let l = Launch {
             engine_id: &self.engine_id,
             db_uid: &self.db_uid,
-            name: self.container_name(job.id, attempt.n),
+            name,
             job_id: job.id,
             attempt_id: attempt.id,
             attempt_n: attempt.n,
@@ -255,6 +258,8 @@ impl Engine {
                 warn!(job = job_id, "could not remove container {cid}: {e}");
             }
         }
+        // The attempt never starts again: its pinned mounts can go (a running container keeps its own copy).
+        self.release_staging(&self.container_name(job_id, attempt.n));
     }
 
     /// The engine cannot trust its state: stop loudly.

@@ -1,0 +1,241 @@
+//! Mounts pinned to the file the owner's check opened.
+//!
+//! [`crate::access`] opens each mount's host path as the job's owner and hands the opened file back.
+//! Docker, though, takes a path, and runc follows it as root when the container starts: between the check
+//! and that moment the owner could swap a component of their own path for a symlink to `/root/secret`.
+//! So a root engine bind-mounts the checked file itself (`/proc/self/fd/N`) onto a staging path it owns,
+//! `<state dir>/mnt/<container name>/<i>` (directories 0700 root), and gives Docker the staging path. No
+//! user can change anything on the way to it, and it shows exactly the inode the owner's open reached.
+//!
+//! The bind is recursive, as Docker's own bind mounts are, so the job sees the same tree its owner sees
+//! (nested mounts included); its propagation is private. `:ro` remounts it read-only (nested mounts keep
+//! their own flags, as with Docker 20.10's read-only binds; the job still writes only what its owner may).
+//! Staging mounts live in the host's mount namespace, so they outlive an engine restart; they are released
+//! when the attempt ends, and a start-up sweep releases those whose container is gone.
+//!
+//! An engine that is not root cannot mount: it passes the resolved path on, and the race stays open
+//! there (such an engine only serves its own user, whose paths it could read anyway).
+
+use std::collections::HashSet;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use tracing::{info, warn};
+
+use crate::access::{CheckedMount, ResolvedMount};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StagingError {
+    #[error(
+        "cannot pin the mount of {} at {}: {source}. A root engine mounts each checked host path itself so it \
+         cannot be swapped before the container starts; run the engine as root in the host's mount namespace",
+        host.display(), at.display()
+    )]
+    Mount { host: PathBuf, at: PathBuf, source: Errno },
+    #[error("{} changed while it was being pinned; submit the job again", host.display())]
+    Changed { host: PathBuf },
+    #[error("staging mounts in {}: {source}", at.display())]
+    Io { at: PathBuf, source: std::io::Error },
+}
+
+/// The staging area of one engine.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    root: PathBuf,
+    enabled: bool,
+}
+
+impl Staging {
+    /// `<state dir>/mnt`; pinning is on when the engine runs as root.
+    pub fn in_state_dir(state_dir: &Path) -> Staging {
+        Staging { root: state_dir.join("mnt"), enabled: nix::unistd::geteuid().is_root() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Pin each checked mount under `name` (the container's name) and return the mounts to hand Docker.
+    /// On failure nothing stays mounted.
+    pub fn stage(&self, name: &str, checked: Vec<CheckedMount>) -> Result<Vec<ResolvedMount>, StagingError> {
+        if !self.enabled || checked.is_empty() {
+            return Ok(checked.into_iter().map(|c| c.mount).collect());
+        }
+        self.release(name)?; // leftovers of an earlier try under this name
+        let io = |at: &Path| {
+            let at = at.to_path_buf();
+            move |source| StagingError::Io { at, source }
+        };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.root).map_err(io(&self.root))?;
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700)).map_err(io(&self.root))?;
+        let dir = self.root.join(name);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io(&dir))?;
+        let staged: Result<Vec<_>, _> = checked.into_iter().enumerate().map(|(i, c)| pin(&dir.join(i.to_string()), c)).collect();
+        if staged.is_err() {
+            if let Err(e) = self.release(name) {
+                warn!("{e}");
+            }
+        }
+        staged
+    }
+
+    /// Unmount and remove the staging paths of `name`. Only empty directories and the engine's own empty
+    /// files are removed, never anything reached through a mount.
+    pub fn release(&self, name: &str) -> Result<(), StagingError> {
+        let dir = self.root.join(name);
+        let io = |at: &Path| {
+            let at = at.to_path_buf();
+            move |source| StagingError::Io { at, source }
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        for entry in entries {
+            let p = entry.map_err(io(&dir))?.path();
+            // Until it is no longer a mount point (a crash could have stacked two).
+            loop {
+                match umount2(&p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                    Ok(()) => continue,
+                    Err(Errno::EINVAL) => break,
+                    Err(e) => return Err(io(&p)(e.into())),
+                }
+            }
+            let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
+            if is_dir { std::fs::remove_dir(&p) } else { std::fs::remove_file(&p) }.map_err(io(&p))?;
+        }
+        std::fs::remove_dir(&dir).map_err(io(&dir))
+    }
+
+    /// At engine start: release the staging of every container not in `existing` (removed while the
+    /// engine was away, or whose release failed).
+    pub fn sweep(&self, existing: &HashSet<String>) {
+        let Ok(rd) = std::fs::read_dir(&self.root) else { return };
+        for entry in rd.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if existing.contains(&name) {
+                continue;
+            }
+            match self.release(&name) {
+                Ok(()) => info!("released the pinned mounts of {name} (its container is gone)"),
+                Err(e) => warn!("{e}"),
+            }
+        }
+    }
+}
+
+/// Bind the checked file onto `at` (created here), private, read-only when asked.
+fn pin(at: &Path, c: CheckedMount) -> Result<ResolvedMount, StagingError> {
+    let host = c.mount.host.clone();
+    let io = |source| StagingError::Io { at: at.to_path_buf(), source };
+    let failed = |source| StagingError::Mount { host: host.clone(), at: at.to_path_buf(), source };
+    let st = nix::sys::stat::fstat(&c.file).map_err(|e| io(e.into()))?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        std::fs::DirBuilder::new().mode(0o700).create(at).map_err(io)?;
+    } else {
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(at).map_err(io)?;
+    }
+    // The fd's magic link leads to the very inode (and mount) the owner's open reached.
+    let source = PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()));
+    mount(Some(&source), at, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(failed)?;
+    mount(None::<&str>, at, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>).map_err(failed)?;
+    if c.mount.read_only {
+        // A bind remount sets the flags it is given: keep nosuid, nodev, noexec and the atime policy.
+        let kept = nix::sys::statvfs::statvfs(at).map_err(failed)?.flags();
+        let kept = MsFlags::from_bits_truncate(kept.bits() as _)
+            & (MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME | MsFlags::MS_NODIRATIME | MsFlags::MS_RELATIME);
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | kept;
+        mount(None::<&str>, at, None::<&str>, flags, None::<&str>).map_err(failed)?;
+    }
+    let now = std::fs::metadata(at).map_err(io)?;
+    if (now.dev(), now.ino()) != (st.st_dev, st.st_ino) {
+        return Err(StagingError::Changed { host });
+    }
+    Ok(ResolvedMount { host: at.to_path_buf(), ..c.mount })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{check_mounts, Cred, Forbidden};
+    use crate::spec::Mount;
+
+    fn me() -> Cred {
+        Cred::of_user(nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
+    }
+
+    /// Mount points at or below `dir`, from this process's mountinfo.
+    fn mounts_under(dir: &Path) -> Vec<String> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = dir.to_string_lossy().into_owned();
+        info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| *m == dir || m.starts_with(&format!("{dir}/"))).map(String::from).collect()
+    }
+
+    fn checked(host: &Path, ro: bool) -> Vec<CheckedMount> {
+        let m = Mount { host: host.to_string_lossy().into_owned(), container: "/d".into(), read_only: ro };
+        check_mounts(&me(), &[m], &Forbidden::default()).unwrap()
+    }
+
+    #[test]
+    fn a_pinned_mount_keeps_the_checked_inode_after_a_swap_and_is_released_cleanly() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        let (data, secret) = (base.join("data"), base.join("secret"));
+        std::fs::create_dir(&data).unwrap();
+        std::fs::create_dir(&secret).unwrap();
+        std::fs::write(data.join("f"), "mine").unwrap();
+        std::fs::write(secret.join("f"), "SECRET").unwrap();
+        let staging = Staging::in_state_dir(&base.join("state"));
+        let mut all = checked(&data, true);
+        all.extend(checked(&data.join("f"), false));
+        let staged = staging.stage("c1", all).unwrap();
+        if !staging.enabled {
+            assert_eq!(staged[0].host, data, "an engine that is not root passes the resolved path on");
+            return;
+        }
+        // The owner swaps the checked path for a symlink to somewhere else.
+        std::fs::rename(&data, base.join("data.old")).unwrap();
+        std::os::unix::fs::symlink(&secret, &data).unwrap();
+        let (dir, file) = (&staged[0], &staged[1]);
+        assert!(dir.host.starts_with(staging.root()) && dir.read_only, "{dir:?}");
+        assert_eq!(std::fs::read_to_string(dir.host.join("f")).unwrap(), "mine");
+        assert_eq!(std::fs::read_to_string(&file.host).unwrap(), "mine");
+        let w = std::fs::write(dir.host.join("new"), "x").unwrap_err();
+        assert_eq!(w.raw_os_error(), Some(libc::EROFS), "a :ro mount is read-only even for root: {w}");
+        std::fs::write(&file.host, "written").unwrap();
+        assert_eq!(std::fs::read_to_string(base.join("data.old/f")).unwrap(), "written", "a rw mount writes the owner's file");
+        assert_eq!(std::fs::metadata(staging.root()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(mounts_under(staging.root()).len(), 2);
+
+        staging.release("c1").unwrap();
+        assert!(mounts_under(staging.root()).is_empty());
+        assert!(!staging.root().join("c1").exists());
+        assert_eq!(std::fs::read_to_string(base.join("data.old/f")).unwrap(), "written", "releasing never touches the owner's files");
+        staging.release("c1").unwrap(); // twice is fine
+    }
+
+    #[test]
+    fn the_sweep_releases_only_containers_that_are_gone() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        let data = base.join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("keep.txt"), "k").unwrap();
+        let staging = Staging::in_state_dir(&base.join("state"));
+        if !staging.enabled {
+            return;
+        }
+        staging.stage("alive", checked(&data, true)).unwrap();
+        staging.stage("gone", checked(&data, false)).unwrap();
+        staging.sweep(&HashSet::from(["alive".to_string()]));
+        let left = mounts_under(staging.root());
+        assert_eq!(left, vec![staging.root().join("alive/0").to_string_lossy().into_owned()]);
+        assert!(!staging.root().join("gone").exists());
+        staging.release("alive").unwrap();
+        assert_eq!(std::fs::read_to_string(data.join("keep.txt")).unwrap(), "k");
+    }
+}
