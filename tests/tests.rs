@@ -4,6 +4,7 @@
 mod helpers;
 mod security_inbox;
 mod security_mounts;
+mod security_redteam;
 mod security_state;
 
 use helpers::*;

@@ -64,7 +64,7 @@ impl Engine {
             self.exec.ensure_image(&job.image).await?;
             // Paths change while a job waits: check the mounts as the owner again, right before create.
             let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-            let mounts = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            let mounts = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), job.job.spec.workdir.clone(), self.forbidden()).await?;
             let l = Launch {
             engine_id: &self.engine_id,
             db_uid: &self.db_uid,
