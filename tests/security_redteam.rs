@@ -91,9 +91,9 @@ fn a_spec_with_thousands_of_mounts_is_refused() {
     let e = Engine::start(&[]);
     let alice = user("gantry-alice");
     let dir = alice.private_dir("redteam-mounts");
-    let mounts: Vec<String> = (0..5000).map(|i| format!("'/tmp:/m{i}:ro'")).collect();
-    let spec = alice.write(&dir.join("many.yaml"), &format!("image: {IMAGE}\ngpus: 0\nmounts: [{}]\n", mounts.join(", ")));
-    refused(&e, &alice, &spec, "mounts");
+    let mounts: Vec<String> = (0..5000).map(|i| format!("'{}:/m{i}:ro'", dir.display())).collect();
+    let spec = alice.write(&dir.join("many.yaml"), &format!("image: {IMAGE}\ngpus: 0\ncommand: 'true'\nmounts: [{}]\n", mounts.join(", ")));
+    refused(&e, &alice, &spec, "has 5000 `mounts`; the limit is 100");
 }
 
 /// A job's name is on everyone's queue. The 200-character limit held for `name`, but a matrix value
