@@ -155,3 +155,23 @@ fn nested_mounts_and_workdir_never_make_root_owned_host_paths() {
     let id = submit(&e, &alice, &spec).unwrap_or_else(|m| panic!("an existing nested path is fine: {m}"));
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
 }
+
+/// Job names reach other users' terminals and the engine's log: a name with escapes or line breaks
+/// (from the spec or from a dropped file's name) is refused at the source.
+#[test]
+fn names_with_terminal_escapes_or_line_breaks_are_refused() {
+    let alice = user("gantry-alice");
+    let inbox = alice.private_dir("redteam-esc");
+    let e = Engine::start(&["--inbox", inbox.to_str().unwrap()]);
+    let dir = alice.private_dir("redteam-esc-specs");
+    let spec = alice.write(&dir.join("esc.yaml"), &format!("name: \"ok\\e[2J\\e[31mroot's job\"\nimage: {IMAGE}\ngpus: 0\n"));
+    refused(&e, &alice, &spec, "control characters");
+    let bad = "fake\n2026-01-01T00:00:00Z ERROR forged\u{1b}[31m.yaml";
+    let out = alice.command("sh").arg("-c").arg(format!("printf 'image: {IMAGE}\\ngpus: 0\\n' > \"$0\"")).arg(inbox.join(bad)).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let error_file = inbox.join("rejected").join(format!("{bad}.error.txt"));
+    e.wait_until("the dropped file to be handled", || error_file.exists() || !inbox.join(bad).exists());
+    let report = std::fs::read_to_string(&error_file).unwrap_or_default();
+    assert!(report.contains("control characters") && report.contains("rename the file"), "{report:?}\n{}", e.daemon_log());
+    assert!(e.json_as(&alice, &["ls"]).as_array().unwrap().is_empty() && e.json_as(&alice, &["history"]).as_array().unwrap().is_empty());
+}

@@ -404,6 +404,14 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     if name.chars().count() > MAX_NAME_CHARS {
         return err(format!("`name` is longer than {MAX_NAME_CHARS} characters"), "use a short name", "name");
     }
+    // Names reach everyone's terminal and the engine's log: no escapes, line breaks or bidi overrides.
+    if name.chars().any(unprintable) {
+        return err(
+            format!("the job name {name:?} contains control characters"),
+            "use letters, digits, spaces and punctuation (rename the file if the name comes from it)",
+            "name",
+        );
+    }
     let expected_runtime = match &spec.expected_runtime {
         None => None,
         Some(s) => match humantime::parse_duration(s.trim()) {
@@ -440,6 +448,11 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, spec })
 }
 
+/// Characters a name may not show: controls, and the marks that reorder text on screen.
+fn unprintable(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Expand a job array (`matrix`) into one job per combination; a job without `matrix` is returned as is.
 pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
     if job.spec.matrix.is_empty() {
@@ -459,7 +472,8 @@ pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
             for (k, v) in &c {
                 j.spec.env.insert(k.to_ascii_uppercase(), v.clone());
             }
-            j.name = format!("{}[{}]", job.name, c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","));
+            let shown = |v: &str| v.chars().map(|ch| if unprintable(ch) { ch.escape_unicode().to_string() } else { ch.to_string() }).collect::<String>();
+            j.name = format!("{}[{}]", job.name, c.iter().map(|(k, v)| format!("{k}={}", shown(v))).collect::<Vec<_>>().join(","));
             // A long matrix value stays in the command and environment, not in everyone's queue.
             if j.name.chars().count() > MAX_NAME_CHARS {
                 j.name = j.name.chars().take(MAX_NAME_CHARS - 2).chain("…]".chars()).collect();
@@ -730,6 +744,14 @@ mod tests {
         assert_eq!(names[0].chars().count(), 200);
         assert!(names[0].starts_with("s[v=éé") && names[0].ends_with("…]"), "{}", names[0]);
         assert_eq!(names[1], "s[v=b]");
+        for bad in [r#""a\e[2Jb""#, r#""line\nbreak""#, r#""abc\u202Egpj.exe""#] {
+            let e = err_yaml(&format!("image: a\nname: {bad}\n"));
+            assert!(e.message.contains("control characters"), "{e}");
+            assert_eq!(e.line, Some(2));
+        }
+        let j = ok_yaml("name: s\nimage: a\nmatrix: {v: [\"\\e[2J\"]}\n");
+        assert_eq!(expand(&j)[0].name, "s[v=\\u{1b}[2J]");
+        assert_eq!(expand(&j)[0].spec.env["V"], "\u{1b}[2J", "the value itself is the job's business");
     }
 
     #[test]
