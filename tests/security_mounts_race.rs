@@ -90,7 +90,7 @@ fn a_path_swapped_after_the_check_cannot_redirect_the_mount() {
     let state = tempfile::tempdir().unwrap();
     let staging = Staging::in_state_dir(state.path());
     let mount = Mount { host: data.to_string_lossy().into_owned(), container: "/d".into(), read_only: true };
-    let checked = check_mounts(&Cred::of_user(alice.uid, alice.gid), &[mount], &Forbidden::default()).unwrap();
+    let checked = check_mounts(&Cred::of_user(alice.uid, alice.gid), &[mount], None, &Forbidden::default()).unwrap();
     let unpinned = vec![checked[0].mount.clone()];
     assert_eq!(unpinned[0].host, data);
     let name = format!("gantry-race-test-{}", std::process::id());

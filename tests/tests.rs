@@ -7,6 +7,7 @@ mod security_api;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
+mod security_redteam;
 mod security_state;
 
 use helpers::*;

@@ -272,10 +272,17 @@ fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Resul
             let mut r: Reply = std::mem::zeroed();
             // Raw syscalls change only this thread's ids (glibc's wrappers would signal other threads,
             // which do not exist in the child). Groups first: after setresuid we may no longer set them.
-            let dropped = !become_user
-                || (libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) == 0
-                    && libc::syscall(libc::SYS_setresgid, gid, gid, gid) == 0
-                    && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0);
+            // A fork holds every file the engine has open, and `/proc/self/fd/N` (or `cwd`) would lead
+            // the user to them past directories they may not enter: keep only the reply pipe, stand in `/`.
+            let w = fds[1] as libc::c_uint;
+            let isolated = (w == 0 || libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, w - 1, 0 as libc::c_uint) == 0)
+                && libc::syscall(libc::SYS_close_range, w + 1, libc::c_uint::MAX, 0 as libc::c_uint) == 0
+                && libc::chdir(c"/".as_ptr()) == 0;
+            let dropped = isolated
+                && (!become_user
+                    || (libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) == 0
+                        && libc::syscall(libc::SYS_setresgid, gid, gid, gid) == 0
+                        && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0));
             let mut fd = -1;
             if dropped {
                 fd = probe(path, write, &mut r);
@@ -404,7 +411,7 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
         }
         STAGE_READ => return Err(AccessError::NoRead { path: resolved }),
         STAGE_WRITE => return Err(AccessError::NoWrite { path: resolved, read_only_fs: r.errno == libc::EROFS }),
-        STAGE_CRED => return Err(io(std::io::Error::new(os.kind(), format!("cannot take on uid {} to check the path: {os}", cred.uid)))),
+        STAGE_CRED => return Err(io(std::io::Error::new(os.kind(), format!("cannot set up the path check as uid {}: {os}", cred.uid)))),
         _ => return Err(io(os)),
     }
     let file = file.ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::InvalidData, "the path-check helper sent no file")))?;
@@ -513,14 +520,18 @@ pub struct CheckedMount {
     pub file: OwnedFd,
 }
 
-/// Check every mount as `cred` and resolve it; the first refusal says which mount, why, and how to fix it.
-pub fn check_mounts(cred: &Cred, mounts: &[Mount], forbidden: &Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
-    mounts.iter().map(|m| check_mount(cred, m, forbidden)).collect()
+/// Check every mount as `cred` and resolve it, and what the job's `workdir` needs of them; the first
+/// refusal says which mount, why, and how to fix it.
+pub fn check_mounts(cred: &Cred, mounts: &[Mount], workdir: Option<&str>, forbidden: &Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
+    let checked = mounts.iter().map(|m| check_mount(cred, m, forbidden)).collect::<Result<Vec<_>, _>>()?;
+    let resolved: Vec<ResolvedMount> = checked.iter().map(|c| c.mount.clone()).collect();
+    check_nested(cred, &resolved, workdir)?;
+    Ok(checked)
 }
 
 /// [`check_mounts`] off the async runtime (the helper may wait up to [`CHECK_TIMEOUT`] per path).
-pub async fn check_mounts_async(cred: Cred, mounts: Vec<Mount>, forbidden: Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
-    tokio::task::spawn_blocking(move || check_mounts(&cred, &mounts, &forbidden))
+pub async fn check_mounts_async(cred: Cred, mounts: Vec<Mount>, workdir: Option<String>, forbidden: Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
+    tokio::task::spawn_blocking(move || check_mounts(&cred, &mounts, workdir.as_deref(), &forbidden))
         .await
         .unwrap_or_else(|e| Err(SpecError::new(format!("checking the mounts failed: {e}"), "submit the job again")))
 }
@@ -581,6 +592,41 @@ fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Result<CheckedM
     Ok(CheckedMount { mount: ResolvedMount { host: r.path, container: m.container.clone(), read_only: m.read_only }, file: r.file })
 }
 
+/// Docker (runc) makes a missing mount point or working directory as root, and inside another mount
+/// that is a host folder: a job could leave root-owned entries in any folder its owner may write. So
+/// what lies inside a mount must already exist there, reached without symbolic links (runc follows
+/// those inside the container, to somewhere else than the check saw).
+fn check_nested(cred: &Cred, mounts: &[ResolvedMount], workdir: Option<&str>) -> Result<(), SpecError> {
+    let targets: Vec<String> = mounts.iter().map(|m| crate::spec::normalize(Path::new(&m.container))).collect();
+    let workdir = workdir.map(|w| crate::spec::normalize(Path::new(w))).filter(|w| !targets.contains(w));
+    let wanted = targets.iter().map(|t| (t, "mount point")).chain(workdir.as_ref().map(|w| (w, "`workdir`")));
+    for (t, what) in wanted {
+        let inside = |p: &&String| *p != t && p.as_str() != "/" && Path::new(t).starts_with(p.as_str());
+        let Some((i, outer)) = targets.iter().enumerate().filter(|(_, p)| inside(p)).max_by_key(|(_, p)| p.len()) else { continue };
+        let host = mounts[i].host.join(Path::new(t).strip_prefix(outer).unwrap_or(Path::new("")));
+        let refuse = |why: String, hint: String| {
+            SpecError::new(format!("{what} {t} lies inside the mount of {} at {outer}, and {why}", mounts[i].host.display()), hint)
+        };
+        match resolve_as(cred, &host, false) {
+            Ok(r) if r.path == host => {}
+            Ok(r) => {
+                return Err(refuse(
+                    format!("{} goes through a symbolic link (to {}), which Docker would follow inside the container", host.display(), r.path.display()),
+                    "mount the link's target itself, or use the real path".into(),
+                ))
+            }
+            Err(AccessError::Missing { .. }) => {
+                return Err(refuse(
+                    format!("{} does not exist: Docker would create it as root", host.display()),
+                    format!("create {} first, as yourself (a folder, or an empty file for a file mount)", host.display()),
+                ))
+            }
+            Err(e) => return Err(refuse(format!("{} cannot be checked as {}: {e}", host.display(), cred.name), "make sure you can reach it yourself".into())),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,6 +677,28 @@ mod tests {
         assert!(f.refusal(d.path()).unwrap().starts_with("contains the Gantry state directory"));
         assert!(f.refusal(Path::new("/var/run/docker.sock")).is_some());
         assert!(f.refusal(&std::fs::canonicalize("/var/run").unwrap()).is_some());
+    }
+
+    #[test]
+    fn what_lies_inside_a_mount_must_exist_there_without_links() {
+        let d = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::create_dir_all(top.join("proj/src")).unwrap();
+        std::os::unix::fs::symlink("/etc", top.join("proj/link")).unwrap();
+        let m = |host: &Path, c: &str| Mount { host: host.to_string_lossy().into_owned(), container: c.into(), read_only: true };
+        let none = Forbidden::default();
+        let check = |mounts: &[Mount], wd: Option<&str>| check_mounts(&me(), mounts, wd, &none).map(|_| ()).map_err(|e| e.message);
+        let proj = top.join("proj");
+        assert_eq!(check(&[m(&proj, "/w"), m(&top, "/w/src")], Some("/w/src/../src")), Ok(()));
+        assert_eq!(check(&[m(&proj, "/w")], Some("/w")), Ok(()));
+        assert_eq!(check(&[m(&proj, "/w")], Some("/elsewhere/new")), Ok(()), "the image's own folders are Docker's business");
+        let e = check(&[m(&proj, "/w"), m(&top, "/w/data/x")], None).unwrap_err();
+        assert!(e.contains("mount point /w/data/x lies inside the mount of") && e.contains("does not exist"), "{e}");
+        let e = check(&[m(&proj, "/w")], Some("/w/src/../new")).unwrap_err();
+        assert!(e.contains("`workdir` /w/new") && e.contains("Docker would create it as root"), "{e}");
+        let e = check(&[m(&proj, "/w")], Some("/w/link")).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(!proj.join("data").exists() && !proj.join("new").exists());
     }
 
     #[test]
@@ -693,7 +761,7 @@ mod tests {
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(resolve_as(&nobody, &dir.join("link"), false).unwrap().path, secret.join("flag"));
         let m = Mount { host: dir.join("link").to_string_lossy().into_owned(), container: "/f".into(), read_only: false };
-        let e = check_mounts(&nobody, &[m], &Forbidden::default()).unwrap_err();
+        let e = check_mounts(&nobody, &[m], None, &Forbidden::default()).unwrap_err();
         assert!(e.message.contains("nobody cannot write") && e.message.contains("which leads to"), "{e}");
         assert!(e.hint.contains(":ro"), "{e}");
     }
@@ -705,13 +773,13 @@ mod tests {
         std::os::unix::fs::symlink(&real, real.join("link")).unwrap();
         let m = |host: &Path, ro| Mount { host: host.to_string_lossy().into_owned(), container: "/d".into(), read_only: ro };
         let none = Forbidden::default();
-        let got: Vec<ResolvedMount> = check_mounts(&me(), &[m(&real.join("link"), true)], &none).unwrap().into_iter().map(|c| c.mount).collect();
+        let got: Vec<ResolvedMount> = check_mounts(&me(), &[m(&real.join("link"), true)], None, &none).unwrap().into_iter().map(|c| c.mount).collect();
         assert_eq!(got, vec![ResolvedMount { host: real.clone(), container: "/d".into(), read_only: true }]);
-        let e = check_mounts(&me(), &[m(&real.join("missing"), false)], &none).unwrap_err();
+        let e = check_mounts(&me(), &[m(&real.join("missing"), false)], None, &none).unwrap_err();
         assert!(e.message.contains("does not exist") && e.message.contains("missing:/d"), "{e}");
         assert!(e.hint.contains("never creates host paths"), "{e}");
         assert!(!real.join("missing").exists());
-        let e = check_mounts(&me(), &[m(Path::new("/"), true)], &none).unwrap_err();
+        let e = check_mounts(&me(), &[m(Path::new("/"), true)], None, &none).unwrap_err();
         assert!(e.message.contains("root of the host file system"), "{e}");
     }
 }

@@ -245,6 +245,17 @@ fn hint_for(message: &str) -> String {
     }
 }
 
+/// Most jobs one `matrix` may expand to.
+pub const MAX_MATRIX_JOBS: usize = 1000;
+/// Most bytes of specs one submission may store (a spec times its matrix).
+pub const MAX_SUBMIT_BYTES: usize = 16 << 20;
+/// Most mounts per job: each is checked by a helper process, one at a time.
+pub const MAX_MOUNTS: usize = 100;
+/// Most jobs one `after` may list.
+pub const MAX_AFTER: usize = 100;
+/// Longest job name (the queue shows it to everyone).
+pub const MAX_NAME_CHARS: usize = 200;
+
 /// Parse text into a spec (syntax and field names only). A leading UTF-8 byte order mark (what
 /// Notepad saves) is skipped.
 pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
@@ -374,6 +385,12 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             return err(format!("environment variable name {k:?} is invalid"), "names are letters, digits and `_`", "env");
         }
     }
+    if spec.mounts.len() > MAX_MOUNTS {
+        return err(format!("the job has {} `mounts`; the limit is {MAX_MOUNTS}", spec.mounts.len()), "mount a few parent folders instead of many single paths", "mounts");
+    }
+    if spec.after.len() > MAX_AFTER {
+        return err(format!("`after` lists {} jobs; the limit is {MAX_AFTER}", spec.after.len()), "wait for a few jobs that end last, or chain the jobs", "after");
+    }
     let mut mounts = Vec::new();
     for m in &spec.mounts {
         mounts.push(parse_mount(m, origin).map_err(|e| (e, "mounts"))?);
@@ -384,8 +401,16 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         .filter(|n| !n.trim().is_empty())
         .or_else(|| origin.file_name.as_ref().map(|f| f.rsplit_once('.').map(|(a, _)| a).unwrap_or(f).to_string()))
         .unwrap_or_else(|| "job".into());
-    if name.len() > 200 {
-        return err("`name` is longer than 200 characters".into(), "use a short name", "name");
+    if name.chars().count() > MAX_NAME_CHARS {
+        return err(format!("`name` is longer than {MAX_NAME_CHARS} characters"), "use a short name", "name");
+    }
+    // Names reach everyone's terminal and the engine's log: no escapes, line breaks or bidi overrides.
+    if name.chars().any(unprintable) {
+        return err(
+            format!("the job name {name:?} contains control characters"),
+            "use letters, digits, spaces and punctuation (rename the file if the name comes from it)",
+            "name",
+        );
     }
     let expected_runtime = match &spec.expected_runtime {
         None => None,
@@ -394,12 +419,23 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             _ => return err(format!("`expected_runtime` {s:?} is not a duration"), "write e.g. `2h` or `45m`", "expected_runtime"),
         },
     };
-    let combos: usize = spec.matrix.values().map(|v| v.len().max(1)).product();
     if spec.matrix.values().any(|v| v.is_empty()) {
         return err("a `matrix` entry has no values".into(), "give each matrix key a list of values, e.g. `lr: [0.1, 0.01]`", "matrix");
     }
-    if combos > 1000 {
-        return err(format!("`matrix` expands to {combos} jobs; the limit is 1000"), "split the sweep into several files", "matrix");
+    // Checked: 64 keys of 2 values overflow a plain product.
+    let combos = spec.matrix.values().try_fold(1usize, |n, v| n.checked_mul(v.len()).filter(|n| *n <= MAX_MATRIX_JOBS));
+    let Some(combos) = combos else {
+        let shown = spec.matrix.values().map(|v| v.len().to_string()).collect::<Vec<_>>().join(" x ");
+        return err(format!("`matrix` expands to more than {MAX_MATRIX_JOBS} jobs ({shown}); the limit is {MAX_MATRIX_JOBS}"), "split the sweep into several files", "matrix");
+    };
+    // Each expanded job stores the whole spec: one request may not fill the engine's disk.
+    let stored = serde_json::to_vec(&spec).map(|v| v.len()).unwrap_or(usize::MAX).saturating_mul(combos);
+    if stored > MAX_SUBMIT_BYTES {
+        return err(
+            format!("the `matrix` makes {combos} jobs of this spec, {} in all; the limit is {}", format_bytes(stored as u64), format_bytes(MAX_SUBMIT_BYTES as u64)),
+            "keep large data out of the spec (put it in a mounted file), or split the sweep",
+            "matrix",
+        );
     }
     for k in spec.matrix.keys() {
         if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -410,6 +446,11 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, spec })
+}
+
+/// Characters a name may not show: controls, and the marks that reorder text on screen.
+fn unprintable(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Expand a job array (`matrix`) into one job per combination; a job without `matrix` is returned as is.
@@ -431,7 +472,12 @@ pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
             for (k, v) in &c {
                 j.spec.env.insert(k.to_ascii_uppercase(), v.clone());
             }
-            j.name = format!("{}[{}]", job.name, c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","));
+            let shown = |v: &str| v.chars().map(|ch| if unprintable(ch) { ch.escape_unicode().to_string() } else { ch.to_string() }).collect::<String>();
+            j.name = format!("{}[{}]", job.name, c.iter().map(|(k, v)| format!("{k}={}", shown(v))).collect::<Vec<_>>().join(","));
+            // A long matrix value stays in the command and environment, not in everyone's queue.
+            if j.name.chars().count() > MAX_NAME_CHARS {
+                j.name = j.name.chars().take(MAX_NAME_CHARS - 2).chain("…]".chars()).collect();
+            }
             j.spec.name = Some(j.name.clone());
             j
         })
@@ -493,7 +539,7 @@ fn parse_mount(m: &str, origin: &Origin) -> Result<Mount, SpecError> {
 }
 
 /// Lexically resolve `.` and `..` (no filesystem access, no symlink following).
-fn normalize(p: &std::path::Path) -> String {
+pub(crate) fn normalize(p: &std::path::Path) -> String {
     use std::path::Component;
     let mut out: Vec<String> = Vec::new();
     for c in p.components() {
@@ -678,6 +724,34 @@ mod tests {
         assert_eq!(expand(&ok_yaml("image: a\n")).len(), 1);
         assert!(err_yaml("image: a\nmatrix: {lr: []}\n").message.contains("no values"));
         assert!(err_yaml("image: a\nexpected_runtime: soon\n").message.contains("not a duration"));
+    }
+
+    #[test]
+    fn sizes_users_could_abuse_are_bounded() {
+        let keys: Vec<String> = (0..64).map(|i| format!("k{i}: [0, 1]")).collect();
+        let e = err_yaml(&format!("image: a\nmatrix: {{{}}}\n", keys.join(", ")));
+        assert!(e.message.contains("more than 1000 jobs"), "{e}");
+        let vals: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        let e = err_yaml(&format!("image: a\nenv: {{B: {}}}\nmatrix: {{i: [{}]}}\n", "x".repeat(20_000), vals.join(",")));
+        assert!(e.message.contains("1000 jobs of this spec") && e.message.contains("the limit is 16.0 MiB"), "{e}");
+        assert_eq!(e.line, Some(3));
+        let mounts: Vec<String> = (0..101).map(|i| format!("'/d:/m{i}'")).collect();
+        assert!(err_yaml(&format!("image: a\nmounts: [{}]\n", mounts.join(","))).message.contains("the limit is 100"));
+        let after: Vec<String> = (1..=101).map(|i| i.to_string()).collect();
+        assert!(err_yaml(&format!("image: a\nafter: [{}]\n", after.join(","))).message.contains("the limit is 100"));
+        let j = ok_yaml(&format!("name: s\nimage: a\nmatrix: {{v: ['{}', b]}}\n", "é".repeat(500)));
+        let names: Vec<String> = expand(&j).into_iter().map(|j| j.name).collect();
+        assert_eq!(names[0].chars().count(), 200);
+        assert!(names[0].starts_with("s[v=éé") && names[0].ends_with("…]"), "{}", names[0]);
+        assert_eq!(names[1], "s[v=b]");
+        for bad in [r#""a\e[2Jb""#, r#""line\nbreak""#, r#""abc\u202Egpj.exe""#] {
+            let e = err_yaml(&format!("image: a\nname: {bad}\n"));
+            assert!(e.message.contains("control characters"), "{e}");
+            assert_eq!(e.line, Some(2));
+        }
+        let j = ok_yaml("name: s\nimage: a\nmatrix: {v: [\"\\e[2J\"]}\n");
+        assert_eq!(expand(&j)[0].name, "s[v=\\u{1b}[2J]");
+        assert_eq!(expand(&j)[0].spec.env["V"], "\u{1b}[2J", "the value itself is the job's business");
     }
 
     #[test]

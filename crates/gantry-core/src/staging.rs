@@ -177,7 +177,7 @@ mod tests {
 
     fn checked(host: &Path, ro: bool) -> Vec<CheckedMount> {
         let m = Mount { host: host.to_string_lossy().into_owned(), container: "/d".into(), read_only: ro };
-        check_mounts(&me(), &[m], &Forbidden::default()).unwrap()
+        check_mounts(&me(), &[m], None, &Forbidden::default()).unwrap()
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl Engine {
     /// the job is queued: a template's config file).
     pub fn check_mounts(&self, job: &ValidJob, owner: &Owner, skip: Option<&str>) -> Result<(), EngineError> {
         let mounts: Vec<spec::Mount> = job.mounts.iter().filter(|m| Some(m.host.as_str()) != skip).cloned().collect();
-        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &mounts, &self.forbidden())?;
+        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &mounts, job.spec.workdir.as_deref(), &self.forbidden())?;
         Ok(())
     }
 

@@ -64,7 +64,7 @@ impl Engine {
             self.exec.ensure_image(&job.image).await?;
             // Paths change while a job waits: check the mounts as the owner again, right before create.
             let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-            let checked = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), self.forbidden()).await?;
+            let checked = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), job.job.spec.workdir.clone(), self.forbidden()).await?;
             // Docker gets paths the owner cannot swap: the checked files, pinned (released in end_attempt).
             let name = self.container_name(job.id, attempt.n);
             let mounts = self.staging().stage(&name, checked)?;
