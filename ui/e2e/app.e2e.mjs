@@ -98,10 +98,21 @@ test("submit through the app, watch it run, find it in History and read its log"
 
   // Queue: our job waits, and says why.
   await (await d.findElement(byTest("tab-queue"))).click();
-  const row = await waitFor(`queue-row-${jobId}`);
-  assert.equal(await row.getAttribute("data-state"), "queued");
-  assert.match(await row.getText(), /needs 1 free GPU/);
-  await d.wait(async () => (await (await d.findElement(byTest(`queue-row-${blockerId}`))).getAttribute("data-state")) === "running", 30_000);
+  // The queue re-renders on every job event: read rows afresh, retrying a read that raced a re-render.
+  const rowOf = async (id) => {
+    for (;;) {
+      try {
+        const r = await waitFor(`queue-row-${id}`);
+        return { state: await r.getAttribute("data-state"), text: await r.getText() };
+      } catch (e) {
+        if (e.name !== "StaleElementReferenceError") throw e;
+      }
+    }
+  };
+  const mine = await rowOf(jobId);
+  assert.equal(mine.state, "queued");
+  assert.match(mine.text, /needs 1 free GPU/);
+  await d.wait(async () => (await rowOf(blockerId)).state === "running", 30_000);
   await shot("3-queue");
 
   // Run page: queued -> running -> succeeded, live log.

@@ -310,7 +310,10 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     })?;
     let owner = owner_of(&p);
     let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
-    let ids = e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name))?;
+    // Mounts are checked by helper processes that may wait on a slow file system: off the async workers.
+    let ids = tokio::task::spawn_blocking(move || e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name)))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 
@@ -391,7 +394,9 @@ async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlP
     if p.uid != 0 && p.uid != job.owner_uid {
         return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or root can run it again", job.owner)));
     }
-    Ok(Json(Submitted::of(e.rerun(id, &owner_of(&p))?)))
+    let owner = owner_of(&p);
+    let ids = tokio::task::spawn_blocking(move || e.rerun(id, &owner)).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
+    Ok(Json(Submitted::of(ids)))
 }
 
 async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {
