@@ -52,6 +52,15 @@ impl Engine {
                 Some(msg)
             }
         };
+        // A failed write stops all starts; only a write that succeeds clears it. When the failing write was
+        // a start (so nothing else writes), probe with a tiny write each pass.
+        if self.health.read().unwrap().store_problem.is_some() {
+            let probe = self.store().set_meta("write_probe", &now_ms().to_string());
+            match probe {
+                Ok(()) => self.store_ok(),
+                Err(e) => self.store_failed("probing the database", &e),
+            }
+        }
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let running: Vec<RunningJob> = self
             .running
