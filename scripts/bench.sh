@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
-trap '[ "$STARTED_DOCKERD" = 1 ] && pkill -TERM -x dockerd || true' EXIT
+trap '[ "$STARTED_DOCKERD" = 1 ] && { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true' EXIT
 cargo bench --locked --bench engine
 cargo build --release --locked -p gantry
 trace=../shared/traces/alibaba-openb-pod-list-default.csv

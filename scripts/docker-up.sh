@@ -6,6 +6,7 @@ if ! docker info >/dev/null 2>&1; then
   (dockerd >/tmp/gantry-dockerd.log 2>&1 &)
   STARTED_DOCKERD=1
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  DOCKERD_PID=$(cat /var/run/docker.pid 2>/dev/null || true)  # stop exactly this one later, never by name
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/gantry-dockerd.log"; tail -20 /tmp/gantry-dockerd.log; exit 1; }
 fi
 if ! docker image inspect gantry-test/busybox:1 >/dev/null 2>&1; then

@@ -7,7 +7,7 @@ scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config cur
   libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
-cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; pkill -TERM -x dockerd || true; fi; }
+cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
 
 echo "==> UI: npm ci, type check, build, unit tests"

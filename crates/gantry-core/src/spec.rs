@@ -260,6 +260,7 @@ pub const MAX_NAME_CHARS: usize = 200;
 /// Notepad saves) is skipped.
 pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    check_nesting(text)?;
     match format {
         Format::Yaml => serde_yaml_ng::from_str::<JobSpec>(text).map_err(|e| {
             let msg = e.to_string();
@@ -274,6 +275,48 @@ pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
             SpecError { hint: hint_for(&msg), message: msg, line, column }
         }),
     }
+}
+
+/// Durations are stored in i64 milliseconds; a year is more than any job needs and far from overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// A job spec nests two or three levels; the YAML parser's time grows steeply with depth (100,000 nested
+/// `[` take ~23 s), so anything deeper than this is refused before parsing.
+pub const MAX_NESTING: usize = 32;
+
+/// Refuse flow collections (`[`, `{`) nested deeper than [`MAX_NESTING`], outside quotes and comments.
+fn check_nesting(text: &str) -> Result<(), SpecError> {
+    let (mut depth, mut quote) = (0usize, None::<char>);
+    for (line_no, line) in text.lines().enumerate() {
+        let mut comment = false;
+        let mut prev = ' ';
+        for c in line.chars() {
+            match (quote, c) {
+                (_, _) if comment => {}
+                (Some(q), c) if c == q && prev != '\\' => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') if prev.is_whitespace() => comment = true,
+                (None, '[' | '{') => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        return Err(SpecError {
+                            message: format!("the spec nests lists or maps more than {MAX_NESTING} levels deep"),
+                            hint: "a job spec needs two or three levels; check the brackets".into(),
+                            line: Some(line_no + 1),
+                            column: None,
+                        });
+                    }
+                }
+                (None, ']' | '}') => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            prev = c;
+        }
+        if quote == Some('\'') {
+            quote = None; // YAML single quotes may span lines, but an unclosed one must not hide brackets forever
+        }
+    }
+    Ok(())
 }
 
 /// Parse `20GiB`, `512MiB`, `24G`, `1.5TiB`, `1000000` (bytes). Binary units throughout.
@@ -366,7 +409,8 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     let timeout = match &spec.timeout {
         None => None,
         Some(s) => match humantime::parse_duration(s.trim()) {
-            Ok(d) if d > Duration::ZERO => Some(d),
+            Ok(d) if d > Duration::ZERO && d <= MAX_DURATION => Some(d),
+            Ok(d) if d > MAX_DURATION => return err(format!("`timeout` {s:?} is longer than a year"), "use at most `365d`, or leave `timeout` out for no limit", "timeout"),
             _ => return err(format!("`timeout` {s:?} is not a duration"), "write e.g. `24h`, `90m` or `1h 30m`", "timeout"),
         },
     };
@@ -400,6 +444,7 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         .clone()
         .filter(|n| !n.trim().is_empty())
         .or_else(|| origin.file_name.as_ref().map(|f| f.rsplit_once('.').map(|(a, _)| a).unwrap_or(f).to_string()))
+        .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| "job".into());
     if name.chars().count() > MAX_NAME_CHARS {
         return err(format!("`name` is longer than {MAX_NAME_CHARS} characters"), "use a short name", "name");
@@ -415,7 +460,8 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     let expected_runtime = match &spec.expected_runtime {
         None => None,
         Some(s) => match humantime::parse_duration(s.trim()) {
-            Ok(d) if d > Duration::ZERO => Some(d),
+            Ok(d) if d > Duration::ZERO && d <= MAX_DURATION => Some(d),
+            Ok(d) if d > MAX_DURATION => return err(format!("`expected_runtime` {s:?} is longer than a year"), "use at most `365d`", "expected_runtime"),
             _ => return err(format!("`expected_runtime` {s:?} is not a duration"), "write e.g. `2h` or `45m`", "expected_runtime"),
         },
     };
@@ -686,6 +732,18 @@ mod tests {
             assert_eq!(e.line, line, "{text:?}: {e}");
             assert!(!e.hint.is_empty());
         }
+    }
+
+    #[test]
+    fn deep_nesting_huge_durations_and_empty_names_are_handled() {
+        let deep = format!("image: a\nenv: {{X: {}1{}}}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let e = err_yaml(&deep);
+        assert!(e.message.contains("more than 32 levels"), "{e}");
+        assert!(ok_yaml("image: a\ncommand: \"echo '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['\"\n").spec.image == "a", "brackets in strings are text");
+        assert!(err_yaml("image: a\ntimeout: 300000000years\n").message.contains("longer than a year"));
+        assert!(err_yaml("image: a\nexpected_runtime: 400d\n").message.contains("longer than a year"));
+        let j = validate_text("image: a\n", Format::Yaml, &Origin { file_name: Some(".yaml".into()), base_dir: None }).unwrap();
+        assert_eq!(j.name, "job");
     }
 
     #[test]
