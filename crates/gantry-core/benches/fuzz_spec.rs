@@ -289,7 +289,8 @@ fn check_valid(job: &ValidJob, bad: &mut Vec<Problem>) {
     rule(job.gpus > 64, "accepted gpus > 64", format!("gpus {}", job.gpus));
     rule(job.retries > 100, "accepted retries > 100", format!("retries {}", job.retries));
     rule(job.name.trim().is_empty(), "accepted an empty name", format!("name {:?}", job.name));
-    rule(job.name.len() > 200, "accepted a name over 200 bytes", format!("{} bytes", job.name.len()));
+    let chars = job.name.chars().count();
+    rule(chars > gantry_core::spec::MAX_NAME_CHARS, "accepted a name over the length limit", format!("{chars} characters"));
     rule(s.image.trim().is_empty(), "accepted an empty image", format!("image {:?}", s.image));
     for m in &job.mounts {
         let normal = m.host.starts_with('/') && !m.host.split('/').any(|c| c == ".." || c == ".") && m.container.starts_with('/');
