@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, Submitted, WhoAmI};
+use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, SubmitRequest, Submitted, WhoAmI};
 use gantry_core::client::{Client, ClientError};
 use gantry_core::engine::{Config, GpuStatus, Paths};
 use gantry_core::gpu::BackendKind;
@@ -57,6 +57,8 @@ enum Cmd {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
+    Run(RunArgs),
     /// Running and queued jobs, and why each queued job waits.
     Ls,
     /// One job: spec, attempts, events.
@@ -74,6 +76,10 @@ enum Cmd {
     Cancel { id: i64 },
     /// Change a queued job's priority (higher runs first).
     Priority { id: i64, priority: i32 },
+    /// Keep a queued job from starting (until `gantry release`).
+    Hold { id: i64 },
+    /// Let a held job start again.
+    Release { id: i64 },
     /// GPUs, their load and who holds them.
     Gpus,
     /// Completed runs, newest first.
@@ -123,6 +129,83 @@ enum Cmd {
         #[arg(long, value_parser = humantime::parse_duration)]
         fair_share: Option<Duration>,
     },
+}
+
+/// `gantry run`: the fields of a job spec as flags; the engine checks them as if written in a file.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Docker image.
+    #[arg(long)]
+    image: String,
+    /// Number of GPUs (0 for a CPU-only job).
+    #[arg(long, default_value_t = 1)]
+    gpus: i64,
+    /// GPU memory per GPU (`20GiB`): share GPUs instead of taking whole ones.
+    #[arg(long, value_name = "SIZE")]
+    mem: Option<String>,
+    /// Job name (default: the program's name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Higher runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Wall-clock limit (`24h`, `90m`).
+    #[arg(long)]
+    timeout: Option<String>,
+    /// Environment variable for the job (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// Bind mount `host:container[:ro]` (repeatable); relative host paths are from here.
+    #[arg(long = "mount", value_name = "HOST:CONTAINER[:ro]")]
+    mounts: Vec<String>,
+    /// Working directory inside the container.
+    #[arg(long)]
+    workdir: Option<String>,
+    /// Run this string with `/bin/sh -c` instead of a command after `--`.
+    #[arg(long, conflicts_with = "command")]
+    shell: Option<String>,
+    /// The program and its arguments, run as is (no shell). Default: the image's CMD.
+    /// Everything after `--` belongs to the job, so global flags (`--json`) go before it.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+impl RunArgs {
+    /// The spec a user would have written, as YAML text (serialized, so any value quotes right).
+    fn spec_text(&self) -> Result<(String, String)> {
+        use gantry_core::spec::{Command, JobSpec};
+        let mut env = std::collections::BTreeMap::new();
+        for kv in &self.env {
+            let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} is not K=V: write e.g. --env CUDA_LAUNCH_BLOCKING=1") };
+            env.insert(k.to_string(), v.to_string());
+        }
+        let command = match (&self.shell, self.command.is_empty()) {
+            (Some(s), _) => Some(Command::Shell(s.clone())),
+            (None, false) => Some(Command::Exec(self.command.clone())),
+            (None, true) => None,
+        };
+        let name = self.name.clone().unwrap_or_else(|| match self.command.first() {
+            Some(prog) => prog.rsplit('/').next().unwrap_or(prog).to_string(),
+            None => self.image.rsplit('/').next().unwrap_or(&self.image).split(':').next().unwrap_or("run").to_string(),
+        });
+        let spec = JobSpec {
+            name: Some(name.clone()),
+            image: self.image.clone(),
+            command,
+            workdir: self.workdir.clone(),
+            env,
+            mounts: self.mounts.clone(),
+            gpus: self.gpus,
+            gpu_memory: self.mem.clone(),
+            priority: self.priority,
+            timeout: self.timeout.clone(),
+            retries: 0,
+            expected_runtime: None,
+            after: vec![],
+            matrix: Default::default(),
+        };
+        Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -210,6 +293,20 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             .context("the engine stopped")?;
         }
         Cmd::Submit { files } => return submit(&client, files, cli.json).await,
+        Cmd::Run(args) => {
+            let (text, file_name) = args.spec_text()?;
+            let base_dir = std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?;
+            let s: Submitted = client.post("/v1/jobs", &SubmitRequest { text, file_name, base_dir: Some(base_dir) }).await.map_err(|e| match e {
+                // The line numbers point into text the user never saw: name the field only.
+                ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
+                e => e.into(),
+            })?;
+            if cli.json {
+                print_json(&s)?;
+            } else {
+                outln!("queued as job {}", s.job_id);
+            }
+        }
         Cmd::Ls => {
             let q: Vec<QueueEntryView> = client.get("/v1/jobs").await?;
             if cli.json {
@@ -267,6 +364,16 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 bail!("job {id} is no longer queued; only queued jobs change priority");
             }
             outln!("job {id} priority set to {priority}");
+        }
+        Cmd::Hold { id } | Cmd::Release { id } => {
+            let held = matches!(cli.cmd, Cmd::Hold { .. });
+            let ok: bool = client.post(&format!("/v1/jobs/{id}/{}", if held { "hold" } else { "release" }), &()).await?;
+            match (ok, held) {
+                (true, true) => outln!("job {id} is held: it stays queued until `gantry release {id}`"),
+                (true, false) => outln!("job {id} released: it starts when the scheduler places it"),
+                (false, true) => bail!("job {id} is not waiting in the queue, or is held already; only queued jobs can be held"),
+                (false, false) => bail!("job {id} is not held (or no longer queued); nothing to release"),
+            }
         }
         Cmd::Gpus => {
             let g: GpuStatus = client.get("/v1/gpus").await?;

@@ -3,6 +3,7 @@
 
 mod faults;
 mod helpers;
+mod run_and_hold;
 mod security_api;
 mod security_inbox;
 mod security_mounts;

@@ -269,6 +269,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/jobs/{id}", get(job))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/priority", post(priority))
+        .route("/v1/jobs/{id}/hold", post(hold))
+        .route("/v1/jobs/{id}/release", post(release))
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/gpus", get(gpus))
         .route("/v1/history", get(history))
@@ -338,6 +340,15 @@ async fn cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): Url
 
 async fn priority(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<PriorityRequest>) -> Res<bool> {
     Ok(Json(e.set_priority(id, r.priority, p.uid)?))
+}
+
+/// `true` when the job was queued and not held yet; `false` when it is not queued or already held.
+async fn hold(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<bool> {
+    Ok(Json(e.hold(id, true, p.uid)?))
+}
+
+async fn release(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<bool> {
+    Ok(Json(e.hold(id, false, p.uid)?))
 }
 
 async fn gpus(State(e): E) -> Json<crate::engine::GpuStatus> {

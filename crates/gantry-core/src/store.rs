@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_history_columns.sql"),
     include_str!("../migrations/0003_identity.sql"),
+    include_str!("../migrations/0004_hold.sql"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -248,6 +249,8 @@ pub struct QueuedRow {
     pub not_before: Option<i64>,
     pub expected_runtime_ms: Option<i64>,
     pub after: Vec<i64>,
+    /// Held by `gantry hold`: stays queued, never starts.
+    pub held: bool,
 }
 
 fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -460,7 +463,7 @@ impl Store {
     /// Queued jobs, light rows for the scheduler (no spec parsing).
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids \
+            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held \
              FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
         )?;
         let rows = st
@@ -478,6 +481,7 @@ impl Store {
                     not_before: r.get(8)?,
                     expected_runtime_ms: r.get(9)?,
                     after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
+                    held: r.get(11)?,
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -523,7 +527,7 @@ impl Store {
         let tx = self.conn.transaction()?;
         let changed = tx.execute(
             "UPDATE jobs SET state = 'starting', attempts = attempts + 1, not_before = NULL, started_at = COALESCE(started_at, ?2) \
-             WHERE id = ?1 AND state = 'queued' AND cancel_requested = 0",
+             WHERE id = ?1 AND state = 'queued' AND cancel_requested = 0 AND held = 0",
             params![job_id, now],
         )?;
         if changed == 0 {
@@ -610,6 +614,20 @@ impl Store {
 
     pub fn set_priority(&mut self, job_id: i64, priority: i32) -> Result<bool> {
         Ok(self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1)
+    }
+
+    /// Hold or release a queued job, with an event naming who did it. Returns false (and changes
+    /// nothing) when the job is not queued or already in that state.
+    pub fn set_held(&mut self, job_id: i64, held: bool, by: &str) -> Result<bool> {
+        let now = now_ms();
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("UPDATE jobs SET held = ?2 WHERE id = ?1 AND state = 'queued' AND held != ?2", params![job_id, held])?;
+        if n == 1 {
+            let msg = if held { format!("held by {by}") } else { format!("released by {by}") };
+            Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Queued, Some(&msg))?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
     }
 
     fn where_clause(f: &HistoryFilter) -> (String, Vec<rusqlite::types::Value>) {
@@ -878,6 +896,24 @@ mod tests {
         assert_eq!(f(HistoryFilter { status: Some(JobState::Failed), ..Default::default() }), ["gamma"]);
         assert_eq!(f(HistoryFilter { text: Some("img1".into()), ..Default::default() }), ["beta"]);
         assert_eq!(f(HistoryFilter { limit: Some(1), offset: Some(1), ..Default::default() }), ["beta"]);
+    }
+
+    #[test]
+    fn held_jobs_stay_queued_until_released() {
+        let mut s = Store::open_in_memory().unwrap();
+        let id = s.insert_job(&vj("image: a\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        assert!(s.set_held(id, true, "ada").unwrap());
+        assert!(!s.set_held(id, true, "ada").unwrap(), "holding twice changes nothing");
+        assert!(s.queued_rows().unwrap()[0].held);
+        assert!(s.begin_attempt(id, &[0], &[]).unwrap().is_none(), "a held job must not start");
+        assert!(s.set_held(id, false, "root").unwrap());
+        assert!(!s.queued_rows().unwrap()[0].held);
+        let ev: Vec<Option<String>> = s.events(id).unwrap().into_iter().map(|e| e.message).collect();
+        assert_eq!(ev[1..], [Some("held by ada".into()), Some("released by root".into())]);
+        let a = s.begin_attempt(id, &[0], &[]).unwrap().unwrap();
+        s.end_attempt(id, a.id, &Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next: JobState::Succeeded, not_before: None }).unwrap();
+        assert!(!s.set_held(id, true, "ada").unwrap(), "only queued jobs can be held");
+        assert!(!s.set_held(999, true, "ada").unwrap());
     }
 
     #[test]

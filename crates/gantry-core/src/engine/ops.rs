@@ -232,6 +232,15 @@ impl Engine {
         Ok(ok)
     }
 
+    /// Hold (`held`) or release a queued job. Returns false when the job is not queued (or already
+    /// in that state).
+    pub fn hold(&self, id: i64, held: bool, caller_uid: u32) -> Result<bool, EngineError> {
+        self.owned(id, caller_uid)?;
+        let ok = self.store().set_held(id, held, &crate::inbox::user_name(caller_uid))?;
+        self.wake.notify_one();
+        Ok(ok)
+    }
+
     pub fn gpu_status(&self) -> GpuStatus {
         let mut holders: HashMap<u32, Vec<i64>> = HashMap::new();
         for (id, h) in self.running.lock().unwrap().iter() {

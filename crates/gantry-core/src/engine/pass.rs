@@ -27,7 +27,14 @@ impl Engine {
             self.waiting.write().unwrap().clear();
             return;
         }
-        let blocked = self.check_dependencies(&mut queued);
+        let mut blocked = self.check_dependencies(&mut queued);
+        // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
+        queued.retain(|j| {
+            if j.held {
+                blocked.push((j.id, format!("held by its owner (`gantry release {}`)", j.id)));
+            }
+            !j.held
+        });
         self.refresh_stats();
         let docker_down = match self.exec.ping().await {
             Ok(()) => {
