@@ -33,6 +33,8 @@ pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 pub enum ExecError {
     #[error("the Docker engine is not reachable ({0}); start it (e.g. `sudo systemctl start docker`) — queued jobs wait until it is back")]
     DockerUnavailable(String),
+    #[error("you cannot use Docker (permission denied on {0}): ask an admin to install the Gantry service, or to add you to the docker group — queued jobs wait meanwhile")]
+    DockerForbidden(String),
     #[error("image {image:?} is not on this machine and could not be pulled: {detail}. Build or load it locally (`docker build`, `docker load`, `docker import`) or fix the name")]
     ImageUnavailable { image: String, detail: String },
     #[error("Docker refused the container: {0}")]
@@ -44,7 +46,19 @@ pub enum ExecError {
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_))
+        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_))
+    }
+}
+
+/// "Permission denied" on the socket is not an outage: say who can fix it.
+fn unreachable_or_forbidden(e: DockerError) -> ExecError {
+    // The io error sits deep in hyper's chain; its Debug form names it.
+    let detail = format!("{e:?}");
+    if detail.contains("PermissionDenied") || detail.contains("ermission denied") {
+        let socket = std::env::var("DOCKER_HOST").ok().and_then(|h| h.strip_prefix("unix://").map(String::from)).unwrap_or_else(|| "/var/run/docker.sock".into());
+        ExecError::DockerForbidden(socket)
+    } else {
+        ExecError::DockerUnavailable(e.to_string())
     }
 }
 
@@ -52,7 +66,7 @@ fn classify(e: DockerError) -> ExecError {
     match e {
         DockerError::DockerResponseServerError { status_code: 404, message } => ExecError::NotFound(message),
         DockerError::DockerResponseServerError { message, .. } => ExecError::Rejected(message),
-        other => ExecError::DockerUnavailable(other.to_string()),
+        other => unreachable_or_forbidden(other),
     }
 }
 
@@ -184,7 +198,7 @@ impl DockerExecutor {
 #[async_trait::async_trait]
 impl Executor for DockerExecutor {
     async fn ping(&self) -> Result<(), ExecError> {
-        self.docker.ping().await.map(|_| ()).map_err(|e| ExecError::DockerUnavailable(e.to_string()))
+        self.docker.ping().await.map(|_| ()).map_err(unreachable_or_forbidden)
     }
 
     async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
