@@ -6,6 +6,7 @@ mod faults;
 mod helpers;
 mod run_and_hold;
 mod security_api;
+mod two_engines;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;

@@ -76,6 +76,12 @@ impl Engine {
             args.extend(["--gpus".into(), "sim:2x24GiB".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
+        // Engines now treat each other's GPU containers as busy (one machine): give each test engine its
+        // own simulated machine unless the test names one (`sim:2x24GiB@shared`).
+        let machine = dir.path().file_name().unwrap().to_string_lossy().into_owned();
+        for a in args.iter_mut().filter(|a| a.starts_with("sim:") && !a.contains('@')) {
+            a.push_str(&format!("@{machine}"));
+        }
         Engine { _dir: dir, state, args, child: None, engine_id: String::new(), env: vec![] }
     }
 

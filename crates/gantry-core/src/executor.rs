@@ -28,6 +28,58 @@ pub const LABEL_ATTEMPT: &str = "dev.gantry.attempt";
 pub const LABEL_DB: &str = "dev.gantry.db";
 /// GPU indexes the container holds, so an orphan's GPUs still count as busy.
 pub const LABEL_GPUS: &str = "dev.gantry.gpus";
+/// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
+pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
+
+/// GPUs a container that is not this engine's holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSet {
+    All,
+    /// UUIDs (`GPU-…`) or indexes as Docker and the NVIDIA runtime accept them.
+    Ids(Vec<String>),
+}
+
+impl GpuSet {
+    pub fn holds(&self, index: u32, uuid: &str) -> bool {
+        match self {
+            GpuSet::All => true,
+            GpuSet::Ids(ids) => ids.iter().any(|i| i == uuid || *i == index.to_string()),
+        }
+    }
+}
+
+/// A running container outside this engine that holds GPUs (another Gantry engine's job, or anyone's
+/// `docker run --gpus`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignGpuUse {
+    pub container_id: String,
+    pub name: String,
+    pub gpus: GpuSet,
+}
+
+/// What GPUs a container's configuration gives it: a GPU DeviceRequest, or NVIDIA_VISIBLE_DEVICES under
+/// the nvidia runtime (the variable alone does nothing elsewhere; CUDA images set it to `all`).
+pub fn gpus_of(device_requests: &[DeviceRequest], runtime: Option<&str>, env: &[String]) -> Option<GpuSet> {
+    for r in device_requests {
+        let gpu = r.driver.as_deref() == Some("nvidia") || r.capabilities.iter().flatten().flatten().any(|c| c == "gpu");
+        if !gpu {
+            continue;
+        }
+        return Some(match r.device_ids.as_deref() {
+            Some(ids) if !ids.is_empty() => GpuSet::Ids(ids.to_vec()),
+            _ => GpuSet::All, // `--gpus N` or `all`: which ones is the runtime's choice, so all count
+        });
+    }
+    if runtime == Some("nvidia") {
+        let v = env.iter().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="))?;
+        return match v.trim() {
+            "" | "void" | "none" => None,
+            "all" => Some(GpuSet::All),
+            ids => Some(GpuSet::Ids(ids.split(',').map(|s| s.trim().to_string()).collect())),
+        };
+    }
+    None
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -178,6 +230,8 @@ pub trait Executor: Send + Sync + 'static {
     async fn remove(&self, id: &str) -> Result<(), ExecError>;
     /// Every container this engine created that still exists.
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
+    /// Running containers that are not this engine's and hold GPUs.
+    async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError>;
     /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds), following
     /// until the container ends. The stream ends or errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>>;
@@ -186,12 +240,14 @@ pub trait Executor: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct DockerExecutor {
     docker: Docker,
+    /// Container id -> its GPUs (a container's configuration never changes): one inspect per container.
+    inspected: std::sync::Arc<std::sync::Mutex<HashMap<String, Option<GpuSet>>>>,
 }
 
 impl DockerExecutor {
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker })
+        Ok(DockerExecutor { docker, inspected: Default::default() })
     }
 }
 
@@ -232,6 +288,7 @@ impl Executor for DockerExecutor {
             (LABEL_ATTEMPT.to_string(), l.attempt_id.to_string()),
             (LABEL_DB.to_string(), l.db_uid.to_string()),
             (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
+            (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
         // `Mounts`, not `Binds`: Docker refuses a missing source instead of creating it as root. The source
         // is what the owner's check opened, pinned by a root engine under its state dir (`staging`), so no
@@ -343,6 +400,42 @@ impl Executor for DockerExecutor {
             .collect())
     }
 
+    async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError> {
+        let list = self.docker.list_containers(Some(qp::ListContainersOptions { all: false, ..Default::default() })).await.map_err(classify)?;
+        let mut out = vec![];
+        let mut seen = vec![];
+        for c in list {
+            let Some(id) = c.id else { continue };
+            let labels = c.labels.unwrap_or_default();
+            if labels.get(LABEL_ENGINE).is_some_and(|e| e == engine_id) {
+                continue;
+            }
+            seen.push(id.clone());
+            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default();
+            let gpus = if let Some(u) = labels.get(LABEL_GPU_UUIDS) {
+                (!u.is_empty()).then(|| GpuSet::Ids(u.split(',').map(String::from).collect()))
+            } else {
+                let cached = self.inspected.lock().unwrap().get(&id).cloned();
+                match cached {
+                    Some(g) => g,
+                    None => {
+                        let Ok(info) = self.docker.inspect_container(&id, None::<qp::InspectContainerOptions>).await else { continue };
+                        let hc = info.host_config.unwrap_or_default();
+                        let env = info.config.and_then(|c| c.env).unwrap_or_default();
+                        let g = gpus_of(&hc.device_requests.unwrap_or_default(), hc.runtime.as_deref(), &env);
+                        self.inspected.lock().unwrap().insert(id.clone(), g.clone());
+                        g
+                    }
+                }
+            };
+            if let Some(gpus) = gpus {
+                out.push(ForeignGpuUse { container_id: id, name, gpus });
+            }
+        }
+        self.inspected.lock().unwrap().retain(|k, _| seen.contains(k));
+        Ok(out)
+    }
+
     fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
         let opts = qp::LogsOptions { follow: true, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
         self.docker.logs(id, Some(opts)).map(|r| r.map(|c| c.into_bytes()).map_err(classify)).boxed()
@@ -372,6 +465,34 @@ mod tests {
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,
         })
+    }
+
+    #[test]
+    fn gpus_held_by_foreign_containers() {
+        let req = |ids: Option<Vec<&str>>, count: Option<i64>| DeviceRequest {
+            driver: Some("nvidia".into()),
+            device_ids: ids.map(|v| v.into_iter().map(String::from).collect()),
+            count,
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        };
+        let env = |v: &str| vec![format!("NVIDIA_VISIBLE_DEVICES={v}")];
+        let rows: Vec<(Vec<DeviceRequest>, Option<&str>, Vec<String>, Option<GpuSet>)> = vec![
+            (vec![req(Some(vec!["GPU-a", "GPU-b"]), None)], None, vec![], Some(GpuSet::Ids(vec!["GPU-a".into(), "GPU-b".into()]))),
+            (vec![req(None, Some(-1))], None, vec![], Some(GpuSet::All)),
+            (vec![req(None, Some(2))], None, vec![], Some(GpuSet::All)),
+            // A CUDA image's own `NVIDIA_VISIBLE_DEVICES=all` gives no GPU without the nvidia runtime.
+            (vec![], Some("runc"), env("all"), None),
+            (vec![], Some("nvidia"), env("all"), Some(GpuSet::All)),
+            (vec![], Some("nvidia"), env("0,GPU-c"), Some(GpuSet::Ids(vec!["0".into(), "GPU-c".into()]))),
+            (vec![], Some("nvidia"), env("void"), None),
+            (vec![], None, vec![], None),
+        ];
+        for (reqs, rt, e, want) in rows {
+            assert_eq!(gpus_of(&reqs, rt, &e), want, "{reqs:?} {rt:?} {e:?}");
+        }
+        assert!(GpuSet::Ids(vec!["1".into()]).holds(1, "GPU-x") && GpuSet::Ids(vec!["GPU-x".into()]).holds(3, "GPU-x"));
+        assert!(!GpuSet::Ids(vec!["GPU-y".into()]).holds(0, "GPU-x"));
     }
 
     #[test]

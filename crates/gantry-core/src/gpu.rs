@@ -65,23 +65,33 @@ pub struct SimulatedBackend {
 
 impl SimulatedBackend {
     pub fn new(count: u32, memory: u64) -> Self {
-        let gpus = (0..count).map(|i| (format!("GPU-5160a7ed-0000-4000-8000-{:012x}", i), memory)).collect();
+        Self::on_machine(count, memory, 0)
+    }
+    /// Simulated GPUs of one (simulated) machine: engines given the same `machine` see the same UUIDs,
+    /// as engines on one real machine see the same GPUs.
+    fn on_machine(count: u32, memory: u64, machine: u16) -> Self {
+        let gpus = (0..count).map(|i| (format!("GPU-5160a7ed-{machine:04x}-4000-8000-{i:012x}"), memory)).collect();
         SimulatedBackend { gpus, load: vec![], tick: 0 }
     }
     /// (GPU count, memory per GPU).
     pub fn shape(&self) -> (u32, u64) {
         (self.gpus.len() as u32, self.gpus.first().map(|g| g.1).unwrap_or(0))
     }
-    /// Parse `sim:4x24GiB` (or `4x24GiB`).
+    /// Parse `sim:4x24GiB` (or `4x24GiB`); `sim:4x24GiB@name` simulates another machine's GPUs (tests run
+    /// many engines side by side, each on its own simulated machine).
     pub fn from_spec(s: &str) -> Result<Self, GpuError> {
         let body = s.strip_prefix("sim:").unwrap_or(s);
+        let (body, machine) = match body.split_once('@') {
+            Some((b, name)) => (b, name.bytes().fold(0u16, |h, c| h.wrapping_mul(31).wrapping_add(c as u16)).max(1)),
+            None => (body, 0),
+        };
         let (n, mem) = body.split_once(['x', 'X']).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
         let n: u32 = n.trim().parse().map_err(|_| GpuError::BadSimSpec(s.into()))?;
         let mem = crate::spec::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
         if n == 0 || n > 64 {
             return Err(GpuError::BadSimSpec(s.into()));
         }
-        Ok(Self::new(n, mem))
+        Ok(Self::on_machine(n, mem, machine))
     }
 }
 
@@ -228,6 +238,10 @@ mod tests {
         assert_ne!(s[0].uuid, s[1].uuid);
         assert!(SimulatedBackend::from_spec("sim:0x1GiB").is_err());
         assert!(SimulatedBackend::from_spec("sim:four").is_err());
+        let uuids = |spec: &str| SimulatedBackend::from_spec(spec).unwrap().sample().unwrap().into_iter().map(|g| g.uuid).collect::<Vec<_>>();
+        assert_eq!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@lab"), "one machine, the same GPUs");
+        assert_ne!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@other"));
+        assert_eq!(uuids("sim:2x1GiB"), uuids("2x1GiB"));
     }
 
     #[test]

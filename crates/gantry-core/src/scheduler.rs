@@ -362,7 +362,7 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
             }
         }
         if s.external {
-            reasons_push(&|| format!("GPU {} busy with processes outside Gantry", s.index));
+            reasons_push(&|| format!("GPU {} in use outside this engine (another engine's job, or a process outside Gantry)", s.index));
             continue;
         }
         if let Some(j) = s.exclusive_by {

@@ -108,6 +108,8 @@ pub struct Engine {
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     health: RwLock<Health>,
+    /// Running containers of other engines (or anyone's `docker run --gpus`) and the GPUs they hold.
+    foreign: RwLock<Vec<crate::executor::ForeignGpuUse>>,
     /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
     id_mark: Mutex<std::fs::File>,
     wake: Notify,
@@ -226,6 +228,7 @@ impl Engine {
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),
+            foreign: RwLock::new(vec![]),
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),
             events,

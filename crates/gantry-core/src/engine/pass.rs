@@ -68,6 +68,14 @@ impl Engine {
                 Err(e) => self.store_failed("probing the database", &e),
             }
         }
+        // Never two engines on the same GPUs: what others' containers hold counts as busy. A failed list
+        // keeps the last one (Docker trouble is reported above).
+        if docker_down.is_none() {
+            match self.exec.foreign_gpu_users(&self.engine_id).await {
+                Ok(f) => *self.foreign.write().unwrap() = f,
+                Err(e) => warn!("cannot list other containers' GPUs: {e}"),
+            }
+        }
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let running: Vec<RunningJob> = self
             .running

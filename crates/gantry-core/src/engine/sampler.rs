@@ -97,11 +97,12 @@ impl Engine {
         self.recent.lock().unwrap().iter().filter(|(t, _)| *t >= since_ms).cloned().collect()
     }
 
-    /// GPUs as the scheduler sees them: processes outside our containers, and running containers we
-    /// do not know (orphans from a lost database), make a GPU busy.
+    /// GPUs as the scheduler sees them: processes outside our containers, running containers we do not
+    /// know (orphans from a lost database), and other engines' or anyone's GPU containers make a GPU busy.
     pub(super) fn gpu_views(&self) -> Vec<GpuView> {
         let ours: Vec<String> = self.running.lock().unwrap().values().filter_map(|h| h.container_id.clone()).collect();
         let orphaned: Vec<u32> = self.health.read().unwrap().orphans.iter().filter(|o| o.running).flat_map(|o| o.gpus.clone()).collect();
+        let foreign = self.foreign.read().unwrap();
         self.latest
             .read()
             .unwrap()
@@ -111,6 +112,7 @@ impl Engine {
                 memory_total: g.memory_total,
                 memory_used: g.memory_used,
                 external_busy: orphaned.contains(&g.index)
+                    || foreign.iter().any(|f| f.gpus.holds(g.index, &g.uuid))
                     || g.processes.iter().any(|p| match &p.container_id {
                         Some(c) => !ours.iter().any(|o| o == c),
                         None => true,

@@ -161,6 +161,10 @@ impl Executor for FakeExecutor {
             c.found.clone()
         }).collect())
     }
+    async fn foreign_gpu_users(&self, _engine_id: &str) -> Result<Vec<super::ForeignGpuUse>, ExecError> {
+        self.up()?;
+        Ok(vec![])
+    }
     fn logs(&self, id: &str, _since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
         let lines: Vec<Result<Bytes, ExecError>> = match self.containers.lock().unwrap().get(id) {
             Some(c) => c
