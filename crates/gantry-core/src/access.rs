@@ -673,7 +673,7 @@ mod tests {
         let p = crate::config::Paths::system(d.path());
         let f = Forbidden::for_engine(&p.state_dir, &p.socket(), &p.inbox);
         let run = d.path().join("run/gantry");
-        assert_eq!(f.refusal(&run).as_deref(), Some("is the Gantry socket's folder"));
+        assert!(f.refusal(&run).unwrap().starts_with("contains the Gantry socket"));
         assert!(f.refusal(&run.join("x")).unwrap().starts_with("lies inside the Gantry socket's folder"));
         assert!(f.refusal(&d.path().join("run")).unwrap().starts_with("contains the Gantry socket"));
         assert!(f.refusal(&d.path().join("var/lib/gantry")).is_some());
