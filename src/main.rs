@@ -33,6 +33,12 @@ struct Cli {
 enum Cmd {
     /// Run the engine (one per machine).
     Daemon {
+        /// Be the machine's engine, for every user: state in /var/lib/gantry, socket /run/gantry/gantry.sock.
+        #[arg(long, conflicts_with = "state_dir")]
+        system: bool,
+        /// With --system: put /var/lib/gantry and /run/gantry under DIR (tests).
+        #[arg(long, hide = true, env = "GANTRY_SYSTEM_ROOT", value_name = "DIR", default_value = "/")]
+        system_root: PathBuf,
         /// Simulated GPUs, e.g. `sim:2x24GiB` (default: NVML when the NVIDIA driver loads).
         #[arg(long)]
         gpus: Option<String>,
@@ -223,7 +229,37 @@ fn main() -> std::process::ExitCode {
 fn paths(cli: &Cli, inbox: Option<PathBuf>) -> Paths {
     let state_dir = cli.state_dir.clone().unwrap_or_else(Paths::default_state_dir);
     let inbox = inbox.unwrap_or_else(|| if cli.state_dir.is_some() { state_dir.join("inbox") } else { Paths::default_inbox() });
-    Paths { state_dir, inbox }
+    Paths::in_dir(state_dir, inbox)
+}
+
+/// How a client command found its engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum FoundBy {
+    /// `--state-dir` or `GANTRY_STATE_DIR`.
+    StateDir,
+    /// The machine's engine (`gantry daemon --system`).
+    System,
+    /// The user's own state dir.
+    User,
+}
+
+/// The engine's socket: an explicit state dir wins, then the system engine if it answers, then the
+/// user's own state dir (so a shared machine's users all reach the one engine without configuring).
+fn discover(explicit: Option<PathBuf>, system_socket: &Path, system_answers: bool, user_dir: PathBuf) -> (PathBuf, FoundBy) {
+    match explicit {
+        Some(dir) => (Paths::in_dir(dir, PathBuf::new()).socket(), FoundBy::StateDir),
+        None if system_answers => (system_socket.to_path_buf(), FoundBy::System),
+        None => (Paths::in_dir(user_dir, PathBuf::new()).socket(), FoundBy::User),
+    }
+}
+
+/// [`discover`] on this machine. `GANTRY_SYSTEM_SOCKET` (hidden) moves the system socket, for tests.
+fn locate(cli: &Cli) -> (PathBuf, FoundBy) {
+    let system = std::env::var_os("GANTRY_SYSTEM_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(gantry_core::config::SYSTEM_SOCKET));
+    // A stale socket file from a stopped engine refuses connections: then the user's own engine is meant.
+    let answers = cli.state_dir.is_none() && std::os::unix::net::UnixStream::connect(&system).is_ok();
+    discover(cli.state_dir.clone(), &system, answers, Paths::default_state_dir())
 }
 
 /// `println!` that exits quietly once stdout is closed (`gantry ls | head -1`) instead of panicking.
@@ -266,18 +302,26 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
 }
 
 async fn run(cli: Cli) -> Result<std::process::ExitCode> {
-    let mut client = Client::new(paths(&cli, None).socket());
+    let (socket, found_by) = locate(&cli);
+    let mut client = Client::new(socket.clone());
     if let Some(t) = cli.client_timeout {
         client = client.with_timeout(t);
     }
     match &cli.cmd {
-        Cmd::Daemon { gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout } => {
+        Cmd::Daemon { system, system_root, gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
-            let mut cfg = Config::new(paths(&cli, inbox.clone()));
+            let mut cfg = Config::new(match system {
+                true => {
+                    let mut p = Paths::system(system_root);
+                    p.inbox = inbox.clone().unwrap_or(p.inbox);
+                    p
+                }
+                false => paths(&cli, inbox.clone()),
+            });
             cfg.gpus = gpus.clone();
             cfg.scheduler.reserve_after_ms = reserve_after.as_millis() as i64;
             cfg.stop_grace = *stop_grace;
@@ -422,8 +466,24 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Cmd::Status => {
             let s: StatusInfo = client.get("/v1/status").await?;
             if cli.json {
-                print_json(&s)?;
+                #[derive(serde::Serialize)]
+                struct Located<'a> {
+                    #[serde(flatten)]
+                    status: &'a StatusInfo,
+                    found_by: FoundBy,
+                    socket: &'a Path,
+                }
+                print_json(&Located { status: &s, found_by, socket: &socket })?;
             } else {
+                let at = esc(&socket.display().to_string()).into_owned();
+                outln!(
+                    "{}",
+                    match found_by {
+                        FoundBy::System => format!("system engine at {at}"),
+                        FoundBy::StateDir => format!("engine from --state-dir at {at}"),
+                        FoundBy::User => format!("your own engine at {at}"),
+                    }
+                );
                 outln!("engine pid {} (v{}), state in {}", s.pid, s.version, esc(&s.state_dir.display().to_string()));
                 outln!("drop folder: {}", esc(&s.inbox.display().to_string()));
                 outln!("{} GPU(s), {}", s.gpu_count, esc(&backend_label(s.gpu_backend, s.gpu_note.as_deref())));
@@ -754,6 +814,16 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_prefers_the_state_dir_then_a_live_system_engine_then_the_users_own() {
+        let sys = Path::new("/run/gantry/gantry.sock");
+        let user = PathBuf::from("/home/a/.local/state/gantry");
+        let d = |explicit: Option<&str>, answers| discover(explicit.map(PathBuf::from), sys, answers, user.clone());
+        assert_eq!(d(Some("/srv/q"), true), (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir));
+        assert_eq!(d(None, true), (sys.to_path_buf(), FoundBy::System));
+        assert_eq!(d(None, false), (user.join("gantry.sock"), FoundBy::User));
+    }
 
     #[test]
     fn control_characters_print_as_visible_escapes() {

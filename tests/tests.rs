@@ -12,6 +12,7 @@ mod security_mounts;
 mod security_mounts_race;
 mod security_redteam;
 mod security_state;
+mod system_engine;
 
 use helpers::*;
 use serde_json::Value;

@@ -147,13 +147,11 @@ fn for_each_line<T: serde::de::DeserializeOwned>(buf: &mut Vec<u8>, chunk: &[u8]
 /// Find the engine, or host one in-process.
 fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<AppInfo> {
     let state_dir = std::env::var_os("GANTRY_STATE_DIR").map(PathBuf::from);
-    let paths = Paths {
-        inbox: std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &state_dir {
-            Some(d) => d.join("inbox"),
-            None => Paths::default_inbox(),
-        }),
-        state_dir: state_dir.unwrap_or_else(Paths::default_state_dir),
-    };
+    let inbox = std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &state_dir {
+        Some(d) => d.join("inbox"),
+        None => Paths::default_inbox(),
+    });
+    let paths = Paths::in_dir(state_dir.unwrap_or_else(Paths::default_state_dir), inbox);
     let client = Client::new(paths.socket());
     if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
         tracing::info!("connected to the running engine at {}", paths.socket().display());

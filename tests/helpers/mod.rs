@@ -85,12 +85,29 @@ impl Engine {
         Engine { _dir: dir, state, args, child: None, engine_id: String::new(), env: vec![] }
     }
 
+    /// `gantry daemon --system` with its `/var/lib/gantry` and `/run/gantry` under the temp dir.
+    pub fn system() -> Engine {
+        let mut e = Engine::stopped(&["--system"]);
+        let root = e._dir.path().to_path_buf();
+        e.state = root.join("var/lib/gantry");
+        e.env.push(("GANTRY_SYSTEM_ROOT".into(), root.display().to_string()));
+        e.restart();
+        e
+    }
+
+    /// The system engine's socket (see [`Engine::system`]).
+    pub fn system_socket(&self) -> PathBuf {
+        self._dir.path().join("run/gantry/gantry.sock")
+    }
+
     pub fn restart(&mut self) {
-        std::fs::create_dir_all(&self.state).unwrap();
+        let system = self.args.iter().any(|a| a == "--system");
+        if !system {
+            std::fs::create_dir_all(&self.state).unwrap();
+        }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.daemon_log_path()).unwrap();
         let child = Command::new(bin())
-            .arg("--state-dir")
-            .arg(&self.state)
+            .args(if system { vec![] } else { vec!["--state-dir".into(), self.state.clone()] })
             .args(&self.args)
             .envs(self.env.iter().cloned())
             .stdout(log.try_clone().unwrap())
@@ -100,7 +117,10 @@ impl Engine {
         self.child = Some(child);
         let t = Instant::now();
         loop {
-            let out = gantry_in(&self.state, &["status", "--json"]);
+            let out = match system {
+                true => Command::new(bin()).args(["status", "--json"]).env("GANTRY_SYSTEM_SOCKET", self.system_socket()).env_remove("GANTRY_STATE_DIR").output().unwrap(),
+                false => gantry_in(&self.state, &["status", "--json"]),
+            };
             if out.status.success() && self.inbox().join("accepted").exists() {
                 let v: Value = serde_json::from_slice(&out.stdout).unwrap();
                 self.engine_id = v["engine_id"].as_str().unwrap().to_string();

@@ -465,6 +465,10 @@ impl Forbidden {
         f.add(Path::new("/var/run/docker"), "Docker's runtime directory");
         f.add(state_dir, "the Gantry state directory");
         f.add(socket, "the Gantry socket");
+        // The system socket lives outside the state dir (`/run/gantry`): its folder is as private.
+        if let Some(dir) = socket.parent() {
+            f.add(dir, "the Gantry socket's folder");
+        }
         f.exempt = [Some(inbox.to_path_buf()), std::fs::canonicalize(inbox).ok()].into_iter().flatten().collect();
         f
     }
@@ -661,6 +665,19 @@ mod tests {
         for ok in ["/run2", "/srv/gx", "/srv/other", "/home/alice", "/run/user/1000"] {
             assert_eq!(refused(ok), None, "{ok}");
         }
+    }
+
+    #[test]
+    fn forbidden_for_the_system_engine_covers_the_socket_folder() {
+        let d = tempfile::tempdir().unwrap();
+        let p = crate::config::Paths::system(d.path());
+        let f = Forbidden::for_engine(&p.state_dir, &p.socket(), &p.inbox);
+        let run = d.path().join("run/gantry");
+        assert!(f.refusal(&run).unwrap().starts_with("contains the Gantry socket"));
+        assert!(f.refusal(&run.join("x")).unwrap().starts_with("lies inside the Gantry socket's folder"));
+        assert!(f.refusal(&d.path().join("run")).unwrap().starts_with("contains the Gantry socket"));
+        assert!(f.refusal(&d.path().join("var/lib/gantry")).is_some());
+        assert_eq!(f.refusal(&d.path().join("run/other")), None);
     }
 
     #[test]

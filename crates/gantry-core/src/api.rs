@@ -497,6 +497,12 @@ pub async fn serve(engine: Arc<Engine>, socket: &Path, shutdown: impl std::futur
         }
         std::fs::remove_file(socket)?; // stale socket from an engine that died
     }
+    // `/run/gantry` is on tmpfs (gone after a reboot): create it, and let every user reach the socket.
+    if let Some(dir) = socket.parent().filter(|d| !d.exists()) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
     let listener = UnixListener::bind(socket)?;
     {
         use std::os::unix::fs::PermissionsExt;

@@ -1,6 +1,6 @@
 //! Engine configuration: where state lives and every tunable, with its default and the reason for it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
@@ -37,19 +37,36 @@ pub const DOCKER_RETRY: Duration = Duration::from_secs(1);
 /// A start that failed for a reason outside the job (Docker away) is retried after this long.
 pub const TRANSIENT_RETRY_MS: i64 = 5_000;
 
-/// Where an engine keeps its state.
+/// The system engine's socket: a fixed place every user's CLI and app look for first.
+pub const SYSTEM_SOCKET: &str = "/run/gantry/gantry.sock";
+/// The system engine's state.
+pub const SYSTEM_STATE_DIR: &str = "/var/lib/gantry";
+
+/// Where an engine keeps its state, and where it listens.
 #[derive(Debug, Clone)]
 pub struct Paths {
     pub state_dir: PathBuf,
     pub inbox: PathBuf,
+    socket: PathBuf,
 }
 
 impl Paths {
+    /// A per-user (or `--state-dir`) engine: the socket lives in the state dir.
+    pub fn in_dir(state_dir: PathBuf, inbox: PathBuf) -> Paths {
+        Paths { socket: state_dir.join("gantry.sock"), state_dir, inbox }
+    }
+    /// The machine's engine (`gantry daemon --system`): state in `/var/lib/gantry`, socket in
+    /// `/run/gantry`, both under `root` (`/` except in tests). The drop folder is the state dir's
+    /// `inbox` for now.
+    pub fn system(root: &Path) -> Paths {
+        let state_dir = under(root, SYSTEM_STATE_DIR);
+        Paths { inbox: state_dir.join("inbox"), socket: under(root, SYSTEM_SOCKET), state_dir }
+    }
     pub fn db(&self) -> PathBuf {
         self.state_dir.join("gantry.db")
     }
     pub fn socket(&self) -> PathBuf {
-        self.state_dir.join("gantry.sock")
+        self.socket.clone()
     }
     pub fn logs(&self) -> PathBuf {
         self.state_dir.join("logs")
@@ -64,6 +81,11 @@ impl Paths {
     pub fn default_inbox() -> PathBuf {
         home().join("Gantry/inbox")
     }
+}
+
+/// `abs` (an absolute path) re-rooted at `root`.
+pub fn under(root: &Path, abs: &str) -> PathBuf {
+    root.join(abs.trim_start_matches('/'))
 }
 
 fn home() -> PathBuf {

@@ -10,7 +10,7 @@ use crate::spec::{validate_text, Format, Origin};
 use crate::store::{EndReason, JobState, Owner};
 
 fn cfg(dir: &std::path::Path) -> Config {
-    let mut c = Config::new(Paths { state_dir: dir.join("state"), inbox: dir.join("inbox") });
+    let mut c = Config::new(Paths::in_dir(dir.join("state"), dir.join("inbox")));
     c.gpus = Some("sim:1x24GiB".into());
     c.retry_backoff = Duration::from_secs(1);
     c.stop_grace = Duration::from_secs(1);
