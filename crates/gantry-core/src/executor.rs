@@ -232,9 +232,9 @@ pub trait Executor: Send + Sync + 'static {
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
     /// Running containers that are not this engine's and hold GPUs.
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError>;
-    /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds), following
-    /// until the container ends. The stream ends or errors when Docker goes away.
-    fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>>;
+    /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
+    /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>>;
 }
 
 #[derive(Clone)]
@@ -436,8 +436,8 @@ impl Executor for DockerExecutor {
         Ok(out)
     }
 
-    fn logs(&self, id: &str, since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
-        let opts = qp::LogsOptions { follow: true, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
+        let opts = qp::LogsOptions { follow, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
         self.docker.logs(id, Some(opts)).map(|r| r.map(|c| c.into_bytes()).map_err(classify)).boxed()
     }
 }

@@ -23,6 +23,8 @@ use crate::store::{now_ms, Attempt, Job, JobState};
 
 /// After a container exits, its log copy gets this long to drain before the end is recorded.
 const LOG_DRAIN: Duration = Duration::from_secs(10);
+/// Before the last read of an exited container's stored output: Docker's log copier may trail the exit.
+const CATCH_UP_DELAY: Duration = Duration::from_millis(200);
 
 impl Engine {
     /// Run an attempt's supervisor as an owned task. If it panics, the attempt is ended (its container
@@ -334,7 +336,7 @@ pub(crate) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path,
     };
     loop {
         let since = last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
-        let mut s = exec.logs(cid, since);
+        let mut s = exec.logs(cid, since, true);
         let mut pending: Vec<u8> = vec![];
         let broken = loop {
             let item = tokio::select! {
@@ -355,7 +357,28 @@ pub(crate) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path,
         };
         if !broken {
             match exec.exit_of(cid).await {
-                Ok(Some(_)) | Err(ExecError::NotFound(_)) => {
+                Ok(Some(_)) => {
+                    // A follow that began as the container exited can end before Docker has stored the
+                    // last output: read what is stored once more (lines already copied are skipped).
+                    tokio::time::sleep(CATCH_UP_DELAY).await;
+                    let since = last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
+                    let mut rest = exec.logs(cid, since, false);
+                    let mut tail: Vec<u8> = vec![];
+                    while let Some(Ok(b)) = rest.next().await {
+                        tail.extend_from_slice(&b);
+                    }
+                    // The final partial line, if any, is in both `pending` and `tail`: keep the fresher read.
+                    let tail = if tail.is_empty() { pending } else { tail };
+                    for line in tail.split_inclusive(|c| *c == b'\n') {
+                        let mut line = line.to_vec();
+                        if !line.ends_with(b"\n") {
+                            line.push(b'\n');
+                        }
+                        put(&line, &mut last)?;
+                    }
+                    return Ok(());
+                }
+                Err(ExecError::NotFound(_)) => {
                     if !pending.is_empty() {
                         pending.push(b'\n');
                         put(&pending, &mut last)?;

@@ -165,7 +165,7 @@ impl Executor for FakeExecutor {
         self.up()?;
         Ok(vec![])
     }
-    fn logs(&self, id: &str, _since_s: i64) -> BoxStream<'static, Result<Bytes, ExecError>> {
+    fn logs(&self, id: &str, _since_s: i64, _follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
         let lines: Vec<Result<Bytes, ExecError>> = match self.containers.lock().unwrap().get(id) {
             Some(c) => c
                 .script
