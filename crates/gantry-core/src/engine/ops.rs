@@ -79,10 +79,12 @@ impl Engine {
                 )));
             }
         }
+        // Mark the ids before they exist: a failed mark then refuses the submit, never answers "failed"
+        // for jobs that were queued (a gap in ids is harmless).
+        self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
         let mut ids = vec![];
         for (i, j) in jobs.iter().enumerate() {
             let id = st.insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
-            self.mark_job_id(id)?;
             info!(job = id, owner = %owner.name, "queued {}", j.name);
             ids.push(id);
         }
@@ -94,8 +96,8 @@ impl Engine {
         Ok(ids)
     }
 
-    /// Keep the highest job id outside the database too (fixed width, rewritten in place, so it
-    /// needs no new disk blocks): ids never restart even if the database loses its WAL.
+    /// Keep the highest job id handed out outside the database too (fixed width, rewritten in place, so
+    /// it needs no new disk blocks): ids never restart even if the database loses its WAL.
     fn mark_job_id(&self, id: i64) -> Result<(), EngineError> {
         let mut f = self.id_mark.lock().unwrap();
         f.seek(SeekFrom::Start(0))?;
