@@ -105,6 +105,11 @@ enum Cmd {
     Schema,
     /// Engine status.
     Status,
+    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
+    #[command(hide = true)]
+    Generate {
+        dir: PathBuf,
+    },
     /// Replay a workload trace through the scheduler on a virtual clock (no Docker, no sleeping).
     Sim {
         /// Gantry CSV (`submit_s,duration_s,gpus,gpu_memory,user,priority`) or Alibaba GPU-cluster CSV.
@@ -296,6 +301,24 @@ fn esc(s: &str) -> Cow<'_, str> {
     escape(s, "")
 }
 
+/// Completions for bash, zsh and fish, and `gantry.1`, generated from the same clap definition the CLI
+/// parses with, so they cannot drift from it.
+fn generate(dir: &Path) -> Result<()> {
+    use clap::CommandFactory;
+    use clap_complete::Shell;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+        let path = clap_complete::generate_to(shell, &mut Cli::command(), "gantry", dir).with_context(|| format!("cannot write {shell} completions into {}", dir.display()))?;
+        outln!("{}", path.display());
+    }
+    let mut man = Vec::new();
+    clap_mangen::Man::new(Cli::command()).render(&mut man)?;
+    let path = dir.join("gantry.1");
+    std::fs::write(&path, man).with_context(|| format!("cannot write {}", path.display()))?;
+    outln!("{}", path.display());
+    Ok(())
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -336,6 +359,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             .await
             .context("the engine stopped")?;
         }
+        Cmd::Generate { dir } => generate(dir)?,
         Cmd::Submit { files } => return submit(&client, files, cli.json).await,
         Cmd::Run(args) => {
             let (text, file_name) = args.spec_text()?;
