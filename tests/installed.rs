@@ -110,8 +110,8 @@ fn as_user(u: &User, args: &[&str]) -> Output {
 }
 
 fn json_as(u: &User, args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.push("--json");
+    let mut a = vec!["--json"];
+    a.extend(args);
     let out = as_user(u, &a);
     assert!(out.status.success(), "gantry {args:?} as {}: {}\n{}", u.name, String::from_utf8_lossy(&out.stderr), service_log());
     serde_json::from_slice(&out.stdout).unwrap()
@@ -142,8 +142,10 @@ fn run_as(u: &User, extra: &[&str], command: &[&str]) -> i64 {
     json_as(u, &args)["job_id"].as_i64().expect("job id")
 }
 
-fn logs_as(u: &User, id: i64) -> String {
-    String::from_utf8_lossy(&as_user(u, &["logs", &id.to_string()]).stdout).into_owned()
+/// What the job printed (without Gantry's own `[gantry …]` lines).
+fn output_as(u: &User, id: i64) -> String {
+    let all = String::from_utf8_lossy(&as_user(u, &["logs", &id.to_string()]).stdout).into_owned();
+    all.lines().filter(|l| !l.starts_with("[gantry")).map(|l| format!("{l}\n")).collect()
 }
 
 /// Each user's drop folder, as the packaged config places it.
@@ -167,7 +169,7 @@ fn a_user_with_no_setup_reaches_the_system_engine_and_runs_as_herself() {
     let id = run_as(&alice, &["--gpus", "1"], &["id", "-u"]);
     let j = wait_final(&alice, id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
-    assert_eq!(logs_as(&alice, id).trim(), alice.uid.to_string(), "the job runs as its submitter");
+    assert_eq!(output_as(&alice, id).trim(), alice.uid.to_string(), "the job runs as its submitter");
 }
 
 #[test]
@@ -190,7 +192,7 @@ fn a_drop_into_your_own_inbox_runs_as_you_and_a_file_moved_in_by_someone_else_do
     let id: i64 = accepted.split('-').next().unwrap().parse().unwrap();
     let j = wait_final(&alice, id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
-    assert_eq!(logs_as(&alice, id).trim(), alice.uid.to_string());
+    assert_eq!(output_as(&alice, id).trim(), alice.uid.to_string());
 
     // A careless alice opens her inbox to everyone; bob moves his file in. It must not run as alice
     // (nor as bob, who did not submit it to his own queue).
@@ -355,7 +357,7 @@ fn upgrading_the_package_while_a_job_runs_keeps_the_job_and_the_lab_config() {
     let j = wait_final(&alice, id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
     assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "started once: {j}");
-    let logs = logs_as(&alice, id);
+    let logs = output_as(&alice, id);
     assert!(logs.contains("before") && logs.contains("after"), "output from both sides of the upgrade: {logs}");
     assert_eq!(std::fs::read_to_string(CONFIG).unwrap(), config, "dpkg kept the admin's edited config");
     let v = Command::new("dpkg-query").args(["-W", "-f=${Version}", "gantry"]).output().unwrap();

@@ -25,7 +25,7 @@ fn cli_submit_and_drop_folder_both_run_to_success() {
     e.drop_file("dropped.yaml", &format!("image: {IMAGE}\ncommand: [echo, hello from the inbox]\ngpus: 1\n"));
     let j = e.wait_final(id);
     assert_eq!(j["job"]["state"], "succeeded");
-    assert!(e.logs(id).contains("hello from the cli"));
+    assert!(e.logs(id).lines().any(|l| l == "hello from the cli"), "the job's output, line by line as it printed it: {}", e.logs(id));
 
     let accepted = e.wait_for_file("accepted", "-dropped.yaml");
     let dropped_id: i64 = accepted.split('-').next().unwrap().parse().expect("accepted file is named <job id>-<name>");

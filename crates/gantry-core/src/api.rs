@@ -429,17 +429,22 @@ async fn logs(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPa
     let path = e.log_of(id);
     if !q.follow {
         let bytes = tokio::fs::read(&path).await.unwrap_or_default();
-        return Ok(bytes.into_response());
+        return Ok(crate::engine::strip_stamps(&bytes).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
     tokio::spawn(async move {
         let mut offset = 0u64;
         loop {
             let ended = e.job_detail(id).map(|d| d.job.state.is_final()).unwrap_or(true);
-            if let Ok(data) = read_from(&path, offset).await {
+            if let Ok(mut data) = read_from(&path, offset).await {
+                // Whole lines only (their timestamps are stripped), unless the job has ended or one
+                // line fills a whole read.
+                if !ended && data.len() < 1 << 20 {
+                    data.truncate(data.iter().rposition(|c| *c == b'\n').map_or(0, |p| p + 1));
+                }
                 if !data.is_empty() {
                     offset += data.len() as u64;
-                    if tx.send(Ok(data)).await.is_err() {
+                    if tx.send(Ok(crate::engine::strip_stamps(&data))).await.is_err() {
                         return;
                     }
                     continue;

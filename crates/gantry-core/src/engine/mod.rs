@@ -380,6 +380,28 @@ pub(crate) fn human(ms: i64) -> String {
     humantime::format_duration(std::time::Duration::from_secs((ms / 1000).max(0) as u64)).to_string()
 }
 
+/// A job's output as users read it. The engine stores each line with Docker's timestamp in front (where
+/// to resume after a restart); that prefix is dropped. Gantry's own `[gantry …]` lines are kept whole.
+pub fn strip_stamps(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    for line in data.split_inclusive(|c| *c == b'\n') {
+        out.extend_from_slice(&line[stamp_len(line)..]);
+    }
+    out
+}
+
+/// Length of a leading `2026-01-02T03:04:05.123456789Z ` (0 if the line has none).
+fn stamp_len(line: &[u8]) -> usize {
+    if !line.first().is_some_and(u8::is_ascii_digit) {
+        return 0;
+    }
+    let Some(sp) = line.iter().take(40).position(|c| *c == b' ') else { return 0 };
+    match std::str::from_utf8(&line[..sp]).ok().map(humantime::parse_rfc3339) {
+        Some(Ok(_)) => sp + 1,
+        _ => 0,
+    }
+}
+
 /// Gantry's own lines in a job log start with `[gantry`, never with a digit, so they are never taken
 /// for Docker's timestamped output when finding where to resume.
 pub(crate) fn append_log(path: &Path, line: &str) {

@@ -177,3 +177,17 @@ fn job_ids_never_restart_after_a_lost_wal() {
     let next = submit(&e, "image: a\n");
     assert!(next > first, "id {next} reused (last was {first})");
 }
+
+#[test]
+fn users_read_job_output_without_the_engines_resume_timestamps() {
+    let stored = b"[gantry 2026-11-30T12:54:09.003Z] attempt 1 of job 2 on GPU 0\n\
+2026-11-30T12:54:09.235313034Z epoch 1 loss 0.5\n\
+2026-11-30T12:54:09.300000000Z 2026-01-01 is the date the job printed\n\
+2026-11-30T12:54:09.400000000Z \n\
+[gantry] log truncated: the job wrote more than 10 bytes\n";
+    let shown = String::from_utf8(super::strip_stamps(stored)).unwrap();
+    assert_eq!(
+        shown,
+        "[gantry 2026-11-30T12:54:09.003Z] attempt 1 of job 2 on GPU 0\nepoch 1 loss 0.5\n2026-01-01 is the date the job printed\n\n[gantry] log truncated: the job wrote more than 10 bytes\n"
+    );
+}
