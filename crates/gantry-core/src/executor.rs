@@ -31,6 +31,11 @@ pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 /// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
 pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
 
+/// A foreign container created but not started counts as placing on its GPUs for this long: longer than
+/// any create→start gap (the image is present before create), short enough that a container someone
+/// created and never started does not block a GPU for good.
+pub const CLAIM_WINDOW: Duration = Duration::from_secs(60);
+
 /// GPUs a container that is not this engine's holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuSet {
@@ -93,12 +98,15 @@ pub enum ExecError {
     Rejected(String),
     #[error("no such container {0}")]
     NotFound(String),
+    /// Another engine (or someone's `docker run --gpus`) placed on the same GPU at the same moment.
+    #[error("{0}")]
+    GpuTaken(String),
 }
 
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_))
+        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_))
     }
 }
 
@@ -232,6 +240,12 @@ pub trait Executor: Send + Sync + 'static {
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
     /// Running containers that are not this engine's and hold GPUs.
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError>;
+    /// Called between creating container `id` for `gpus` (index, UUID) and starting it. Two engines on
+    /// one machine can both see a GPU free and both create a container for it; the one created first
+    /// wins. Returns the name of a container that is not this engine's and that runs on one of `gpus`,
+    /// or was created for one of them earlier (within [`CLAIM_WINDOW`]); the caller then removes its
+    /// own and tries again later.
+    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
     /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
     /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>>;
@@ -245,6 +259,33 @@ pub struct DockerExecutor {
 }
 
 impl DockerExecutor {
+    /// The GPUs a listed container holds: from Gantry's label, else from its configuration (inspected
+    /// once per container; a container's configuration never changes).
+    async fn gpus_of_listed(&self, c: &bollard::models::ContainerSummary) -> Option<GpuSet> {
+        let id = c.id.clone()?;
+        if let Some(u) = c.labels.as_ref().and_then(|l| l.get(LABEL_GPU_UUIDS)) {
+            return (!u.is_empty()).then(|| GpuSet::Ids(u.split(',').map(String::from).collect()));
+        }
+        if let Some(g) = self.inspected.lock().unwrap().get(&id).cloned() {
+            return g;
+        }
+        let info = self.docker.inspect_container(&id, None::<qp::InspectContainerOptions>).await.ok()?;
+        let hc = info.host_config.unwrap_or_default();
+        let env = info.config.and_then(|c| c.env).unwrap_or_default();
+        let g = gpus_of(&hc.device_requests.unwrap_or_default(), hc.runtime.as_deref(), &env);
+        self.inspected.lock().unwrap().insert(id, g.clone());
+        g
+    }
+
+    /// When Docker created a container, in nanoseconds (`None` if it is gone).
+    async fn created_ns(&self, id: &str) -> Result<Option<i128>, ExecError> {
+        match self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
+            Ok(info) => Ok(info.created.and_then(|t| humantime::parse_rfc3339(&t).ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128)),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
         Ok(DockerExecutor { docker, inspected: Default::default() })
@@ -405,35 +446,52 @@ impl Executor for DockerExecutor {
         let mut out = vec![];
         let mut seen = vec![];
         for c in list {
-            let Some(id) = c.id else { continue };
-            let labels = c.labels.unwrap_or_default();
-            if labels.get(LABEL_ENGINE).is_some_and(|e| e == engine_id) {
+            let Some(id) = c.id.clone() else { continue };
+            if c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
                 continue;
             }
             seen.push(id.clone());
-            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default();
-            let gpus = if let Some(u) = labels.get(LABEL_GPU_UUIDS) {
-                (!u.is_empty()).then(|| GpuSet::Ids(u.split(',').map(String::from).collect()))
-            } else {
-                let cached = self.inspected.lock().unwrap().get(&id).cloned();
-                match cached {
-                    Some(g) => g,
-                    None => {
-                        let Ok(info) = self.docker.inspect_container(&id, None::<qp::InspectContainerOptions>).await else { continue };
-                        let hc = info.host_config.unwrap_or_default();
-                        let env = info.config.and_then(|c| c.env).unwrap_or_default();
-                        let g = gpus_of(&hc.device_requests.unwrap_or_default(), hc.runtime.as_deref(), &env);
-                        self.inspected.lock().unwrap().insert(id.clone(), g.clone());
-                        g
-                    }
-                }
-            };
-            if let Some(gpus) = gpus {
-                out.push(ForeignGpuUse { container_id: id, name, gpus });
+            if let Some(gpus) = self.gpus_of_listed(&c).await {
+                out.push(ForeignGpuUse { container_id: id, name: listed_name(&c), gpus });
             }
         }
         self.inspected.lock().unwrap().retain(|k, _| seen.contains(k));
         Ok(out)
+    }
+
+    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError> {
+        if gpus.is_empty() {
+            return Ok(None);
+        }
+        let filters = HashMap::from([("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string()])]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        let mut mine: Option<(i128, String)> = None;
+        for c in list {
+            let Some(cid) = c.id.clone() else { continue };
+            if cid == id || c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
+                continue;
+            }
+            let Some(theirs) = self.gpus_of_listed(&c).await else { continue };
+            if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
+                continue;
+            }
+            if c.state.as_ref().is_some_and(|s| !matches!(s, bollard::models::ContainerSummaryStateEnum::CREATED)) {
+                return Ok(Some(listed_name(&c)));
+            }
+            // Both only created: the earlier creation wins (container id breaks a tie).
+            let Some(their_t) = self.created_ns(&cid).await? else { continue };
+            if now_ns() - their_t > CLAIM_WINDOW.as_nanos() as i128 {
+                continue;
+            }
+            if mine.is_none() {
+                mine = Some((self.created_ns(id).await?.unwrap_or(i128::MAX), id.to_string()));
+            }
+            if Some((their_t, cid)) < mine {
+                return Ok(Some(listed_name(&c)));
+            }
+        }
+        Ok(None)
     }
 
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
@@ -517,4 +575,12 @@ mod tests {
         let env = launch(&cpu, &[]);
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
     }
+}
+
+fn listed_name(c: &bollard::models::ContainerSummary) -> String {
+    c.names.as_ref().and_then(|n| n.first()).map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default()
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i128).unwrap_or(0)
 }

@@ -97,6 +97,13 @@ impl Engine {
             if let Some(h) = self.running.lock().unwrap().get_mut(&job.id) {
                 h.container_id = Some(cid.clone());
             }
+            let claim: Vec<(u32, String)> = attempt.gpus.iter().copied().zip(attempt.gpu_uuids.iter().cloned()).collect();
+            if let Some(other) = self.exec.gpu_taken(&cid, &self.engine_id, &claim).await? {
+                return Err(EngineError::Exec(ExecError::GpuTaken(format!(
+                    "{} was taken at the same moment by container {other}, outside this engine; trying again shortly",
+                    gpu_list(&attempt.gpus)
+                ))));
+            }
             let cancel_requested = self.store().job(job.id).ok().flatten().is_some_and(|j| j.cancel_requested);
             if cancel.is_cancelled() || cancel_requested {
                 return Ok((cid, false));

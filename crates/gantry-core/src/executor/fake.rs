@@ -165,6 +165,10 @@ impl Executor for FakeExecutor {
         self.up()?;
         Ok(vec![])
     }
+    async fn gpu_taken(&self, _id: &str, _engine_id: &str, _gpus: &[(u32, String)]) -> Result<Option<String>, ExecError> {
+        self.up()?;
+        Ok(None)
+    }
     fn logs(&self, id: &str, _since_s: i64, _follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
         let lines: Vec<Result<Bytes, ExecError>> = match self.containers.lock().unwrap().get(id) {
             Some(c) => c
