@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
-  libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
+  dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
@@ -17,6 +17,10 @@ npm --prefix ui test
 
 echo "==> Rust: unit and integration tests (real Docker, simulated GPUs)"
 cargo test --workspace --locked
+
+echo "==> The installed package: .deb, the service's ExecStart, real users, an upgrade while a job runs"
+cargo build --locked -p gantry -p gantry-app
+scripts/test-installed.sh
 
 echo "==> End to end: the real app under Xvfb through tauri-driver"
 scripts/e2e.sh
