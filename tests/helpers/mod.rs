@@ -87,7 +87,14 @@ impl Engine {
 
     /// `gantry daemon --system` with its `/var/lib/gantry` and `/run/gantry` under the temp dir.
     pub fn system() -> Engine {
-        let mut e = Engine::stopped(&["--system"]);
+        Engine::system_with(&[])
+    }
+
+    /// [`Engine::system`] with more daemon flags (`--gpus sim:2x24GiB@shared`).
+    pub fn system_with(extra: &[&str]) -> Engine {
+        let mut args = vec!["--system"];
+        args.extend(extra);
+        let mut e = Engine::stopped(&args);
         let root = e._dir.path().to_path_buf();
         e.state = root.join("var/lib/gantry");
         e.env.push(("GANTRY_SYSTEM_ROOT".into(), root.display().to_string()));
