@@ -31,6 +31,10 @@ pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 /// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
 pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
 
+/// How long a placement waits for another engine's simultaneous placement to give way before giving
+/// way itself: removing a container takes well under a second.
+pub const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
 /// A foreign container created but not started counts as placing on its GPUs for this long: longer than
 /// any create→start gap (the image is present before create), short enough that a container someone
 /// created and never started does not block a GPU for good.
@@ -241,10 +245,10 @@ pub trait Executor: Send + Sync + 'static {
     /// Running containers that are not this engine's and hold GPUs.
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError>;
     /// Called between creating container `id` for `gpus` (index, UUID) and starting it. Two engines on
-    /// one machine can both see a GPU free and both create a container for it; the one created first
-    /// wins. Returns the name of a container that is not this engine's and that runs on one of `gpus`,
-    /// or was created for one of them earlier (within [`CLAIM_WINDOW`]); the caller then removes its
-    /// own and tries again later.
+    /// one machine can both see a GPU free and both create a container for it. Returns the name of a
+    /// container that is not this engine's and runs on one of `gpus`, or that was created for one of
+    /// them at the same moment and wins the tie (see the Docker implementation); the caller then
+    /// removes its own and tries again later.
     async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
     /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
     /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
@@ -275,15 +279,6 @@ impl DockerExecutor {
         let g = gpus_of(&hc.device_requests.unwrap_or_default(), hc.runtime.as_deref(), &env);
         self.inspected.lock().unwrap().insert(id, g.clone());
         g
-    }
-
-    /// When Docker created a container, in nanoseconds (`None` if it is gone).
-    async fn created_ns(&self, id: &str) -> Result<Option<i128>, ExecError> {
-        match self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
-            Ok(info) => Ok(info.created.and_then(|t| humantime::parse_rfc3339(&t).ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128)),
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
-            Err(e) => Err(classify(e)),
-        }
     }
 
     pub fn connect() -> Result<DockerExecutor, ExecError> {
@@ -463,35 +458,44 @@ impl Executor for DockerExecutor {
         if gpus.is_empty() {
             return Ok(None);
         }
-        let filters = HashMap::from([("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string()])]);
-        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
-        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
-        let mut mine: Option<(i128, String)> = None;
-        for c in list {
-            let Some(cid) = c.id.clone() else { continue };
-            if cid == id || c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
-                continue;
+        let began = std::time::Instant::now();
+        loop {
+            let filters = HashMap::from([("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string()])]);
+            let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+            let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+            let now_s = now_ns() / 1_000_000_000;
+            let mut later: Option<String> = None;
+            for c in list {
+                let Some(cid) = c.id.clone() else { continue };
+                if cid == id || c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
+                    continue;
+                }
+                let Some(theirs) = self.gpus_of_listed(&c).await else { continue };
+                if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
+                    continue;
+                }
+                let created_only = c.state.as_ref().is_some_and(|s| matches!(s, bollard::models::ContainerSummaryStateEnum::CREATED));
+                if !created_only {
+                    return Ok(Some(listed_name(&c))); // it runs: it was first
+                }
+                if now_s - c.created.unwrap_or(0) as i128 > CLAIM_WINDOW.as_secs() as i128 {
+                    continue; // created long ago and never started: not a placement in flight
+                }
+                // Both only created. Whichever engine checks second sees the other's container (each
+                // checks after its own create), so a fixed order between the two ids decides: the
+                // larger id gives way; the smaller waits until the larger is gone (it gave way) or runs
+                // (it never saw ours).
+                if cid.as_str() < id {
+                    return Ok(Some(listed_name(&c)));
+                }
+                later = Some(listed_name(&c));
             }
-            let Some(theirs) = self.gpus_of_listed(&c).await else { continue };
-            if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
-                continue;
-            }
-            if c.state.as_ref().is_some_and(|s| !matches!(s, bollard::models::ContainerSummaryStateEnum::CREATED)) {
-                return Ok(Some(listed_name(&c)));
-            }
-            // Both only created: the earlier creation wins (container id breaks a tie).
-            let Some(their_t) = self.created_ns(&cid).await? else { continue };
-            if now_ns() - their_t > CLAIM_WINDOW.as_nanos() as i128 {
-                continue;
-            }
-            if mine.is_none() {
-                mine = Some((self.created_ns(id).await?.unwrap_or(i128::MAX), id.to_string()));
-            }
-            if Some((their_t, cid)) < mine {
-                return Ok(Some(listed_name(&c)));
+            match later {
+                None => return Ok(None),
+                Some(name) if began.elapsed() > CLAIM_WAIT => return Ok(Some(name)),
+                Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
-        Ok(None)
     }
 
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
