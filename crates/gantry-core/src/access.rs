@@ -844,6 +844,31 @@ mod tests {
     }
 
     #[test]
+    fn folders_are_made_with_the_users_permissions_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(d.path()).unwrap();
+        make_dirs_as(&me(), &top.join("a/b/c")).unwrap();
+        make_dirs_as(&me(), &top.join("a/b/c")).unwrap(); // already there: fine
+        assert_eq!(std::fs::metadata(top.join("a/b/c")).unwrap().permissions().mode() & 0o777, 0o700);
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // nobody's link into a folder only root may write: followed as nobody, so nothing is made.
+        std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let home = top.join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::lchown(&home, Some(65534), Some(65534)).unwrap();
+        std::os::unix::fs::symlink(top.join("a"), home.join("link")).unwrap();
+        let nobody = Cred { uid: 65534, gid: 65534, groups: vec![65534], name: "nobody".into() };
+        let e = make_dirs_as(&nobody, &home.join("link/x")).unwrap_err();
+        assert!(e.to_string().contains("nobody cannot create") && e.to_string().contains("link/x"), "{e}");
+        assert!(!top.join("a/x").exists());
+        make_dirs_as(&nobody, &home.join("G/inbox")).unwrap();
+        assert_eq!(std::fs::metadata(home.join("G/inbox")).unwrap().uid(), 65534);
+    }
+
+    #[test]
     fn check_mounts_mounts_the_resolved_path_and_never_a_missing_one() {
         let d = tempfile::tempdir().unwrap();
         let real = std::fs::canonicalize(d.path()).unwrap();
