@@ -10,6 +10,8 @@ use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, 
 use gantry_core::client::{Client, ClientError};
 use gantry_core::engine::{Config, GpuStatus, Paths};
 use gantry_core::gpu::BackendKind;
+use gantry_core::inbox::users::InboxInfo;
+use std::os::unix::fs::DirBuilderExt;
 use gantry_core::spec::format_bytes;
 use gantry_core::store::{now_ms, HistoryRow, JobState};
 
@@ -57,6 +59,13 @@ enum Cmd {
         /// API: close a connection whose request head has not arrived after this long (tests shorten it).
         #[arg(long, hide = true, value_parser = humantime::parse_duration)]
         header_timeout: Option<Duration>,
+        /// With --system: members of this group get their drop folder made and watched (tests; the
+        /// lab config's `[inbox] group`).
+        #[arg(long, hide = true, value_name = "GROUP")]
+        inbox_group: Option<String>,
+        /// With --system: each user's drop folder, relative to their home (tests; `[inbox] path`).
+        #[arg(long, hide = true, value_name = "PATH")]
+        inbox_path: Option<PathBuf>,
     },
     /// Queue job spec files (YAML or TOML).
     Submit {
@@ -109,6 +118,11 @@ enum Cmd {
     #[command(hide = true)]
     Generate {
         dir: PathBuf,
+    },
+    /// Your drop folder: where it is, whether the engine watches it, and the lab's templates.
+    Inbox {
+        #[command(subcommand)]
+        action: Option<InboxAction>,
     },
     /// Replay a workload trace through the scheduler on a virtual clock (no Docker, no sleeping).
     Sim {
@@ -219,6 +233,12 @@ impl RunArgs {
     }
 }
 
+#[derive(Subcommand)]
+enum InboxAction {
+    /// Create your drop folder (as you) and have the engine watch it, from now on.
+    Init,
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
@@ -319,6 +339,26 @@ fn generate(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+fn print_inbox(i: &InboxInfo, init: bool) {
+    let path = esc(&i.path.display().to_string()).into_owned();
+    match (i.watched, init) {
+        (true, true) => outln!("Your drop folder is ready: {path}"),
+        (true, false) => outln!("Your drop folder: {path} (the engine watches it)"),
+        (false, _) => outln!("Your drop folder: {path} (NOT watched: {})", esc(i.problem.as_deref().unwrap_or("see the engine's log"))),
+    }
+    if !i.watched {
+        return;
+    }
+    outln!("Drop a job spec (.yaml or .toml) into it to queue it as you. Each file moves to accepted/ (named");
+    outln!("<job id>-<file>) or to rejected/ with <file>.error.txt saying why. Write files elsewhere and move");
+    outln!("them in, or save them in place: only finished files are read.");
+    if !i.lab_templates.is_empty() {
+        outln!("Lab templates: {}", i.lab_templates.iter().map(|t| esc(t).into_owned()).collect::<Vec<_>>().join(", "));
+        let t = esc(&i.lab_templates[0]).into_owned();
+        outln!("To run one on a config file: `mkdir {path}/{t}`, then drop the config file into that folder.");
+    }
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -331,7 +371,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         client = client.with_timeout(t);
     }
     match &cli.cmd {
-        Cmd::Daemon { system, system_root, gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout } => {
+        Cmd::Daemon { system, system_root, gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
@@ -352,6 +392,11 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             if let Some(t) = header_timeout {
                 cfg.api.header_read_timeout = *t;
             }
+            if let Some(p) = inbox_path {
+                gantry_core::inbox::users::check_inbox_path(p).map_err(anyhow::Error::msg)?;
+                cfg.inbox_path = p.clone();
+            }
+            cfg.inbox_group = inbox_group.clone().or(cfg.inbox_group);
             gantry_core::daemon::run(cfg, async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
                 tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
@@ -485,6 +530,27 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 print_json(&reports)?;
             } else {
                 print_sim(&reports);
+            }
+        }
+        Cmd::Inbox { action } => {
+            let mut info: InboxInfo = client.get("/v1/inbox").await?;
+            let init = matches!(action, Some(InboxAction::Init));
+            if init && info.per_user {
+                // Made by the user, as the user: the engine only checks it and watches it.
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&info.path)
+                    .with_context(|| format!("cannot create your drop folder {}", info.path.display()))?;
+                info = client.post("/v1/inbox", &()).await.context("the engine does not watch your drop folder")?;
+            }
+            if cli.json {
+                print_json(&info)?;
+            } else {
+                print_inbox(&info, init);
+            }
+            if init && !info.watched {
+                return Ok(std::process::ExitCode::FAILURE);
             }
         }
         Cmd::Status => {

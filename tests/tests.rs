@@ -13,6 +13,7 @@ mod security_mounts_race;
 mod security_redteam;
 mod security_state;
 mod system_engine;
+mod user_inboxes;
 
 use helpers::*;
 use serde_json::Value;

@@ -90,16 +90,19 @@ impl Engine {
         Engine::system_with(&[])
     }
 
-    /// [`Engine::system`] with more daemon flags (`--gpus sim:2x24GiB@shared`).
+    /// [`Engine::system`] with more daemon arguments.
     pub fn system_with(extra: &[&str]) -> Engine {
-        let mut args = vec!["--system"];
-        args.extend(extra);
-        let mut e = Engine::stopped(&args);
+        let mut e = Engine::stopped(&[&["--system"], extra].concat());
         let root = e._dir.path().to_path_buf();
         e.state = root.join("var/lib/gantry");
         e.env.push(("GANTRY_SYSTEM_ROOT".into(), root.display().to_string()));
         e.restart();
         e
+    }
+
+    /// The system engine's `/` (see [`Engine::system`]): its `etc/gantry/templates` holds lab templates.
+    pub fn system_root(&self) -> &Path {
+        self._dir.path()
     }
 
     /// The system engine's socket (see [`Engine::system`]).

@@ -114,6 +114,7 @@ const STAGE_STAT: u32 = 3;
 const STAGE_LINK: u32 = 4;
 const STAGE_READ: u32 = 5;
 const STAGE_WRITE: u32 = 6;
+const STAGE_MKDIR: u32 = 7;
 
 /// What the helper writes back through the pipe, as plain bytes.
 #[repr(C)]
@@ -201,6 +202,25 @@ unsafe fn probe(path: &CStr, write: bool, r: &mut Reply) -> i32 {
     -1
 }
 
+/// `mkdir -p` of the NUL-terminated path in `buf` (mode 0700 for what it makes) as whoever runs this;
+/// on failure `r` names the errno and the prefix that failed. Raw libc only: this runs in a forked child.
+unsafe fn make_dirs(buf: &mut [u8], r: &mut Reply) {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(0);
+    for i in 1..=end {
+        if i < end && buf[i] != b'/' {
+            continue;
+        }
+        let saved = buf[i];
+        buf[i] = 0;
+        let failed = libc::mkdir(buf.as_ptr() as *const libc::c_char, 0o700) != 0 && errno() != libc::EEXIST;
+        buf[i] = saved;
+        if failed {
+            (r.stage, r.errno, r.denied_at) = (STAGE_MKDIR, errno(), i as u32);
+            return;
+        }
+    }
+}
+
 /// Room for one SCM_RIGHTS message carrying one fd (CMSG_SPACE(4) is 24 on 64-bit Linux).
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
@@ -252,10 +272,21 @@ unsafe fn first_denied_prefix(path: &[u8]) -> u32 {
 /// Serializes forks, so a helper never inherits another helper's socket and delays its EOF.
 static FORK: Mutex<()> = Mutex::new(());
 
-/// Run [`probe`] in a child with `cred` (or with the engine's own ids when `become_user` is false): its
+/// What the helper does as the user.
+#[derive(Clone, Copy)]
+enum Op {
+    /// [`probe`] the path: open it, report what it is and whether it may be read (and written).
+    Probe { write: bool },
+    /// [`make_dirs`]: create the path's missing folders.
+    MakeDirs,
+}
+
+/// Run `op` in a child with `cred` (or with the engine's own ids when `become_user` is false): its
 /// reply, and the file it opened when every check passed.
-fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
+fn run_helper(cred: &Cred, path: &CStr, op: Op, become_user: bool) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
     let groups: Vec<libc::gid_t> = cred.groups.clone();
+    // The child may not allocate: its copy of the path is made here.
+    let mut buf = path.to_bytes_with_nul().to_vec();
     let (uid, gid) = (cred.uid as libc::uid_t, cred.gid as libc::gid_t);
     let mut fds = [0i32; 2];
     let guard = FORK.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,11 +315,13 @@ fn run_helper(cred: &Cred, path: &CStr, write: bool, become_user: bool) -> Resul
                         && libc::syscall(libc::SYS_setresgid, gid, gid, gid) == 0
                         && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0));
             let mut fd = -1;
-            if dropped {
-                fd = probe(path, write, &mut r);
-            } else {
+            if !dropped {
                 r.stage = STAGE_CRED;
                 r.errno = errno();
+            } else if let Op::Probe { write } = op {
+                fd = probe(path, write, &mut r);
+            } else {
+                make_dirs(&mut buf, &mut r);
             }
             send_reply(fds[1], &r, fd);
             libc::_exit(0);
@@ -397,7 +430,7 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
     if euid != 0 && euid != cred.uid {
         return Err(AccessError::CannotActAs { engine_uid: euid, uid: cred.uid });
     }
-    let (r, file) = run_helper(cred, &c, write, euid == 0).map_err(|e| match e.kind() {
+    let (r, file) = run_helper(cred, &c, Op::Probe { write }, euid == 0).map_err(|e| match e.kind() {
         std::io::ErrorKind::TimedOut => AccessError::Timeout { path: host.to_path_buf() },
         _ => io(e),
     })?;
@@ -422,6 +455,33 @@ pub fn resolve_as(cred: &Cred, host: &Path, write: bool) -> Result<Resolved, Acc
         Err(source) => return Err(AccessError::Io { path: resolved, source }),
     }
     Ok(Resolved { path: resolved, kind: kind_of(r.mode), dev: r.dev, ino: r.ino, file })
+}
+
+/// `mkdir -p path` (mode 0700) as `cred`, in a helper process with the user's own ids: a folder in a
+/// home is made only where the user could make it, and a link they made leads only where they may go.
+pub fn make_dirs_as(cred: &Cred, path: &Path) -> Result<(), AccessError> {
+    let io = |source: std::io::Error| AccessError::Io { path: path.to_path_buf(), source };
+    if !path.is_absolute() || path.as_os_str().len() >= PATH_CAP {
+        return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not an absolute path of a sensible length")));
+    }
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io(e.into()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if euid != 0 && euid != cred.uid {
+        return Err(AccessError::CannotActAs { engine_uid: euid, uid: cred.uid });
+    }
+    let (r, _) = run_helper(cred, &c, Op::MakeDirs, euid == 0).map_err(|e| match e.kind() {
+        std::io::ErrorKind::TimedOut => AccessError::Timeout { path: path.to_path_buf() },
+        _ => io(e),
+    })?;
+    let os = std::io::Error::from_raw_os_error(r.errno);
+    match r.stage {
+        OK => Ok(()),
+        STAGE_MKDIR => {
+            let failed = Path::new(std::ffi::OsStr::from_bytes(&c.as_bytes()[..(r.denied_at as usize).min(c.as_bytes().len())]));
+            Err(io(std::io::Error::new(os.kind(), format!("{} cannot create {}: {os}", cred.name, failed.display()))))
+        }
+        _ => Err(io(std::io::Error::new(os.kind(), format!("cannot act as {}: {os}", cred.name)))),
+    }
 }
 
 /// Where a path stopped the user: the prefix that failed is a symlink they could not follow, or lies in
@@ -781,6 +841,31 @@ mod tests {
         let e = check_mounts(&nobody, &[m], None, &Forbidden::default()).unwrap_err();
         assert!(e.message.contains("nobody cannot write") && e.message.contains("which leads to"), "{e}");
         assert!(e.hint.contains(":ro"), "{e}");
+    }
+
+    #[test]
+    fn folders_are_made_with_the_users_permissions_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(d.path()).unwrap();
+        make_dirs_as(&me(), &top.join("a/b/c")).unwrap();
+        make_dirs_as(&me(), &top.join("a/b/c")).unwrap(); // already there: fine
+        assert_eq!(std::fs::metadata(top.join("a/b/c")).unwrap().permissions().mode() & 0o777, 0o700);
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // nobody's link into a folder only root may write: followed as nobody, so nothing is made.
+        std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let home = top.join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::lchown(&home, Some(65534), Some(65534)).unwrap();
+        std::os::unix::fs::symlink(top.join("a"), home.join("link")).unwrap();
+        let nobody = Cred { uid: 65534, gid: 65534, groups: vec![65534], name: "nobody".into() };
+        let e = make_dirs_as(&nobody, &home.join("link/x")).unwrap_err();
+        assert!(e.to_string().contains("nobody cannot create") && e.to_string().contains("link/x"), "{e}");
+        assert!(!top.join("a/x").exists());
+        make_dirs_as(&nobody, &home.join("G/inbox")).unwrap();
+        assert_eq!(std::fs::metadata(home.join("G/inbox")).unwrap().uid(), 65534);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::engine::{Engine, EngineError};
 use crate::gpu::BackendKind;
 use crate::inbox::user_name;
+use crate::inbox::users::InboxInfo;
 use crate::spec::{Format, Origin, SpecError, ValidJob};
 use crate::store::{Attempt, Event, HistoryFilter, Job, JobState, Owner};
 
@@ -56,6 +57,7 @@ pub struct StatusInfo {
     pub gpu_backend: BackendKind,
     pub gpu_note: Option<String>,
     pub gpu_count: usize,
+    /// The caller's drop folder (under the system engine, the one in their home).
     pub inbox: PathBuf,
     pub state_dir: PathBuf,
     pub docker_problem: Option<String>,
@@ -281,11 +283,12 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/validate", post(validate))
         .route("/v1/jobs/{id}/rerun", post(rerun))
         .route("/v1/whoami", get(whoami))
+        .route("/v1/inbox", get(inbox).post(inbox_init))
         .route("/v1/events", get(events))
         .with_state(engine)
 }
 
-async fn status(State(e): E) -> Json<StatusInfo> {
+async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusInfo> {
     let g = e.gpu_status();
     let h = e.health();
     Json(StatusInfo {
@@ -294,7 +297,7 @@ async fn status(State(e): E) -> Json<StatusInfo> {
         gpu_backend: g.backend,
         gpu_note: g.note,
         gpu_count: g.gpus.len(),
-        inbox: e.cfg.paths.inbox.clone(),
+        inbox: e.inbox_info(p.uid).path,
         state_dir: e.cfg.paths.state_dir.clone(),
         docker_problem: h.docker_problem,
         store_problem: h.store_problem,
@@ -408,6 +411,17 @@ async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlP
     let owner = owner_of(&p);
     let ids = tokio::task::spawn_blocking(move || e.rerun(id, &owner)).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
+}
+
+/// The caller's drop folder and whether the engine watches it.
+async fn inbox(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<InboxInfo> {
+    Json(e.inbox_info(p.uid))
+}
+
+/// `gantry inbox init`: the caller made their drop folder (as themselves); watch it from now on.
+async fn inbox_init(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<InboxInfo> {
+    let info = tokio::task::spawn_blocking(move || e.inbox_init(p.uid)).await.map_err(|err| EngineError::Fatal(format!("inbox init crashed: {err}")))??;
+    Ok(Json(info))
 }
 
 async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {

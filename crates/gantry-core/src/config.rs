@@ -41,6 +41,12 @@ pub const TRANSIENT_RETRY_MS: i64 = 5_000;
 pub const SYSTEM_SOCKET: &str = "/run/gantry/gantry.sock";
 /// The system engine's state.
 pub const SYSTEM_STATE_DIR: &str = "/var/lib/gantry";
+/// Lab-wide template folders of the system engine (root-owned; users drop into `<inbox>/<name>/`).
+pub const SYSTEM_TEMPLATES_DIR: &str = "/etc/gantry/templates";
+/// Each user's drop folder under the system engine, relative to their home.
+pub const INBOX_PATH: &str = "Gantry/inbox";
+/// The system engine looks for new group members (and drop folders that went away) this often.
+pub const USER_INBOX_RESCAN: Duration = Duration::from_secs(60);
 
 /// Where an engine keeps its state, and where it listens.
 #[derive(Debug, Clone)]
@@ -48,19 +54,21 @@ pub struct Paths {
     pub state_dir: PathBuf,
     pub inbox: PathBuf,
     socket: PathBuf,
+    /// `Some(root)` for the system engine (`/` except in tests): it serves every user's drop folder.
+    pub system_root: Option<PathBuf>,
 }
 
 impl Paths {
     /// A per-user (or `--state-dir`) engine: the socket lives in the state dir.
     pub fn in_dir(state_dir: PathBuf, inbox: PathBuf) -> Paths {
-        Paths { socket: state_dir.join("gantry.sock"), state_dir, inbox }
+        Paths { socket: state_dir.join("gantry.sock"), state_dir, inbox, system_root: None }
     }
     /// The machine's engine (`gantry daemon --system`): state in `/var/lib/gantry`, socket in
-    /// `/run/gantry`, both under `root` (`/` except in tests). The drop folder is the state dir's
-    /// `inbox` for now.
+    /// `/run/gantry`, both under `root` (`/` except in tests). `inbox` is root's own drop folder (the
+    /// state dir's `inbox`); users drop into `~/<Config::inbox_path>`.
     pub fn system(root: &Path) -> Paths {
         let state_dir = under(root, SYSTEM_STATE_DIR);
-        Paths { inbox: state_dir.join("inbox"), socket: under(root, SYSTEM_SOCKET), state_dir }
+        Paths { inbox: state_dir.join("inbox"), socket: under(root, SYSTEM_SOCKET), state_dir, system_root: Some(root.to_path_buf()) }
     }
     pub fn db(&self) -> PathBuf {
         self.state_dir.join("gantry.db")
@@ -108,12 +116,19 @@ pub struct Config {
     pub max_queued_per_user: usize,
     /// API connection limits and header-read timeout.
     pub api: crate::api::Limits,
+    /// System engine: members of this group (primary or supplementary) get `~/<inbox_path>` made
+    /// (as themselves) and watched; others run `gantry inbox init`.
+    pub inbox_group: Option<String>,
+    /// System engine: each user's drop folder, relative to their home.
+    pub inbox_path: PathBuf,
+    /// Lab-wide template folders (`<dir>/<name>/gantry.toml`, owned by root), used by dropping into
+    /// `<inbox>/<name>/`. The system engine's default is `/etc/gantry/templates`; `None` for others.
+    pub templates_dir: Option<PathBuf>,
 }
 
 impl Config {
     pub fn new(paths: Paths) -> Self {
         Config {
-            paths,
             gpus: None,
             scheduler: crate::scheduler::Config::default(),
             stop_grace: STOP_GRACE,
@@ -125,6 +140,10 @@ impl Config {
             admin_priority: ADMIN_PRIORITY,
             max_queued_per_user: MAX_QUEUED_PER_USER,
             api: crate::api::Limits::default(),
+            inbox_group: None,
+            inbox_path: PathBuf::from(INBOX_PATH),
+            templates_dir: paths.system_root.as_deref().map(|r| under(r, SYSTEM_TEMPLATES_DIR)),
+            paths,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::engine::{Config, Engine, EngineError};
 
@@ -16,14 +16,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 
 pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     raise_fd_limit();
-    let inbox = {
-        let (e, dir) = (engine.clone(), engine.cfg.paths.inbox.clone());
-        tokio::spawn(async move {
-            if let Err(err) = crate::inbox::run(e, dir.clone()).await {
-                error!("drop folder {} disabled: {err}", dir.display());
-            }
-        })
-    };
+    // Every drop folder's watcher; they stop with the engine.
+    let inbox = tokio::spawn(crate::inbox::users::run(engine.clone()));
     let looped = {
         let e = engine.clone();
         tokio::spawn(async move {

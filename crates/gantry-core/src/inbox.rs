@@ -22,6 +22,13 @@
 //!
 //! A subfolder holding `gantry.toml` (or `.yaml`) is a template folder: any other file dropped there
 //! becomes a job from the template with that file mounted read-only at `/gantry/config/<name>`.
+//! A subfolder without one, named like a lab-wide template folder (`<templates_dir>/<name>/`), uses that
+//! template, but only if root owns it and its folder. The user makes the subfolder (`mkdir`).
+//!
+//! One watcher runs per drop folder; [`users`] starts them (the engine's own, and each user's under
+//! the system engine) and stops them on shutdown.
+
+pub mod users;
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -128,11 +135,12 @@ struct Folder {
     owner: Ids,
     /// The template folder's name; `None` for the inbox itself.
     template: Option<String>,
+    /// The template is the lab-wide one of that name, not a file in this folder.
+    lab: bool,
 }
 
-/// Set up folders, pick up what is already there, then watch until the engine stops.
-pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError> {
-    let ib = Inbox::open(inbox)?;
+/// Pick up what is already in the drop folder, then watch it until the engine stops.
+pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
     let handler = move |res: notify::Result<notify::Event>| match res {
         Ok(ev) => {
@@ -183,6 +191,7 @@ pub async fn run(engine: Arc<Engine>, inbox: PathBuf) -> Result<(), EngineError>
                 }
             }
             _ = rescan.tick() => ib.rescan(&engine, &mut watcher),
+            _ = engine.stopped() => break,
         }
     }
     Ok(())
@@ -206,10 +215,10 @@ fn list(dir: &OwnedFd) -> nix::Result<Vec<(String, FileStat)>> {
     Ok(out)
 }
 
-/// Open (creating what is missing) the directory `path` without following a symbolic link that a
-/// user could have made: a link is followed only if it, and the directory holding it, belong to root
-/// and only root may write that directory (e.g. Fedora Silverblue's `/home -> var/home`).
-fn open_dir_path(path: &Path) -> std::io::Result<OwnedFd> {
+/// Open (with `create`, creating what is missing) the directory `path` without following a symbolic
+/// link that a user could have made: a link is followed only if it, and the directory holding it,
+/// belong to root and only root may write that directory (e.g. Fedora Silverblue's `/home -> var/home`).
+fn open_dir_path(path: &Path, create: bool) -> std::io::Result<OwnedFd> {
     let abs = std::path::absolute(path)?;
     let parts = |p: &Path| -> Vec<OsString> {
         p.components()
@@ -228,7 +237,7 @@ fn open_dir_path(path: &Path) -> std::io::Result<OwnedFd> {
     while let Some(c) = todo.pop() {
         match openat(&dir, c.as_os_str(), DIR, Mode::empty()) {
             Ok(fd) => dir = fd,
-            Err(Errno::ENOENT) => {
+            Err(Errno::ENOENT) if create => {
                 match mkdirat(&dir, c.as_os_str(), Mode::from_bits_truncate(0o755)) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(e.into()),
@@ -404,7 +413,13 @@ fn move_noreplace(from: &OwnedFd, name: &str, to: &OwnedFd, to_name: &str) -> ni
 impl Inbox {
     /// Open the drop folder (creating it if missing) and make its `accepted/` and `rejected/`.
     pub fn open(path: PathBuf) -> std::io::Result<Inbox> {
-        let fd = open_dir_path(&path)?;
+        let fd = open_dir_path(&path, true)?;
+        Inbox::at(path, fd)
+    }
+
+    /// The drop folder open at `fd` (reached safely by the caller): the owner of the folder is the
+    /// only user whose files count. Makes its `accepted/` and `rejected/`.
+    pub fn at(path: PathBuf, fd: OwnedFd) -> std::io::Result<Inbox> {
         let owner = Ids::of(&fstat(&fd)?);
         let ib = Inbox { path, fd, owner };
         for d in [ACCEPTED, REJECTED] {
@@ -479,11 +494,11 @@ impl Inbox {
     }
 
     /// The inbox itself (`None`) or a template folder in it; `None` for anything else.
-    fn folder(&self, sub: Option<&str>) -> Result<Option<Folder>, Stop> {
+    fn folder(&self, engine: &Engine, sub: Option<&str>) -> Result<Option<Folder>, Stop> {
         let retry = |e: Errno| Stop::Retry(format!("cannot open its folder: {e}"));
         let Some(d) = sub else {
             let fd = openat(&self.fd, ".", DIR, Mode::empty()).map_err(retry)?;
-            return Ok(Some(Folder { fd, path: self.path.clone(), owner: self.owner, template: None }));
+            return Ok(Some(Folder { fd, path: self.path.clone(), owner: self.owner, template: None, lab: false }));
         };
         if d == ACCEPTED || d == REJECTED || d.starts_with('.') {
             return Ok(None);
@@ -501,11 +516,12 @@ impl Inbox {
                 Err(_) => {}
             }
         }
-        if !is_template {
+        let lab = !is_template && has_lab_template(engine, d)?;
+        if !is_template && !lab {
             return Ok(None); // a plain subfolder
         }
         let owner = Ids::of(&fstat(&fd).map_err(retry)?);
-        Ok(Some(Folder { fd, path: self.path.join(d), owner, template: Some(d.to_string()) }))
+        Ok(Some(Folder { fd, path: self.path.join(d), owner, template: Some(d.to_string()), lab }))
     }
 
     /// Turn one dropped file into a job, or say why not.
@@ -513,7 +529,7 @@ impl Inbox {
         if ignorable(name) || (sub.is_some() && TEMPLATE_NAMES.contains(&name)) {
             return Outcome::Ignored;
         }
-        let f = match self.folder(sub) {
+        let f = match self.folder(engine, sub) {
             Ok(Some(f)) => f,
             Ok(None) => return Outcome::Ignored,
             Err(s) => return stopped(s),
@@ -602,7 +618,7 @@ impl Inbox {
                     .map(|ids| ids[0])
             }
             Some(tdir) => {
-                let template = read_template(f, fst.st_uid)?;
+                let template = read_template(engine, f, fst.st_uid)?;
                 submit_from_template(engine, f, tdir, &template, name, &owner, &source, &key)
             }
         };
@@ -615,15 +631,76 @@ impl Inbox {
     }
 }
 
-/// The folder's template, if its file belongs to the dropper or to root.
-fn read_template(f: &Folder, dropper: u32) -> Result<spec::JobSpec, Stop> {
-    let Some(tname) = TEMPLATE_NAMES.iter().find(|t| fstatat(&f.fd, **t, NOFOLLOW).is_ok()) else { return Err(Stop::Ignore) };
-    let tpath = f.path.join(tname);
+/// Whether the lab-wide template folder has an entry named `name` (judged when a file is dropped).
+fn has_lab_template(engine: &Engine, name: &str) -> Result<bool, Stop> {
+    let Some(dir) = &engine.cfg.templates_dir else { return Ok(false) };
+    let top = match open_dir_path(dir, false) {
+        Ok(fd) => fd,
+        Err(e) if transient(errno_of(&e)) => return Err(Stop::Retry(format!("cannot open the lab templates {}: {e}", dir.display()))),
+        Err(e) if errno_of(&e) == Errno::ENOENT => return Ok(false),
+        Err(e) => {
+            warn!("lab templates in {} are not used: {e}", dir.display());
+            return Ok(false);
+        }
+    };
+    match fstatat(&top, name, NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(e) if transient(e) => Err(Stop::Retry(format!("cannot look up the lab template {name}: {e}"))),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The lab-wide template folder `name`: a real folder that root owns.
+fn lab_folder(engine: &Engine, name: &str) -> Result<(OwnedFd, PathBuf), Stop> {
+    let Some(dir) = &engine.cfg.templates_dir else { return Err(Stop::Ignore) };
+    let path = dir.join(name);
+    let fix = "ask an admin to fix the lab template; then drop this file again (it was not the problem)";
+    let fd = open_dir_path(dir, false)
+        .map_err(|e| Stop::Retry(format!("cannot open the lab templates {}: {e}", dir.display())))
+        .and_then(|top| match openat(&top, name, DIR, Mode::empty()) {
+            Ok(fd) => Ok(fd),
+            Err(e) if transient(e) => Err(Stop::Retry(format!("cannot open {}: {e}", path.display()))),
+            Err(e) => Err(Stop::Reject(SpecError::new(
+                format!("the lab template {} is not a folder Gantry may use ({}); Gantry never follows symbolic links there", path.display(), e.desc()),
+                fix,
+            ))),
+        })?;
+    let st = fstat(&fd).map_err(|e| Stop::Retry(format!("cannot stat {}: {e}", path.display())))?;
+    if st.st_uid != 0 {
+        return Err(Stop::Reject(SpecError::new(
+            format!("the lab template folder {} belongs to {}, not to root; lab templates are used only when root owns them", path.display(), user_name(st.st_uid)),
+            format!("an admin can make it root's (`chown -R root: {}`) if it is trusted; then drop this file again (it was not the problem)", path.display()),
+        )));
+    }
+    Ok((fd, path))
+}
+
+/// The folder's template: its own, if the file belongs to the dropper or to root; or the lab-wide
+/// one, if root owns it and its folder.
+fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobSpec, Stop> {
+    let lab = if f.lab { Some(lab_folder(engine, f.template.as_deref().unwrap_or_default())?) } else { None };
+    let (dir, dir_path) = lab.as_ref().map(|(fd, p)| (fd, p)).unwrap_or((&f.fd, &f.path));
+    let Some(tname) = TEMPLATE_NAMES.iter().find(|t| fstatat(dir, **t, NOFOLLOW).is_ok()) else {
+        return match &lab {
+            Some((_, p)) => Err(Stop::Reject(SpecError::new(
+                format!("the lab template folder {} holds no {}", p.display(), TEMPLATE_NAMES.join(" or ")),
+                "ask an admin to add the template; then drop this file again (it was not the problem)",
+            ))),
+            None => Err(Stop::Ignore),
+        };
+    };
+    let tpath = dir_path.join(tname);
     let what = format!("the template {}", tpath.display());
-    let (tst, text) = read_at(&f.fd, tname, &what).map_err(|s| match s {
+    let (tst, text) = read_at(dir, tname, &what).map_err(|s| match s {
         Stop::Reject(e) => Stop::Reject(SpecError::new(e.message, format!("{}; this file was not the problem and can be dropped again", e.hint))),
         s => s,
     })?;
+    if lab.is_some() && tst.st_uid != 0 {
+        return Err(Stop::Reject(SpecError::new(
+            format!("{what} belongs to {}, not to root; lab templates are used only when root owns them", user_name(tst.st_uid)),
+            "ask an admin to make it root's; then drop this file again (it was not the problem)",
+        )));
+    }
     if tst.st_uid != dropper && tst.st_uid != 0 {
         return Err(Stop::Reject(SpecError::new(
             format!("{what} belongs to {}; a template is used only for its owner's files, or for everyone's when root owns it", user_name(tst.st_uid)),
@@ -818,14 +895,14 @@ mod tests {
         std::fs::create_dir(d.path().join("real")).unwrap();
         std::os::unix::fs::symlink("real", d.path().join("link")).unwrap();
         let inbox = d.path().join("link/inbox");
-        open_dir_path(&inbox).unwrap();
+        open_dir_path(&inbox, true).unwrap();
         assert!(d.path().join("real/inbox").is_dir(), "missing folders are made");
         // The same link in a folder others may write: refused.
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-        let e = open_dir_path(&inbox).unwrap_err();
+        let e = open_dir_path(&inbox, true).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::lchown(d.path().join("link"), Some(4242), None).unwrap();
-        assert!(open_dir_path(&inbox).is_err(), "a link owned by a user is never followed");
+        assert!(open_dir_path(&inbox, true).is_err(), "a link owned by a user is never followed");
     }
 }

@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_history_columns.sql"),
     include_str!("../migrations/0003_identity.sql"),
     include_str!("../migrations/0004_hold.sql"),
+    include_str!("../migrations/0005_user_inboxes.sql"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -423,6 +424,18 @@ impl Store {
             tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?1)", [floor])?;
         }
         tx.commit()?;
+        Ok(())
+    }
+
+    /// Users who set up their drop folder with `gantry inbox init`.
+    pub fn user_inboxes(&self) -> Result<Vec<u32>> {
+        let mut q = self.conn.prepare("SELECT uid FROM user_inboxes ORDER BY uid")?;
+        let uids = q.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(uids)
+    }
+
+    pub fn add_user_inbox(&mut self, uid: u32) -> Result<()> {
+        self.conn.execute("INSERT OR IGNORE INTO user_inboxes (uid, registered_at) VALUES (?1, ?2)", params![uid, now_ms()])?;
         Ok(())
     }
 

@@ -117,6 +117,8 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
+    /// Users' drop folders and their watchers (system engine).
+    pub(crate) inboxes: crate::inbox::users::Registry,
     _lock: std::fs::File,
 }
 
@@ -234,6 +236,7 @@ impl Engine {
             events,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            inboxes: Default::default(),
             _lock: lock,
         });
         e.sample_gpus();

@@ -34,6 +34,25 @@ impl Engine {
         self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
     }
 
+    /// Users who ran `gantry inbox init` (the system engine watches their drop folders).
+    pub(crate) fn registered_inboxes(&self) -> Result<Vec<u32>, EngineError> {
+        Ok(self.reader().user_inboxes()?)
+    }
+
+    pub(crate) fn register_inbox(&self, uid: u32) -> Result<(), EngineError> {
+        Ok(self.store().add_user_inbox(uid)?)
+    }
+
+    /// `uid`'s drop folder and whether it is watched.
+    pub fn inbox_info(&self, uid: u32) -> crate::inbox::users::InboxInfo {
+        self.inboxes.info(self, uid)
+    }
+
+    /// `gantry inbox init` as `uid`: watch the drop folder they made (system engine). Blocking.
+    pub fn inbox_init(self: &std::sync::Arc<Self>, uid: u32) -> Result<crate::inbox::users::InboxInfo, EngineError> {
+        self.inboxes.register(self, uid)
+    }
+
     pub fn history_count(&self, f: &HistoryFilter) -> Result<i64, EngineError> {
         Ok(self.reader().history_count(f)?)
     }
