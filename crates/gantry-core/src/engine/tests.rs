@@ -12,8 +12,8 @@ use crate::store::{EndReason, JobState, Owner};
 fn cfg(dir: &std::path::Path) -> Config {
     let mut c = Config::new(Paths::in_dir(dir.join("state"), dir.join("inbox")));
     c.gpus = Some("sim:1x24GiB".into());
-    c.retry_backoff = Duration::from_secs(1);
-    c.stop_grace = Duration::from_secs(1);
+    c.lab.policy.retry_backoff = Duration::from_secs(1);
+    c.lab.policy.stop_grace = Duration::from_secs(1);
     c
 }
 
@@ -140,7 +140,7 @@ async fn priority_and_queue_length_are_bounded_for_users() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeExecutor::new();
     let mut c = cfg(dir.path());
-    c.max_queued_per_user = 3;
+    c.lab.policy.max_queued_per_user = 3;
     let e = Engine::open_with(c, fake.clone()).unwrap();
     let j = |t: &str| validate_text(t, Format::Yaml, &Origin::default()).unwrap();
     let err = e.submit(&j("image: a\npriority: 2147483647\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
