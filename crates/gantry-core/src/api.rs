@@ -320,7 +320,7 @@ async fn status(State(e): E) -> Json<StatusInfo> {
         orphans: h.orphans,
         engine_id: e.engine_id.clone(),
         reserved_gpus: e.reserved_gpus(),
-        config_file: e.cfg.lab_file.clone(),
+        config_file: e.lab_file().map(Path::to_path_buf),
     })
 }
 

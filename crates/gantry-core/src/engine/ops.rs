@@ -129,10 +129,15 @@ impl Engine {
 
     /// " (limits.x in FILE)": where a lab limit comes from, for error messages.
     fn set_in(&self, key: &str) -> String {
-        match &self.cfg.lab_file {
+        match self.lab_file() {
             Some(f) => format!(" ({key} in {})", f.display()),
             None => String::new(),
         }
+    }
+
+    /// The lab config file the policy comes from (`None`: the built-in defaults).
+    pub fn lab_file(&self) -> Option<&std::path::Path> {
+        self.cfg.lab_file.as_deref().filter(|f| f.exists())
     }
 
     /// Keep the highest job id handed out outside the database too (fixed width, rewritten in place, so

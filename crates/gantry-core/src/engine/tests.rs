@@ -177,3 +177,33 @@ fn job_ids_never_restart_after_a_lost_wal() {
     let next = submit(&e, "image: a\n");
     assert!(next > first, "id {next} reused (last was {first})");
 }
+
+#[tokio::test(start_paused = true)]
+async fn retention_deletes_old_logs_then_old_jobs_and_never_waiting_or_running_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("long", Script { runtime: Duration::from_secs(3600), ..Default::default() });
+    let mut c = cfg(dir.path());
+    c.lab.policy.log_keep = Some(Duration::from_secs(3600));
+    c.lab.policy.history_keep = Some(Duration::from_secs(7200));
+    let e = Engine::open_with(c, fake.clone()).unwrap();
+    tokio::spawn({
+        let e = e.clone();
+        async move { e.run().await.unwrap() }
+    });
+    let done = submit(&e, "image: a\ngpus: 0\n");
+    assert_eq!(final_state(&e, done).await, JobState::Succeeded);
+    let running = submit(&e, "name: long\nimage: a\ngpus: 1\n");
+    wait_state(&e, running, |s| s == JobState::Running).await;
+    let held = submit(&e, "image: a\ngpus: 1\n"); // waits for the one GPU
+    assert!(e.hold(held, true, 1000).unwrap());
+    std::fs::write(e.log_of(done), "output\n").unwrap();
+    let now = crate::store::now_ms();
+    // Table: (time of the prune, (jobs, log files) deleted, the finished job's log and row still there).
+    for (at, deleted, log, row) in [(now, (0, 0), true, true), (now + 5_400_000, (0, 1), false, true), (now + 10_800_000, (1, 0), false, false)] {
+        assert_eq!(e.prune(at).unwrap(), deleted, "prune at +{}s", (at - now) / 1000);
+        assert_eq!((e.log_of(done).exists(), e.job_detail(done).is_ok()), (log, row), "at +{}s", (at - now) / 1000);
+    }
+    assert_eq!(e.job_detail(running).unwrap().job.state, JobState::Running);
+    assert_eq!(e.job_detail(held).unwrap().job.state, JobState::Queued);
+}
