@@ -760,7 +760,7 @@ impl Store {
     }
 
     /// GPU use per owner since `since` (ms): (owner, GPUs, start, end or None while running).
-    pub fn usage_since(&self, since: i64) -> Result<Vec<(String, u32, i64, Option<i64>)>> {
+    pub fn usage_since(&self, since: i64) -> Result<Vec<UsageRow>> {
         let mut st = self.conn.prepare_cached(
             "SELECT j.owner, json_array_length(a.gpus), a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.ended_at IS NULL OR a.ended_at >= ?1",
@@ -900,8 +900,9 @@ pub struct UsageReport {
     pub users: Vec<UserUsage>,
 }
 
-/// Attempt rows as [`Store::usage_since`] returns them: (owner, GPUs, start, end or `None` while running).
-pub type UsageRows = [(String, u32, i64, Option<i64>)];
+/// An attempt as [`Store::usage_since`] returns it: (owner, GPUs, start, end or `None` while running).
+pub type UsageRow = (String, u32, i64, Option<i64>);
+pub type UsageRows = [UsageRow];
 
 /// Fair share: each attempt's GPU-hours, halved for every `half_life_ms` since it ended.
 pub fn decayed_usage(rows: &UsageRows, now: i64, half_life_ms: i64) -> std::collections::HashMap<String, f64> {
