@@ -13,7 +13,9 @@ use gantry_core::gpu::BackendKind;
 use gantry_core::inbox::users::InboxInfo;
 use std::os::unix::fs::DirBuilderExt;
 use gantry_core::spec::format_bytes;
-use gantry_core::store::{now_ms, HistoryRow, JobState};
+use gantry_core::config::Overrides;
+use gantry_core::policy::{LabConfig, SYSTEM_CONFIG};
+use gantry_core::store::{now_ms, HistoryRow, JobState, UsageReport};
 
 #[derive(Parser)]
 #[command(name = "gantry", version, about = "A fair, self-service GPU job queue for a shared workstation")]
@@ -47,15 +49,19 @@ enum Cmd {
         /// Drop folder (default: ~/Gantry/inbox, or STATE_DIR/inbox with --state-dir).
         #[arg(long)]
         inbox: Option<PathBuf>,
-        /// A job that cannot start for this long reserves GPUs (no starvation).
-        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
-        reserve_after: Duration,
-        /// Time between SIGTERM and SIGKILL on cancel and timeout.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        stop_grace: Duration,
-        /// First retry delay (doubles per attempt).
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        retry_backoff: Duration,
+        /// Lab config (limits, admins, retention; see `gantry config check`). Default: /etc/gantry/config.toml
+        /// with --system, none otherwise. SIGHUP re-reads it.
+        #[arg(long, env = "GANTRY_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// A job that cannot start for this long reserves GPUs (no starvation) [default: 30m, or the lab config's].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        reserve_after: Option<Duration>,
+        /// Time between SIGTERM and SIGKILL on cancel and timeout [default: 10s, or the lab config's].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        stop_grace: Option<Duration>,
+        /// First retry delay, doubling per attempt [default: 10s, or the lab config's].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        retry_backoff: Option<Duration>,
         /// API: close a connection whose request head has not arrived after this long (tests shorten it).
         #[arg(long, hide = true, value_parser = humantime::parse_duration)]
         header_timeout: Option<Duration>,
@@ -112,6 +118,17 @@ enum Cmd {
     },
     /// Print the JSON Schema of the job spec (for editors).
     Schema,
+    /// The lab config (/etc/gantry/config.toml).
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
+    /// GPU-hours, jobs finished and mean wait per user: the numbers fair share acts on.
+    Usage {
+        /// The window: this long ago until now (`7d`, `24h`) or since an RFC 3339 time.
+        #[arg(long, default_value = "7d")]
+        since: String,
+    },
     /// Engine status.
     Status,
     /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
@@ -153,6 +170,16 @@ enum Cmd {
         /// Fair share between users: decay GPU-hours with this half-life (e.g. `24h`); off by default.
         #[arg(long, value_parser = humantime::parse_duration)]
         fair_share: Option<Duration>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Check a lab config: prints OK, or each problem with its line and column (exit status 1).
+    Check {
+        /// Default: the file the engine would read ($GANTRY_CONFIG, else /etc/gantry/config.toml).
+        #[arg(env = "GANTRY_CONFIG")]
+        file: Option<PathBuf>,
     },
 }
 
@@ -371,7 +398,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         client = client.with_timeout(t);
     }
     match &cli.cmd {
-        Cmd::Daemon { system, system_root, gpus, inbox, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path } => {
+        Cmd::Daemon { system, system_root, gpus, inbox, config, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
@@ -386,9 +413,14 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 false => paths(&cli, inbox.clone()),
             });
             cfg.gpus = gpus.clone();
-            cfg.scheduler.reserve_after_ms = reserve_after.as_millis() as i64;
-            cfg.stop_grace = *stop_grace;
-            cfg.retry_backoff = *retry_backoff;
+            // The flags win over the lab config, also after a reload.
+            cfg.overrides = Overrides { reserve_after: *reserve_after, stop_grace: *stop_grace, retry_backoff: *retry_backoff };
+            match (config, system) {
+                (Some(f), _) => cfg.load_lab(f.clone(), false)?,
+                // The system engine's file is optional: without it, the defaults.
+                (None, true) => cfg.load_lab(gantry_core::config::under(system_root, SYSTEM_CONFIG), true)?,
+                (None, false) => {}
+            }
             if let Some(t) = header_timeout {
                 cfg.api.header_read_timeout = *t;
             }
@@ -518,6 +550,41 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
         }
         Cmd::Schema => print_json(&gantry_core::spec::json_schema())?,
+        Cmd::Config { cmd: ConfigCmd::Check { file } } => {
+            let root = std::env::var_os("GANTRY_SYSTEM_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
+            let file = file.clone().unwrap_or_else(|| gantry_core::config::under(&root, SYSTEM_CONFIG));
+            // Explicitly named or not, checking a file that is not there is a mistake worth saying.
+            match LabConfig::load(&file, false) {
+                Ok(lab) => {
+                    if cli.json {
+                        print_json(&serde_json::json!({"file": file, "ok": true, "problems": []}))?;
+                    } else {
+                        outln!("OK: {}", esc(&file.display().to_string()));
+                        if let Some(g) = &lab.gpus {
+                            outln!("note: `gpus` ({}) is checked against the machine's GPUs when the engine starts", g.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
+                        }
+                    }
+                }
+                Err(e) => {
+                    if cli.json {
+                        print_json(&serde_json::json!({"file": file, "ok": false, "problems": e.problems}))?;
+                    } else {
+                        for p in &e.problems {
+                            eprintln!("{}", esc(&p.to_string()));
+                        }
+                    }
+                    return Ok(std::process::ExitCode::FAILURE);
+                }
+            }
+        }
+        Cmd::Usage { since } => {
+            let r = client.usage(parse_since(since)?).await?;
+            if cli.json {
+                print_json(&r)?;
+            } else {
+                print_usage(&r);
+            }
+        }
         Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing, fair_share } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
             sched.packing = match packing.as_str() {
@@ -577,6 +644,10 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 outln!("engine pid {} (v{}), state in {}", s.pid, s.version, esc(&s.state_dir.display().to_string()));
                 outln!("drop folder: {}", esc(&s.inbox.display().to_string()));
                 outln!("{} GPU(s), {}", s.gpu_count, esc(&backend_label(s.gpu_backend, s.gpu_note.as_deref())));
+                if !s.reserved_gpus.is_empty() {
+                    outln!("GPU {} kept for interactive use (lab config `gpus`): Gantry never runs jobs there", s.reserved_gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+                }
+                outln!("lab config: {}", s.config_file.as_ref().map(|f| esc(&f.display().to_string()).into_owned()).unwrap_or_else(|| "none (built-in defaults)".into()));
                 if let Some(p) = s.store_problem {
                     outln!("ERROR: {}", esc(&p));
                 }
@@ -801,6 +872,8 @@ fn print_gpus(g: &GpuStatus) {
         let holders = g.holders.iter().find(|(i, _)| *i == s.index).map(|(_, j)| j.iter().map(|j| format!("job {j}")).collect::<Vec<_>>().join(", ")).unwrap_or_default();
         let external = s.processes.iter().filter(|p| p.container_id.is_none()).count();
         let held = match (holders.is_empty(), external) {
+            _ if g.reserved.contains(&s.index) && holders.is_empty() && external == 0 => "reserved for interactive use".to_string(),
+            _ if g.reserved.contains(&s.index) => format!("reserved for interactive use; {n} process(es) outside Gantry", n = external),
             (true, 0) => "-".to_string(),
             (false, 0) => holders,
             (true, n) => format!("{n} process(es) outside Gantry"),
@@ -815,6 +888,25 @@ fn print_gpus(g: &GpuStatus) {
             s.temperature_c.map(|t| format!("{t}C")).unwrap_or_else(|| "-".into()),
             s.power_w.map(|p| format!("{p:.0}W")).unwrap_or_else(|| "-".into()),
             held
+        );
+    }
+}
+
+fn print_usage(r: &UsageReport) {
+    outln!("since {} (fair share: GPU-hours halve every {})", time(Some(r.since_ms)), human_delta(r.fair_share_half_life_ms));
+    if r.users.is_empty() {
+        outln!("no use in this window");
+        return;
+    }
+    outln!("{:<16} {:>10} {:>6} {:>12} {:>11}", "USER", "GPU-HOURS", "JOBS", "MEAN WAIT", "FAIR SHARE");
+    for u in &r.users {
+        outln!(
+            "{:<16} {:>10.2} {:>6} {:>12} {:>11.2}",
+            trunc(&esc(&u.user), 16),
+            u.gpu_hours,
+            u.jobs_finished,
+            u.mean_wait_ms.map(human_delta).unwrap_or_else(|| "-".into()),
+            u.fair_share_usage
         );
     }
 }

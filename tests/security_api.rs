@@ -76,7 +76,7 @@ fn other_users_see_a_jobs_row_but_not_its_spec_or_output() {
         assert!(!out.status.success(), "bob's {args:?} succeeded: {}", text(&out));
         assert_private("logs", &text(&out));
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or root can read its output")),
+            String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or an admin can read its output")),
             "{}",
             text(&out)
         );
@@ -107,7 +107,7 @@ fn only_the_owner_or_root_can_run_a_job_again() {
 
     let out = e.gantry_user(&bob, &["rerun", &id.to_string()]);
     assert!(!out.status.success(), "bob reran alice's job: {}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or root can run it again")), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or an admin can run it again")), "{}", text(&out));
     let next = e.gantry(&["show", &(id + 1).to_string()]);
     assert!(!next.status.success() && String::from_utf8_lossy(&next.stderr).contains("no job"), "bob's rerun created a job: {}", text(&next));
 

@@ -43,11 +43,23 @@ impl Peer {
 
 const NOBODY: u32 = 65534;
 
-/// The one place that decides whether `caller` may see the private parts of a job owned by `owner`:
-/// its spec (command, env, mounts, workdir), its free-text messages and its output.
-/// Rows (id, name, owner, image, resources, state, times, exit code) are public on a shared machine.
-pub fn may_see_private(caller: u32, owner: u32) -> bool {
-    caller == 0 || caller == owner
+/// Who is asking, and whether the lab policy lets them see other users' private parts: a job's spec
+/// (command, env, mounts, workdir), its free-text messages and its output
+/// ([`crate::policy::Policy::may_see_private`] is the rule). Rows (id, name, owner, image,
+/// resources, state, times, exit code) are public on a shared machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Viewer {
+    pub uid: u32,
+    pub sees_everyones: bool,
+}
+
+impl Viewer {
+    pub fn of(policy: &crate::policy::Policy, uid: u32) -> Viewer {
+        Viewer { uid, sees_everyones: policy.sees_everyones(uid) }
+    }
+    pub fn may_see_private(&self, owner: u32) -> bool {
+        self.sees_everyones || self.uid == owner
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -69,6 +81,12 @@ pub struct StatusInfo {
     pub orphans: Vec<crate::protocol::Orphan>,
     /// Value of the `dev.gantry.engine` label on this engine's containers.
     pub engine_id: String,
+    /// GPUs the lab config keeps for interactive use (never scheduled on).
+    #[serde(default)]
+    pub reserved_gpus: Vec<u32>,
+    /// The lab config the engine read (`None`: built-in defaults).
+    #[serde(default)]
+    pub config_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -121,7 +139,7 @@ pub struct Range {
 
 /// A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
 /// workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
-/// are `None` with `spec_hidden: true` unless [`may_see_private`] allows the caller.
+/// are `None` with `spec_hidden: true` unless [`Viewer::may_see_private`] allows the caller.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobView {
     pub id: i64,
@@ -150,14 +168,14 @@ pub struct JobView {
 }
 
 impl JobView {
-    pub fn new(j: Job, caller: u32) -> JobView {
+    pub fn new(j: Job, viewer: Viewer) -> JobView {
         // Destructured field by field: a new `Job` field does not compile until someone decides
         // whether it is public.
         let Job {
             id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, job, state, source,
             submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message,
         } = j;
-        let shown = may_see_private(caller, owner_uid);
+        let shown = viewer.may_see_private(owner_uid);
         JobView {
             id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms,
             job: shown.then_some(job),
@@ -189,10 +207,10 @@ pub struct JobDetailView {
 }
 
 impl JobDetailView {
-    fn new(d: crate::engine::JobDetail, caller: u32) -> JobDetailView {
-        let shown = may_see_private(caller, d.job.owner_uid);
+    fn new(d: crate::engine::JobDetail, viewer: Viewer) -> JobDetailView {
+        let shown = viewer.may_see_private(d.job.owner_uid);
         JobDetailView {
-            job: JobView::new(d.job, caller),
+            job: JobView::new(d.job, viewer),
             attempts: d.attempts.into_iter().map(|a| Attempt { message: a.message.filter(|_| shown), ..a }).collect(),
             events: d.events.into_iter().map(|e| Event { message: e.message.filter(|_| shown), ..e }).collect(),
             reason: d.reason,
@@ -285,6 +303,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/whoami", get(whoami))
         .route("/v1/inbox", get(inbox).post(inbox_init))
         .route("/v1/events", get(events))
+        .route("/v1/usage", get(usage))
         .with_state(engine)
 }
 
@@ -303,6 +322,8 @@ async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusIn
         store_problem: h.store_problem,
         orphans: h.orphans,
         engine_id: e.engine_id.clone(),
+        reserved_gpus: e.reserved_gpus(),
+        config_file: e.lab_file().map(Path::to_path_buf),
     })
 }
 
@@ -323,8 +344,9 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
 }
 
 async fn queue(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<QueueEntryView>> {
+    let viewer = Viewer::of(&e.policy(), p.uid);
     let view = |q: crate::engine::QueueEntry| QueueEntryView {
-        job: JobView::new(q.job, p.uid),
+        job: JobView::new(q.job, viewer),
         gpus_assigned: q.gpus_assigned,
         position: q.position,
         reason: q.reason,
@@ -334,7 +356,7 @@ async fn queue(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<QueueE
 }
 
 async fn job(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobDetailView> {
-    Ok(Json(JobDetailView::new(e.job_detail(id)?, p.uid)))
+    Ok(Json(JobDetailView::new(e.job_detail(id)?, Viewer::of(&e.policy(), p.uid))))
 }
 
 async fn cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobState> {
@@ -376,6 +398,17 @@ struct Since {
     since: i64,
 }
 
+#[derive(Deserialize)]
+struct UsageQuery {
+    since_ms: i64,
+}
+
+/// Per-user GPU-hours, jobs, mean wait and fair-share usage: everyone may see them (they are the
+/// numbers fair share orders the queue by).
+async fn usage(State(e): E, Query(q): Query<UsageQuery>) -> Res<crate::store::UsageReport> {
+    Ok(Json(e.usage(q.since_ms)?))
+}
+
 /// 1 Hz samples of the last hour: `[ms, [[util, mem_used], ...]]`.
 async fn gpus_recent(State(e): E, Query(q): Query<Since>) -> Json<Vec<(i64, Vec<(u32, u64)>)>> {
     Json(e.recent_samples(q.since))
@@ -401,12 +434,12 @@ async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec:
     Ok(Json(e.validate_text(&r.text, format, &origin)?))
 }
 
-/// Queue a copy of a job's spec, owned by the caller. Only the job's owner (or root) may: the copy
-/// carries the spec's env and mounts, which are the owner's.
+/// Queue a copy of a job's spec. Only the job's owner (or an admin) may: the copy carries the spec's
+/// env and mounts, which are the owner's, and it runs as the owner.
 async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
     let job = e.job_detail(id)?.job;
-    if p.uid != 0 && p.uid != job.owner_uid {
-        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or root can run it again", job.owner)));
+    if p.uid != job.owner_uid && !e.policy().is_admin(p.uid) {
+        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can run it again", job.owner)));
     }
     let owner = owner_of(&p);
     let ids = tokio::task::spawn_blocking(move || e.rerun(id, &owner)).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
@@ -437,8 +470,8 @@ struct LogQuery {
 /// The job's log file; with `follow`, keep streaming until the job has ended.
 async fn logs(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Query(q): Query<LogQuery>) -> Result<Response, Failure> {
     let job = e.job_detail(id)?.job;
-    if !may_see_private(p.uid, job.owner_uid) {
-        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or root can read its output", job.owner)));
+    if !e.policy().may_see_private(p.uid, job.owner_uid) {
+        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can read its output", job.owner)));
     }
     let path = e.log_of(id);
     if !q.follow {

@@ -168,6 +168,11 @@ impl Client {
     }
 
     /// Queue one spec file; returns the job ids (several for a `matrix`).
+    /// Per-user usage since `since_ms` (`GET /v1/usage`): GPU-hours, jobs, mean wait, fair share.
+    pub async fn usage(&self, since_ms: i64) -> Result<crate::store::UsageReport, ClientError> {
+        self.get(&format!("/v1/usage?since_ms={since_ms}")).await
+    }
+
     pub async fn submit_file(&self, path: &Path) -> Result<Vec<i64>, ClientError> {
         let req = read_spec_file(path)?;
         Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_ids)

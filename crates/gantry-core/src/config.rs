@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::policy::{LabConfig, Policy, PolicyError};
+
 /// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
@@ -15,6 +17,12 @@ pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(600);
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Fair share: a user's GPU-hours count half as much after a day (a day's burst is forgiven by tomorrow).
 pub const FAIR_SHARE_HALF_LIFE: Duration = Duration::from_secs(24 * 3600);
+/// A job that cannot start for this long reserves GPUs (no starvation).
+pub const RESERVE_AFTER: Duration = Duration::from_secs(30 * 60);
+/// Retention is enforced at start and then this often.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Fair share looks back this many half-lives (older use has decayed below 1/32).
+pub const FAIR_SHARE_REACH: i64 = 5;
 /// Priorities a plain user may set: enough to order one's own work, too little to jump everyone.
 pub const USER_PRIORITY: (i32, i32) = (-10, 10);
 /// Root (the admin) may go further, still bounded so ordering stays meaningful.
@@ -106,14 +114,16 @@ pub struct Config {
     /// `sim:NxMEM` forces simulated GPUs.
     pub gpus: Option<String>,
     pub scheduler: crate::scheduler::Config,
-    pub stop_grace: Duration,
-    pub log_cap: u64,
-    pub retry_backoff: Duration,
+    /// The lab config as read at start (built-in defaults without a file). The engine's live policy
+    /// starts as `lab.policy` with `overrides` applied, and changes on reload.
+    pub lab: LabConfig,
+    /// The file re-read on reload (SIGHUP); `None`: a per-user engine without `--config`.
+    pub lab_file: Option<PathBuf>,
+    /// Whether a missing `lab_file` means the defaults (the system engine's) or an error.
+    pub lab_file_optional: bool,
+    /// Daemon flags: they win over the file, also after a reload.
+    pub overrides: Overrides,
     pub sample_every: Duration,
-    pub fair_share_half_life: Duration,
-    pub user_priority: (i32, i32),
-    pub admin_priority: (i32, i32),
-    pub max_queued_per_user: usize,
     /// API connection limits and header-read timeout.
     pub api: crate::api::Limits,
     /// System engine: members of this group (primary or supplementary) get `~/<inbox_path>` made
@@ -126,19 +136,33 @@ pub struct Config {
     pub templates_dir: Option<PathBuf>,
 }
 
+/// Settings given as daemon flags (`--stop-grace`, ...), which win over the lab config.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub stop_grace: Option<Duration>,
+    pub retry_backoff: Option<Duration>,
+    pub reserve_after: Option<Duration>,
+}
+
+impl Overrides {
+    pub fn apply(&self, mut p: Policy) -> Policy {
+        p.stop_grace = self.stop_grace.unwrap_or(p.stop_grace);
+        p.retry_backoff = self.retry_backoff.unwrap_or(p.retry_backoff);
+        p.reserve_after = self.reserve_after.unwrap_or(p.reserve_after);
+        p
+    }
+}
+
 impl Config {
     pub fn new(paths: Paths) -> Self {
         Config {
             gpus: None,
             scheduler: crate::scheduler::Config::default(),
-            stop_grace: STOP_GRACE,
-            log_cap: LOG_CAP,
-            retry_backoff: RETRY_BACKOFF,
+            lab: LabConfig::default(),
+            lab_file: None,
+            lab_file_optional: false,
+            overrides: Overrides::default(),
             sample_every: SAMPLE_EVERY,
-            fair_share_half_life: FAIR_SHARE_HALF_LIFE,
-            user_priority: USER_PRIORITY,
-            admin_priority: ADMIN_PRIORITY,
-            max_queued_per_user: MAX_QUEUED_PER_USER,
             api: crate::api::Limits::default(),
             inbox_group: None,
             inbox_path: PathBuf::from(INBOX_PATH),
@@ -147,12 +171,30 @@ impl Config {
         }
     }
 
-    /// The priority range a caller may use.
-    pub fn priority_range(&self, caller_uid: u32) -> (i32, i32) {
-        if caller_uid == 0 {
-            self.admin_priority
-        } else {
-            self.user_priority
+    /// Read the lab config `file` (see [`LabConfig::load`]); its settings apply where no daemon flag
+    /// (`--gpus`, `--stop-grace`, ...) was given.
+    pub fn load_lab(&mut self, file: PathBuf, missing_ok: bool) -> Result<(), PolicyError> {
+        let lab = LabConfig::load(&file, missing_ok)?;
+        if self.gpus.is_none() {
+            self.gpus = lab.simulate.clone();
         }
+        if let Some(g) = &lab.inbox_group {
+            self.inbox_group = Some(g.clone());
+        }
+        if let Some(p) = &lab.inbox_path {
+            self.inbox_path = p.clone();
+        }
+        if let Some(t) = &lab.templates_dir {
+            self.templates_dir = Some(t.clone());
+        }
+        self.lab = lab;
+        self.lab_file = Some(file);
+        self.lab_file_optional = missing_ok;
+        Ok(())
+    }
+
+    /// The policy the engine starts with.
+    pub fn policy(&self) -> Policy {
+        self.overrides.apply(self.lab.policy.clone())
     }
 }

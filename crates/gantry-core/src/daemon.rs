@@ -9,9 +9,22 @@ use tracing::{info, warn};
 use crate::engine::{Config, Engine, EngineError};
 
 /// Open the engine, then serve. Returns when `shutdown` resolves (running containers keep running).
+/// SIGHUP re-reads the lab config.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     let engine = Engine::open(cfg)?;
-    run_engine(engine, shutdown).await
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let reloader = {
+        let e = engine.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                info!("SIGHUP: reloading the lab config");
+                let _ = e.reload_policy(); // a failed reload is logged and keeps the policy in force
+            }
+        })
+    };
+    let r = run_engine(engine, shutdown).await;
+    reloader.abort();
+    r
 }
 
 pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {

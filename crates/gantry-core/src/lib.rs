@@ -8,6 +8,7 @@
 //! - [`scheduler`]: the pure placement function
 //! - [`executor`]: runs attempts in Docker
 //! - [`inbox`]: the drop folder
+//! - [`policy`]: the lab config (`/etc/gantry/config.toml`): limits, admins, retention
 //! - [`engine`]: the loop that ties them together
 //! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket
 
@@ -19,6 +20,7 @@ pub mod gpu;
 pub mod scheduler;
 pub mod executor;
 pub mod config;
+pub mod policy;
 pub mod protocol;
 pub mod engine;
 pub mod inbox;

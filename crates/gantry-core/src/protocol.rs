@@ -32,6 +32,9 @@ pub struct GpuStatus {
     pub gpus: Vec<GpuSample>,
     /// Which Gantry jobs hold which GPU.
     pub holders: Vec<(u32, Vec<i64>)>,
+    /// GPUs the lab config keeps for interactive use: Gantry never places jobs on them.
+    #[serde(default)]
+    pub reserved: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -26,6 +26,9 @@ pub struct GpuView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunningJob {
     pub job_id: i64,
+    /// The owner (per-user GPU cap).
+    #[serde(default)]
+    pub user: String,
     pub gpus: Vec<u32>,
     /// Declared memory per GPU; `None` = holds its GPUs exclusively.
     pub gpu_memory: Option<u64>,
@@ -37,6 +40,9 @@ pub struct RunningJob {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueuedJob {
     pub job_id: i64,
+    /// The owner (per-user GPU cap).
+    #[serde(default)]
+    pub user: String,
     pub priority: i32,
     pub submitted_at_ms: i64,
     pub gpus: u32,
@@ -68,6 +74,9 @@ pub struct Config {
     /// Reasons cost string formatting; the simulator sets 0.
     #[serde(default = "explain_default")]
     pub explain_first: usize,
+    /// The lab's limit on GPUs one user's running jobs hold together: a job that would pass it waits.
+    #[serde(default)]
+    pub max_running_gpus_per_user: Option<u32>,
 }
 
 fn explain_default() -> usize {
@@ -98,6 +107,7 @@ impl Default for Config {
             use_runtimes: true,
             packing: Packing::BestFit,
             explain_first: explain_default(),
+            max_running_gpus_per_user: None,
         }
     }
 }
@@ -216,14 +226,54 @@ fn reserve_threshold(state: &State) -> i64 {
     state.config.reserve_after_ms.max(typical)
 }
 
-/// The job that has waited longest past `reserve_after_ms` (it gets the one reservation).
-fn starving(state: &State) -> Option<&QueuedJob> {
+/// The job that has waited longest past `reserve_after_ms` (it gets the one reservation), among
+/// those its owner's GPU cap lets start.
+fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a QueuedJob> {
     state
         .queued
         .iter()
         .filter(|q| q.gpus > 0 && state.now_ms - q.submitted_at_ms >= reserve_threshold(state))
+        .filter(|q| caps.over(q).is_none())
         .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
         .min_by_key(|q| (q.submitted_at_ms, q.job_id))
+}
+
+/// GPUs each user's jobs hold, against the lab's per-user cap.
+struct UserCaps<'a> {
+    cap: Option<u32>,
+    held: std::collections::HashMap<&'a str, u32>,
+}
+
+impl<'a> UserCaps<'a> {
+    fn new(state: &'a State) -> Self {
+        let cap = state.config.max_running_gpus_per_user;
+        let mut held = std::collections::HashMap::new();
+        if cap.is_some() {
+            for r in &state.running {
+                *held.entry(r.user.as_str()).or_default() += r.gpus.len() as u32;
+            }
+        }
+        UserCaps { cap, held }
+    }
+    /// Why `job` may not start now because of its owner's cap.
+    fn over(&self, job: &QueuedJob) -> Option<String> {
+        let cap = self.cap.filter(|_| job.gpus > 0)?;
+        let held = self.held.get(job.user.as_str()).copied().unwrap_or(0);
+        if held + job.gpus <= cap {
+            return None;
+        }
+        let plural = |n: u32| if n == 1 { "" } else { "s" };
+        Some(if held == 0 {
+            format!("asks for {} GPUs; the lab limit is {cap} GPU{} per user", job.gpus, plural(cap))
+        } else {
+            format!("{} already runs {held} GPU{}; the lab limit is {cap} per user", job.user, plural(held))
+        })
+    }
+    fn took(&mut self, job: &'a QueuedJob) {
+        if self.cap.is_some() {
+            *self.held.entry(job.user.as_str()).or_default() += job.gpus;
+        }
+    }
 }
 
 /// Compute placements. Deterministic: same state in, same plan out.
@@ -263,12 +313,14 @@ pub fn plan(state: &State) -> Plan {
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
     // nothing else may take them unless it is known to end before the reserved job can start.
-    let starving = starving(state);
+    let mut caps = UserCaps::new(state);
+    let starving = starving(state, &caps);
     let mut reserved_for: Option<(i64, Vec<u32>, String)> = None;
     if let Some(job) = starving {
         match choose(&slots, job, &ctx, true) {
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
+                caps.took(job);
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
@@ -302,10 +354,15 @@ pub fn plan(state: &State) -> Plan {
             out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
             continue;
         }
+        if let Some(reason) = caps.over(job) {
+            push_wait(&mut out, job.job_id, reason, vec![]);
+            continue;
+        }
         let explained = explain(&out);
         match choose(&slots, job, &ctx, explained) {
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
+                caps.took(job);
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
@@ -479,13 +536,20 @@ mod tests {
         (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0 }
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0 }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
         State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None }
+    }
+    fn capped(cap: u32, mut s: State) -> State {
+        s.config.max_running_gpus_per_user = Some(cap);
+        s
+    }
+    fn bob(j: QueuedJob) -> QueuedJob {
+        QueuedJob { user: "bob".into(), ..j }
     }
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
@@ -509,6 +573,10 @@ mod tests {
             Case { name: "priority beats submission order", state: st(gpus(1, 24 * G), vec![], vec![q(1, 1, None), QueuedJob { priority: 5, ..q(2, 1, None) }]), want: vec![(2, vec![0])] },
             Case { name: "cpu-only job always starts", state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 0, None)]), want: vec![(1, vec![])] },
             Case { name: "retry backoff holds a job", state: st(gpus(1, 24 * G), vec![], vec![QueuedJob { not_before_ms: Some(5000), ..q(1, 1, None) }, q(2, 1, None)]), want: vec![(2, vec![0])] },
+            Case { name: "user cap: ada runs 1 GPU, cap 2: one more starts, bob's job fills the rest", state: capped(2, st(gpus(4, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None), q(2, 1, None), bob(q(3, 1, None))])), want: vec![(1, vec![1]), (3, vec![2])] },
+            Case { name: "user cap counts GPUs, not jobs", state: capped(2, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 1, Some(G)), bob(q(3, 2, None))])), want: vec![(1, vec![0, 1]), (3, vec![2, 3])] },
+            Case { name: "user cap: a job larger than the cap never starts; CPU jobs are not capped", state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])), want: vec![(2, vec![])] },
+            Case { name: "no cap: one user may take every GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
             Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
         ];
         for c in cases {
@@ -537,6 +605,18 @@ mod tests {
         assert!(p.waiting[0].reason.contains("needs 1 free GPU, 0 available"), "{}", p.waiting[0].reason);
         assert!(p.waiting[0].reason.contains("GPU 0 held by job 7; GPU 1 held by job 8"), "{}", p.waiting[0].reason);
         assert!(p.waiting[1].reason.contains("this machine has 2"), "{}", p.waiting[1].reason);
+    }
+
+    #[test]
+    fn a_capped_user_waits_with_the_reason_and_never_reserves() {
+        let mut s = capped(1, st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None), bob(q(2, 2, None))]));
+        s.now_ms = 60_000; // both waited past the reservation threshold
+        let p = plan(&s);
+        assert!(p.placements.is_empty(), "{p:?}");
+        let w = |id| p.waiting.iter().find(|w| w.job_id == id).unwrap();
+        assert_eq!(w(1).reason, "ada already runs 1 GPU; the lab limit is 1 per user");
+        assert!(w(1).reserved.is_empty(), "a job its own cap holds back must not drain GPUs");
+        assert_eq!(w(2).reason, "asks for 2 GPUs; the lab limit is 1 GPU per user");
     }
 
     #[test]
@@ -602,7 +682,7 @@ pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize)
             if let Some(i) = s.queued.iter().position(|q| q.job_id == pl.job_id) {
                 let q = s.queued.remove(i);
                 let rt = q.expected_runtime_ms.unwrap_or(default_runtime_ms).max(1);
-                s.running.push(RunningJob { job_id: q.job_id, gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt) });
+                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt) });
             }
         }
         // Jump to the next end (or backoff expiry), when something can change.
@@ -623,11 +703,11 @@ mod estimate_tests {
     #[test]
     fn start_estimates_follow_the_running_jobs_ends() {
         let g = |i| GpuView { index: i, memory_total: 1 << 34, memory_used: 0, external_busy: false };
-        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0 };
+        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0 };
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],
-            running: vec![RunningJob { job_id: 9, gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000) }],
+            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000) }],
             queued: vec![q(1, 1, Some(5_000)), q(2, 2, Some(100)), q(3, 1, None)],
             config: Config { reserve_after_ms: i64::MAX, ..Config::default() },
             typical_wait_ms: None,

@@ -237,6 +237,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     .iter()
                     .map(|(end, j, g)| RunningJob {
                         job_id: *j as i64,
+                        user: jobs[*j].user.clone(),
                         gpus: g.clone(),
                         gpu_memory: mem_of(&jobs[*j]),
                         expected_end_ms: cfg.declared_runtimes.then_some(*end),
@@ -338,6 +339,7 @@ fn queued_view(
             let j = &jobs[*q];
             QueuedJob {
                 job_id: *q as i64,
+                user: j.user.clone(),
                 priority: j.priority,
                 submitted_at_ms: arrival_ms(j),
                 gpus: j.gpus,

@@ -224,7 +224,7 @@ fn locate_key(text: &str, key: &str) -> Option<usize> {
     .map(|i| i + 1)
 }
 
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let col = before.rfind('\n').map(|p| offset - p).unwrap_or(offset + 1);

@@ -773,13 +773,57 @@ impl Store {
     }
 
     /// GPU use per owner since `since` (ms): (owner, GPUs, start, end or None while running).
-    pub fn usage_since(&self, since: i64) -> Result<Vec<(String, u32, i64, Option<i64>)>> {
+    pub fn usage_since(&self, since: i64) -> Result<Vec<UsageRow>> {
         let mut st = self.conn.prepare_cached(
             "SELECT j.owner, json_array_length(a.gpus), a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.ended_at IS NULL OR a.ended_at >= ?1",
         )?;
         let rows = st.query_map([since], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+
+    /// Finished jobs per owner since `since` (ms), as `gantry history --since` counts them.
+    pub fn finished_since(&self, since: i64) -> Result<Vec<(String, u64)>> {
+        let mut st = self.conn.prepare_cached("SELECT owner, COUNT(*) FROM jobs WHERE finished_at >= ?1 GROUP BY owner")?;
+        let rows = st.query_map([since], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// (owner, ms from submit to first start) of jobs first started since `since`.
+    pub fn waits_since(&self, since: i64) -> Result<Vec<(String, i64)>> {
+        let mut st = self.conn.prepare_cached("SELECT owner, started_at - submitted_at FROM jobs WHERE started_at >= ?1")?;
+        let rows = st.query_map([since], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Ids of jobs that ended (succeeded, failed, cancelled, timed out) before `cutoff` (ms).
+    pub fn ended_before(&self, cutoff: i64) -> Result<Vec<i64>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT id FROM jobs WHERE finished_at < ?1 AND state IN ('succeeded','failed','cancelled','timed_out') ORDER BY id",
+        )?;
+        let rows = st.query_map([cutoff], |r| r.get(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Delete these jobs with their attempts and events; only jobs that have ended (a queued, held,
+    /// starting or running job is never deleted, whatever the ids say). Returns the ids deleted.
+    pub fn delete_ended(&mut self, ids: &[i64]) -> Result<Vec<i64>> {
+        let mut gone = vec![];
+        let tx = self.conn.transaction()?;
+        for id in ids {
+            let ended: bool = tx
+                .query_row("SELECT state IN ('succeeded','failed','cancelled','timed_out') FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+                .optional()?
+                .unwrap_or(false);
+            if ended {
+                tx.execute("DELETE FROM events WHERE job_id = ?1", [id])?;
+                tx.execute("DELETE FROM attempts WHERE job_id = ?1", [id])?;
+                tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
+                gone.push(*id);
+            }
+        }
+        tx.commit()?;
+        Ok(gone)
     }
 
     /// Mean wait (ms) of first attempts started since `since`.
@@ -844,6 +888,80 @@ impl Store {
         let rows = st.query_map(params![gpu, since_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
+}
+
+/// One user's figures in `gantry usage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserUsage {
+    pub user: String,
+    /// GPU count x run time of attempts, clipped to the window.
+    pub gpu_hours: f64,
+    /// Jobs that ended in the window (as `gantry history --since` lists them).
+    pub jobs_finished: u64,
+    /// Mean time from submit to first start of jobs first started in the window.
+    pub mean_wait_ms: Option<i64>,
+    /// Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
+    pub fair_share_usage: f64,
+}
+
+/// `gantry usage`: per user, over [since_ms, until_ms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageReport {
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub fair_share_half_life_ms: i64,
+    pub users: Vec<UserUsage>,
+}
+
+/// An attempt as [`Store::usage_since`] returns it: (owner, GPUs, start, end or `None` while running).
+pub type UsageRow = (String, u32, i64, Option<i64>);
+pub type UsageRows = [UsageRow];
+
+/// Fair share: each attempt's GPU-hours, halved for every `half_life_ms` since it ended.
+pub fn decayed_usage(rows: &UsageRows, now: i64, half_life_ms: i64) -> std::collections::HashMap<String, f64> {
+    let hl = half_life_ms.max(1) as f64;
+    let mut usage = std::collections::HashMap::new();
+    for (owner, gpus, start, end) in rows {
+        let end = end.unwrap_or(now);
+        let hours = (end - start).max(0) as f64 / 3_600_000.0 * *gpus as f64;
+        *usage.entry(owner.clone()).or_default() += hours * 0.5f64.powf((now - end) as f64 / hl);
+    }
+    usage
+}
+
+/// The usage report from the store's rows: GPU-hours clipped to the window, jobs finished, mean wait
+/// and the decayed usage fair share acts on. Users sorted by GPU-hours, most first.
+pub fn usage_report(since: i64, now: i64, half_life_ms: i64, attempts: &UsageRows, finished: &[(String, u64)], waits: &[(String, i64)]) -> UsageReport {
+    let mut users: std::collections::BTreeMap<String, UserUsage> = std::collections::BTreeMap::new();
+    fn entry<'a>(users: &'a mut std::collections::BTreeMap<String, UserUsage>, u: &str) -> &'a mut UserUsage {
+        users.entry(u.to_string()).or_insert_with(|| UserUsage { user: u.to_string(), gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: 0.0 })
+    }
+    for (owner, gpus, start, end) in attempts {
+        let (a, b) = ((*start).max(since), end.unwrap_or(now).min(now));
+        if b > a {
+            entry(&mut users, owner).gpu_hours += (b - a) as f64 / 3_600_000.0 * *gpus as f64;
+        } else {
+            entry(&mut users, owner);
+        }
+    }
+    for (owner, n) in finished {
+        entry(&mut users, owner).jobs_finished += n;
+    }
+    let mut wait_sums: std::collections::BTreeMap<&str, (i64, i64)> = std::collections::BTreeMap::new();
+    for (owner, w) in waits {
+        let s = wait_sums.entry(owner).or_default();
+        s.0 += w;
+        s.1 += 1;
+    }
+    for (owner, (sum, n)) in wait_sums {
+        entry(&mut users, owner).mean_wait_ms = Some(sum / n);
+    }
+    for (owner, u) in decayed_usage(attempts, now, half_life_ms) {
+        entry(&mut users, &owner).fair_share_usage = u;
+    }
+    let mut users: Vec<UserUsage> = users.into_values().collect();
+    users.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours).then(a.user.cmp(&b.user)));
+    UsageReport { since_ms: since, until_ms: now, fair_share_half_life_ms: half_life_ms, users }
 }
 
 #[cfg(test)]
@@ -939,5 +1057,66 @@ mod tests {
         assert_eq!((j.state, j.not_before, j.finished_at), (JobState::Queued, Some(123), None));
         let a2 = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
         assert_eq!(a2.n, 2);
+    }
+
+    #[test]
+    fn retention_deletes_only_jobs_that_ended_before_the_cutoff() {
+        let mut s = Store::open_in_memory().unwrap();
+        let end = |s: &mut Store, id: i64, next: JobState| {
+            let a = s.begin_attempt(id, &[0], &[]).unwrap().unwrap();
+            s.end_attempt(id, a.id, &Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next, not_before: None }).unwrap();
+        };
+        let job = |s: &mut Store| s.insert_job(&vj("image: a\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        let (ok, failed, cancelled, queued, held, running, retrying) = (job(&mut s), job(&mut s), job(&mut s), job(&mut s), job(&mut s), job(&mut s), job(&mut s));
+        end(&mut s, ok, JobState::Succeeded);
+        end(&mut s, failed, JobState::Failed);
+        s.request_cancel(cancelled).unwrap();
+        s.set_held(held, true, "ada").unwrap();
+        s.begin_attempt(running, &[1], &[]).unwrap().unwrap();
+        end(&mut s, retrying, JobState::Queued);
+        // Table: cutoff -> jobs listed as ended before it.
+        let later = now_ms() + 60_000;
+        for (cutoff, want) in [(0, vec![]), (later, vec![ok, failed, cancelled])] {
+            assert_eq!(s.ended_before(cutoff).unwrap(), want, "cutoff {cutoff}");
+        }
+        // Even when asked to, jobs that have not ended stay.
+        let all = vec![ok, failed, cancelled, queued, held, running, retrying, 999];
+        assert_eq!(s.delete_ended(&all).unwrap(), vec![ok, failed, cancelled]);
+        for id in [queued, held, running, retrying] {
+            assert!(s.job(id).unwrap().is_some(), "job {id} must stay");
+        }
+        assert!(s.job(ok).unwrap().is_none() && s.attempts(ok).unwrap().is_empty() && s.events(ok).unwrap().is_empty());
+        assert_eq!(s.active_jobs().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn usage_sums_match_history_and_clip_to_the_window() {
+        let mut s = Store::open_in_memory().unwrap();
+        let mut ids = vec![];
+        for (who, gpus) in [("ada", "2"), ("ada", "1"), ("bob", "0"), ("bob", "1")] {
+            let id = s.insert_job(&vj(&format!("image: a\ngpus: {gpus}\n")), &Owner { name: who.into(), ..owner() }, "cli", None, |_, _| None).unwrap();
+            let g: Vec<u32> = (0..gpus.parse().unwrap()).collect();
+            let a = s.begin_attempt(id, &g, &[]).unwrap().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            s.end_attempt(id, a.id, &Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next: JobState::Succeeded, not_before: None }).unwrap();
+            ids.push(id);
+        }
+        let now = now_ms() + 1;
+        let r = usage_report(0, now, 86_400_000, &s.usage_since(0).unwrap(), &s.finished_since(0).unwrap(), &s.waits_since(0).unwrap());
+        let hist = s.history(&HistoryFilter::default()).unwrap();
+        for u in &r.users {
+            let rows: Vec<&HistoryRow> = hist.iter().filter(|h| h.owner == u.user).collect();
+            let hours: f64 = rows.iter().map(|h| (h.finished_at.unwrap() - h.started_at.unwrap()) as f64 / 3_600_000.0 * h.gpus.len() as f64).sum();
+            assert!((u.gpu_hours - hours).abs() < 1e-12, "{}: {} vs history {hours}", u.user, u.gpu_hours);
+            assert_eq!(u.jobs_finished, rows.len() as u64);
+            assert!(u.mean_wait_ms.is_some() && u.fair_share_usage > 0.0 || u.user == "bob");
+        }
+        assert_eq!(r.users.iter().map(|u| u.user.as_str()).collect::<Vec<_>>(), ["ada", "bob"], "most GPU-hours first");
+        // Clipping: an attempt 0..10h with 2 GPUs, window from 6h to 8h (still running at 8h) -> 4 GPU-hours.
+        let h = 3_600_000;
+        let r = usage_report(6 * h, 8 * h, h, &[("cy".into(), 2, 0, None), ("cy".into(), 1, 0, Some(5 * h))], &[], &[("cy".into(), 10), ("cy".into(), 20)]);
+        assert_eq!((r.users[0].gpu_hours, r.users[0].mean_wait_ms), (4.0, Some(15)));
+        // Fair share: the finished attempt (5 GPU-hours, ended 3 half-lives ago) counts 1/8; the running one in full.
+        assert!((r.users[0].fair_share_usage - (16.0 + 5.0 / 8.0)).abs() < 1e-9, "{}", r.users[0].fair_share_usage);
     }
 }

@@ -15,6 +15,7 @@
 //! attempts. When the database cannot be written, nothing new starts and the problem is reported
 //! until a write succeeds again.
 
+mod lab;
 mod ops;
 pub mod outcome;
 mod pass;
@@ -22,7 +23,7 @@ pub mod reconcile;
 mod sampler;
 mod supervisor;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -62,11 +63,15 @@ pub enum EngineError {
     AlreadyRunning(PathBuf),
     #[error("{0}")]
     Refused(String),
+    #[error("{0}")]
+    Policy(#[from] crate::policy::PolicyError),
     #[error("the engine cannot trust its state and stopped: {0}")]
     Fatal(String),
 }
 
 pub(crate) struct RunHandle {
+    /// The job owner's name (per-user GPU cap).
+    pub owner: String,
     pub gpus: Vec<u32>,
     pub gpu_memory: Option<u64>,
     pub container_id: Option<String>,
@@ -88,6 +93,10 @@ pub(crate) struct Stats {
 
 pub struct Engine {
     pub cfg: Config,
+    /// The lab policy in force: replaced whole by a reload, so every reader sees one consistent policy.
+    policy: RwLock<Arc<crate::policy::Policy>>,
+    /// The GPUs Gantry may use (`None`: all); the others are kept for interactive work.
+    usable: Option<BTreeSet<u32>>,
     /// Random per database (legacy databases keep their old id so their containers are still found).
     pub engine_id: String,
     /// Random per database: names log files and containers.
@@ -204,8 +213,19 @@ impl Engine {
             error!("the database knows job ids up to {have}, but ids up to {floor} were handed out: it lost commits (cut or lost WAL?). New jobs continue after {floor}");
             store.raise_job_ids_above(floor)?;
         }
-        let (backend, note) = crate::gpu::open(cfg.gpus.as_deref())?;
+        let (mut backend, note) = crate::gpu::open(cfg.gpus.as_deref())?;
         let kind = backend.kind();
+        // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
+        let usable = match &cfg.lab.gpus {
+            Some(choice) => {
+                let inventory: Vec<(u32, String)> = backend.sample()?.into_iter().map(|g| (g.index, g.uuid)).collect();
+                let usable = choice.resolve(&inventory)?;
+                let kept: Vec<u32> = inventory.iter().map(|g| g.0).filter(|i| !usable.contains(i)).collect();
+                info!("Gantry uses GPUs {}; {} kept for interactive use (lab config `gpus`)", gpu_list(&usable.iter().copied().collect::<Vec<_>>()), gpu_list(&kept));
+                Some(usable)
+            }
+            None => None,
+        };
         match (&kind, &note) {
             (BackendKind::Simulated, Some(why)) => warn!("SIMULATED GPUs: NVML not available ({why})"),
             (BackendKind::Simulated, None) => warn!("SIMULATED GPUs ({})", cfg.gpus.as_deref().unwrap_or("")),
@@ -213,6 +233,8 @@ impl Engine {
         }
         let (events, _) = broadcast::channel(1024);
         let e = Arc::new(Engine {
+            policy: RwLock::new(Arc::new(cfg.policy())),
+            usable,
             cfg,
             engine_id,
             db_uid,
@@ -329,6 +351,7 @@ impl Engine {
         }
         self.clone().recover().await?;
         let sampler = tokio::spawn(self.clone().sampler_loop());
+        let pruner = tokio::spawn(self.clone().prune_loop());
         let mut tick = tokio::time::interval(crate::config::PASS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -344,6 +367,7 @@ impl Engine {
             tokio::time::sleep(t0.elapsed().max(crate::config::PASS_MIN_GAP)).await;
         }
         sampler.abort();
+        pruner.abort();
         // Supervisors see the shutdown and return, leaving containers running.
         self.tasks.close();
         self.tasks.wait().await;

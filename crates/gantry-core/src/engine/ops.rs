@@ -8,6 +8,7 @@ use tracing::info;
 use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
 use crate::spec::{self, Format, Origin, SpecError, ValidJob};
+use crate::policy::Policy;
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
 
 impl Engine {
@@ -29,7 +30,8 @@ impl Engine {
     /// environment, and it would run with their mounts.
     pub fn rerun(&self, id: i64, caller: &Owner) -> Result<Vec<i64>, EngineError> {
         let old = self.owned(id, caller.uid)?;
-        let owner = if caller.uid == 0 { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
+        // An admin's rerun is the owner's job again: it runs as them, with their mounts checked as them.
+        let owner = if caller.uid != old.owner_uid { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
         self.check_mounts(&old.job, &owner, None)?;
         self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
     }
@@ -76,25 +78,20 @@ impl Engine {
         finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<Vec<i64>, EngineError> {
         self.check_fits(job)?;
-        let (lo, hi) = self.cfg.priority_range(owner.uid);
-        if !(lo..=hi).contains(&job.spec.priority) {
-            return Err(SpecError::new(
-                format!("priority {} is outside the range you may use ({lo}..{hi})", job.spec.priority),
-                format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
-            )
-            .into());
-        }
-        let job = self.resolve_after(job, owner)?;
+        let policy = self.policy();
+        let job = self.apply_limits(job, owner, &policy)?;
+        let job = self.resolve_after(&job, owner)?;
         let jobs = spec::expand(&job);
         let mut st = self.store();
-        if owner.uid != 0 {
+        if !policy.is_admin(owner.uid) {
             let queued = st.queued_count(owner.uid)?;
-            if queued + jobs.len() > self.cfg.max_queued_per_user {
+            if queued + jobs.len() > policy.max_queued_per_user {
                 return Err(EngineError::Refused(format!(
-                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user. \
+                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user{}. \
                      Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
                     jobs.len(),
-                    self.cfg.max_queued_per_user
+                    policy.max_queued_per_user,
+                    self.set_in("limits.max_queued_jobs"),
                 )));
             }
         }
@@ -113,6 +110,53 @@ impl Engine {
         }
         self.wake.notify_one();
         Ok(ids)
+    }
+
+    /// The lab's limits on a job about to be queued: the priority range (wider for admins), the GPUs
+    /// one user may hold, and the timeouts (a job without one gets `default_timeout`).
+    fn apply_limits(&self, job: &ValidJob, owner: &Owner, policy: &Policy) -> Result<ValidJob, EngineError> {
+        let (lo, hi) = policy.priority_range(owner.uid);
+        if !(lo..=hi).contains(&job.spec.priority) {
+            return Err(SpecError::new(
+                format!("priority {} is outside the range you may use ({lo}..{hi}){}", job.spec.priority, self.set_in(if policy.is_admin(owner.uid) { "limits.admin_priority" } else { "limits.priority" })),
+                format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
+            )
+            .into());
+        }
+        if let Some(cap) = policy.max_running_gpus.filter(|c| job.gpus > *c) {
+            return Err(SpecError::new(
+                format!("the job asks for {} GPUs; the lab limit is {cap} GPUs per user{}", job.gpus, self.set_in("limits.max_running_gpus")),
+                format!("ask for at most {cap} GPUs"),
+            )
+            .into());
+        }
+        let mut job = job.clone();
+        if job.timeout.is_none() {
+            job.timeout = policy.default_timeout;
+        }
+        if let (Some(t), Some(max)) = (job.timeout, policy.max_timeout) {
+            if t > max {
+                return Err(SpecError::new(
+                    format!("`timeout` {} is longer than the lab's limit of {}{}", crate::policy::human(t), crate::policy::human(max), self.set_in("limits.max_timeout")),
+                    format!("use a `timeout` of at most {}", crate::policy::human(max)),
+                )
+                .into());
+            }
+        }
+        Ok(job)
+    }
+
+    /// " (limits.x in FILE)": where a lab limit comes from, for error messages.
+    fn set_in(&self, key: &str) -> String {
+        match self.lab_file() {
+            Some(f) => format!(" ({key} in {})", f.display()),
+            None => String::new(),
+        }
+    }
+
+    /// The lab config file the policy comes from (`None`: the built-in defaults).
+    pub fn lab_file(&self) -> Option<&std::path::Path> {
+        self.cfg.lab_file.as_deref().filter(|f| f.exists())
     }
 
     /// Keep the highest job id handed out outside the database too (fixed width, rewritten in place, so
@@ -148,10 +192,12 @@ impl Engine {
 
     /// Reject jobs this machine can never run.
     pub fn check_fits(&self, job: &ValidJob) -> Result<(), SpecError> {
-        let gpus = self.latest.read().unwrap();
+        let gpus: Vec<crate::gpu::GpuSample> = self.latest.read().unwrap().iter().filter(|g| self.usable(g.index)).cloned().collect();
         if job.gpus as usize > gpus.len() {
+            let kept = self.reserved_gpus();
+            let why = if kept.is_empty() { String::new() } else { format!(" (GPU {} kept for interactive use{})", kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","), self.set_in("gpus")) };
             return Err(SpecError::new(
-                format!("the job asks for {} GPUs, this machine has {}", job.gpus, gpus.len()),
+                format!("the job asks for {} GPUs, this machine has {} for Gantry jobs{why}", job.gpus, gpus.len()),
                 format!("ask for at most {} GPUs", gpus.len()),
             ));
         }
@@ -217,9 +263,10 @@ impl Engine {
         Ok(JobDetail { attempts: st.attempts(id)?, events: st.events(id)?, job, reason })
     }
 
-    fn owned(&self, id: i64, caller_uid: u32) -> Result<Job, EngineError> {
+    /// The job, if `caller_uid` may change it: its owner or an admin.
+    pub(crate) fn owned(&self, id: i64, caller_uid: u32) -> Result<Job, EngineError> {
         let job = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
-        if caller_uid != 0 && caller_uid != job.owner_uid {
+        if caller_uid != job.owner_uid && !self.policy().is_admin(caller_uid) {
             return Err(EngineError::NotOwner { job: id, owner: job.owner });
         }
         Ok(job)
@@ -244,9 +291,11 @@ impl Engine {
 
     pub fn set_priority(&self, id: i64, priority: i32, caller_uid: u32) -> Result<bool, EngineError> {
         self.owned(id, caller_uid)?;
-        let (lo, hi) = self.cfg.priority_range(caller_uid);
+        let policy = self.policy();
+        let (lo, hi) = policy.priority_range(caller_uid);
         if !(lo..=hi).contains(&priority) {
-            return Err(EngineError::Refused(format!("priority {priority} is outside the range you may use ({lo}..{hi}); pick a value from {lo} to {hi}")));
+            let key = if policy.is_admin(caller_uid) { "limits.admin_priority" } else { "limits.priority" };
+            return Err(EngineError::Refused(format!("priority {priority} is outside the range you may use ({lo}..{hi}){}; pick a value from {lo} to {hi}", self.set_in(key))));
         }
         let ok = self.store().set_priority(id, priority)?;
         self.wake.notify_one();
@@ -271,7 +320,17 @@ impl Engine {
         }
         let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
         holders.sort();
-        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus: self.latest.read().unwrap().clone(), holders }
+        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus: self.latest.read().unwrap().clone(), holders, reserved: self.reserved_gpus() }
+    }
+
+    /// May Gantry jobs use GPU `index` (lab config `gpus`)?
+    pub(super) fn usable(&self, index: u32) -> bool {
+        self.usable.as_ref().is_none_or(|u| u.contains(&index))
+    }
+
+    /// GPUs the lab config keeps for interactive use.
+    pub fn reserved_gpus(&self) -> Vec<u32> {
+        self.latest.read().unwrap().iter().map(|g| g.index).filter(|i| !self.usable(*i)).collect()
     }
 
     pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {

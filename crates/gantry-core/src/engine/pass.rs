@@ -82,8 +82,9 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end })
             .collect();
+        let policy = self.policy();
         let (usage, typical_wait) = {
             let s = self.stats.lock().unwrap();
             (s.usage.clone(), s.typical_wait)
@@ -96,6 +97,7 @@ impl Engine {
                 .iter()
                 .map(|j| QueuedJob {
                     job_id: j.id,
+                    user: j.owner.clone(),
                     priority: j.priority,
                     submitted_at_ms: j.submitted_at,
                     gpus: j.gpus,
@@ -105,7 +107,11 @@ impl Engine {
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                 })
                 .collect(),
-            config: self.cfg.scheduler.clone(),
+            config: scheduler::Config {
+                reserve_after_ms: policy.reserve_after.as_millis() as i64,
+                max_running_gpus_per_user: policy.max_running_gpus,
+                ..self.cfg.scheduler.clone()
+            },
             typical_wait_ms: typical_wait,
         };
         let mut plan = scheduler::plan(&state);
@@ -148,6 +154,7 @@ impl Engine {
             self.running.lock().unwrap().insert(
                 job.id,
                 RunHandle {
+                    owner: job.owner.clone(),
                     gpus: p.gpus.clone(),
                     gpu_memory: job.gpu_memory,
                     container_id: None,
@@ -183,17 +190,12 @@ impl Engine {
         if now - self.stats.lock().unwrap().at < STATS_EVERY_MS {
             return;
         }
-        let hl = self.cfg.fair_share_half_life.as_millis().max(1) as f64;
+        let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
         let (rows, typical) = {
             let st = self.reader();
-            (st.usage_since(now - (hl * 5.0) as i64).unwrap_or_default(), st.typical_wait(now - 24 * 3_600_000).ok().flatten())
+            (st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(), st.typical_wait(now - 24 * 3_600_000).ok().flatten())
         };
-        let mut usage: HashMap<String, f64> = HashMap::new();
-        for (owner, gpus, start, end) in rows {
-            let end = end.unwrap_or(now);
-            let hours = (end - start).max(0) as f64 / 3_600_000.0 * gpus as f64;
-            *usage.entry(owner).or_default() += hours * 0.5f64.powf((now - end) as f64 / hl);
-        }
+        let usage = crate::store::decayed_usage(&rows, now, hl);
         *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, runtimes: HashMap::new() };
     }
 

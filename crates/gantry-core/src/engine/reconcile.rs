@@ -90,6 +90,7 @@ impl Engine {
             let mut r = self.running.lock().unwrap();
             for (j, a) in &open {
                 r.entry(j.id).or_insert_with(|| RunHandle {
+                    owner: j.owner.clone(),
                     gpus: a.gpus.clone(),
                     gpu_memory: j.gpu_memory,
                     container_id: a.container_id.clone(),

@@ -107,6 +107,7 @@ impl Engine {
             .read()
             .unwrap()
             .iter()
+            .filter(|g| self.usable(g.index))
             .map(|g| GpuView {
                 index: g.index,
                 memory_total: g.memory_total,

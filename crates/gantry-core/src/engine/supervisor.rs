@@ -43,7 +43,7 @@ impl Engine {
     async fn supervisor_crashed(self: Arc<Self>, job_id: i64, why: String) {
         let cid = self.running.lock().unwrap().get(&job_id).and_then(|h| h.container_id.clone());
         if let Some(c) = &cid {
-            if let Err(e) = self.exec.stop(c, self.cfg.stop_grace).await {
+            if let Err(e) = self.exec.stop(c, self.policy().stop_grace).await {
                 warn!(job = job_id, "could not stop the container of a crashed supervisor: {e}");
             }
         }
@@ -141,7 +141,7 @@ impl Engine {
     pub(super) async fn monitor(self: Arc<Self>, job: Job, attempt: Attempt, cid: String, cancel: CancellationToken) {
         let log_stop = CancellationToken::new();
         let logs = {
-            let (exec, cid, path, cap, stop) = (self.exec.clone(), cid.clone(), self.log_of(job.id), self.cfg.log_cap, log_stop.clone());
+            let (exec, cid, path, cap, stop) = (self.exec.clone(), cid.clone(), self.log_of(job.id), self.policy().log_cap, log_stop.clone());
             tokio::spawn(async move {
                 if let Err(e) = follow_logs(exec, &cid, &path, cap, stop).await {
                     warn!("log copy for {cid}: {e}");
@@ -186,7 +186,7 @@ impl Engine {
         let (stop, result) = match stop {
             Err(r) => (None, r),
             Ok(s) => {
-                if let Err(e) = self.exec.stop(&cid, self.cfg.stop_grace).await {
+                if let Err(e) = self.exec.stop(&cid, self.policy().stop_grace).await {
                     warn!(job = job.id, "stop failed: {e}");
                 }
                 (Some(s), waited.await)
@@ -211,7 +211,7 @@ impl Engine {
     /// An attempt whose container exited while the engine was away: copy the output we missed, then
     /// record its real exit code.
     pub(super) async fn record_exited(self: Arc<Self>, job: Job, attempt: Attempt, cid: String) {
-        if let Err(e) = follow_logs(self.exec.clone(), &cid, &self.log_of(job.id), self.cfg.log_cap, self.shutdown.clone()).await {
+        if let Err(e) = follow_logs(self.exec.clone(), &cid, &self.log_of(job.id), self.policy().log_cap, self.shutdown.clone()).await {
             warn!(job = job.id, "could not copy the output of {cid}: {e}");
         }
         let how = match self.exec.exit_of(&cid).await {
@@ -234,7 +234,7 @@ impl Engine {
         let policy = Policy {
             retries,
             attempt_n: attempt.n,
-            backoff_ms: self.cfg.retry_backoff.as_millis() as i64,
+            backoff_ms: self.policy().retry_backoff.as_millis() as i64,
             backoff_max_ms: RETRY_BACKOFF_MAX.as_millis() as i64,
             transient_retry_ms: TRANSIENT_RETRY_MS,
             now_ms: now_ms(),

@@ -12,8 +12,8 @@ use crate::store::{EndReason, JobState, Owner};
 fn cfg(dir: &std::path::Path) -> Config {
     let mut c = Config::new(Paths::in_dir(dir.join("state"), dir.join("inbox")));
     c.gpus = Some("sim:1x24GiB".into());
-    c.retry_backoff = Duration::from_secs(1);
-    c.stop_grace = Duration::from_secs(1);
+    c.lab.policy.retry_backoff = Duration::from_secs(1);
+    c.lab.policy.stop_grace = Duration::from_secs(1);
     c
 }
 
@@ -140,7 +140,7 @@ async fn priority_and_queue_length_are_bounded_for_users() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeExecutor::new();
     let mut c = cfg(dir.path());
-    c.max_queued_per_user = 3;
+    c.lab.policy.max_queued_per_user = 3;
     let e = Engine::open_with(c, fake.clone()).unwrap();
     let j = |t: &str| validate_text(t, Format::Yaml, &Origin::default()).unwrap();
     let err = e.submit(&j("image: a\npriority: 2147483647\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
@@ -190,4 +190,34 @@ fn users_read_job_output_without_the_engines_resume_timestamps() {
         shown,
         "[gantry 2026-11-30T12:54:09.003Z] attempt 1 of job 2 on GPU 0\nepoch 1 loss 0.5\n2026-01-01 is the date the job printed\n\n[gantry] log truncated: the job wrote more than 10 bytes\n"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retention_deletes_old_logs_then_old_jobs_and_never_waiting_or_running_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("long", Script { runtime: Duration::from_secs(3600), ..Default::default() });
+    let mut c = cfg(dir.path());
+    c.lab.policy.log_keep = Some(Duration::from_secs(3600));
+    c.lab.policy.history_keep = Some(Duration::from_secs(7200));
+    let e = Engine::open_with(c, fake.clone()).unwrap();
+    tokio::spawn({
+        let e = e.clone();
+        async move { e.run().await.unwrap() }
+    });
+    let done = submit(&e, "image: a\ngpus: 0\n");
+    assert_eq!(final_state(&e, done).await, JobState::Succeeded);
+    let running = submit(&e, "name: long\nimage: a\ngpus: 1\n");
+    wait_state(&e, running, |s| s == JobState::Running).await;
+    let held = submit(&e, "image: a\ngpus: 1\n"); // waits for the one GPU
+    assert!(e.hold(held, true, 1000).unwrap());
+    std::fs::write(e.log_of(done), "output\n").unwrap();
+    let now = crate::store::now_ms();
+    // Table: (time of the prune, (jobs, log files) deleted, the finished job's log and row still there).
+    for (at, deleted, log, row) in [(now, (0, 0), true, true), (now + 5_400_000, (0, 1), false, true), (now + 10_800_000, (1, 0), false, false)] {
+        assert_eq!(e.prune(at).unwrap(), deleted, "prune at +{}s", (at - now) / 1000);
+        assert_eq!((e.log_of(done).exists(), e.job_detail(done).is_ok()), (log, row), "at +{}s", (at - now) / 1000);
+    }
+    assert_eq!(e.job_detail(running).unwrap().job.state, JobState::Running);
+    assert_eq!(e.job_detail(held).unwrap().job.state, JobState::Queued);
 }
