@@ -55,6 +55,9 @@ pub struct StatusInfo {
     pub pid: u32,
     pub gpu_backend: BackendKind,
     pub gpu_note: Option<String>,
+    /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
+    #[serde(default)]
+    pub gpu_library: Option<String>,
     pub gpu_count: usize,
     pub inbox: PathBuf,
     pub state_dir: PathBuf,
@@ -293,6 +296,7 @@ async fn status(State(e): E) -> Json<StatusInfo> {
         pid: std::process::id(),
         gpu_backend: g.backend,
         gpu_note: g.note,
+        gpu_library: g.library,
         gpu_count: g.gpus.len(),
         inbox: e.cfg.paths.inbox.clone(),
         state_dir: e.cfg.paths.state_dir.clone(),
