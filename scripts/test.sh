@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
   dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
 STARTED_DOCKERD=0
+# GPU DeviceRequests without a GPU (tests/nvml.rs): dockerd registers its "nvidia" device driver only if
+# a (fake) nvidia-container-runtime-hook is on its PATH when it starts, so install it first. A dockerd
+# already running without it must be restarted once. Refuses on machines with real NVIDIA parts.
+tests/fake-nvml/install-hook.sh
 . scripts/docker-up.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT

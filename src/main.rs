@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, SubmitRequest, Submitted, WhoAmI};
 use gantry_core::client::{Client, ClientError};
-use gantry_core::engine::{Config, GpuStatus, Paths};
+use gantry_core::engine::{Config, GpuStatus, GpuUser, Paths};
 use gantry_core::gpu::BackendKind;
 use gantry_core::inbox::users::InboxInfo;
 use std::os::unix::fs::DirBuilderExt;
@@ -643,7 +643,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 );
                 outln!("engine pid {} (v{}), state in {}", s.pid, s.version, esc(&s.state_dir.display().to_string()));
                 outln!("drop folder: {}", esc(&s.inbox.display().to_string()));
-                outln!("{} GPU(s), {}", s.gpu_count, esc(&backend_label(s.gpu_backend, s.gpu_note.as_deref())));
+                outln!("{} GPU(s), {}", s.gpu_count, esc(&backend_label(s.gpu_backend, s.gpu_note.as_deref(), s.gpu_library.as_deref())));
                 if !s.reserved_gpus.is_empty() {
                     outln!("GPU {} kept for interactive use (lab config `gpus`): Gantry never runs jobs there", s.reserved_gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
                 }
@@ -855,29 +855,32 @@ fn print_spec(j: &JobView) {
     }
 }
 
-fn backend_label(kind: BackendKind, note: Option<&str>) -> String {
-    match (kind, note) {
-        (BackendKind::Nvml, _) => "NVML (real GPUs)".into(),
-        (BackendKind::Simulated, Some(n)) => format!("SIMULATED GPUs (NVML unavailable: {n})"),
-        (BackendKind::Simulated, None) => "SIMULATED GPUs".into(),
+fn backend_label(kind: BackendKind, note: Option<&str>, library: Option<&str>) -> String {
+    match (kind, note, library) {
+        (BackendKind::Nvml, _, Some(lib)) => format!("NVML from {lib} (GANTRY_NVML_LIB; not the driver's library, e.g. a test double)"),
+        (BackendKind::Nvml, _, None) => "NVML (real GPUs)".into(),
+        (BackendKind::Simulated, Some(n), _) => format!("SIMULATED GPUs (NVML unavailable: {n})"),
+        (BackendKind::Simulated, None, _) => "SIMULATED GPUs".into(),
     }
 }
 
 fn print_gpus(g: &GpuStatus) {
-    if g.backend == BackendKind::Simulated {
-        outln!("*** {} ***", esc(&backend_label(g.backend, g.note.as_deref())));
+    if g.backend == BackendKind::Simulated || g.library.is_some() {
+        outln!("*** {} ***", esc(&backend_label(g.backend, g.note.as_deref(), g.library.as_deref())));
     }
     outln!("{:>3}  {:<22} {:>6} {:>21} {:>6} {:>7}  HELD BY", "GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER");
     for s in &g.gpus {
-        let holders = g.holders.iter().find(|(i, _)| *i == s.index).map(|(_, j)| j.iter().map(|j| format!("job {j}")).collect::<Vec<_>>().join(", ")).unwrap_or_default();
-        let external = s.processes.iter().filter(|p| p.container_id.is_none()).count();
-        let held = match (holders.is_empty(), external) {
-            _ if g.reserved.contains(&s.index) && holders.is_empty() && external == 0 => "reserved for interactive use".to_string(),
-            _ if g.reserved.contains(&s.index) => format!("reserved for interactive use; {n} process(es) outside Gantry", n = external),
-            (true, 0) => "-".to_string(),
-            (false, 0) => holders,
-            (true, n) => format!("{n} process(es) outside Gantry"),
-            (false, n) => format!("{holders}; {n} process(es) outside Gantry"),
+        let users: Vec<&GpuUser> = g.users.iter().filter(|u| u.gpu == s.index).collect();
+        let jobs: Vec<String> = users.iter().filter_map(|u| u.job_id).map(|j| format!("job {j}")).collect();
+        let outside = users.iter().filter(|u| u.job_id.is_none()).count();
+        let reserved = g.reserved.contains(&s.index);
+        let held = match (jobs.is_empty(), outside) {
+            (true, 0) if reserved => "reserved for interactive use".to_string(),
+            _ if reserved => "reserved for interactive use; busy: outside Gantry".to_string(),
+            (true, 0) => "free".to_string(),
+            (false, 0) => jobs.join(", "),
+            (true, _) => "busy: outside Gantry".to_string(),
+            (false, _) => format!("{}; busy: outside Gantry", jobs.join(", ")),
         };
         outln!(
             "{:>3}  {:<22} {:>5}% {:>21} {:>6} {:>7}  {}",
@@ -889,6 +892,9 @@ fn print_gpus(g: &GpuStatus) {
             s.power_w.map(|p| format!("{p:.0}W")).unwrap_or_else(|| "-".into()),
             held
         );
+        for u in users {
+            outln!("       {}", gpu_user_line(u));
+        }
     }
 }
 
@@ -909,6 +915,31 @@ fn print_usage(r: &UsageReport) {
             u.fair_share_usage
         );
     }
+}
+
+/// "job 12 train (alice), 3.0 GiB" or "outside Gantry (pid 1234, user bob, command python x.py) in
+/// container bob-nb, 3.0 GiB". Every field is escaped: process commands are anyone's text.
+fn gpu_user_line(u: &GpuUser) -> String {
+    let mut line = match u.job_id {
+        Some(j) => format!("job {j} {} ({})", esc(u.job_name.as_deref().unwrap_or("?")), esc(u.user.as_deref().unwrap_or("?"))),
+        None => {
+            let mut what = vec![];
+            if let Some(p) = u.pid {
+                what.push(format!("pid {p}"));
+                what.push(format!("user {}", esc(u.user.as_deref().unwrap_or("?"))));
+                what.push(format!("command {}", esc(u.command.as_deref().unwrap_or("?"))));
+            }
+            let mut s = if what.is_empty() { "outside Gantry".to_string() } else { format!("outside Gantry ({})", what.join(", ")) };
+            if let Some(c) = &u.container {
+                s.push_str(&format!(" in container {}", esc(c)));
+            }
+            s
+        }
+    };
+    if let Some(m) = u.used_memory {
+        line.push_str(&format!(", {}", format_bytes(m)));
+    }
+    line
 }
 
 fn print_history(rows: &[HistoryRow]) {

@@ -5,6 +5,7 @@ mod docker_access;
 mod faults;
 mod helpers;
 mod policy;
+mod nvml;
 mod run_and_hold;
 mod security_api;
 mod two_engines;

@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod faults;
+mod nvml;
 mod users;
 #[allow(unused_imports)]
 pub use faults::*;
+#[allow(unused_imports)]
+pub use nvml::*;
 #[allow(unused_imports)]
 pub use users::*;
 

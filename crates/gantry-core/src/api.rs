@@ -68,6 +68,9 @@ pub struct StatusInfo {
     pub pid: u32,
     pub gpu_backend: BackendKind,
     pub gpu_note: Option<String>,
+    /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
+    #[serde(default)]
+    pub gpu_library: Option<String>,
     pub gpu_count: usize,
     /// The caller's drop folder (under the system engine, the one in their home).
     pub inbox: PathBuf,
@@ -315,6 +318,7 @@ async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusIn
         pid: std::process::id(),
         gpu_backend: g.backend,
         gpu_note: g.note,
+        gpu_library: g.library,
         gpu_count: g.gpus.len(),
         inbox: e.inbox_info(p.uid).path,
         state_dir: e.cfg.paths.state_dir.clone(),

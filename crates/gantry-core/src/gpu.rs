@@ -24,7 +24,16 @@ pub struct GpuProcess {
     pub used_memory: Option<u64>,
     /// Docker container id (64 hex) when the process lives in a container.
     pub container_id: Option<String>,
+    /// Owner (uid of /proc/PID), when the process is still there.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Command line (/proc/PID/cmdline, arguments joined by spaces, at most [`COMMAND_MAX`] chars).
+    #[serde(default)]
+    pub command: Option<String>,
 }
+
+/// Command lines are shown in one table row: cut long ones.
+pub const COMMAND_MAX: usize = 200;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuSample {
@@ -135,14 +144,24 @@ impl GpuBackend for SimulatedBackend {
     }
 }
 
+/// Names the NVML library to load instead of the driver's `libnvidia-ml.so.1` (e.g. the fake NVML of
+/// `tests/fake-nvml`). `gantry gpus` and `gantry status` then name the library, so a test double is
+/// never mistaken for the driver.
+pub const NVML_LIB_ENV: &str = "GANTRY_NVML_LIB";
+
 /// Real GPUs through NVML. One handle for the process lifetime.
 pub struct NvmlBackend {
     nvml: nvml_wrapper::Nvml,
 }
 
 impl NvmlBackend {
-    pub fn new() -> Result<Self, GpuError> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| GpuError::Nvml(e.to_string()))?;
+    /// Load the driver's NVML, or the library at `lib`.
+    pub fn new(lib: Option<&std::path::Path>) -> Result<Self, GpuError> {
+        let nvml = match lib {
+            Some(p) => nvml_wrapper::Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => nvml_wrapper::Nvml::init(),
+        }
+        .map_err(|e| GpuError::Nvml(e.to_string()))?;
         let n = nvml.device_count().map_err(|e| GpuError::Nvml(e.to_string()))?;
         if n == 0 {
             return Err(GpuError::Nvml("the driver reports no GPUs".into()));
@@ -175,6 +194,8 @@ impl GpuBackend for NvmlBackend {
                         UsedGpuMemory::Unavailable => None,
                     },
                     container_id: container_of_pid(p.pid),
+                    uid: uid_of_pid(p.pid),
+                    command: command_of_pid(p.pid),
                 })
                 .collect();
             out.push(GpuSample {
@@ -199,6 +220,20 @@ pub fn container_of_pid(pid: u32) -> Option<String> {
     container_id_from_cgroup(&text)
 }
 
+/// The owner of a host PID.
+pub fn uid_of_pid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// A host PID's command line, arguments joined by spaces (kernel threads and zombies have none).
+pub fn command_of_pid(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let line = args.join(" ");
+    (!line.is_empty()).then(|| line.chars().take(COMMAND_MAX).collect())
+}
+
 /// Find a 64-hex container id in cgroup text (cgroup v1 `/docker/<id>`, v2 `docker-<id>.scope`).
 pub fn container_id_from_cgroup(text: &str) -> Option<String> {
     for line in text.lines() {
@@ -213,15 +248,30 @@ pub fn container_id_from_cgroup(text: &str) -> Option<String> {
     None
 }
 
+/// The backend [`open`] chose.
+pub struct Opened {
+    pub backend: Box<dyn GpuBackend>,
+    /// Why NVML is not used, when it is not.
+    pub note: Option<String>,
+    /// The NVML library loaded instead of the driver's, from [`NVML_LIB_ENV`].
+    pub library: Option<String>,
+}
+
 /// Open the backend: `sim:NxMEM` forces simulated GPUs; otherwise NVML when it loads, else a
-/// simulated default (with the reason NVML was not used).
-pub fn open(forced: Option<&str>) -> Result<(Box<dyn GpuBackend>, Option<String>), GpuError> {
+/// simulated default (with the reason NVML was not used). A library named by [`NVML_LIB_ENV`] must
+/// load: the admin asked for it, so falling back to simulated GPUs would hide the mistake.
+pub fn open(forced: Option<&str>) -> Result<Opened, GpuError> {
     if let Some(s) = forced {
-        return Ok((Box::new(SimulatedBackend::from_spec(s)?), None));
+        return Ok(Opened { backend: Box::new(SimulatedBackend::from_spec(s)?), note: None, library: None });
     }
-    match NvmlBackend::new() {
-        Ok(b) => Ok((Box::new(b), None)),
-        Err(e) => Ok((Box::new(SimulatedBackend::new(2, 24 << 30)), Some(e.to_string()))),
+    if let Some(lib) = std::env::var_os(NVML_LIB_ENV).filter(|l| !l.is_empty()) {
+        let path = std::path::PathBuf::from(lib);
+        let b = NvmlBackend::new(Some(&path)).map_err(|e| GpuError::Nvml(format!("{e} (loading {} named by {NVML_LIB_ENV}; unset it to use the driver's library)", path.display())))?;
+        return Ok(Opened { backend: Box::new(b), note: None, library: Some(path.display().to_string()) });
+    }
+    match NvmlBackend::new(None) {
+        Ok(b) => Ok(Opened { backend: Box::new(b), note: None, library: None }),
+        Err(e) => Ok(Opened { backend: Box::new(SimulatedBackend::new(2, 24 << 30)), note: Some(e.to_string()), library: None }),
     }
 }
 
@@ -267,8 +317,11 @@ mod tests {
         if std::path::Path::new("/dev/nvidiactl").exists() {
             return;
         }
-        let (b, why) = open(None).unwrap();
-        assert_eq!(b.kind(), BackendKind::Simulated);
-        assert!(why.unwrap().contains("libnvidia-ml"));
+        if std::env::var_os(NVML_LIB_ENV).is_some() {
+            return;
+        }
+        let o = open(None).unwrap();
+        assert_eq!(o.backend.kind(), BackendKind::Simulated);
+        assert!(o.note.unwrap().contains("libnvidia-ml"));
     }
 }

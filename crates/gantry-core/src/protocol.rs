@@ -35,6 +35,32 @@ pub struct GpuStatus {
     /// GPUs the lab config keeps for interactive use: Gantry never places jobs on them.
     #[serde(default)]
     pub reserved: Vec<u32>,
+    /// Everything on each GPU: this engine's jobs, and every process or container outside them.
+    #[serde(default)]
+    pub users: Vec<GpuUser>,
+    /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`, e.g. a test double).
+    #[serde(default)]
+    pub library: Option<String>,
+}
+
+/// One user of a GPU. A job of this engine has `job_id` (its processes on the GPU folded into one
+/// row); anything else is outside Gantry: a process (`pid`, `user`, `command`, and `container` when it
+/// runs in one), or a container that holds the GPU with no process on it yet (`container` only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuUser {
+    pub gpu: u32,
+    pub job_id: Option<i64>,
+    pub job_name: Option<String>,
+    /// The job's owner, or the process's user.
+    pub user: Option<String>,
+    pub pid: Option<u32>,
+    pub command: Option<String>,
+    /// Container name (or short id) of a process or container outside this engine's jobs.
+    pub container: Option<String>,
+    /// GPU memory it uses, when NVML reports it.
+    pub used_memory: Option<u64>,
+    /// When the job started (ms).
+    pub since: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

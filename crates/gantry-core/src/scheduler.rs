@@ -21,6 +21,10 @@ pub struct GpuView {
     pub memory_used: u64,
     /// Processes outside Gantry use this GPU (someone's notebook): it is busy.
     pub external_busy: bool,
+    /// Measured memory not used by this engine's jobs (a display server, processes NVML does not list):
+    /// shared jobs pack into what is left after it AND the declared memory of the jobs there.
+    #[serde(default)]
+    pub outside_used: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,6 +157,7 @@ struct Slot {
     index: u32,
     total: u64,
     measured_used: u64,
+    outside_used: u64,
     external: bool,
     exclusive_by: Option<i64>,
     shared_declared: u64,
@@ -165,7 +170,7 @@ struct Slot {
 
 impl Slot {
     fn free_for_shared(&self) -> u64 {
-        self.total.saturating_sub(self.shared_declared.max(self.measured_used))
+        self.total.saturating_sub((self.shared_declared + self.outside_used).max(self.measured_used))
     }
     fn is_empty(&self) -> bool {
         self.exclusive_by.is_none() && self.shared_jobs.is_empty()
@@ -285,6 +290,7 @@ pub fn plan(state: &State) -> Plan {
             index: g.index,
             total: g.memory_total,
             measured_used: g.memory_used,
+            outside_used: g.outside_used,
             external: g.external_busy,
             exclusive_by: None,
             shared_declared: 0,
@@ -442,9 +448,10 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
                     candidates.push((if ctx.packing == Packing::BestFit { left } else { u64::MAX - left }, s.index));
                 } else {
                     reasons_push(&|| format!(
-                        "GPU {} has {} free, needs {}",
+                        "GPU {} has {} free{}, needs {}",
                         s.index,
                         crate::spec::format_bytes(free),
+                        if s.outside_used > 0 { format!(" ({} used outside Gantry)", crate::spec::format_bytes(s.outside_used)) } else { String::new() },
                         crate::spec::format_bytes(m)
                     ));
                 }
@@ -533,7 +540,7 @@ mod tests {
     const G: u64 = 1 << 30;
 
     fn gpus(n: u32, mem: u64) -> Vec<GpuView> {
-        (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false }).collect()
+        (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false, outside_used: 0 }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0 }
@@ -577,6 +584,7 @@ mod tests {
             Case { name: "user cap counts GPUs, not jobs", state: capped(2, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 1, Some(G)), bob(q(3, 2, None))])), want: vec![(1, vec![0, 1]), (3, vec![2, 3])] },
             Case { name: "user cap: a job larger than the cap never starts; CPU jobs are not capped", state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])), want: vec![(2, vec![])] },
             Case { name: "no cap: one user may take every GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
+            Case { name: "memory used outside Gantry adds to declared memory", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 13 * G; g[0].outside_used = 12 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(10 * G))]), want: vec![] },
             Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
         ];
         for c in cases {
@@ -702,7 +710,7 @@ mod estimate_tests {
 
     #[test]
     fn start_estimates_follow_the_running_jobs_ends() {
-        let g = |i| GpuView { index: i, memory_total: 1 << 34, memory_used: 0, external_busy: false };
+        let g = |i| GpuView { index: i, memory_total: 1 << 34, memory_used: 0, external_busy: false, outside_used: 0 };
         let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0 };
         let s = State {
             now_ms: 0,

@@ -39,7 +39,7 @@ use crate::spec::SpecError;
 use crate::store::{now_ms, JobState, Store, StoreError};
 
 pub use crate::config::{Config, Paths};
-pub use crate::protocol::{EngineEvent, GpuStatus, Health, JobDetail, Orphan, QueueEntry};
+pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, JobDetail, Orphan, QueueEntry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -108,6 +108,8 @@ pub struct Engine {
     backend: Mutex<Box<dyn GpuBackend>>,
     backend_kind: BackendKind,
     backend_note: Option<String>,
+    /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
+    backend_library: Option<String>,
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
@@ -213,7 +215,7 @@ impl Engine {
             error!("the database knows job ids up to {have}, but ids up to {floor} were handed out: it lost commits (cut or lost WAL?). New jobs continue after {floor}");
             store.raise_job_ids_above(floor)?;
         }
-        let (mut backend, note) = crate::gpu::open(cfg.gpus.as_deref())?;
+        let crate::gpu::Opened { mut backend, note, library } = crate::gpu::open(cfg.gpus.as_deref())?;
         let kind = backend.kind();
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
@@ -226,9 +228,10 @@ impl Engine {
             }
             None => None,
         };
-        match (&kind, &note) {
-            (BackendKind::Simulated, Some(why)) => warn!("SIMULATED GPUs: NVML not available ({why})"),
-            (BackendKind::Simulated, None) => warn!("SIMULATED GPUs ({})", cfg.gpus.as_deref().unwrap_or("")),
+        match (&kind, &note, &library) {
+            (BackendKind::Simulated, Some(why), _) => warn!("SIMULATED GPUs: NVML not available ({why})"),
+            (BackendKind::Simulated, None, _) => warn!("SIMULATED GPUs ({})", cfg.gpus.as_deref().unwrap_or("")),
+            (_, _, Some(lib)) => warn!("using NVML from {lib} ({}), not the driver's library", crate::gpu::NVML_LIB_ENV),
             _ => info!("using NVML"),
         }
         let (events, _) = broadcast::channel(1024);
@@ -244,6 +247,7 @@ impl Engine {
             backend: Mutex::new(backend),
             backend_kind: kind,
             backend_note: note,
+            backend_library: library,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),

@@ -6,7 +6,7 @@ use std::io::{Seek, SeekFrom, Write};
 use tracing::info;
 
 use crate::access::{self, Cred, Forbidden};
-use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
+use super::{Engine, EngineError, GpuStatus, GpuUser, JobDetail, QueueEntry};
 use crate::spec::{self, Format, Origin, SpecError, ValidJob};
 use crate::policy::Policy;
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
@@ -312,15 +312,70 @@ impl Engine {
     }
 
     pub fn gpu_status(&self) -> GpuStatus {
+        // (job, GPUs, container) of every running job: a snapshot, so no lock is held across the store.
+        let running: Vec<(i64, Vec<u32>, Option<String>)> =
+            self.running.lock().unwrap().iter().map(|(id, h)| (*id, h.gpus.clone(), h.container_id.clone())).collect();
         let mut holders: HashMap<u32, Vec<i64>> = HashMap::new();
-        for (id, h) in self.running.lock().unwrap().iter() {
-            for g in &h.gpus {
+        for (id, gpus, _) in &running {
+            for g in gpus {
                 holders.entry(*g).or_default().push(*id);
             }
         }
         let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
         holders.sort();
-        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus: self.latest.read().unwrap().clone(), holders, reserved: self.reserved_gpus() }
+        let gpus = self.latest.read().unwrap().clone();
+        let users = self.gpu_users(&gpus, &running);
+        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus, holders, users, library: self.backend_library.clone(), reserved: self.reserved_gpus() }
+    }
+
+    /// Who is on each GPU: this engine's jobs (by their containers), then every other process, then
+    /// containers outside this engine that hold a GPU but run nothing on it yet.
+    fn gpu_users(&self, gpus: &[crate::gpu::GpuSample], running: &[(i64, Vec<u32>, Option<String>)]) -> Vec<GpuUser> {
+        // Names of containers outside this engine: other engines' jobs, `docker run --gpus`, orphans.
+        let mut names: HashMap<String, String> = self.foreign.read().unwrap().iter().map(|f| (f.container_id.clone(), f.name.clone())).collect();
+        names.extend(self.health.read().unwrap().orphans.iter().map(|o| (o.container_id.clone(), o.name.clone())));
+        let foreign = self.foreign.read().unwrap().clone();
+        let mut jobs: HashMap<i64, Option<Job>> = HashMap::new();
+        let mut out = vec![];
+        for g in gpus {
+            for (id, _, cid) in running.iter().filter(|(_, on, _)| on.contains(&g.index)) {
+                let job = jobs.entry(*id).or_insert_with(|| self.reader().job(*id).ok().flatten());
+                let mine: Vec<_> = g.processes.iter().filter(|p| p.container_id.is_some() && p.container_id == *cid).collect();
+                // Known only when NVML lists the job's processes, each with its memory.
+                let used_memory = if mine.is_empty() { None } else { mine.iter().try_fold(0, |acc, p| p.used_memory.map(|m| acc + m)) };
+                out.push(GpuUser {
+                    gpu: g.index,
+                    job_id: Some(*id),
+                    job_name: job.as_ref().map(|j| j.name.clone()),
+                    user: job.as_ref().map(|j| j.owner.clone()),
+                    pid: None,
+                    command: None,
+                    container: None,
+                    used_memory,
+                    since: job.as_ref().and_then(|j| j.started_at),
+                });
+            }
+            let ours = |c: &Option<String>| c.is_some() && running.iter().any(|(_, _, r)| r == c);
+            for p in g.processes.iter().filter(|p| !ours(&p.container_id)) {
+                out.push(GpuUser {
+                    gpu: g.index,
+                    job_id: None,
+                    job_name: None,
+                    user: p.uid.map(crate::inbox::user_name),
+                    pid: Some(p.pid),
+                    command: p.command.clone(),
+                    container: p.container_id.as_ref().map(|c| names.get(c).cloned().unwrap_or_else(|| c[..12.min(c.len())].to_string())),
+                    used_memory: p.used_memory,
+                    since: None,
+                });
+            }
+            for f in foreign.iter().filter(|f| f.gpus.holds(g.index, &g.uuid)) {
+                if !g.processes.iter().any(|p| p.container_id.as_deref() == Some(f.container_id.as_str())) {
+                    out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None });
+                }
+            }
+        }
+        out
     }
 
     /// May Gantry jobs use GPU `index` (lab config `gpus`)?

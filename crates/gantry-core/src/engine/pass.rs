@@ -25,6 +25,11 @@ impl Engine {
         };
         if queued.is_empty() {
             self.waiting.write().unwrap().clear();
+            // Nothing to place, but `gantry gpus` still names other containers on the GPUs. Docker
+            // trouble is reported by passes that have work; here a failed list keeps the last one.
+            if let Ok(f) = self.exec.foreign_gpu_users(&self.engine_id).await {
+                *self.foreign.write().unwrap() = f;
+            }
             return;
         }
         let mut blocked = self.check_dependencies(&mut queued);

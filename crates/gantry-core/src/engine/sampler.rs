@@ -112,6 +112,7 @@ impl Engine {
                 index: g.index,
                 memory_total: g.memory_total,
                 memory_used: g.memory_used,
+                outside_used: outside_used(g, &ours),
                 external_busy: orphaned.contains(&g.index)
                     || foreign.iter().any(|f| f.gpus.holds(g.index, &g.uuid))
                     || g.processes.iter().any(|p| match &p.container_id {
@@ -120,5 +121,15 @@ impl Engine {
                     }),
             })
             .collect()
+    }
+}
+
+/// Measured memory that this engine's jobs do not use. Unknown (0: the scheduler then falls back to
+/// the measured total) when one of our processes does not report its memory.
+fn outside_used(g: &GpuSample, ours: &[String]) -> u64 {
+    let mine = g.processes.iter().filter(|p| p.container_id.as_ref().is_some_and(|c| ours.contains(c)));
+    match mine.map(|p| p.used_memory).sum::<Option<u64>>() {
+        Some(m) => g.memory_used.saturating_sub(m),
+        None => 0,
     }
 }
