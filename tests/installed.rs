@@ -194,15 +194,14 @@ fn a_drop_into_your_own_inbox_runs_as_you_and_a_file_moved_in_by_someone_else_do
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
     assert_eq!(output_as(&alice, id).trim(), alice.uid.to_string());
 
-    // A careless alice opens her inbox to everyone; bob moves his file in. It must not run as alice
-    // (nor as bob, who did not submit it to his own queue).
-    let mode = meta.permissions();
-    std::fs::set_permissions(&inbox, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    // Bob's file lands in alice's inbox (a careless alice opened it to everyone; root does the move
+    // here, her home being private). It must not run as alice, nor as bob, who did not submit it.
     let sneaky = format!("sneaky-{}.yaml", std::process::id());
-    drop_as(&bob, &inbox, &sneaky, &format!("image: {IMAGE}\ncommand: id -u\ngpus: 0\n"));
-    let error = inbox.join("rejected").join(format!("{sneaky}.error.txt"));
-    wait_until("bob's file to be rejected", || error.exists());
-    std::fs::set_permissions(&inbox, mode).unwrap();
+    drop_as(&bob, &bob.home, &sneaky, &format!("image: {IMAGE}\ncommand: id -u\ngpus: 0\n"));
+    std::fs::rename(bob.home.join(&sneaky), inbox.join(&sneaky)).unwrap();
+    // Not alice's to move: the file stays where bob put it, with the reason next to it.
+    let error = inbox.join(format!("{sneaky}.error.txt"));
+    wait_until("bob's file to be refused", || error.exists());
     let why = std::fs::read_to_string(&error).unwrap();
     assert!(why.contains("gantry-bob") || why.contains("owner"), "the error says whose file it is: {why}");
     let queue = json_as(&alice, &["ls"]);
@@ -210,6 +209,8 @@ fn a_drop_into_your_own_inbox_runs_as_you_and_a_file_moved_in_by_someone_else_do
     for row in queue.as_array().unwrap().iter().chain(history.as_array().unwrap()) {
         assert!(!row.to_string().contains("sneaky"), "bob's file became a job: {row}");
     }
+    let _ = std::fs::remove_file(inbox.join(&sneaky));
+    let _ = std::fs::remove_file(&error);
 }
 
 /// GPU UUIDs in each running container's NVIDIA_VISIBLE_DEVICES, by container.
@@ -284,13 +285,20 @@ fn with_a_second_engine_forced_up_no_gpu_is_ever_held_by_two_jobs() {
     other.wait().unwrap();
 }
 
-/// Replace the lab config, reload the service (what `systemctl reload gantry` does), and give back
-/// the file's old text.
-fn set_config(service: &Service, text: &str) -> String {
-    let old = std::fs::read_to_string(CONFIG).unwrap();
+/// Replace the lab config and reload the service (what `systemctl reload gantry` does).
+fn set_config(service: &Service, text: &str) {
     std::fs::write(CONFIG, text).unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(service.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
-    old
+}
+
+/// Puts the packaged config back (and reloads) however the test ends.
+struct RestoreConfig(String, i32);
+
+impl Drop for RestoreConfig {
+    fn drop(&mut self) {
+        std::fs::write(CONFIG, &self.0).unwrap();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.1), nix::sys::signal::Signal::SIGHUP);
+    }
 }
 
 #[test]
@@ -298,6 +306,7 @@ fn lab_policy_limits_give_clear_errors_and_usage_matches_history() {
     let (m, alice, bob) = machine();
     let service = m.as_ref().unwrap();
     let old = std::fs::read_to_string(CONFIG).unwrap();
+    let _restore = RestoreConfig(old.clone(), service.pid());
     let policy = format!("{old}\n").replace("[limits]\n", "[limits]\npriority = [-3, 3]\n");
     assert_ne!(policy, old, "the packaged config has a [limits] table");
     set_config(service, &policy);
@@ -312,10 +321,15 @@ fn lab_policy_limits_give_clear_errors_and_usage_matches_history() {
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
 
     // A broken file is reported with its line and column, and the running policy stays.
-    std::fs::write(CONFIG, format!("{policy}\n[limits]\nbogus = 1\n")).unwrap();
+    let broken = policy.replace("priority = [-3, 3]", "priority = [-3, 3]\nbogus = 1");
+    std::fs::write(CONFIG, &broken).unwrap();
+    let line = broken.lines().position(|l| l == "bogus = 1").unwrap() + 1;
     let check = Command::new(GANTRY).args(["config", "check"]).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
-    assert!(!check.status.success() && text.contains("line"), "config check names the line: {text}");
+    assert!(!check.status.success() && text.contains(&format!("{CONFIG}:{line}:1")), "config check names the file, line and column: {text}");
+    set_config(service, &broken);
+    let still = as_user(&bob, &["run", "--image", IMAGE, "--gpus", "0", "--priority", "5", "--", "true"]);
+    assert!(!still.status.success(), "a broken file keeps the running policy");
     set_config(service, &old);
 
     // Usage: the numbers fair share acts on add up to the history's.
@@ -326,7 +340,7 @@ fn lab_policy_limits_give_clear_errors_and_usage_matches_history() {
     let rows = usage.as_array().or_else(|| usage["users"].as_array()).expect("usage rows").clone();
     let bob_row = rows.iter().find(|r| r["user"] == bob.name).unwrap_or_else(|| panic!("bob in usage: {usage}"));
     let bob_jobs = history.as_array().unwrap().iter().filter(|r| r["user"] == bob.name).count() as u64;
-    assert_eq!(bob_row["jobs"].as_u64().unwrap(), bob_jobs, "usage counts bob's finished jobs: {usage}");
+    assert_eq!(bob_row["jobs_finished"].as_u64().unwrap(), bob_jobs, "usage counts bob's finished jobs: {usage}");
     let _ = alice;
 }
 
