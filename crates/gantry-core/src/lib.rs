@@ -9,7 +9,8 @@
 //! - [`executor`]: runs attempts in Docker
 //! - [`inbox`]: the drop folder
 //! - [`engine`]: the loop that ties them together
-//! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket
+//! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket; [`client::locate`] finds the engine
+//! - [`machine_lock`]: one non-system engine per machine's GPUs
 
 pub mod spec;
 pub mod access;
@@ -25,4 +26,5 @@ pub mod inbox;
 pub mod api;
 pub mod client;
 pub mod daemon;
+pub mod machine_lock;
 pub mod sim;
