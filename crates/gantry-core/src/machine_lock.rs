@@ -33,6 +33,13 @@ pub struct Holder {
     pub user: String,
 }
 
+impl Holder {
+    /// Whether the holder runs as the calling user (then its engine is the caller's to use).
+    pub fn is_mine(&self) -> bool {
+        self.uid == nix::unistd::getuid().as_raw()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(
