@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, SubmitRequest, Submitted, WhoAmI};
-use gantry_core::client::{Client, ClientError};
+use gantry_core::client::{Client, ClientError, FoundBy};
 use gantry_core::engine::{Config, GpuStatus, GpuUser, Paths};
 use gantry_core::gpu::BackendKind;
 use gantry_core::inbox::users::InboxInfo;
@@ -284,36 +284,6 @@ fn paths(cli: &Cli, inbox: Option<PathBuf>) -> Paths {
     Paths::in_dir(state_dir, inbox)
 }
 
-/// How a client command found its engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-enum FoundBy {
-    /// `--state-dir` or `GANTRY_STATE_DIR`.
-    StateDir,
-    /// The machine's engine (`gantry daemon --system`).
-    System,
-    /// The user's own state dir.
-    User,
-}
-
-/// The engine's socket: an explicit state dir wins, then the system engine if it answers, then the
-/// user's own state dir (so a shared machine's users all reach the one engine without configuring).
-fn discover(explicit: Option<PathBuf>, system_socket: &Path, system_answers: bool, user_dir: PathBuf) -> (PathBuf, FoundBy) {
-    match explicit {
-        Some(dir) => (Paths::in_dir(dir, PathBuf::new()).socket(), FoundBy::StateDir),
-        None if system_answers => (system_socket.to_path_buf(), FoundBy::System),
-        None => (Paths::in_dir(user_dir, PathBuf::new()).socket(), FoundBy::User),
-    }
-}
-
-/// [`discover`] on this machine. `GANTRY_SYSTEM_SOCKET` (hidden) moves the system socket, for tests.
-fn locate(cli: &Cli) -> (PathBuf, FoundBy) {
-    let system = std::env::var_os("GANTRY_SYSTEM_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(gantry_core::config::SYSTEM_SOCKET));
-    // A stale socket file from a stopped engine refuses connections: then the user's own engine is meant.
-    let answers = cli.state_dir.is_none() && std::os::unix::net::UnixStream::connect(&system).is_ok();
-    discover(cli.state_dir.clone(), &system, answers, Paths::default_state_dir())
-}
-
 /// `println!` that exits quietly once stdout is closed (`gantry ls | head -1`) instead of panicking.
 /// SIGPIPE stays ignored: the CLI also writes to the engine's socket, and dying of SIGPIPE there
 /// would hide the engine's error.
@@ -392,7 +362,7 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
 }
 
 async fn run(cli: Cli) -> Result<std::process::ExitCode> {
-    let (socket, found_by) = locate(&cli);
+    let (socket, found_by) = gantry_core::client::locate(cli.state_dir.clone());
     let mut client = Client::new(socket.clone());
     if let Some(t) = cli.client_timeout {
         client = client.with_timeout(t);
@@ -421,6 +391,11 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 (None, true) => cfg.load_lab(gantry_core::config::under(system_root, SYSTEM_CONFIG), true)?,
                 (None, false) => {}
             }
+            // One non-system engine per machine's GPUs; every client finds the system engine first.
+            let _lock = match system {
+                true => None,
+                false => Some(gantry_core::machine_lock::take(&gantry_core::machine_lock::lock_name(cfg.gpus.as_deref()), &cfg.paths.socket()).await?),
+            };
             if let Some(t) = header_timeout {
                 cfg.api.header_read_timeout = *t;
             }
@@ -1027,16 +1002,6 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn discovery_prefers_the_state_dir_then_a_live_system_engine_then_the_users_own() {
-        let sys = Path::new("/run/gantry/gantry.sock");
-        let user = PathBuf::from("/home/a/.local/state/gantry");
-        let d = |explicit: Option<&str>, answers| discover(explicit.map(PathBuf::from), sys, answers, user.clone());
-        assert_eq!(d(Some("/srv/q"), true), (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir));
-        assert_eq!(d(None, true), (sys.to_path_buf(), FoundBy::System));
-        assert_eq!(d(None, false), (user.join("gantry.sock"), FoundBy::User));
-    }
 
     #[test]
     fn control_characters_print_as_visible_escapes() {

@@ -8,7 +8,8 @@ use std::time::Duration;
 fn a_second_engine_never_places_a_job_on_gpus_another_engine_holds() {
     // The same simulated machine: the same two GPUs (same UUIDs), as on one real workstation.
     let machine = format!("sim:2x24GiB@two-engines-{}", std::process::id());
-    let a = Engine::start(&["--gpus", &machine]);
+    // Forced up side by side: the system engine takes no machine lock, so an embedded one can still start.
+    let a = Engine::system_with(&["--gpus", &machine]);
     let b = Engine::start(&["--gpus", &machine]);
     let held: Vec<i64> = (0..2).map(|i| a.submit_yaml(&format!("a{i}"), &format!("image: {IMAGE}\ncommand: sleep 6\ngpus: 1\n"))).collect();
     for id in &held {

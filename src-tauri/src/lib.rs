@@ -1,17 +1,18 @@
 //! Gantry desktop app: a thin Tauri shell over the engine's API client.
 //!
-//! On start the app looks for an engine on the machine's socket. If one answers, the app is a client
-//! (a second user's app sees the same queue). Otherwise it hosts the engine in-process (the embedded
-//! default) — which serves the same socket, so every command below goes through one API client.
+//! On start the app finds an engine the way the CLI does (`GANTRY_STATE_DIR`, then the system engine,
+//! then the user's own). If none answers it hosts one in-process (the embedded default) — which serves
+//! the same socket, so every command below goes through one API client — unless another engine holds
+//! this machine's GPUs: then it uses that engine if it is the same user's, or says whose it is.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use gantry_core::api::{JobDetailView as JobDetail, PriorityRequest, QueueEntryView as QueueEntry, StatusInfo, Submitted, WhoAmI};
-use gantry_core::client::{Client, Preview};
+use gantry_core::client::{self as core_client, Client, EngineRef, EngineView, FoundBy, Preview};
 use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, Paths};
+use gantry_core::machine_lock::{self, LockError, MachineLock};
 use gantry_core::store::{HistoryRow, TimelineRun};
-use serde::Serialize;
 use serde_json::Value;
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
@@ -23,21 +24,17 @@ fn e(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
 
-#[derive(Clone, Serialize)]
-pub struct AppInfo {
-    /// "embedded": this app hosts the engine; "client": another process does.
-    pub mode: &'static str,
-    pub socket: PathBuf,
-}
-
 pub struct AppState {
     client: Client,
-    info: AppInfo,
+    engine: EngineRef,
+    /// Held while this app hosts the engine.
+    _lock: Option<MachineLock>,
 }
 
+/// Which engine this app talks to (the header), or why there is none.
 #[tauri::command]
-async fn app_info(s: State<'_, AppState>) -> R<AppInfo> {
-    Ok(s.info.clone())
+async fn engine(s: State<'_, AppState>) -> R<EngineView> {
+    Ok(s.engine.view())
 }
 #[tauri::command]
 async fn status(s: State<'_, AppState>) -> R<StatusInfo> {
@@ -144,21 +141,33 @@ fn for_each_line<T: serde::de::DeserializeOwned>(buf: &mut Vec<u8>, chunk: &[u8]
     true
 }
 
-/// Find the engine, or host one in-process.
-fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<AppInfo> {
-    let state_dir = std::env::var_os("GANTRY_STATE_DIR").map(PathBuf::from);
-    let inbox = std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &state_dir {
+/// Find the engine, or host one in-process (holding the machine lock).
+fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, Option<MachineLock>)> {
+    let explicit = std::env::var_os("GANTRY_STATE_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
+    let (socket, by) = core_client::locate(explicit.clone());
+    // The system engine accepted a connection: use it even if it is slow to answer right now.
+    if by == FoundBy::System || rt.block_on(Client::new(&socket).get::<StatusInfo>("/v1/status")).is_ok() {
+        tracing::info!("connected to the running engine at {}", socket.display());
+        return Ok((EngineRef::Found { by, socket }, None));
+    }
+    let gpus = std::env::var("GANTRY_GPUS").ok().filter(|s| !s.is_empty());
+    let lock = match rt.block_on(machine_lock::take(&machine_lock::lock_name(gpus.as_deref()), &socket)) {
+        Ok(l) => l,
+        // Another engine manages these GPUs: the same user's (another app, a daemon) is ours to use.
+        Err(LockError::Held(h)) => {
+            let mine = h.is_mine() && h.socket.as_deref().is_some_and(core_client::answers);
+            tracing::warn!("{}", LockError::Held(h.clone()));
+            return Ok((if mine { EngineRef::Holder(h) } else { EngineRef::Blocked(h) }, None));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let inbox = std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &explicit {
         Some(d) => d.join("inbox"),
         None => Paths::default_inbox(),
     });
-    let paths = Paths::in_dir(state_dir.unwrap_or_else(Paths::default_state_dir), inbox);
-    let client = Client::new(paths.socket());
-    if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
-        tracing::info!("connected to the running engine at {}", paths.socket().display());
-        return Ok(AppInfo { mode: "client", socket: paths.socket() });
-    }
+    let paths = Paths::in_dir(socket.parent().map(PathBuf::from).unwrap_or_else(Paths::default_state_dir), inbox);
     let mut cfg = Config::new(paths.clone());
-    cfg.gpus = std::env::var("GANTRY_GPUS").ok().filter(|s| !s.is_empty());
+    cfg.gpus = gpus.clone();
     // Benchmarks fill an hour of samples quickly with e.g. GANTRY_SAMPLE_MS=10.
     if let Some(ms) = std::env::var("GANTRY_SAMPLE_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|ms| *ms > 0) {
         cfg.sample_every = std::time::Duration::from_millis(ms);
@@ -172,14 +181,15 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<AppInfo> {
             tracing::error!("embedded engine stopped: {err}");
         }
     });
+    let client = Client::new(&socket);
     for _ in 0..100 {
         if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    tracing::info!("hosting the engine in this app (embedded) at {}", paths.socket().display());
-    Ok(AppInfo { mode: "embedded", socket: paths.socket() })
+    tracing::info!("hosting the engine in this app (embedded) at {}", socket.display());
+    Ok((EngineRef::Embedded { socket, gpus }, Some(lock)))
 }
 
 /// Job state changes -> `job-changed` events, desktop notifications for my jobs, tray summary.
@@ -268,17 +278,20 @@ pub fn run() {
         .plugin(tauri_plugin_opener::init())
         .setup(|app| {
             let rt = tauri::async_runtime::handle();
-            let info = connect_or_embed(rt.inner())?;
-            let client = Client::new(info.socket.clone());
-            app.manage(AppState { client: client.clone(), info });
+            let (engine, lock) = connect_or_embed(rt.inner())?;
+            // Blocked: no engine; the UI shows why and calls nothing else.
+            let client = Client::new(engine.socket().map(PathBuf::from).unwrap_or_else(|| Paths::default_state_dir().join("gantry.sock")));
+            if engine.socket().is_some() {
+                tauri::async_runtime::spawn(forward_events(app.handle().clone(), client.clone()));
+            }
+            app.manage(AppState { client, engine, _lock: lock });
             if let Err(err) = build_tray(app) {
                 tracing::warn!("no tray icon: {err}");
             }
-            tauri::async_runtime::spawn(forward_events(app.handle().clone(), client));
             Ok(())
         })
         .invoke_handler(tauri::generate_handler![
-            app_info, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
+            engine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
             history_count, timeline, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))

@@ -93,7 +93,7 @@ impl Engine {
         Engine::system_with(&[])
     }
 
-    /// [`Engine::system`] with more daemon arguments.
+    /// [`Engine::system`] with more daemon arguments (e.g. `--gpus sim:2x24GiB@shared`).
     pub fn system_with(extra: &[&str]) -> Engine {
         let mut e = Engine::stopped(&[&["--system"], extra].concat());
         let root = e._dir.path().to_path_buf();
@@ -172,7 +172,10 @@ impl Engine {
     }
 
     pub fn gantry(&self, args: &[&str]) -> Output {
-        gantry_in(&self.state, args)
+        match self.args.iter().any(|a| a == "--system") {
+            true => Command::new(bin()).env("GANTRY_SYSTEM_SOCKET", self.system_socket()).env_remove("GANTRY_STATE_DIR").args(args).output().expect("run gantry"),
+            false => gantry_in(&self.state, args),
+        }
     }
 
     /// Run the CLI as another user (uid = gid).

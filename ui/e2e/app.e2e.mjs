@@ -3,33 +3,21 @@
 // Run with scripts/e2e.sh, which sets all of that up.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import net from "node:net";
-import { Builder, By, until } from "selenium-webdriver";
+import { By, until } from "selenium-webdriver";
+import { openSession, startDriver, stopDriver } from "./driver.mjs";
 
 const repo = path.resolve(import.meta.dirname, "../..");
 const app = process.env.GANTRY_APP ?? path.join(repo, "target/debug/gantry-app");
 const shots = process.env.GANTRY_SHOTS ?? path.join(repo, "target/e2e-shots");
-const driverBin = process.env.TAURI_DRIVER ?? path.join(os.homedir(), ".cargo/bin/tauri-driver");
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "gantry-e2e-"));
 let driverProc;
 let d;
 
 assert.ok(process.env.DISPLAY, "DISPLAY must be set (run under Xvfb): without it the app aborts in GTK init");
-
-function waitPort(port, ms) {
-  const end = Date.now() + ms;
-  return new Promise((resolve, reject) => {
-    const tryOnce = () => {
-      const s = net.connect(port, "127.0.0.1", () => { s.end(); resolve(); });
-      s.on("error", () => (Date.now() > end ? reject(new Error(`port ${port} never opened`)) : setTimeout(tryOnce, 100)));
-    };
-    tryOnce();
-  });
-}
 
 async function shot(name) {
   fs.mkdirSync(shots, { recursive: true });
@@ -50,28 +38,24 @@ async function waitText(id, pred, ms = 60_000) {
 
 before(async () => {
   fs.mkdirSync(path.join(work, "state"));
-  driverProc = spawn(driverBin, [], {
-    env: { ...process.env, GANTRY_STATE_DIR: path.join(work, "state"), GANTRY_GPUS: "sim:4x24GiB" },
-    stdio: ["ignore", "inherit", "inherit"],
-  });
-  await waitPort(4444, 20_000);
-  const caps = { browserName: "wry", "tauri:options": { application: app } };
-  d = await Promise.race([
-    new Builder().usingServer("http://127.0.0.1:4444/").withCapabilities(caps).build(),
-    new Promise((_, rej) => setTimeout(() => rej(new Error("WebDriver session did not open in 60 s")), 60_000)),
-  ]);
+  driverProc = await startDriver(4444, 4445, { ...process.env, GANTRY_STATE_DIR: path.join(work, "state"), GANTRY_GPUS: "sim:4x24GiB" });
+  d = await openSession(4444, app);
 });
 
 after(async () => {
+  // Only this app's containers: other engines on the machine keep theirs.
+  const st = spawnSync(path.join(repo, "target/debug/gantry"), ["--state-dir", path.join(work, "state"), "--json", "status"], { encoding: "utf8" });
+  const engineId = st.status === 0 ? JSON.parse(st.stdout).engine_id : null;
   const t0 = Date.now();
   try { await d?.quit(); } catch {}
   console.log(`session closed in ${Date.now() - t0} ms`);
-  driverProc?.kill("SIGTERM"); // never SIGKILL: it would orphan WebKitWebDriver on port 4445
-  await new Promise((r) => setTimeout(r, 500));
-  spawn("sh", ["-c", `ids=$(docker ps -aq --filter label=dev.gantry.engine); [ -z "$ids" ] || docker rm -f $ids >/dev/null`]);
+  await stopDriver(driverProc);
+  if (engineId) spawnSync("sh", ["-c", `ids=$(docker ps -aq --filter label=dev.gantry.engine=${engineId}); [ -z "$ids" ] || docker rm -f $ids >/dev/null`]);
 });
 
 test("submit through the app, watch it run, find it in History and read its log", async () => {
+  // The header says which engine this is: the app's own, on the simulated GPUs it was given.
+  assert.equal(await (await waitFor("engine")).getText(), "Engine in this app (simulated GPUs 4x24GiB)");
   // GPUs view: simulated, clearly labeled; one card per GPU.
   const banner = await (await waitFor("sim-banner")).getText();
   assert.match(banner, /Simulated GPUs/);

@@ -6,14 +6,14 @@ import { listen } from "@tauri-apps/api/event";
 import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
-  AppInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
+  EngineInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
   SubmitResult, TimelineRun, WhoAmI, GpuSample,
 } from "./types";
 
 export type Unsubscribe = () => void;
 
 export interface Backend {
-  appInfo(): Promise<AppInfo>;
+  engine(): Promise<EngineInfo>;
   status(): Promise<Status>;
   whoami(): Promise<WhoAmI>;
   queue(): Promise<QueueEntry[]>;
@@ -48,7 +48,7 @@ export function historyQueryString(q: HistoryQuery): string {
 }
 
 export const tauriBackend: Backend = {
-  appInfo: () => invoke("app_info"),
+  engine: () => invoke("engine"),
   status: () => invoke("status"),
   whoami: () => invoke("whoami"),
   queue: () => invoke("queue"),

@@ -1,6 +1,6 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { GpuSample, HistoryQuery, HistoryRow, QueueEntry } from "./types";
+import type { EngineInfo, GpuSample, HistoryQuery, HistoryRow, QueueEntry } from "./types";
 
 export function gpu(index: number, over: Partial<GpuSample> = {}): GpuSample {
   return { index, uuid: `GPU-${index}`, name: "Simulated GPU", memory_total: 24 << 30, memory_used: 0, utilization: 0, temperature_c: 40, power_w: 60, processes: [], ...over };
@@ -31,7 +31,7 @@ export function fakeBackend(over: Partial<Backend> = {}) {
   const filter = (q: HistoryQuery) => rows.filter((r) => (!q.user || r.owner === q.user) && (!q.status || r.status === q.status) && (!q.text || r.name.includes(q.text)));
   const rec = <T>(name: string, v: T) => (...args: unknown[]) => { calls.push({ name, args }); return Promise.resolve(v); };
   const b: Backend = {
-    appInfo: rec("appInfo", { mode: "embedded", socket: "/s" }),
+    engine: rec("engine", { kind: "embedded", label: "Engine in this app (simulated GPUs 2x24GiB)", socket: "/s/gantry.sock", problem: null } as EngineInfo),
     status: rec("status", { version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s", docker_problem: null, engine_id: "e" }),
     whoami: rec("whoami", { uid: 1000, name: "ada" }),
     queue: rec("queue", [] as QueueEntry[]),

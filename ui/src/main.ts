@@ -19,7 +19,15 @@ export function route(hash: string): { tab: string; id?: number } {
 }
 
 export async function mount(root: HTMLElement, backend: Backend) {
-  const [info, status, me] = await Promise.all([backend.appInfo(), backend.status(), backend.whoami()]);
+  const engine = await backend.engine();
+  const which = h("span", { class: "muted", title: engine.socket ?? "", "data-testid": "engine" }, engine.label);
+  if (engine.problem) {
+    // Another user's engine holds this machine's GPUs: nothing to talk to, and no second engine.
+    root.replaceChildren(h("header", { class: "top" }, h("h1", {}, "Gantry"), h("span", { class: "spacer" }), which),
+      h("div", { class: "banner warn", role: "alert", "data-testid": "engine-problem" }, engine.problem));
+    return;
+  }
+  const [status, me] = await Promise.all([backend.status(), backend.whoami()]);
   const go = (hash: string) => { location.hash = hash; };
   const nav = h("nav", { class: "tabs", role: "tablist" }, TABS.map(([k, label], i) =>
     h("a", { href: `#/${k}`, role: "tab", "data-tab": k, "data-testid": `tab-${k}`, title: `${label} (${i + 1})` }, label)));
@@ -33,7 +41,7 @@ export async function mount(root: HTMLElement, backend: Backend) {
   const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
   root.replaceChildren(
     h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
-      h("span", { class: "muted", title: info.socket, "data-testid": "mode" }, `${me.name} · ${info.mode === "embedded" ? "engine in this app" : "connected to engine"}`)),
+      which, h("span", { class: "muted", "data-testid": "me" }, me.name)),
     banner ?? "", store ?? "", docker ?? "", main, overlay);
 
   const submit = submitView(backend, go);

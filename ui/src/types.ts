@@ -3,7 +3,13 @@
 export type JobState = "queued" | "starting" | "running" | "succeeded" | "failed" | "cancelled" | "timed_out";
 export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "timed_out"];
 
-export interface AppInfo { mode: "embedded" | "client"; socket: string }
+/** Which engine the app talks to (from gantry-core's `EngineRef::view`). */
+export interface EngineInfo {
+  kind: "system" | "user" | "state_dir" | "embedded" | "holder" | "blocked";
+  label: string; socket: string | null;
+  /** Why there is no engine (`blocked`: another user's engine holds this machine's GPUs). */
+  problem: string | null;
+}
 export interface Status {
   version: string; pid: number; gpu_backend: "nvml" | "simulated"; gpu_note: string | null;
   gpu_count: number; inbox: string; state_dir: string; docker_problem: string | null; store_problem?: string | null; engine_id: string;

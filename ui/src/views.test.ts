@@ -6,7 +6,7 @@ import { historyView, ROW_H } from "./views/history";
 import { queueView, sortQueue } from "./views/queue";
 import { errorText, submitView } from "./views/submit";
 import { mount } from "./main";
-import type { Preview } from "./types";
+import type { EngineInfo, Preview } from "./types";
 
 describe("queue view", () => {
   it("shows why a job waits and offers cancel only on my jobs", async () => {
@@ -110,5 +110,25 @@ describe("GPU holders and the app shell", () => {
     await settle();
     expect(location.hash).toBe("#/submit");
     expect(calls.some((c) => c.name === "previewPaths")).toBe(true);
+  });
+  it("says in the header which engine it talks to", async () => {
+    const engine: EngineInfo = { kind: "system", label: "System engine (/run/gantry/gantry.sock)", socket: "/run/gantry/gantry.sock", problem: null };
+    const { b } = fakeBackend({ engine: () => Promise.resolve(engine) });
+    const root = document.createElement("div");
+    await mount(root, b);
+    const el = root.querySelector("header [data-testid=engine]")!;
+    expect(el.textContent).toBe("System engine (/run/gantry/gantry.sock)");
+    expect(el.getAttribute("title")).toBe("/run/gantry/gantry.sock");
+    expect(root.querySelector("header [data-testid=me]")!.textContent).toBe("ada");
+  });
+  it("names whose engine holds the machine, and asks nothing of an engine it cannot reach", async () => {
+    const problem = "the Gantry engine of bob (pid 77, socket /home/bob/.local/state/gantry/gantry.sock) already manages this machine's GPUs: use it, or ask an admin to install the Gantry service";
+    const { b, calls } = fakeBackend({ engine: () => Promise.resolve({ kind: "blocked", label: "Engine of bob (cannot connect)", socket: null, problem }) });
+    const root = document.createElement("div");
+    await mount(root, b);
+    expect(root.querySelector("header [data-testid=engine]")!.textContent).toBe("Engine of bob (cannot connect)");
+    expect(root.querySelector("[data-testid=engine-problem]")!.textContent).toBe(problem);
+    expect(root.querySelector("nav")).toBeNull();
+    expect(calls).toEqual([]); // only engine() (overridden above, so not recorded) was called
   });
 });

@@ -13,6 +13,8 @@ use serde::Serialize;
 use tokio::net::UnixStream;
 
 use crate::api::{ApiError, SubmitRequest, Submitted};
+use crate::config::Paths;
+use crate::machine_lock::{Holder, LockError};
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
 
 #[derive(Debug, thiserror::Error)]
@@ -198,5 +200,151 @@ impl Client {
 
     pub async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {
         Ok(self.bytes("GET", path, None).await?.to_vec())
+    }
+}
+
+/// How a client found its engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FoundBy {
+    /// `--state-dir` or `GANTRY_STATE_DIR`.
+    StateDir,
+    /// The machine's engine (`gantry daemon --system`).
+    System,
+    /// The user's own state dir.
+    User,
+}
+
+/// The engine's socket: an explicit state dir wins, then the system engine if it answers, then the
+/// user's own state dir (so a shared machine's users all reach the one engine without configuring).
+/// The user's socket comes back whether or not it answers: the CLI then says no engine runs there, and
+/// the app hosts one there.
+pub fn discover(explicit: Option<PathBuf>, system_socket: &Path, system_answers: bool, user_dir: PathBuf) -> (PathBuf, FoundBy) {
+    match explicit {
+        Some(dir) => (Paths::in_dir(dir, PathBuf::new()).socket(), FoundBy::StateDir),
+        None if system_answers => (system_socket.to_path_buf(), FoundBy::System),
+        None => (Paths::in_dir(user_dir, PathBuf::new()).socket(), FoundBy::User),
+    }
+}
+
+/// The system engine's socket. `GANTRY_SYSTEM_SOCKET` (hidden) moves it, for tests.
+pub fn system_socket() -> PathBuf {
+    std::env::var_os("GANTRY_SYSTEM_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(crate::config::SYSTEM_SOCKET))
+}
+
+/// Whether an engine accepts connections on `socket` (a stale socket file of a stopped one refuses).
+pub fn answers(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+/// [`discover`] on this machine; `explicit` is `--state-dir` / `GANTRY_STATE_DIR`.
+pub fn locate(explicit: Option<PathBuf>) -> (PathBuf, FoundBy) {
+    let system = system_socket();
+    let live = explicit.is_none() && answers(&system);
+    discover(explicit, &system, live, Paths::default_state_dir())
+}
+
+/// Which engine a client talks to (the app's header says it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineRef {
+    /// Found by [`locate`], and answering.
+    Found { by: FoundBy, socket: PathBuf },
+    /// Hosted by this process (the app), on the GPUs of `gpus` (`sim:…`; `None`: the machine's).
+    Embedded { socket: PathBuf, gpus: Option<String> },
+    /// Another engine of this user, found through the machine lock it holds.
+    Holder(Holder),
+    /// Another user's engine holds the machine lock and cannot be used: there is no engine to talk to.
+    Blocked(Holder),
+}
+
+/// [`EngineRef`] for the UI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EngineView {
+    /// "system", "user", "state_dir", "embedded", "holder" or "blocked".
+    pub kind: String,
+    /// One line for the header.
+    pub label: String,
+    pub socket: Option<PathBuf>,
+    /// Why there is no engine (`blocked`), with what to do.
+    pub problem: Option<String>,
+}
+
+impl EngineRef {
+    /// The API socket to talk to (`None` when blocked).
+    pub fn socket(&self) -> Option<&Path> {
+        match self {
+            EngineRef::Found { socket, .. } | EngineRef::Embedded { socket, .. } => Some(socket),
+            EngineRef::Holder(h) => h.socket.as_deref(),
+            EngineRef::Blocked(_) => None,
+        }
+    }
+
+    /// The header line; `home` is shortened to `~`.
+    pub fn label(&self, home: &Path) -> String {
+        let dir = |socket: &Path| {
+            let d = socket.parent().unwrap_or(socket);
+            match d.strip_prefix(home) {
+                Ok(rest) if !home.as_os_str().is_empty() && home != Path::new("/") => Path::new("~").join(rest).display().to_string(),
+                _ => d.display().to_string(),
+            }
+        };
+        match self {
+            EngineRef::Found { by: FoundBy::System, socket } => format!("System engine ({})", socket.display()),
+            EngineRef::Found { by: FoundBy::User, socket } => format!("Your engine ({})", dir(socket)),
+            EngineRef::Found { by: FoundBy::StateDir, socket } => format!("Engine in {}", dir(socket)),
+            EngineRef::Embedded { gpus: Some(g), .. } => format!("Engine in this app (simulated GPUs {})", g.strip_prefix("sim:").unwrap_or(g)),
+            EngineRef::Embedded { gpus: None, .. } => "Engine in this app (this machine's GPUs)".into(),
+            EngineRef::Holder(h) => format!("Engine of {}", h.user),
+            EngineRef::Blocked(h) => format!("Engine of {} (cannot connect)", h.user),
+        }
+    }
+
+    pub fn view(&self) -> EngineView {
+        let kind = match self {
+            EngineRef::Found { by: FoundBy::System, .. } => "system",
+            EngineRef::Found { by: FoundBy::User, .. } => "user",
+            EngineRef::Found { by: FoundBy::StateDir, .. } => "state_dir",
+            EngineRef::Embedded { .. } => "embedded",
+            EngineRef::Holder(_) => "holder",
+            EngineRef::Blocked(_) => "blocked",
+        };
+        let problem = match self {
+            EngineRef::Blocked(h) => Some(LockError::Held(h.clone()).to_string()),
+            _ => None,
+        };
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        EngineView { kind: kind.into(), label: self.label(&home), socket: self.socket().map(Path::to_path_buf), problem }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_prefers_the_state_dir_then_a_live_system_engine_then_the_users_own() {
+        let sys = Path::new("/run/gantry/gantry.sock");
+        let user = PathBuf::from("/home/a/.local/state/gantry");
+        let d = |explicit: Option<&str>, answers| discover(explicit.map(PathBuf::from), sys, answers, user.clone());
+        assert_eq!(d(Some("/srv/q"), true), (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir));
+        assert_eq!(d(None, true), (sys.to_path_buf(), FoundBy::System));
+        assert_eq!(d(None, false), (user.join("gantry.sock"), FoundBy::User));
+    }
+
+    #[test]
+    fn the_header_names_the_engine() {
+        let home = Path::new("/home/alice");
+        let found = |by, s: &str| EngineRef::Found { by, socket: PathBuf::from(s) }.label(home);
+        assert_eq!(found(FoundBy::System, "/run/gantry/gantry.sock"), "System engine (/run/gantry/gantry.sock)");
+        assert_eq!(found(FoundBy::User, "/home/alice/.local/state/gantry/gantry.sock"), "Your engine (~/.local/state/gantry)");
+        assert_eq!(found(FoundBy::StateDir, "/srv/q/gantry.sock"), "Engine in /srv/q");
+        let embedded = |gpus: Option<&str>| EngineRef::Embedded { socket: PathBuf::from("/x/gantry.sock"), gpus: gpus.map(String::from) }.label(home);
+        assert_eq!(embedded(Some("sim:4x24GiB")), "Engine in this app (simulated GPUs 4x24GiB)");
+        assert_eq!(embedded(None), "Engine in this app (this machine's GPUs)");
+        let bob = Holder { uid: 1002, pid: 77, socket: Some(PathBuf::from("/home/bob/.local/state/gantry/gantry.sock")), user: "bob".into() };
+        assert_eq!(EngineRef::Holder(bob.clone()).label(home), "Engine of bob");
+        let v = EngineRef::Blocked(bob).view();
+        assert_eq!((v.kind.as_str(), v.socket), ("blocked", None));
+        assert!(v.problem.unwrap().starts_with("the Gantry engine of bob (pid 77, socket /home/bob/.local/state/gantry/gantry.sock) already manages"));
     }
 }

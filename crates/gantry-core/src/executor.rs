@@ -94,7 +94,7 @@ pub fn gpus_of(device_requests: &[DeviceRequest], runtime: Option<&str>, env: &[
 pub enum ExecError {
     #[error("the Docker engine is not reachable ({0}); start it (e.g. `sudo systemctl start docker`) — queued jobs wait until it is back")]
     DockerUnavailable(String),
-    #[error("you cannot use Docker (permission denied on {0}): ask an admin to install the Gantry service, or to add you to the docker group — queued jobs wait meanwhile")]
+    #[error("you cannot use Docker (permission denied on {0}): ask an admin to install the Gantry service, or add you to the docker group — queued jobs wait meanwhile")]
     DockerForbidden(String),
     #[error("image {image:?} is not on this machine and could not be pulled: {detail}. Build or load it locally (`docker build`, `docker load`, `docker import`) or fix the name")]
     ImageUnavailable { image: String, detail: String },

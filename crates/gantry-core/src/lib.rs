@@ -10,7 +10,8 @@
 //! - [`inbox`]: the drop folder
 //! - [`policy`]: the lab config (`/etc/gantry/config.toml`): limits, admins, retention
 //! - [`engine`]: the loop that ties them together
-//! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket
+//! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket; [`client::locate`] finds the engine
+//! - [`machine_lock`]: one non-system engine per machine's GPUs
 
 pub mod spec;
 pub mod access;
@@ -27,4 +28,5 @@ pub mod inbox;
 pub mod api;
 pub mod client;
 pub mod daemon;
+pub mod machine_lock;
 pub mod sim;
