@@ -339,8 +339,10 @@ fn lab_policy_limits_give_clear_errors_and_usage_matches_history() {
     let history = json_as(&bob, &["history", "--since", "1d", "--limit", "10000"]);
     let rows = usage.as_array().or_else(|| usage["users"].as_array()).expect("usage rows").clone();
     let bob_row = rows.iter().find(|r| r["user"] == bob.name).unwrap_or_else(|| panic!("bob in usage: {usage}"));
-    let bob_jobs = history.as_array().unwrap().iter().filter(|r| r["user"] == bob.name).count() as u64;
-    assert_eq!(bob_row["jobs_finished"].as_u64().unwrap(), bob_jobs, "usage counts bob's finished jobs: {usage}");
+    let bobs: Vec<&Value> = history.as_array().unwrap().iter().filter(|r| r["owner"] == bob.name).collect();
+    assert_eq!(bob_row["jobs_finished"].as_u64().unwrap(), bobs.len() as u64, "usage counts bob's finished jobs: {usage}");
+    let hours: f64 = bobs.iter().map(|r| r["gpus"].as_array().unwrap().len() as f64 * (r["finished_at"].as_i64().unwrap() - r["started_at"].as_i64().unwrap()) as f64 / 3.6e6).sum();
+    assert!((bob_row["gpu_hours"].as_f64().unwrap() - hours).abs() < 1e-6, "GPU-hours {hours} from history vs {usage}");
     let _ = alice;
 }
 
