@@ -720,4 +720,26 @@ templates = "/etc/gantry/templates"
         let changes = g.changes_from(&p);
         assert!(changes.iter().any(|c| c.starts_with("access.admin_group: None -> Some(\"root\")")), "{changes:?}");
     }
+
+    /// The packaged /etc/gantry/config.toml is valid as shipped, and every key it documents (the
+    /// commented `#key = value` lines) is one the engine reads, with a valid example value.
+    #[test]
+    fn the_packaged_config_is_valid_and_documents_only_real_keys() {
+        let shipped = include_str!("../../../packaging/config.toml").replace("\"gantry-admins\"", "\"root\"");
+        let path = Path::new("/etc/gantry/config.toml");
+        LabConfig::parse(&shipped, path).unwrap_or_else(|e| panic!("as shipped: {e}"));
+        let mut documented = 0;
+        let all: String = shipped
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(kv) if kv.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')) => {
+                    documented += 1;
+                    format!("{kv}\n")
+                }
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        assert!(documented >= 19, "only {documented} documented keys found");
+        LabConfig::parse(&all, path).unwrap_or_else(|e| panic!("with every documented key set: {e}"));
+    }
 }
