@@ -21,8 +21,8 @@ export function usageRows(r: UsageReport, me: string | null): UsageRow[] {
 
 /** One line under the table: what the fair-share column means and how fast it fades. */
 export function fairShareLine(halfLifeMs: number): string {
-  return `Fair share: among jobs of equal priority, the user with the least recent GPU use starts first. `
-    + `"Fair share" is GPU-hours with each job's hours halved every ${duration(halfLifeMs)} since it ended.`;
+  return `Fair share: among jobs of equal priority, the user with the least recent use starts first; `
+    + `recent use is GPU-hours, each job's halved every ${duration(halfLifeMs)} since it ended.`;
 }
 
 export function usageView(backend: Backend, me: string | null): View {
