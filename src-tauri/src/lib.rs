@@ -12,7 +12,7 @@ use gantry_core::api::{JobDetailView as JobDetail, PriorityRequest, QueueEntryVi
 use gantry_core::client::{self as core_client, Client, EngineRef, EngineView, FoundBy, Preview};
 use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, Paths};
 use gantry_core::machine_lock::{self, LockError, MachineLock};
-use gantry_core::store::{HistoryRow, TimelineRun};
+use gantry_core::store::{HistoryRow, TimelineRun, UsageReport};
 use serde_json::Value;
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
@@ -75,6 +75,11 @@ async fn gpu_recent(s: State<'_, AppState>, since: i64) -> R<Value> {
 #[tauri::command]
 async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> R<Value> {
     s.client.get(&format!("/v1/gpus/{index}/minutes?from={from}&to={to}")).await.map_err(e)
+}
+/// Per-user GPU-hours, jobs, mean wait and fair-share usage since `since_ms` (as `gantry usage`).
+#[tauri::command]
+async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
+    s.client.usage(since_ms).await.map_err(e)
 }
 /// `query` is the URL query string built by the UI (filters, sort, page).
 #[tauri::command]
@@ -292,7 +297,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

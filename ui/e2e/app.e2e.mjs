@@ -65,7 +65,8 @@ test("submit through the app, watch it run, find it in History and read its log"
   // Two specs through the drop path: a blocker that takes all 4 GPUs, then our job.
   const blocker = path.join(work, "blocker.yaml");
   const job = path.join(work, "hello.yaml");
-  fs.writeFileSync(blocker, "name: blocker\nimage: gantry-test/busybox:1\ncommand: sleep 5\ngpus: 4\n");
+  // Long enough to read the GPU cards while it runs, before our job starts.
+  fs.writeFileSync(blocker, "name: blocker\nimage: gantry-test/busybox:1\ncommand: sleep 10\ngpus: 4\n");
   fs.writeFileSync(job, "name: hello-e2e\nimage: gantry-test/busybox:1\ncommand: 'echo hello-from-the-container; sleep 2; echo done'\ngpus: 1\n");
   const bad = path.join(work, "broken.yaml");
   fs.writeFileSync(bad, "image: gantry-test/busybox:1\ngpu: 1\n");
@@ -99,6 +100,14 @@ test("submit through the app, watch it run, find it in History and read its log"
   await d.wait(async () => (await rowOf(blockerId)).state === "running", 30_000);
   await shot("3-queue");
 
+  // GPU cards: each says who holds it, and since when, while the blocker runs.
+  const me = await (await d.findElement(byTest("me"))).getText();
+  await d.executeScript(`location.hash = "#/gpus"`);
+  const held = await waitText("gpu-holders-0", (t) => t.includes(`job ${blockerId} blocker (${me})`), 20_000);
+  assert.match(held, /since \d\d:\d\d/);
+  assert.match(await (await d.findElement(byTest("gpu-0"))).getText(), /Held by/);
+  await shot("3b-gpus-held");
+
   // Run page: queued -> running -> succeeded, live log.
   await d.executeScript(`location.hash = "#/run/${jobId}"`);
   const seen = new Set();
@@ -119,4 +128,14 @@ test("submit through the app, watch it run, find it in History and read its log"
   await shot("5-history");
   await hrow.click();
   await waitText("run-log", (t) => t.includes("hello-from-the-container"));
+
+  // Usage: my row (highlighted) counts the two finished jobs.
+  await d.executeScript(`location.hash = "#/usage"`);
+  const cells = async () => Promise.all((await (await waitFor(`usage-row-${me}`)).findElements(By.css("td"))).map((c) => c.getText()));
+  await d.wait(async () => { try { return (await cells())[2] === "2"; } catch { return false; } }, 20_000, "usage never counted 2 jobs");
+  const [user, gpuHours] = await cells();
+  assert.equal(user, `${me} (you)`);
+  assert.ok(Number(gpuHours) > 0, `GPU-hours ${gpuHours}`);
+  assert.match(await (await d.findElement(byTest("usage-fair-share"))).getText(), /halved every/);
+  await shot("5b-usage");
 });

@@ -7,7 +7,7 @@ import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
-  SubmitResult, TimelineRun, WhoAmI, GpuSample,
+  SubmitResult, TimelineRun, UsageReport, WhoAmI, GpuSample,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -27,6 +27,7 @@ export interface Backend {
   history(q: HistoryQuery): Promise<HistoryRow[]>;
   historyCount(q: HistoryQuery): Promise<number>;
   timeline(from: number, to: number): Promise<TimelineRun[]>;
+  usage(sinceMs: number): Promise<UsageReport>;
   logs(id: number): Promise<string>;
   followLogs(id: number, onChunk: (text: string) => void): Unsubscribe;
   watchGpus(onSample: (at: number, gpus: GpuSample[]) => void): Unsubscribe;
@@ -62,6 +63,7 @@ export const tauriBackend: Backend = {
   history: (q) => invoke("history", { query: historyQueryString(q) }),
   historyCount: (q) => invoke("history_count", { query: historyQueryString({ ...q, limit: undefined, offset: undefined, sort: undefined, asc: undefined }) }),
   timeline: (from, to) => invoke("timeline", { from, to }),
+  usage: (sinceMs) => invoke("usage", { sinceMs }),
   logs: (id) => invoke("logs", { id }),
   followLogs(id, onChunk) {
     let live = true;

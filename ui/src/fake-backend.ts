@@ -1,9 +1,27 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { EngineInfo, GpuSample, HistoryQuery, HistoryRow, QueueEntry } from "./types";
+import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, QueueEntry, UsageReport } from "./types";
 
 export function gpu(index: number, over: Partial<GpuSample> = {}): GpuSample {
   return { index, uuid: `GPU-${index}`, name: "Simulated GPU", memory_total: 24 << 30, memory_used: 0, utilization: 0, temperature_c: 40, power_w: 60, processes: [], ...over };
+}
+
+/** A GPU user: a Gantry job by default; pass `job_id: null` and pid/command/container for an outsider. */
+export function gpuUser(gpu: number, over: Partial<GpuUser> = {}): GpuUser {
+  return { gpu, job_id: 12, job_name: "train", user: "ada", pid: null, command: null, container: null, used_memory: null, since: null, ...over };
+}
+
+/** Two users over the last 7 days, ada (the fake caller) the lighter one. */
+export function usageReport(over: Partial<UsageReport> = {}): UsageReport {
+  const now = Date.now();
+  return {
+    since_ms: now - 7 * 86_400_000, until_ms: now, fair_share_half_life_ms: 7 * 86_400_000,
+    users: [
+      { user: "bob", gpu_hours: 40.5, jobs_finished: 12, mean_wait_ms: 3_720_000, fair_share_usage: 31.25 },
+      { user: "ada", gpu_hours: 2, jobs_finished: 3, mean_wait_ms: null, fair_share_usage: 1.5 },
+    ],
+    ...over,
+  };
 }
 
 export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: Partial<QueueEntry> = {}): QueueEntry {
@@ -39,12 +57,13 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     cancel: rec("cancel", "queued"),
     setPriority: rec("setPriority", true),
     rerun: rec("rerun", 99),
-    gpus: rec("gpus", { backend: "simulated", note: null, gpus: [gpu(0), gpu(1)], holders: [] }),
+    gpus: rec("gpus", { backend: "simulated", note: null, gpus: [gpu(0), gpu(1)], holders: [], reserved: [], users: [], library: null }),
     gpuRecent: rec("gpuRecent", []),
     gpuMinutes: rec("gpuMinutes", []),
     history: (q) => { calls.push({ name: "history", args: [q] }); const r = filter(q); return Promise.resolve(r.slice(q.offset ?? 0, (q.offset ?? 0) + (q.limit ?? 100))); },
     historyCount: (q) => { calls.push({ name: "historyCount", args: [q] }); return Promise.resolve(filter(q).length); },
     timeline: rec("timeline", []),
+    usage: (sinceMs) => { calls.push({ name: "usage", args: [sinceMs] }); return Promise.resolve(usageReport()); },
     logs: rec("logs", ""),
     followLogs: () => () => {},
     watchGpus: () => () => {},

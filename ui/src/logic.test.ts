@@ -56,6 +56,7 @@ describe("routing and queries", () => {
   it("routes hashes to views", () => {
     expect(route("#/run/42")).toEqual({ tab: "run", id: 42 });
     expect(route("#/history")).toEqual({ tab: "history" });
+    expect(route("#/usage")).toEqual({ tab: "usage" });
     expect(route("#/nope")).toEqual({ tab: "gpus" });
   });
   it("drops empty filters from the query string", () => {

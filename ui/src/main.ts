@@ -1,4 +1,4 @@
-// App shell: tabs, routing (#/gpus, #/queue, #/history, #/submit, #/run/ID), drop handling, shortcuts.
+// App shell: tabs, routing (#/gpus, #/queue, #/history, #/usage, #/submit, #/run/ID), drop handling, shortcuts.
 import "./locale-fix";
 import "./styles.css";
 import { tauriBackend, type Backend } from "./backend";
@@ -8,8 +8,9 @@ import { historyView } from "./views/history";
 import { queueView } from "./views/queue";
 import { runView } from "./views/run";
 import { submitView } from "./views/submit";
+import { usageView } from "./views/usage";
 
-export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["submit", "Submit"]] as const;
+export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["usage", "Usage"], ["submit", "Submit"]] as const;
 
 export function route(hash: string): { tab: string; id?: number } {
   const m = hash.match(/^#\/run\/(\d+)/);
@@ -50,9 +51,10 @@ export async function mount(root: HTMLElement, backend: Backend) {
     const r = route(location.hash);
     nav.querySelectorAll("a").forEach((a) => a.setAttribute("aria-selected", String(a.dataset.tab === r.tab)));
     if (current && current !== submit) current.dispose();
-    current = r.tab === "gpus" ? gpusView(backend, me.uid)
+    current = r.tab === "gpus" ? gpusView(backend, me.name)
       : r.tab === "queue" ? queueView(backend, me.uid, go)
       : r.tab === "history" ? historyView(backend, go)
+      : r.tab === "usage" ? usageView(backend, me.name)
       : r.tab === "run" ? runView(backend, r.id!, go)
       : submit;
     main.replaceChildren(current.el);

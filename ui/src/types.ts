@@ -41,7 +41,17 @@ export interface GpuSample {
   index: number; uuid: string; name: string; memory_total: number; memory_used: number; utilization: number;
   temperature_c: number | null; power_w: number | null; processes: GpuProcess[];
 }
-export interface GpuStatus { backend: "nvml" | "simulated"; note: string | null; gpus: GpuSample[]; holders: [number, number[]][] }
+/** One user of a GPU (gantry-core `GpuUser`): a job of this engine (`job_id`), or anything outside Gantry
+ * (a process: `pid`, `user`, `command`, `container` when it runs in one; or a container alone). */
+export interface GpuUser {
+  gpu: number; job_id: number | null; job_name: string | null; user: string | null; pid: number | null;
+  command: string | null; container: string | null; used_memory: number | null; since: number | null;
+}
+/** `users` and `reserved` come only from the `gpus` command, not from the live samples. */
+export interface GpuStatus {
+  backend: "nvml" | "simulated"; note: string | null; gpus: GpuSample[]; holders: [number, number[]][];
+  reserved: number[]; users: GpuUser[]; library: string | null;
+}
 /** [ms, per GPU [util %, memory used bytes]] */
 export type RecentSample = [number, [number, number][]];
 
@@ -59,3 +69,7 @@ export interface SpecError { message: string; line: number | null; column: numbe
 export interface Preview { path: string; file_name: string; job: ValidJob | null; error: string | null; spec_error: SpecError | null }
 /** Rust `Result<i64, String>` as serialized by serde. */
 export type SubmitResult = { Ok: number[] } | { Err: string };
+
+/** gantry-core `UsageReport`: per user over [since_ms, until_ms), as `gantry usage` prints it. */
+export interface UserUsage { user: string; gpu_hours: number; jobs_finished: number; mean_wait_ms: number | null; fair_share_usage: number }
+export interface UsageReport { since_ms: number; until_ms: number; fair_share_half_life_ms: number; users: UserUsage[] }

@@ -1,12 +1,13 @@
 import { describe, expect, it, vi } from "vitest";
 vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }));
-import { entry, fakeBackend, gpu, settle } from "./fake-backend";
-import { holdersOf } from "./views/gpus";
+import { entry, fakeBackend, gpu, gpuUser, settle, usageReport } from "./fake-backend";
+import { clock, gpusView, holderLine, holdersOf } from "./views/gpus";
+import { fairShareLine, usageRows, usageView } from "./views/usage";
 import { historyView, ROW_H } from "./views/history";
 import { queueView, sortQueue } from "./views/queue";
 import { errorText, submitView } from "./views/submit";
 import { mount } from "./main";
-import type { EngineInfo, Preview } from "./types";
+import type { EngineInfo, GpuStatus, GpuUser, Preview } from "./types";
 
 describe("queue view", () => {
   it("shows why a job waits and offers cancel only on my jobs", async () => {
@@ -94,11 +95,52 @@ describe("submit view", () => {
 });
 
 describe("GPU holders and the app shell", () => {
-  it("names who holds each GPU, including processes outside Gantry", () => {
-    const status = { backend: "nvml" as const, note: null, gpus: [gpu(0), gpu(1, { processes: [{ pid: 5, used_memory: 1, container_id: null }] })], holders: [[0, [1]]] as [number, number[]][] };
-    const h = holdersOf(status, [entry(1, { owner: "ada", name: "resnet", owner_uid: 1000 })], 1000);
-    expect(h.get(0)).toEqual([{ label: "ada · resnet (#1)", mine: true }]);
-    expect(h.get(1)![0].label).toBe("1 process(es) outside Gantry");
+  const at = (h: number, m: number, day = 1) => new Date(2025, 2, day, h, m).getTime(); // local time
+  const status = (users: GpuUser[], reserved: number[] = []): GpuStatus =>
+    ({ backend: "nvml", note: null, gpus: [0, 1, 2, 3, 4].map((i) => gpu(i)), holders: [], reserved, users, library: null });
+  it("names who holds each GPU: jobs with owner, memory and start; outsiders with pid, command, user, container", () => {
+    const hs = holdersOf(status([
+      gpuUser(0, { job_id: 12, job_name: "train", user: "alice", used_memory: 3 * 2 ** 30, since: at(14, 2) }),
+      gpuUser(1, { job_id: null, job_name: null, user: "bob", pid: 1234, command: "python train.py", container: "bob-nb", used_memory: 3 * 2 ** 30 }),
+      // A container holding the GPU with no process on it yet (e.g. another engine's job): busy, not free.
+      gpuUser(4, { job_id: null, job_name: null, user: null, container: "carol-run" }),
+    ], [2]), "alice", at(18, 0));
+    expect(hs.get(0)).toEqual([{ text: "job 12 train (alice) · 3.0 GiB · since 14:02", mine: true, job: 12, kind: "job" }]);
+    expect(hs.get(1)).toEqual([{ text: "outside Gantry: pid 1234 python train.py (bob) in container bob-nb · 3.0 GiB", mine: false, job: null, kind: "outside" }]);
+    expect(hs.get(2)!.map((x) => x.text)).toEqual(["reserved for interactive use"]);
+    expect(hs.get(3)!.map((x) => x.text)).toEqual(["free"]);
+    expect(hs.get(4)!.map((x) => x.text)).toEqual(["outside Gantry: container carol-run"]);
+  });
+  it("writes holder lines for partial facts and older starts", () => {
+    expect(holderLine(gpuUser(0, { job_id: null, pid: 7, user: null, command: null }))).toBe("outside Gantry: pid 7");
+    expect(holderLine(gpuUser(0, { job_id: null, user: null }))).toBe("outside Gantry");
+    expect(holderLine(gpuUser(0, { since: at(9, 5, 1) }), at(10, 0, 3))).toBe("job 12 train (ada) · since 2025-03-01 09:05");
+    expect(clock(at(9, 5), at(23, 59))).toBe("09:05");
+  });
+  it("renders holders as text, links jobs to their page, and re-reads them when a job changes", async () => {
+    let onJob: (() => void) | null = null;
+    let users: GpuUser[] = [gpuUser(1, { job_id: null, pid: 9, user: "mallory", command: "<img src=x onerror=alert(1)>" })];
+    const { b, calls } = fakeBackend({
+      gpus: () => { calls.push({ name: "gpus", args: [] }); return Promise.resolve(status(users, [2])); },
+      onJobChanged: (cb) => { onJob = () => cb({ job_id: 12, state: "running", at: 0 }); return Promise.resolve(() => {}); },
+    });
+    const v = gpusView(b, "ada");
+    await settle(10);
+    const card = (i: number) => v.el.querySelector(`[data-testid=gpu-holders-${i}]`)!;
+    expect(card(0).textContent).toBe("free");
+    expect(card(1).querySelector("img")).toBeNull();
+    expect(card(1).textContent).toBe("outside Gantry: pid 9 <img src=x onerror=alert(1)> (mallory)");
+    expect(card(2).textContent).toBe("reserved for interactive use");
+    expect(v.el.querySelector("[data-testid=gpu-0]")!.textContent).toContain("Held by");
+    users = [gpuUser(0, { job_id: 12, user: "ada" })];
+    onJob!();
+    await settle(10);
+    const link = card(0).querySelector("a[data-testid=holder-job-12]")!;
+    expect(link.getAttribute("href")).toBe("#/run/12");
+    expect(link.textContent).toBe("job 12 train (ada)");
+    expect(link.closest("li")!.classList.contains("mine")).toBe(true);
+    expect(card(1).textContent).toBe("free");
+    v.dispose();
   });
   it("says clearly when GPUs are simulated, and routes a drop to the submit preview", async () => {
     let dropped: ((p: string[]) => void) | null = null;
@@ -130,5 +172,41 @@ describe("GPU holders and the app shell", () => {
     expect(root.querySelector("[data-testid=engine-problem]")!.textContent).toBe(problem);
     expect(root.querySelector("nav")).toBeNull();
     expect(calls).toEqual([]); // only engine() (overridden above, so not recorded) was called
+  });
+});
+
+describe("usage view", () => {
+  it("formats each user's GPU-hours, jobs, mean wait and fair share, marking mine", () => {
+    const rows = usageRows(usageReport(), "ada");
+    expect(rows).toEqual([
+      { user: "bob", gpuHours: "40.50", jobs: "12", wait: "1h 2m", fairShare: "31.25", mine: false },
+      { user: "ada", gpuHours: "2.00", jobs: "3", wait: "-", fairShare: "1.50", mine: true },
+    ]);
+    expect(fairShareLine(7 * 86_400_000)).toContain("halved every 7d");
+  });
+  it("shows the table for the chosen window, with my row highlighted and the half-life explained", async () => {
+    const { b, calls } = fakeBackend();
+    const v = usageView(b, "ada");
+    await settle(10);
+    const since = () => calls.filter((c) => c.name === "usage").map((c) => Date.now() - (c.args[0] as number));
+    expect(since()[0]).toBeGreaterThanOrEqual(7 * 86_400_000);
+    expect(since()[0]).toBeLessThan(7 * 86_400_000 + 60_000);
+    const ada = v.el.querySelector("[data-testid=usage-row-ada]")!;
+    expect(ada.classList.contains("mine")).toBe(true);
+    expect(Array.from(ada.querySelectorAll("td")).map((td) => td.textContent)).toEqual(["ada (you)", "2.00", "3", "-", "1.50"]);
+    expect(v.el.querySelector("[data-testid=usage-row-bob]")!.classList.contains("mine")).toBe(false);
+    expect(v.el.querySelector("[data-testid=usage-fair-share]")!.textContent).toContain("halved every 7d");
+    (v.el.querySelector("[data-window='24 h']") as HTMLButtonElement).click();
+    await settle(10);
+    expect(since()[1]).toBeLessThan(24 * 3_600_000 + 60_000);
+    expect(v.el.querySelector("[data-window='24 h']")!.classList.contains("on")).toBe(true);
+    v.dispose();
+  });
+  it("says so when nobody used a GPU in the window", async () => {
+    const { b } = fakeBackend({ usage: () => Promise.resolve(usageReport({ users: [] })) });
+    const v = usageView(b, "ada");
+    await settle(10);
+    expect((v.el.querySelector("[data-testid=usage-empty]") as HTMLElement).hidden).toBe(false);
+    expect((v.el.querySelector("[data-testid=usage-table]") as HTMLElement).hidden).toBe(true);
   });
 });

@@ -4,35 +4,69 @@ import { lineChart, type Chart } from "../charts";
 import { h, clear, type View } from "../dom";
 import { bytes } from "../format";
 import { SeriesStore } from "../series";
-import type { GpuSample, GpuStatus, QueueEntry } from "../types";
+import type { GpuSample, GpuStatus, GpuUser } from "../types";
 
-export interface Holder { label: string; mine: boolean }
+/** One line under "Held by": `job` links to the job's page. */
+export interface Holder { text: string; mine: boolean; job: number | null; kind: "job" | "outside" | "reserved" | "free" }
 
-/** Who holds each GPU: Gantry jobs (owner/name) and processes outside Gantry. */
-export function holdersOf(status: GpuStatus, queue: QueueEntry[], me: number | null): Map<number, Holder[]> {
-  const out = new Map<number, Holder[]>();
-  for (const [gpu, jobs] of status.holders) {
-    out.set(gpu, jobs.map((id) => {
-      const e = queue.find((q) => q.job.id === id);
-      return { label: e ? `${e.job.owner} · ${e.job.name} (#${id})` : `job #${id}`, mine: !!e && e.job.owner_uid === me };
-    }));
+/** How often the card's holders are re-read while the view is open (they are not in the live samples). */
+export const HOLDERS_REFRESH_MS = 5_000;
+
+/** "14:02" for today, else "2025-03-01 14:02" (local time). */
+export function clock(ms: number, now = Date.now()): string {
+  const d = new Date(ms);
+  const pad = (n: number) => String(n).padStart(2, "0");
+  const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  return d.toDateString() === new Date(now).toDateString() ? hm : `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hm}`;
+}
+
+/** "job 12 train (alice) · 3.0 GiB · since 14:02" or
+ * "outside Gantry: pid 1234 python train.py (bob) in container bob-nb · 3.0 GiB". Plain text: the caller
+ * must put it in a text node (commands and names are anyone's text). */
+export function holderLine(u: GpuUser, now = Date.now()): string {
+  let who: string;
+  if (u.job_id !== null) {
+    who = `job ${u.job_id} ${u.job_name ?? "?"} (${u.user ?? "?"})`;
+  } else {
+    who = "outside Gantry:";
+    if (u.pid !== null) who += ` pid ${u.pid}${u.command ? ` ${u.command}` : ""}${u.user ? ` (${u.user})` : ""}`;
+    // A container with no process on the GPU yet (e.g. another engine's job starting) still holds it.
+    if (u.container) who += ` ${u.pid !== null ? "in container" : "container"} ${u.container}`;
+    if (u.pid === null && !u.container) who = "outside Gantry";
   }
+  const parts = [who];
+  if (u.used_memory !== null) parts.push(bytes(u.used_memory));
+  if (u.since !== null) parts.push(`since ${clock(u.since, now)}`);
+  return parts.join(" · ");
+}
+
+/** What each GPU card says under "Held by": "free" only when nothing at all is on the GPU. */
+export function holdersOf(status: GpuStatus, me: string | null, now = Date.now()): Map<number, Holder[]> {
+  const out = new Map<number, Holder[]>();
   for (const g of status.gpus) {
-    const outside = g.processes.filter((p) => !p.container_id).length;
-    if (outside > 0) out.set(g.index, [...(out.get(g.index) ?? []), { label: `${outside} process(es) outside Gantry`, mine: false }]);
+    const hs: Holder[] = [];
+    if (status.reserved.includes(g.index)) hs.push({ text: "reserved for interactive use", mine: false, job: null, kind: "reserved" });
+    for (const u of status.users.filter((u) => u.gpu === g.index)) {
+      hs.push({ text: holderLine(u, now), mine: me !== null && u.user === me, job: u.job_id, kind: u.job_id !== null ? "job" : "outside" });
+    }
+    if (hs.length === 0) hs.push({ text: "free", mine: false, job: null, kind: "free" });
+    out.set(g.index, hs);
   }
   return out;
 }
 
-export function gpusView(backend: Backend, me: number | null): View {
+/** `me`: the caller's user name (their jobs and processes are highlighted). */
+export function gpusView(backend: Backend, me: string | null): View {
   const el = h("section", { class: "view", "data-testid": "view-gpus" });
   const series = new SeriesStore();
   let minutes = 5;
   let charts: Chart[] = [];
   let cards: { util: HTMLElement; mem: HTMLElement; bar: HTMLElement; extra: HTMLElement; holders: HTMLElement }[] = [];
   let status: GpuStatus | null = null;
-  let queue: QueueEntry[] = [];
+  let last: GpuSample[] = [];
   let stop: (() => void) | null = null;
+  let timer: ReturnType<typeof setInterval> | undefined;
+  let unlisten: (() => void) | null = null;
   let disposed = false;
 
   const picker = h("div", { class: "segmented", role: "group", "aria-label": "Chart window" },
@@ -46,7 +80,8 @@ export function gpusView(backend: Backend, me: number | null): View {
   }
 
   function fill(gpus: GpuSample[]) {
-    const hold = status ? holdersOf({ ...status, gpus }, queue, me) : new Map();
+    last = gpus;
+    const hold = status ? holdersOf({ ...status, gpus }, me) : new Map<number, Holder[]>();
     gpus.forEach((g, i) => {
       const c = cards[i];
       if (!c) return;
@@ -55,15 +90,27 @@ export function gpusView(backend: Backend, me: number | null): View {
       c.bar.style.width = `${(100 * g.memory_used) / Math.max(1, g.memory_total)}%`;
       c.extra.textContent = [g.temperature_c !== null ? `${g.temperature_c} °C` : "", g.power_w !== null ? `${Math.round(g.power_w)} W` : ""].filter(Boolean).join(" · ");
       clear(c.holders);
-      const hs: Holder[] = hold.get(g.index) ?? [];
-      if (hs.length === 0) c.holders.append(h("span", { class: "muted" }, "free"));
-      hs.forEach((x) => c.holders.append(h("span", { class: x.mine ? "chip mine" : "chip" }, x.label)));
+      // h() puts strings in text nodes: a process's command can never become markup.
+      for (const x of hold.get(g.index) ?? []) {
+        const cls = `holder ${x.kind}${x.mine ? " mine" : ""}`;
+        c.holders.append(h("li", { class: cls, title: x.text },
+          x.job !== null ? h("a", { href: `#/run/${x.job}`, "data-testid": `holder-job-${x.job}` }, x.text) : x.text));
+      }
     });
+  }
+
+  /** Who holds each GPU comes only from `gpus`: re-read it on a timer and whenever a job changes state. */
+  async function refreshHolders() {
+    try {
+      const s = await backend.gpus();
+      if (disposed) return;
+      status = s;
+      fill(last.length ? last : s.gpus);
+    } catch { /* keep the last known holders; the next tick retries */ }
   }
 
   async function load() {
     status = await backend.gpus();
-    queue = await backend.queue();
     if (disposed) return;
     series.setTotals(status.gpus);
     series.loadRecent(await backend.gpuRecent(Date.now() - 60 * 60_000));
@@ -75,7 +122,7 @@ export function gpusView(backend: Backend, me: number | null): View {
       const chartEl = h("div", { class: "chart" });
       const c = {
         util: h("span", { class: "big" }), mem: h("span", {}), bar: h("div", { class: "fill" }),
-        extra: h("span", { class: "muted" }), holders: h("div", { class: "holders" }),
+        extra: h("span", { class: "muted" }), holders: h("ul", { class: "holders", "data-testid": `gpu-holders-${g.index}` }),
       };
       cards.push(c);
       grid.append(h("article", { class: "card gpu", "data-testid": `gpu-${g.index}` },
@@ -84,22 +131,20 @@ export function gpusView(backend: Backend, me: number | null): View {
         h("div", { class: "row" }, h("span", {}, "Memory "), c.mem),
         h("div", { class: "bar", title: "memory used" }, c.bar),
         chartEl,
-        h("div", {}, h("span", { class: "muted" }, "Held by: "), c.holders)));
+        h("div", { class: "held-by" }, h("span", { class: "muted" }, "Held by"), c.holders)));
       try { charts.push(lineChart(chartEl, 360, 140, ["util %", "mem %"])); } catch { /* no canvas (tests) */ }
     }
     fill(status.gpus);
     redraw();
-    let lastQueue = 0;
-    stop = backend.watchGpus(async (at, gpus) => {
+    stop = backend.watchGpus((at, gpus) => {
       series.push(at, gpus);
-      if (at - lastQueue > 2000) {
-        lastQueue = at;
-        [status, queue] = await Promise.all([backend.gpus(), backend.queue()]);
-      }
       fill(gpus);
       redraw();
     });
+    timer = setInterval(refreshHolders, HOLDERS_REFRESH_MS);
+    const u = await backend.onJobChanged(() => { refreshHolders(); });
+    if (disposed) u(); else unlisten = u;
   }
   load().catch((e) => grid.append(h("p", { class: "error" }, String(e))));
-  return { el, dispose() { disposed = true; stop?.(); charts.forEach((c) => c.destroy()); } };
+  return { el, dispose() { disposed = true; stop?.(); clearInterval(timer); unlisten?.(); charts.forEach((c) => c.destroy()); } };
 }

@@ -1,0 +1,69 @@
+// Usage view: per user GPU-hours, jobs and mean wait over a window, and the decayed usage fair share
+// orders the queue by (the same numbers as `gantry usage`).
+import type { Backend } from "../backend";
+import { h, type View } from "../dom";
+import { duration } from "../format";
+import type { UsageReport } from "../types";
+
+/** The window selector: label and length. 7 d first shown, as `gantry usage` defaults to it. */
+export const WINDOWS: [string, number][] = [["24 h", 24 * 3_600_000], ["7 d", 7 * 86_400_000], ["30 d", 30 * 86_400_000]];
+export const DEFAULT_WINDOW = "7 d";
+
+export interface UsageRow { user: string; gpuHours: string; jobs: string; wait: string; fairShare: string; mine: boolean }
+
+/** Table rows in the engine's order (most GPU-hours first); `me` is the caller's user name. */
+export function usageRows(r: UsageReport, me: string | null): UsageRow[] {
+  return r.users.map((u) => ({
+    user: u.user, gpuHours: u.gpu_hours.toFixed(2), jobs: String(u.jobs_finished), wait: duration(u.mean_wait_ms),
+    fairShare: u.fair_share_usage.toFixed(2), mine: u.user === me,
+  }));
+}
+
+/** One line under the table: what the fair-share column means and how fast it fades. */
+export function fairShareLine(halfLifeMs: number): string {
+  return `Fair share: among jobs of equal priority, the user with the least recent use starts first; `
+    + `recent use is GPU-hours, each job's halved every ${duration(halfLifeMs)} since it ended.`;
+}
+
+export function usageView(backend: Backend, me: string | null): View {
+  const el = h("section", { class: "view usage", "data-testid": "view-usage" });
+  let windowLabel = DEFAULT_WINDOW;
+  let disposed = false;
+  let unlisten: (() => void) | null = null;
+  let seq = 0;
+  const picker = h("div", { class: "segmented", role: "group", "aria-label": "Usage window" },
+    WINDOWS.map(([label]) => h("button", { class: label === windowLabel ? "on" : "", "data-window": label, onclick: () => { windowLabel = label; load(); } }, label)));
+  const period = h("span", { class: "muted", "data-testid": "usage-period" });
+  const body = h("tbody", {});
+  const table = h("table", { class: "grid", "data-testid": "usage-table" },
+    h("thead", {}, h("tr", {}, ["User", "GPU-hours", "Jobs finished", "Mean wait", "Fair share"].map((c) => h("th", {}, c)))), body);
+  const empty = h("p", { class: "muted", hidden: true, "data-testid": "usage-empty" }, "No GPU use in this window.");
+  const explain = h("p", { class: "muted", "data-testid": "usage-fair-share" });
+  el.append(h("div", { class: "toolbar" }, h("h2", {}, "Usage"), picker, period), table, empty, explain);
+
+  async function load() {
+    picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.window === windowLabel));
+    const mine = ++seq;
+    const span = WINDOWS.find(([l]) => l === windowLabel)![1];
+    try {
+      const r = await backend.usage(Date.now() - span);
+      // A newer window choice (or a job event) superseded this answer.
+      if (disposed || mine !== seq) return;
+      const rows = usageRows(r, me);
+      body.replaceChildren(...rows.map((u) => h("tr", { class: u.mine ? "mine" : "", "data-testid": `usage-row-${u.user}`, "aria-current": u.mine ? "true" : null },
+        h("td", {}, u.user, u.mine ? h("span", { class: "muted" }, " (you)") : null),
+        h("td", { class: "num" }, u.gpuHours), h("td", { class: "num" }, u.jobs), h("td", { class: "num" }, u.wait), h("td", { class: "num" }, u.fairShare))));
+      table.hidden = rows.length === 0;
+      empty.textContent = "No GPU use in this window.";
+      empty.hidden = rows.length > 0;
+      period.textContent = `last ${windowLabel}`;
+      explain.textContent = fairShareLine(r.fair_share_half_life_ms);
+    } catch (e) {
+      if (!disposed && mine === seq) { period.textContent = ""; empty.hidden = false; empty.textContent = `Could not read usage: ${e}`; }
+    }
+  }
+  load();
+  // A job that ends changes the numbers: re-read while the view is open.
+  backend.onJobChanged(() => { load(); }).then((u) => { if (disposed) u(); else unlisten = u; });
+  return { el, dispose() { disposed = true; unlisten?.(); } };
+}
