@@ -213,11 +213,16 @@ fn a_drop_into_your_own_inbox_runs_as_you_and_a_file_moved_in_by_someone_else_do
     let _ = std::fs::remove_file(&error);
 }
 
-/// GPU UUIDs in each running container's NVIDIA_VISIBLE_DEVICES, by container.
-fn gpu_holders() -> HashMap<String, Vec<String>> {
-    let ids = Command::new("docker").args(["ps", "-q", "--filter", "label=dev.gantry.job"]).output().unwrap();
+/// GPU UUIDs in each running container's NVIDIA_VISIBLE_DEVICES, by container, for these engines'
+/// containers (other tests on the machine may run their own).
+fn gpu_holders(engines: &[String]) -> HashMap<String, Vec<String>> {
+    let mut listed = String::new();
+    for e in engines {
+        let ids = Command::new("docker").args(["ps", "-q", "--filter", &format!("label=dev.gantry.engine={e}")]).output().unwrap();
+        listed.push_str(&String::from_utf8_lossy(&ids.stdout));
+    }
     let mut out = HashMap::new();
-    for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
+    for id in listed.split_whitespace() {
         let env = Command::new("docker").args(["inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", id]).output().unwrap();
         let uuids: Vec<String> = String::from_utf8_lossy(&env.stdout)
             .lines()
@@ -228,6 +233,11 @@ fn gpu_holders() -> HashMap<String, Vec<String>> {
         out.insert(id.to_string(), uuids);
     }
     out
+}
+
+/// The installed engine's id (its containers carry it as a label; it survives restarts and upgrades).
+fn service_engine(u: &User) -> String {
+    json_as(u, &["status"])["engine_id"].as_str().expect("engine id").to_string()
 }
 
 #[test]
@@ -247,6 +257,8 @@ fn with_a_second_engine_forced_up_no_gpu_is_ever_held_by_two_jobs() {
         .unwrap();
     let other_cli = |args: &[&str]| Command::new(GANTRY).args(["--state-dir", dir.path().to_str().unwrap(), "--json"]).args(args).output().unwrap();
     wait_until("the second engine", || other_cli(&["status"]).status.success());
+    let other_id = serde_json::from_slice::<Value>(&other_cli(&["status"]).stdout).unwrap()["engine_id"].as_str().unwrap().to_string();
+    let engines = [service_engine(&alice), other_id];
     let other_uuids: HashSet<String> = serde_json::from_slice::<Value>(&other_cli(&["gpus"]).stdout).unwrap()["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect();
     let ours: HashSet<String> = gpus["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect();
     assert_eq!(ours, other_uuids, "both engines see the same GPUs, as on one real machine");
@@ -261,7 +273,7 @@ fn with_a_second_engine_forced_up_no_gpu_is_ever_held_by_two_jobs() {
     let t = Instant::now();
     let mut seen = 0;
     loop {
-        let holders = gpu_holders();
+        let holders = gpu_holders(&engines);
         let mut by_gpu: HashMap<&str, Vec<&str>> = HashMap::new();
         for (c, uuids) in &holders {
             for u in uuids {
@@ -361,14 +373,14 @@ fn upgrading_the_package_while_a_job_runs_keeps_the_job_and_the_lab_config() {
 
     let id = run_as(&alice, &["--gpus", "1"], &["sh", "-c", "echo before; sleep 6; echo after"]);
     wait_until("the job to run", || json_as(&alice, &["show", &id.to_string()])["job"]["state"] == "running");
-    let before = gpu_holders();
+    let before = gpu_holders(&[service_engine(&alice)]);
     assert_eq!(before.len(), 1, "{before:?}");
 
     let service = m.as_mut().unwrap();
     service.stop(); // prerm upgrade: systemctl stop
     dpkg_install(&next);
     service.start(); // postinst: systemctl restart
-    assert_eq!(gpu_holders().keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>(), "the job's container survived the upgrade");
+    assert_eq!(gpu_holders(&[service_engine(&alice)]).keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>(), "the job's container survived the upgrade");
 
     let j = wait_final(&alice, id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
