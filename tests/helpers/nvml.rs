@@ -45,8 +45,12 @@ impl FakeGpus {
         self.dir.path().join("gpus.json")
     }
     pub fn set(&self, gpus: Value) {
+        self.set_config(json!({ "gpus": gpus }));
+    }
+    /// The whole file: `gpus` and, e.g., `topology`.
+    pub fn set_config(&self, config: Value) {
         let tmp = self.dir.path().join("gpus.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&json!({ "gpus": gpus })).unwrap()).unwrap();
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         std::fs::rename(&tmp, self.path()).unwrap();
     }
 }
