@@ -389,11 +389,10 @@ impl Engine {
         out
     }
 
-    /// May Gantry jobs use this GPU (lab config `gpus`, by NVML index: a MIG instance goes with its
-    /// physical GPU)?
+    /// May Gantry jobs use this GPU (lab config `gpus`; a MIG instance also when its physical GPU is
+    /// listed)?
     pub(super) fn usable(&self, g: &crate::gpu::GpuSample) -> bool {
-        let index = g.mig_parent.as_ref().map_or(g.index, |p| p.index);
-        self.usable.as_ref().is_none_or(|u| u.contains(&index))
+        self.usable.as_ref().is_none_or(|u| u.contains(&g.index) || g.mig_parent.as_ref().is_some_and(|p| u.contains(&p.index)))
     }
 
     /// GPUs the lab config keeps for interactive use.
