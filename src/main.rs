@@ -195,6 +195,12 @@ struct RunArgs {
     /// GPU memory per GPU (`20GiB`): share GPUs instead of taking whole ones.
     #[arg(long, value_name = "SIZE")]
     mem: Option<String>,
+    /// Only GPUs whose name contains this, any case (`H100`); `gantry gpus` lists the names.
+    #[arg(long, value_name = "NAME")]
+    gpu_type: Option<String>,
+    /// Only GPUs with at least this much memory in all (`40GiB`).
+    #[arg(long, value_name = "SIZE")]
+    min_gpu_memory: Option<String>,
     /// Job name (default: the program's name).
     #[arg(long)]
     name: Option<String>,
@@ -249,6 +255,8 @@ impl RunArgs {
             mounts: self.mounts.clone(),
             gpus: self.gpus,
             gpu_memory: self.mem.clone(),
+            gpu_type: self.gpu_type.clone(),
+            min_gpu_memory: self.min_gpu_memory.clone(),
             priority: self.priority,
             timeout: self.timeout.clone(),
             retries: 0,
@@ -867,9 +875,27 @@ fn print_gpus(g: &GpuStatus) {
             s.power_w.map(|p| format!("{p:.0}W")).unwrap_or_else(|| "-".into()),
             held
         );
+        if let Some(p) = &s.mig_parent {
+            outln!("       MIG instance {} of GPU {} ({})", esc(&s.uuid), p.index, esc(&p.name));
+        }
         for u in users {
             outln!("       {}", gpu_user_line(u));
         }
+    }
+    // Topology, closest links first: "NVLink: 0-1, 2-3; same PCIe switch: 0-2".
+    let mut links: Vec<(gantry_core::gpu::Link, u32, u32)> =
+        g.gpus.iter().flat_map(|s| s.links.iter().filter(|l| l.peer > s.index).map(|l| (l.link, s.index, l.peer))).collect();
+    links.sort();
+    let mut groups: Vec<String> = vec![];
+    for (i, (link, a, b)) in links.iter().enumerate() {
+        if i == 0 || links[i - 1].0 != *link {
+            groups.push(format!("{}: {a}-{b}", link.describe()));
+        } else if let Some(last) = groups.last_mut() {
+            last.push_str(&format!(", {a}-{b}"));
+        }
+    }
+    if !groups.is_empty() {
+        outln!("links: {}", groups.join("; "));
     }
 }
 

@@ -4,6 +4,7 @@
 mod docker_access;
 mod engine_lock;
 mod faults;
+mod gpu_select;
 mod helpers;
 mod policy;
 mod nvml;

@@ -9,7 +9,12 @@
  *              "memory_used": 0, "utilization": 0, "temperature": 40, "power_mw": 70000,
  *              "processes": [{"pid": 1234, "used_memory": 3221225472}],
  *              "mig": [{"uuid": "MIG-...", "name": "...", "memory_total": 10737418240, "memory_used": 0}]}]}
- * A GPU with a non-empty "mig" list reports MIG mode enabled and hands out MIG device handles. */
+ * A GPU with a non-empty "mig" list reports MIG mode enabled and hands out MIG device handles.
+ * An optional top-level "topology" list says how GPUs (by index) connect:
+ *   "topology": [{"gpus": [0, 1], "ancestor": "single", "nvlink": true}]
+ * "ancestor" is NVML's common-ancestor level (internal, single, multiple, hostbridge, node, system);
+ * pairs not listed are "system" without NVLink. Without "topology", both topology calls answer
+ * "not supported", as some drivers and virtual machines do. */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +57,10 @@ typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned in
 static dev_t_ gpus[MAX_GPUS];
 static dev_t_ migs[MAX_GPUS][MAX_MIG];
 static int ngpus;
+/* Topology per GPU pair: NVML's common-ancestor level and NVLink, valid when has_topology. */
+static int has_topology;
+static int topo_level[MAX_GPUS][MAX_GPUS];
+static int topo_nvlink[MAX_GPUS][MAX_GPUS];
 static int initialized;
 static struct stat loaded;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -88,6 +97,24 @@ static unsigned long long num(rd_t *r) {
     if (end == r->p || d < 0) { r->bad = 1; return 0; }
     r->p = end;
     return (unsigned long long)d;
+}
+
+static int boolean(rd_t *r) {
+    ws(r);
+    if (!strncmp(r->p, "true", 4)) { r->p += 4; return 1; }
+    if (!strncmp(r->p, "false", 5)) { r->p += 5; return 0; }
+    r->bad = 1;
+    return 0;
+}
+
+/* NVML's topology levels by name (nvmlGpuTopologyLevel_t). */
+static int level(rd_t *r) {
+    static const char *names[] = {"internal", "single", "multiple", "hostbridge", "node", "system"};
+    char s[32] = "";
+    str(r, s, sizeof s);
+    for (int i = 0; i < 6; i++) if (!strcmp(s, names[i])) return i * 10;
+    r->bad = 1;
+    return 50;
 }
 
 static void skip(rd_t *r) {
@@ -160,14 +187,32 @@ static void device(rd_t *r, dev_t_ *d, dev_t_ *mig_slots) {
 /* Parse into fresh arrays, then swap in: a half-written or broken file keeps the previous GPUs. */
 static int parse(const char *text) {
     static dev_t_ g2[MAX_GPUS], m2[MAX_GPUS][MAX_MIG];
-    int n = 0;
+    static int lv2[MAX_GPUS][MAX_GPUS], nv2[MAX_GPUS][MAX_GPUS];
+    int n = 0, topo = 0;
+    for (int a = 0; a < MAX_GPUS; a++) for (int b = 0; b < MAX_GPUS; b++) { lv2[a][b] = a == b ? 0 : 50; nv2[a][b] = 0; }
     rd_t r = {text, 0};
     KEYS((&r), k, {
         if (!strcmp(k, "gpus")) EACH((&r), i, { if (i < MAX_GPUS) { device(&r, &g2[i], m2[i]); n = i + 1; } else skip(&r); });
+        else if (!strcmp(k, "topology")) { topo = 1; EACH((&r), i, {
+            unsigned long long ab[2] = {MAX_GPUS, MAX_GPUS};
+            int lv = 50, nv = 0;
+            KEYS((&r), tk, {
+                if (!strcmp(tk, "gpus")) EACH((&r), j, { if (j < 2) ab[j] = num(&r); else skip(&r); });
+                else if (!strcmp(tk, "ancestor")) lv = level(&r);
+                else if (!strcmp(tk, "nvlink")) nv = boolean(&r);
+                else skip(&r);
+            });
+            if (ab[0] >= MAX_GPUS || ab[1] >= MAX_GPUS) r.bad = 1;
+            else { lv2[ab[0]][ab[1]] = lv2[ab[1]][ab[0]] = lv; nv2[ab[0]][ab[1]] = nv2[ab[1]][ab[0]] = nv; }
+            (void)i;
+        }); }
         else skip(&r);
     });
     ws(&r);
     if (r.bad || *r.p) return -1;
+    has_topology = topo;
+    memcpy(topo_level, lv2, sizeof topo_level);
+    memcpy(topo_nvlink, nv2, sizeof topo_nvlink);
     for (int i = 0; i < n; i++) {
         gpus[i] = g2[i];
         gpus[i].mig = migs[i];
@@ -387,5 +432,31 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDe
     ENTER(d);
     if (!d || !parent || !d->parent) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     *parent = d->parent;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* The index of a physical GPU handle, or -1 (a MIG instance). Called with `lock` held. */
+static int gpu_index(dev_t_ *d) {
+    for (int i = 0; i < ngpus; i++) if (d == &gpus[i]) return i;
+    return -1;
+}
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *lvl) {
+    ENTER(a);
+    if (!a || !b || !lvl || !valid(b)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    int i = gpu_index(a), j = gpu_index(b);
+    if (!has_topology || i < 0 || j < 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *lvl = topo_level[i][j];
+    LEAVE(NVML_SUCCESS);
+}
+
+/* Only NVLink differs between pairs; the other capabilities (PCIe read/write, ...) are "OK". */
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int caps_index, int *status) {
+    ENTER(a);
+    if (!a || !b || !status || !valid(b)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    int i = gpu_index(a), j = gpu_index(b);
+    if (!has_topology || i < 0 || j < 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    enum { CAPS_NVLINK = 2, P2P_OK = 0, P2P_NOT_SUPPORTED = 5 };
+    *status = caps_index != CAPS_NVLINK || topo_nvlink[i][j] ? P2P_OK : P2P_NOT_SUPPORTED;
     LEAVE(NVML_SUCCESS);
 }

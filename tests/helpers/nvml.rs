@@ -24,14 +24,21 @@ pub fn fake_nvml_lib() -> &'static Path {
 
 /// One test's GPUs, as the fake NVML reports them: `{"gpus": [...]}` in the format of
 /// `tests/fake-nvml/fake_nvml.c`. Rewritten atomically, so the library never reads half a file.
+///
+/// An engine on NVML takes the machine-wide lock (`gantry-engine`), as on a real machine: one fake
+/// machine at a time, so tests on the fake library run one after another (the guard is held until
+/// the `FakeGpus` drops, after the test's engine, which is declared later).
 pub struct FakeGpus {
     dir: tempfile::TempDir,
+    _one_machine: std::sync::MutexGuard<'static, ()>,
 }
 
 impl FakeGpus {
     /// Empty until [`FakeGpus::set`]: the UUIDs come from [`FakeGpus::uuid`].
     pub fn new() -> FakeGpus {
-        let f = FakeGpus { dir: tempfile::Builder::new().prefix("gantry-fake-nvml-").tempdir().unwrap() };
+        static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
+        let f = FakeGpus { dir: tempfile::Builder::new().prefix("gantry-fake-nvml-").tempdir().unwrap(), _one_machine: guard };
         f.set(json!([]));
         f
     }
@@ -45,8 +52,12 @@ impl FakeGpus {
         self.dir.path().join("gpus.json")
     }
     pub fn set(&self, gpus: Value) {
+        self.set_config(json!({ "gpus": gpus }));
+    }
+    /// The whole file: `gpus` and, e.g., `topology`.
+    pub fn set_config(&self, config: Value) {
         let tmp = self.dir.path().join("gpus.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&json!({ "gpus": gpus })).unwrap()).unwrap();
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         std::fs::rename(&tmp, self.path()).unwrap();
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub enum GpuError {
     #[error("NVIDIA driver library not usable: {0}")]
     Nvml(String),
-    #[error("invalid simulated GPU spec {0:?}: write e.g. `sim:4x24GiB`")]
+    #[error("invalid simulated GPU spec {0:?}: write e.g. `sim:4x24GiB` or `sim:2xA100-40GiB+2xH100-80GiB`")]
     BadSimSpec(String),
 }
 
@@ -46,6 +46,55 @@ pub struct GpuSample {
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
     pub processes: Vec<GpuProcess>,
+    /// Set when this device is a MIG instance: the physical GPU it is carved from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent: Option<MigParent>,
+    /// How this GPU connects to each other GPU, when NVML reports a topology.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<GpuLink>,
+}
+
+/// The physical GPU a MIG instance belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigParent {
+    /// The physical GPU's NVML index (as `nvidia-smi` numbers it).
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+}
+
+/// How two GPUs are connected, closest first: NVLink, then NVML's common-ancestor levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Link {
+    Nvlink,
+    SameBoard,
+    PcieSwitch,
+    PcieSwitches,
+    HostBridge,
+    NumaNode,
+    System,
+}
+
+impl Link {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Link::Nvlink => "NVLink",
+            Link::SameBoard => "same board",
+            Link::PcieSwitch => "same PCIe switch",
+            Link::PcieSwitches => "PCIe switches, no host bridge",
+            Link::HostBridge => "same host bridge",
+            Link::NumaNode => "same NUMA node",
+            Link::System => "across CPU sockets",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLink {
+    /// The other GPU's index.
+    pub peer: u32,
+    pub link: Link,
 }
 
 /// What Gantry runs on a GPU, so the simulated backend can show plausible load.
@@ -65,42 +114,64 @@ pub trait GpuBackend: Send {
     fn set_load(&mut self, _load: &[SimLoad]) {}
 }
 
-/// Simulated GPUs: `sim:4x24GiB`.
+/// Simulated GPUs: `sim:4x24GiB`, or a mixed machine `sim:2xA100-40GiB+2xH100-80GiB`.
 pub struct SimulatedBackend {
-    gpus: Vec<(String, u64)>,
+    /// (UUID, name, memory) per GPU.
+    gpus: Vec<(String, String, u64)>,
     load: Vec<SimLoad>,
     tick: u64,
 }
 
 impl SimulatedBackend {
     pub fn new(count: u32, memory: u64) -> Self {
-        Self::on_machine(count, memory, 0)
+        Self::on_machine(&[(count, None, memory)], 0)
     }
     /// Simulated GPUs of one (simulated) machine: engines given the same `machine` see the same UUIDs,
     /// as engines on one real machine see the same GPUs.
-    fn on_machine(count: u32, memory: u64, machine: u16) -> Self {
-        let gpus = (0..count).map(|i| (format!("GPU-5160a7ed-{machine:04x}-4000-8000-{i:012x}"), memory)).collect();
+    fn on_machine(groups: &[(u32, Option<String>, u64)], machine: u16) -> Self {
+        let gpus = groups
+            .iter()
+            .flat_map(|(n, ty, mem)| (0..*n).map(move |_| (format!("Simulated {}", ty.as_deref().unwrap_or("GPU")), *mem)))
+            .enumerate()
+            .map(|(i, (name, mem))| (format!("GPU-5160a7ed-{machine:04x}-4000-8000-{i:012x}"), name, mem))
+            .collect();
         SimulatedBackend { gpus, load: vec![], tick: 0 }
     }
-    /// (GPU count, memory per GPU).
+    /// (GPU count, memory of the first GPU).
     pub fn shape(&self) -> (u32, u64) {
-        (self.gpus.len() as u32, self.gpus.first().map(|g| g.1).unwrap_or(0))
+        (self.gpus.len() as u32, self.gpus.first().map(|g| g.2).unwrap_or(0))
     }
-    /// Parse `sim:4x24GiB` (or `4x24GiB`); `sim:4x24GiB@name` simulates another machine's GPUs (tests run
-    /// many engines side by side, each on its own simulated machine).
+    /// Parse `sim:4x24GiB` (or `4x24GiB`); groups of named cards joined by `+`
+    /// (`sim:2xA100-40GiB+2xH100-80GiB`, named "Simulated A100"); `…@name` simulates another
+    /// machine's GPUs (tests run many engines side by side, each on its own simulated machine).
     pub fn from_spec(s: &str) -> Result<Self, GpuError> {
+        let bad = || GpuError::BadSimSpec(s.into());
         let body = s.strip_prefix("sim:").unwrap_or(s);
         let (body, machine) = match body.split_once('@') {
             Some((b, name)) => (b, name.bytes().fold(0u16, |h, c| h.wrapping_mul(31).wrapping_add(c as u16)).max(1)),
             None => (body, 0),
         };
-        let (n, mem) = body.split_once(['x', 'X']).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
-        let n: u32 = n.trim().parse().map_err(|_| GpuError::BadSimSpec(s.into()))?;
-        let mem = crate::spec::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(|| GpuError::BadSimSpec(s.into()))?;
-        if n == 0 || n > 64 {
-            return Err(GpuError::BadSimSpec(s.into()));
+        let mut groups = vec![];
+        for g in body.split('+') {
+            let (n, rest) = g.split_once(['x', 'X']).ok_or_else(bad)?;
+            let n: u32 = n.trim().parse().map_err(|_| bad())?;
+            let (ty, mem) = match rest.rsplit_once('-') {
+                Some((ty, mem)) => (Some(ty.trim().to_string()), mem),
+                None => (None, rest),
+            };
+            if ty.as_ref().is_some_and(|t| t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || " ._".contains(c))) {
+                return Err(bad());
+            }
+            let mem = crate::spec::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(bad)?;
+            if n == 0 {
+                return Err(bad());
+            }
+            groups.push((n, ty, mem));
         }
-        Ok(Self::on_machine(n, mem, machine))
+        if groups.iter().map(|g| g.0 as u64).sum::<u64>() > 64 {
+            return Err(bad());
+        }
+        Ok(Self::on_machine(&groups, machine))
     }
 }
 
@@ -114,7 +185,7 @@ impl GpuBackend for SimulatedBackend {
             .gpus
             .iter()
             .enumerate()
-            .map(|(i, (uuid, total))| {
+            .map(|(i, (uuid, name, total))| {
                 let l = self.load.iter().find(|l| l.index == i as u32).cloned().unwrap_or_default();
                 // Deterministic wobble so charts look alive without randomness.
                 let wobble = ((self.tick * 7 + i as u64 * 13) % 11) as u32;
@@ -128,13 +199,15 @@ impl GpuBackend for SimulatedBackend {
                 GpuSample {
                     index: i as u32,
                     uuid: uuid.clone(),
-                    name: "Simulated GPU".into(),
+                    name: name.clone(),
                     memory_total: *total,
                     memory_used: used,
                     utilization: util.min(100),
                     temperature_c: Some(35 + util / 2),
                     power_w: Some(60.0 + util as f64 * 2.5),
                     processes: vec![],
+                    mig_parent: None,
+                    links: vec![],
                 }
             })
             .collect())
@@ -152,6 +225,9 @@ pub const NVML_LIB_ENV: &str = "GANTRY_NVML_LIB";
 /// Real GPUs through NVML. One handle for the process lifetime.
 pub struct NvmlBackend {
     nvml: nvml_wrapper::Nvml,
+    /// Links between GPUs by UUID pair: the topology does not change while the machine runs, and
+    /// asking costs two NVML calls per pair.
+    links: std::collections::HashMap<(String, String), Option<Link>>,
 }
 
 impl NvmlBackend {
@@ -166,50 +242,129 @@ impl NvmlBackend {
         if n == 0 {
             return Err(GpuError::Nvml("the driver reports no GPUs".into()));
         }
-        Ok(NvmlBackend { nvml })
+        Ok(NvmlBackend { nvml, links: Default::default() })
     }
+}
+
+/// One NVML device (a GPU or a MIG instance) as a sample.
+fn read_device(d: &nvml_wrapper::Device, index: u32, name: String, mig_parent: Option<MigParent>) -> Result<GpuSample, GpuError> {
+    use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
+    let mem = d.memory_info().map_err(e)?;
+    let processes = d
+        .running_compute_processes()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| GpuProcess {
+            pid: p.pid,
+            used_memory: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            },
+            container_id: container_of_pid(p.pid),
+            uid: uid_of_pid(p.pid),
+            command: command_of_pid(p.pid),
+        })
+        .collect();
+    Ok(GpuSample {
+        index,
+        uuid: d.uuid().map_err(e)?,
+        name,
+        memory_total: mem.total,
+        memory_used: mem.used,
+        // MIG instances report no utilization, temperature or power of their own.
+        utilization: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+        temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+        power_w: d.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+        processes,
+        mig_parent,
+        links: vec![],
+    })
+}
+
+/// The MIG instances of a GPU in MIG mode (`None`: MIG is off or unsupported, the GPU itself is
+/// the device jobs get).
+fn mig_instances<'n>(d: &nvml_wrapper::Device<'n>) -> Option<Vec<nvml_wrapper::Device<'n>>> {
+    let mode = d.mig_mode().ok()?;
+    if mode.current != 1 {
+        return None; // NVML_DEVICE_MIG_ENABLE
+    }
+    let max = d.mig_device_count().unwrap_or(0);
+    // Slots without an instance answer "not found".
+    Some((0..max).filter_map(|k| d.mig_device_by_index(k).ok()).collect())
+}
+
+/// How NVML says two GPUs connect: NVLink when peer-to-peer over NVLink works, else their closest
+/// common PCIe ancestor. `None`: the driver does not say.
+fn link_between(a: &nvml_wrapper::Device, b: nvml_wrapper::Device) -> Option<Link> {
+    use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
+    if matches!(a.p2p_status(&b, P2pCapabilitiesIndex::NvLink), Ok(P2pStatus::Ok)) {
+        return Some(Link::Nvlink);
+    }
+    Some(match a.topology_common_ancestor(b).ok()? {
+        TopologyLevel::Internal => Link::SameBoard,
+        TopologyLevel::Single => Link::PcieSwitch,
+        TopologyLevel::Multiple => Link::PcieSwitches,
+        TopologyLevel::HostBridge => Link::HostBridge,
+        TopologyLevel::Node => Link::NumaNode,
+        TopologyLevel::System => Link::System,
+    })
 }
 
 impl GpuBackend for NvmlBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Nvml
     }
+    /// Physical GPUs keep their NVML index; a GPU in MIG mode is replaced by its MIG instances,
+    /// numbered after the physical GPUs (so `gpus = [0, 1]` in the lab config and `--gpus device=1`
+    /// still mean what `nvidia-smi` shows).
     fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError> {
-        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
-        use nvml_wrapper::enums::device::UsedGpuMemory;
         let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
-        let n = self.nvml.device_count().map_err(e)?;
+        let nvml = &self.nvml;
+        let n = nvml.device_count().map_err(e)?;
         let mut out = Vec::with_capacity(n as usize);
+        let mut next_mig = n;
+        let mut whole: Vec<u32> = vec![];
         for i in 0..n {
-            let d = self.nvml.device_by_index(i).map_err(e)?;
-            let mem = d.memory_info().map_err(e)?;
-            let processes = d
-                .running_compute_processes()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    used_memory: match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => Some(b),
-                        UsedGpuMemory::Unavailable => None,
-                    },
-                    container_id: container_of_pid(p.pid),
-                    uid: uid_of_pid(p.pid),
-                    command: command_of_pid(p.pid),
-                })
-                .collect();
-            out.push(GpuSample {
-                index: i,
-                uuid: d.uuid().map_err(e)?,
-                name: d.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
-                memory_total: mem.total,
-                memory_used: mem.used,
-                utilization: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
-                temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
-                power_w: d.power_usage().ok().map(|mw| mw as f64 / 1000.0),
-                processes,
-            });
+            let d = nvml.device_by_index(i).map_err(e)?;
+            let name = d.name().unwrap_or_else(|_| "NVIDIA GPU".into());
+            match mig_instances(&d) {
+                Some(migs) => {
+                    let parent = MigParent { index: i, uuid: d.uuid().map_err(e)?, name };
+                    for (k, m) in migs.iter().enumerate() {
+                        let name = m.name().unwrap_or_else(|_| format!("{} MIG {k}", parent.name));
+                        out.push(read_device(m, next_mig, name, Some(parent.clone()))?);
+                        next_mig += 1;
+                    }
+                }
+                None => {
+                    out.push(read_device(&d, i, name, None)?);
+                    whole.push(i);
+                }
+            }
         }
+        // Topology between whole GPUs (MIG instances share their parent's links, and jobs do not
+        // span them).
+        let cache = &mut self.links;
+        for (x, &i) in whole.iter().enumerate() {
+            for &j in &whole[x + 1..] {
+                let ui = out.iter().find(|g| g.index == i).map(|g| g.uuid.clone()).unwrap_or_default();
+                let uj = out.iter().find(|g| g.index == j).map(|g| g.uuid.clone()).unwrap_or_default();
+                let link = *cache.entry((ui, uj)).or_insert_with(|| {
+                    let (a, b) = (nvml.device_by_index(i), nvml.device_by_index(j));
+                    a.ok().zip(b.ok()).and_then(|(a, b)| link_between(&a, b))
+                });
+                if let Some(link) = link {
+                    for (g, peer) in [(i, j), (j, i)] {
+                        if let Some(s) = out.iter_mut().find(|s| s.index == g) {
+                            s.links.push(GpuLink { peer, link });
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|g| g.index);
         Ok(out)
     }
 }
@@ -292,6 +447,19 @@ mod tests {
         assert_eq!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@lab"), "one machine, the same GPUs");
         assert_ne!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@other"));
         assert_eq!(uuids("sim:2x1GiB"), uuids("2x1GiB"));
+    }
+
+    #[test]
+    fn sim_spec_mixed_cards() {
+        let s = SimulatedBackend::from_spec("sim:2xA100-40GiB+1xH100-80GiB@lab").unwrap().sample().unwrap();
+        let got: Vec<(u32, &str, u64)> = s.iter().map(|g| (g.index, g.name.as_str(), g.memory_total)).collect();
+        assert_eq!(got, vec![(0, "Simulated A100", 40 << 30), (1, "Simulated A100", 40 << 30), (2, "Simulated H100", 80 << 30)]);
+        assert_eq!(SimulatedBackend::from_spec("sim:2x24GiB").unwrap().sample().unwrap()[1].name, "Simulated GPU");
+        // The first GPUs keep the UUIDs of the plain spec.
+        assert_eq!(s[0].uuid, SimulatedBackend::from_spec("sim:1x1GiB@lab").unwrap().sample().unwrap()[0].uuid);
+        for bad in ["sim:2xA100-40GiB+", "sim:2x-40GiB", "sim:2xA100-", "sim:40x1GiB+30x1GiB", "sim:1xA$-1GiB"] {
+            assert!(SimulatedBackend::from_spec(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,10 +10,13 @@
 //! - ...but once a job has waited longer than `reserve_after_ms`, it reserves GPUs: later jobs may not
 //!   take them, so it starts as soon as they drain (no starvation).
 //! - Every job that does not start gets a human-readable reason.
+//! - A job with a [`GpuFilter`] (`gpu_type`, `min_gpu_memory`) only gets GPUs it accepts.
+//! - Among equally good choices of several GPUs, the best-connected set wins (NVLink, same board,
+//!   same PCIe switch, ...) when NVML reports the topology.
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {
     pub index: u32,
     pub memory_total: u64,
@@ -25,6 +28,12 @@ pub struct GpuView {
     /// shared jobs pack into what is left after it AND the declared memory of the jobs there.
     #[serde(default)]
     pub outside_used: u64,
+    /// The GPU's name (NVML's, e.g. "NVIDIA H100 80GB HBM3"), matched by `gpu_type`.
+    #[serde(default)]
+    pub name: String,
+    /// Links to the other GPUs, when NVML reports a topology.
+    #[serde(default)]
+    pub links: Vec<crate::gpu::GpuLink>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +68,9 @@ pub struct QueuedJob {
     /// The owner's recent GPU usage (decayed GPU-hours); among equal priorities, lighter users go first.
     #[serde(default)]
     pub user_usage: f64,
+    /// Which GPUs the job accepts.
+    #[serde(default)]
+    pub filter: GpuFilter,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +167,7 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 struct Slot {
     index: u32,
+    name: String,
     total: u64,
     measured_used: u64,
     outside_used: u64,
@@ -288,6 +301,7 @@ pub fn plan(state: &State) -> Plan {
         .iter()
         .map(|g| Slot {
             index: g.index,
+            name: g.name.clone(),
             total: g.memory_total,
             measured_used: g.memory_used,
             outside_used: g.outside_used,
@@ -314,7 +328,7 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing };
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus) };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -384,6 +398,7 @@ struct Ctx {
     now: i64,
     use_runtimes: bool,
     packing: Packing,
+    topology: Topology,
 }
 
 fn push_wait(out: &mut Plan, job_id: i64, reason: String, reserved: Vec<u32>) {
@@ -407,8 +422,13 @@ fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> bool {
 /// Pick GPUs for `job`, or say why not.
 fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<Vec<u32>, String> {
     let n = job.gpus as usize;
+    let all = slots.len();
+    let slots: Vec<&Slot> = slots.iter().filter(|s| job.filter.eligible(&s.name, s.total)).collect();
+    if job.filter.is_any() && n > all {
+        return Err(format!("needs {n} GPUs, this machine has {all}"));
+    }
     if n > slots.len() {
-        return Err(format!("needs {n} GPUs, this machine has {}", slots.len()));
+        return Err(format!("waits for {}: this machine has {} such GPU{}", job.filter.describe(job.gpus), slots.len(), if slots.len() == 1 { "" } else { "s" }));
     }
     let mut reasons: Vec<String> = vec![];
     let mut reasons_push = |r: &dyn Fn() -> String| {
@@ -417,7 +437,7 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
         }
     };
     let mut candidates: Vec<(u64, u32)> = vec![]; // (sort key, index)
-    for s in slots {
+    for s in slots.iter() {
         if let Some((r, shadow)) = s.reserved_by {
             if r != job.job_id && !may_backfill(job, shadow, ctx) {
                 reasons_push(&|| format!("GPU {} reserved for job {r}", s.index));
@@ -459,10 +479,7 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
         }
     }
     if candidates.len() >= n {
-        candidates.sort();
-        let mut chosen: Vec<u32> = candidates.into_iter().take(n).map(|(_, i)| i).collect();
-        chosen.sort();
-        Ok(chosen)
+        Ok(pick(candidates, n, &ctx.topology))
     } else if !explain {
         Err(String::new())
     } else {
@@ -470,7 +487,13 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
             None => format!("needs {n} free GPU{}", if n == 1 { "" } else { "s" }),
             Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::spec::format_bytes(m)),
         };
-        Err(format!("{what}, {} available ({})", candidates.len(), summarize(&reasons)))
+        let which = if job.filter.is_any() {
+            String::new()
+        } else {
+            let matching: Vec<u32> = slots.iter().map(|s| s.index).collect();
+            format!("waits for {}: GPU{} {} match{}; ", job.filter.describe(job.gpus), if matching.len() == 1 { "" } else { "s" }, list(&matching), if matching.len() == 1 { "es" } else { "" })
+        };
+        Err(format!("{which}{what}, {} available ({})", candidates.len(), summarize(&reasons)))
     }
 }
 
@@ -513,7 +536,7 @@ fn take(slots: &mut [Slot], job: &QueuedJob, chosen: &[u32], ctx: &Ctx) {
 fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
     let mut cands: Vec<(i64, usize, u32)> = slots
         .iter()
-        .filter(|s| s.reserved_by.is_none() && !s.external)
+        .filter(|s| s.reserved_by.is_none() && !s.external && job.filter.eligible(&s.name, s.total))
         .map(|s| {
             let free_at = if ctx.use_runtimes { s.free_at(ctx.now).unwrap_or(i64::MAX) } else { 0 };
             (free_at, s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index)
@@ -534,16 +557,143 @@ fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
     idx
 }
 
+// ---- Choosing GPUs: which GPUs a job accepts, and how well a set of GPUs is connected ----
+
+/// Which GPUs a job accepts (`gpu_type`, `min_gpu_memory`). The default accepts every GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFilter {
+    /// Case-insensitive part of the GPU's name: `H100` matches "NVIDIA H100 80GB HBM3".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Least memory the GPU has in all (not: has free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_memory: Option<u64>,
+}
+
+impl GpuFilter {
+    pub fn is_any(&self) -> bool {
+        self.gpu_type.is_none() && self.min_memory.is_none()
+    }
+
+    /// May the job use a GPU of this name and total memory?
+    pub fn eligible(&self, name: &str, memory_total: u64) -> bool {
+        self.gpu_type.as_ref().is_none_or(|t| name.to_lowercase().contains(&t.trim().to_lowercase()))
+            && self.min_memory.is_none_or(|m| memory_total >= m)
+    }
+
+    /// "an H100 with ≥ 40.0 GiB", "2 GPUs with ≥ 60.0 GiB", "2 A100s".
+    pub fn describe(&self, n: u32) -> String {
+        let what = match (&self.gpu_type, n) {
+            (Some(t), 1) => format!("{} {t}", article(t)),
+            (Some(t), _) => format!("{n} {t}s"),
+            (None, 1) => "a GPU".into(),
+            (None, _) => format!("{n} GPUs"),
+        };
+        match self.min_memory {
+            Some(m) => format!("{what} with ≥ {}", crate::spec::format_bytes(m)),
+            None => what,
+        }
+    }
+}
+
+/// "an H100", "an A100", "a Tesla": model numbers are read letter by letter.
+fn article(word: &str) -> &'static str {
+    let mut c = word.chars();
+    let (first, second) = (c.next().unwrap_or('x').to_ascii_uppercase(), c.next().unwrap_or(' '));
+    let spelled = second.is_ascii_digit() || word.chars().all(|c| !c.is_ascii_lowercase());
+    let vowel = if spelled { "AEFHILMNORSX".contains(first) } else { "AEIOU".contains(first) };
+    if vowel { "an" } else { "a" }
+}
+
+/// Links between GPUs (by index) as NVML reports them; empty when it reports none (simulated GPUs).
+#[derive(Debug, Clone, Default)]
+struct Topology(std::collections::HashMap<(u32, u32), crate::gpu::Link>);
+
+impl Topology {
+    fn of(gpus: &[GpuView]) -> Self {
+        Topology(gpus.iter().flat_map(|g| g.links.iter().map(move |l| ((g.index.min(l.peer), g.index.max(l.peer)), l.link))).collect())
+    }
+    /// Lower is closer; pairs NVML says nothing about rank below every known link.
+    fn rank(&self, a: u32, b: u32) -> u8 {
+        self.0.get(&(a.min(b), a.max(b))).map(|l| *l as u8).unwrap_or(u8::MAX)
+    }
+}
+
+/// Choose `n` of the candidates (sort key, index; lower keys are better). The GPUs whose keys are
+/// below the n-th best are in every best placement; the rest come from those tied with it, and when
+/// the topology is known, they are the ones best connected: the set whose worst link is closest, then
+/// the one with the most close links. Greedy from each possible start, which is exact for 2 GPUs and
+/// for the usual NVLink pairs and quads.
+fn pick(mut cands: Vec<(u64, u32)>, n: usize, topo: &Topology) -> Vec<u32> {
+    cands.sort();
+    let plain = |c: &[(u64, u32)]| {
+        let mut v: Vec<u32> = c.iter().take(n).map(|c| c.1).collect();
+        v.sort();
+        v
+    };
+    if n < 2 || topo.0.is_empty() {
+        return plain(&cands);
+    }
+    let bar = cands[n - 1].0;
+    let must: Vec<u32> = cands.iter().filter(|c| c.0 < bar).map(|c| c.1).collect();
+    let ties: Vec<u32> = cands.iter().filter(|c| c.0 == bar).map(|c| c.1).collect();
+    if ties.len() == n - must.len() {
+        return plain(&cands);
+    }
+    let seeds: Vec<Vec<u32>> = if must.is_empty() { ties.iter().map(|t| vec![*t]).collect() } else { vec![must] };
+    let mut best: Option<((u8, u32), Vec<u32>)> = None;
+    for mut set in seeds {
+        // Per tied GPU not yet taken: (its worst link to the set, the sum of its links to the set).
+        let mut pool: Vec<(u8, u32, u32)> = ties
+            .iter()
+            .filter(|t| !set.contains(t))
+            .map(|t| set.iter().fold((0u8, 0u32, *t), |(w, sum, t), s| (w.max(topo.rank(t, *s)), sum + topo.rank(t, *s) as u32, t)))
+            .collect();
+        let mut score = set.iter().enumerate().flat_map(|(i, a)| set[i + 1..].iter().map(move |b| (*a, *b))).fold((0u8, 0u32), |(w, sum), (a, b)| {
+            (w.max(topo.rank(a, b)), sum + topo.rank(a, b) as u32)
+        });
+        while set.len() < n {
+            let (k, &(w, sum, t)) = pool.iter().enumerate().min_by_key(|(_, p)| **p).expect("enough tied GPUs");
+            pool.swap_remove(k);
+            score = (score.0.max(w), score.1 + sum);
+            for p in pool.iter_mut() {
+                let r = topo.rank(p.2, t);
+                *p = (p.0.max(r), p.1 + r as u32, p.2);
+            }
+            set.push(t);
+        }
+        set.sort();
+        if best.as_ref().is_none_or(|(s, b)| (score, &set) < (*s, b)) {
+            best = Some((score, set));
+        }
+    }
+    best.map(|b| b.1).unwrap_or_default()
+}
+
+/// What the job detail says about a multi-GPU placement when the topology is known:
+/// "GPUs 0,1: NVLink", or the worst link of a larger set ("GPUs 0,1,2,3: same PCIe switch or closer").
+pub fn topology_note(gpus: &[GpuView], chosen: &[u32]) -> Option<String> {
+    let topo = Topology::of(gpus);
+    let links: Vec<Option<crate::gpu::Link>> =
+        chosen.iter().enumerate().flat_map(|(i, a)| chosen[i + 1..].iter().map(move |b| (*a, *b))).map(|(a, b)| topo.0.get(&(a.min(b), a.max(b))).copied()).collect();
+    if links.is_empty() || links.iter().any(|l| l.is_none()) {
+        return None;
+    }
+    let worst = links.iter().flatten().max()?;
+    let all_same = links.iter().all(|l| l.as_ref() == Some(worst));
+    Some(format!("GPUs {}: {}{}", list(chosen), worst.describe(), if all_same { "" } else { " or closer" }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     const G: u64 = 1 << 30;
 
     fn gpus(n: u32, mem: u64) -> Vec<GpuView> {
-        (0..n).map(|i| GpuView { index: i, memory_total: mem, memory_used: 0, external_busy: false, outside_used: 0 }).collect()
+        (0..n).map(|i| GpuView { index: i, memory_total: mem, ..Default::default() }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0 }
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default() }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
         RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None }
@@ -560,6 +710,32 @@ mod tests {
     }
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
+    }
+    /// A lab's mixed machine: GPUs 0,1 "NVIDIA A100-PCIE-40GB", GPUs 2,3 "NVIDIA H100 80GB HBM3".
+    fn mixed() -> Vec<GpuView> {
+        let mut g = gpus(4, 40 * G);
+        for v in &mut g[..2] {
+            v.name = "NVIDIA A100-PCIE-40GB".into();
+        }
+        for v in &mut g[2..] {
+            v.name = "NVIDIA H100 80GB HBM3".into();
+            v.memory_total = 80 * G;
+        }
+        g
+    }
+    fn want(j: QueuedJob, gpu_type: Option<&str>, min: Option<u64>) -> QueuedJob {
+        QueuedJob { filter: GpuFilter { gpu_type: gpu_type.map(Into::into), min_memory: min }, ..j }
+    }
+    /// GPUs with these links; every other pair crosses the CPU sockets.
+    fn linked(mut g: Vec<GpuView>, pairs: &[(u32, u32, crate::gpu::Link)]) -> Vec<GpuView> {
+        let n = g.len() as u32;
+        for a in 0..n {
+            for b in (0..n).filter(|b| *b != a) {
+                let link = pairs.iter().find(|p| (p.0, p.1) == (a, b) || (p.1, p.0) == (a, b)).map_or(crate::gpu::Link::System, |p| p.2);
+                g[a as usize].links.push(crate::gpu::GpuLink { peer: b, link });
+            }
+        }
+        g
     }
 
     #[test]
@@ -585,6 +761,15 @@ mod tests {
             Case { name: "user cap: a job larger than the cap never starts; CPU jobs are not capped", state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])), want: vec![(2, vec![])] },
             Case { name: "no cap: one user may take every GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
             Case { name: "memory used outside Gantry adds to declared memory", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 13 * G; g[0].outside_used = 12 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(10 * G))]), want: vec![] },
+            Case { name: "gpu_type takes only GPUs whose name matches, any case", state: st(mixed(), vec![], vec![want(q(1, 1, None), Some("h100"), None), want(q(2, 2, None), Some("A100"), None)]), want: vec![(1, vec![2]), (2, vec![0, 1])] },
+            Case { name: "min_gpu_memory skips smaller GPUs", state: st(mixed(), vec![], vec![want(q(1, 1, None), None, Some(60 * G))]), want: vec![(1, vec![2])] },
+            Case { name: "filter and memory together; busy matches make it wait, later jobs still start", state: st(mixed(), vec![run(9, &[2, 3], None)], vec![want(q(1, 1, None), Some("H100"), Some(40 * G)), q(2, 1, None)]), want: vec![(2, vec![0])] },
+            Case { name: "a filtered shared job packs only onto matching GPUs", state: st(mixed(), vec![run(9, &[0], Some(10 * G))], vec![want(q(1, 1, Some(10 * G)), Some("H100"), None)]), want: vec![(1, vec![2])] },
+            Case { name: "no topology: lowest indexes", state: st(gpus(4, 24 * G), vec![], vec![q(1, 2, None)]), want: vec![(1, vec![0, 1])] },
+            Case { name: "topology: the NVLink pair among equal free GPUs", state: st(linked(gpus(4, 24 * G), &[(0, 2, crate::gpu::Link::Nvlink), (1, 3, crate::gpu::Link::Nvlink), (0, 1, crate::gpu::Link::PcieSwitch)]), vec![], vec![q(1, 2, None)]), want: vec![(1, vec![0, 2])] },
+            Case { name: "topology: same PCIe switch beats host bridge", state: st(linked(gpus(4, 24 * G), &[(1, 2, crate::gpu::Link::PcieSwitch), (0, 1, crate::gpu::Link::HostBridge), (2, 3, crate::gpu::Link::HostBridge)]), vec![run(9, &[0], None)], vec![q(1, 2, None)]), want: vec![(1, vec![1, 2])] },
+            Case { name: "topology: a quad of NVLink pairs", state: st(linked(gpus(8, 24 * G), &[(0, 4, crate::gpu::Link::Nvlink), (0, 5, crate::gpu::Link::Nvlink), (4, 5, crate::gpu::Link::Nvlink), (1, 4, crate::gpu::Link::Nvlink), (0, 1, crate::gpu::Link::Nvlink), (1, 5, crate::gpu::Link::Nvlink)]), vec![], vec![q(1, 4, None)]), want: vec![(1, vec![0, 1, 4, 5])] },
+            Case { name: "topology never overrides best fit: the fuller GPU stays, its NVLink peer joins", state: st(linked(gpus(4, 24 * G), &[(1, 3, crate::gpu::Link::Nvlink), (0, 2, crate::gpu::Link::Nvlink)]), vec![run(9, &[1], Some(8 * G))], vec![q(1, 2, Some(4 * G))]), want: vec![(1, vec![1, 3])] },
             Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
         ];
         for c in cases {
@@ -613,6 +798,32 @@ mod tests {
         assert!(p.waiting[0].reason.contains("needs 1 free GPU, 0 available"), "{}", p.waiting[0].reason);
         assert!(p.waiting[0].reason.contains("GPU 0 held by job 7; GPU 1 held by job 8"), "{}", p.waiting[0].reason);
         assert!(p.waiting[1].reason.contains("this machine has 2"), "{}", p.waiting[1].reason);
+    }
+
+    #[test]
+    fn a_filtered_job_says_what_it_waits_for() {
+        let p = plan(&st(mixed(), vec![run(7, &[2], None), run(8, &[3], None)], vec![want(q(1, 1, None), Some("H100"), Some(40 * G)), want(q(2, 3, None), Some("H100"), None)]));
+        assert_eq!(p.waiting[0].reason, "waits for an H100 with ≥ 40.0 GiB: GPUs 2,3 match; needs 1 free GPU, 0 available (GPU 2 held by job 7; GPU 3 held by job 8)");
+        assert_eq!(p.waiting[1].reason, "waits for 3 H100s: this machine has 2 such GPUs");
+        // A starving filtered job reserves only GPUs it accepts.
+        let mut s = st(mixed(), vec![run(7, &[0, 2], None)], vec![want(q(1, 2, None), Some("H100"), None), q(2, 1, None)]);
+        s.now_ms = 60_000;
+        let p = plan(&s);
+        assert_eq!(p.waiting[0].reserved, vec![2, 3], "{p:?}");
+        assert_eq!(placed(&p), vec![(2, vec![1])]);
+    }
+
+    #[test]
+    fn the_topology_note_names_the_link() {
+        use crate::gpu::Link;
+        let g = linked(gpus(4, 24 * G), &[(0, 1, Link::Nvlink), (0, 2, Link::PcieSwitch), (1, 2, Link::PcieSwitch)]);
+        assert_eq!(topology_note(&g, &[0, 1]).as_deref(), Some("GPUs 0,1: NVLink"));
+        assert_eq!(topology_note(&g, &[0, 1, 2]).as_deref(), Some("GPUs 0,1,2: same PCIe switch or closer"));
+        assert_eq!(topology_note(&g, &[0]), None);
+        assert_eq!(topology_note(&gpus(2, G), &[0, 1]), None, "simulated GPUs: no topology, no note");
+        assert_eq!(GpuFilter { gpu_type: Some("A100".into()), min_memory: None }.describe(1), "an A100");
+        assert_eq!(GpuFilter { gpu_type: Some("Tesla".into()), min_memory: None }.describe(1), "a Tesla");
+        assert_eq!(GpuFilter { gpu_type: None, min_memory: Some(60 * G) }.describe(2), "2 GPUs with ≥ 60.0 GiB");
     }
 
     #[test]
@@ -710,8 +921,8 @@ mod estimate_tests {
 
     #[test]
     fn start_estimates_follow_the_running_jobs_ends() {
-        let g = |i| GpuView { index: i, memory_total: 1 << 34, memory_used: 0, external_busy: false, outside_used: 0 };
-        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0 };
+        let g = |i| GpuView { index: i, memory_total: 1 << 34, ..Default::default() };
+        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default() };
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],

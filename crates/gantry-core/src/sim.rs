@@ -202,7 +202,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let jobs = &trace.jobs;
     let n = jobs.len();
     let gpu_views: Vec<GpuView> =
-        (0..cfg.gpus).map(|i| GpuView { index: i, memory_total: cfg.gpu_memory, memory_used: 0, external_busy: false, outside_used: 0 }).collect();
+        (0..cfg.gpus).map(|i| GpuView { index: i, memory_total: cfg.gpu_memory, ..Default::default() }).collect();
     let mem_of = |j: &TraceJob| j.gpu_milli.map(|m| (cfg.gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64);
     let mut start: Vec<Option<i64>> = vec![None; n];
     let mut running: Vec<(i64, usize, Vec<u32>)> = vec![]; // (end ms, job, gpus)
@@ -347,6 +347,7 @@ fn queued_view(
                 not_before_ms: None,
                 expected_runtime_ms: cfg.declared_runtimes.then(|| (j.duration_s * MS) as i64),
                 user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
+                filter: Default::default(),
             }
         })
         .collect()

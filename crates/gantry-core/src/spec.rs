@@ -76,6 +76,14 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
     pub gpu_memory: Option<String>,
+    /// Only GPUs whose name contains this (any case), e.g. `H100` matches "NVIDIA H100 80GB HBM3".
+    /// `gantry gpus` lists the names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Only GPUs with at least this much memory in all, e.g. `40GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub min_gpu_memory: Option<String>,
     /// Higher runs first. Default 0.
     #[serde(default)]
     pub priority: i32,
@@ -406,6 +414,7 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             }
         },
     };
+    check_gpu_choice(&spec)?;
     let timeout = match &spec.timeout {
         None => None,
         Some(s) => match humantime::parse_duration(s.trim()) {
@@ -492,6 +501,46 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, spec })
+}
+
+/// Longest `gpu_type` (GPU names are short).
+pub const MAX_GPU_TYPE_CHARS: usize = 100;
+
+/// `gpu_type` and `min_gpu_memory`: only for GPU jobs, a non-empty printable name, a size.
+fn check_gpu_choice(spec: &JobSpec) -> Result<(), (SpecError, &'static str)> {
+    let err = |m: String, h: &str, k: &'static str| Err((SpecError::new(m, h), k));
+    if let Some(t) = &spec.gpu_type {
+        if t.trim().is_empty() {
+            return err("`gpu_type` is empty".into(), "write part of a GPU name from `gantry gpus`, e.g. `H100`, or leave it out", "gpu_type");
+        }
+        if t.chars().count() > MAX_GPU_TYPE_CHARS || t.chars().any(unprintable) {
+            return err(format!("`gpu_type` {t:?} is not a GPU name"), "write part of a GPU name from `gantry gpus`, e.g. `H100`", "gpu_type");
+        }
+        if spec.gpus == 0 {
+            return err("`gpu_type` is set but `gpus` is 0".into(), "remove `gpu_type`, or ask for at least one GPU", "gpu_type");
+        }
+    }
+    if let Some(m) = &spec.min_gpu_memory {
+        if !matches!(parse_bytes(m), Some(b) if b > 0) {
+            return err(format!("`min_gpu_memory` {m:?} is not a memory size"), "write a size such as `40GiB`, or leave it out", "min_gpu_memory");
+        }
+        if spec.gpus == 0 {
+            return err("`min_gpu_memory` is set but `gpus` is 0".into(), "remove `min_gpu_memory`, or ask for at least one GPU", "min_gpu_memory");
+        }
+    }
+    Ok(())
+}
+
+impl ValidJob {
+    /// Which GPUs the job accepts (fields checked by [`validate`]).
+    pub fn gpu_filter(&self) -> crate::scheduler::GpuFilter {
+        gpu_filter(self.spec.gpu_type.as_deref(), self.spec.min_gpu_memory.as_deref())
+    }
+}
+
+/// The filter of a stored job's `gpu_type` and `min_gpu_memory`.
+pub fn gpu_filter(gpu_type: Option<&str>, min_gpu_memory: Option<&str>) -> crate::scheduler::GpuFilter {
+    crate::scheduler::GpuFilter { gpu_type: gpu_type.map(|t| t.trim().to_string()), min_memory: min_gpu_memory.and_then(parse_bytes) }
 }
 
 /// Characters a name may not show: controls, and the marks that reorder text on screen.
@@ -676,6 +725,17 @@ mod tests {
     }
 
     #[test]
+    fn gpu_type_and_min_gpu_memory_make_a_filter() {
+        let j = ok_yaml("image: a\ngpus: 2\ngpu_type: ' h100 '\nmin_gpu_memory: 40GiB\n");
+        let f = j.gpu_filter();
+        assert_eq!((f.gpu_type.as_deref(), f.min_memory), (Some("h100"), Some(40 << 30)));
+        assert!(f.eligible("NVIDIA H100 80GB HBM3", 80 << 30));
+        assert!(!f.eligible("NVIDIA H100 PCIe", 32 << 30), "too little memory");
+        assert!(!f.eligible("NVIDIA A100-SXM4-80GB", 80 << 30), "another card");
+        assert!(ok_yaml("image: a\n").gpu_filter().is_any());
+    }
+
+    #[test]
     fn toml_spec_and_defaults() {
         let j = validate_text("image = \"busybox\"\ncommand = \"echo hi\"\n", Format::Toml, &Origin { file_name: Some("exp1.toml".into()), base_dir: None }).unwrap();
         assert_eq!(j.name, "exp1");
@@ -725,6 +785,11 @@ mod tests {
             ("image: a\ncommand: []\n", "empty list", Some(2)),
             ("image: a\nworkdir: w\n", "not an absolute path", Some(2)),
             ("image: a\nretries: -3\n", "between 0 and 100", Some(2)),
+            ("image: a\ngpu_type: ' '\n", "`gpu_type` is empty", Some(2)),
+            ("image: a\ngpus: 0\ngpu_type: H100\n", "`gpus` is 0", Some(3)),
+            ("image: a\ngpu_type: \"H\\e100\"\n", "not a GPU name", Some(2)),
+            ("image: a\nmin_gpu_memory: big\n", "not a memory size", Some(2)),
+            ("image: a\ngpus: 0\nmin_gpu_memory: 40GiB\n", "`gpus` is 0", Some(3)),
         ];
         for (text, want, line) in cases {
             let e = err_yaml(text);
@@ -816,7 +881,7 @@ mod tests {
     fn schema_lists_fields() {
         let s = json_schema();
         let props = s["properties"].as_object().unwrap();
-        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"] {
+        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "gpu_type", "min_gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"] {
             assert!(props.contains_key(f), "{f}");
         }
         assert_eq!(s["additionalProperties"], serde_json::json!(false));

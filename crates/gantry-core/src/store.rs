@@ -252,6 +252,8 @@ pub struct QueuedRow {
     pub after: Vec<i64>,
     /// Held by `gantry hold`: stays queued, never starts.
     pub held: bool,
+    /// Which GPUs it accepts (`gpu_type`, `min_gpu_memory` of its spec).
+    pub gpu_filter: crate::scheduler::GpuFilter,
 }
 
 fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -476,7 +478,8 @@ impl Store {
     /// Queued jobs, light rows for the scheduler (no spec parsing).
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held \
+            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
+             json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory') \
              FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
         )?;
         let rows = st
@@ -495,6 +498,7 @@ impl Store {
                     expected_runtime_ms: r.get(9)?,
                     after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
                     held: r.get(11)?,
+                    gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -536,6 +540,11 @@ impl Store {
     /// queued -> starting, with a new attempt row. Returns `None` if the job is no longer queued:
     /// this compare-and-set is what guarantees a job never starts twice.
     pub fn begin_attempt(&mut self, job_id: i64, gpus: &[u32], uuids: &[String]) -> Result<Option<Attempt>> {
+        self.begin_attempt_noted(job_id, gpus, uuids, None)
+    }
+
+    /// [`Store::begin_attempt`], with a note on the placement in its event ("GPUs 0,1: NVLink").
+    pub fn begin_attempt_noted(&mut self, job_id: i64, gpus: &[u32], uuids: &[String], note: Option<&str>) -> Result<Option<Attempt>> {
         let now = now_ms();
         let tx = self.conn.transaction()?;
         let changed = tx.execute(
@@ -553,7 +562,8 @@ impl Store {
         )?;
         let aid = tx.last_insert_rowid();
         let gl = if gpus.is_empty() { "no GPU".to_string() } else { format!("GPU {}", gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")) };
-        Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Starting, Some(&format!("attempt {n} on {gl}")))?;
+        let note = note.map(|n| format!(" ({n})")).unwrap_or_default();
+        Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Starting, Some(&format!("attempt {n} on {gl}{note}")))?;
         let a = tx.query_row(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = ?1"), [aid], attempt_from_row)?;
         tx.commit()?;
         Ok(Some(a))

@@ -220,7 +220,14 @@ impl Engine {
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
             Some(choice) => {
-                let inventory: Vec<(u32, String)> = backend.sample()?.into_iter().map(|g| (g.index, g.uuid)).collect();
+                // Devices, and the physical GPUs of MIG instances: `gpus = [0]` keeps GPU 0's instances.
+                let mut inventory: Vec<(u32, String)> = vec![];
+                for g in backend.sample()? {
+                    if let Some(p) = g.mig_parent.filter(|p| !inventory.iter().any(|i| i.0 == p.index)) {
+                        inventory.push((p.index, p.uuid));
+                    }
+                    inventory.push((g.index, g.uuid));
+                }
                 let usable = choice.resolve(&inventory)?;
                 let kept: Vec<u32> = inventory.iter().map(|g| g.0).filter(|i| !usable.contains(i)).collect();
                 info!("Gantry uses GPUs {}; {} kept for interactive use (lab config `gpus`)", gpu_list(&usable.iter().copied().collect::<Vec<_>>()), gpu_list(&kept));

@@ -192,7 +192,18 @@ impl Engine {
 
     /// Reject jobs this machine can never run.
     pub fn check_fits(&self, job: &ValidJob) -> Result<(), SpecError> {
-        let gpus: Vec<crate::gpu::GpuSample> = self.latest.read().unwrap().iter().filter(|g| self.usable(g.index)).cloned().collect();
+        let gpus: Vec<crate::gpu::GpuSample> = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).cloned().collect();
+        let filter = job.gpu_filter();
+        if job.gpus > 0 && !filter.is_any() {
+            let fit = gpus.iter().filter(|g| filter.eligible(&g.name, g.memory_total)).count();
+            if fit < job.gpus as usize {
+                let listed = gpus.iter().map(|g| format!("GPU {} {} ({})", g.index, g.name, spec::format_bytes(g.memory_total))).collect::<Vec<_>>().join("; ");
+                return Err(SpecError::new(
+                    format!("the job asks for {}, this machine has {fit} such GPU{} for Gantry jobs: {listed}", filter.describe(job.gpus), if fit == 1 { "" } else { "s" }),
+                    "change `gpu_type` (part of a name above, any case) or `min_gpu_memory`, or ask for fewer GPUs",
+                ));
+            }
+        }
         if job.gpus as usize > gpus.len() {
             let kept = self.reserved_gpus();
             let why = if kept.is_empty() { String::new() } else { format!(" (GPU {} kept for interactive use{})", kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","), self.set_in("gpus")) };
@@ -369,7 +380,7 @@ impl Engine {
                     since: None,
                 });
             }
-            for f in foreign.iter().filter(|f| f.gpus.holds(g.index, &g.uuid)) {
+            for f in foreign.iter().filter(|f| super::sampler::held_by(&f.gpus, g)) {
                 if !g.processes.iter().any(|p| p.container_id.as_deref() == Some(f.container_id.as_str())) {
                     out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None });
                 }
@@ -378,14 +389,15 @@ impl Engine {
         out
     }
 
-    /// May Gantry jobs use GPU `index` (lab config `gpus`)?
-    pub(super) fn usable(&self, index: u32) -> bool {
-        self.usable.as_ref().is_none_or(|u| u.contains(&index))
+    /// May Gantry jobs use this GPU (lab config `gpus`; a MIG instance also when its physical GPU is
+    /// listed)?
+    pub(super) fn usable(&self, g: &crate::gpu::GpuSample) -> bool {
+        self.usable.as_ref().is_none_or(|u| u.contains(&g.index) || g.mig_parent.as_ref().is_some_and(|p| u.contains(&p.index)))
     }
 
     /// GPUs the lab config keeps for interactive use.
     pub fn reserved_gpus(&self) -> Vec<u32> {
-        self.latest.read().unwrap().iter().map(|g| g.index).filter(|i| !self.usable(*i)).collect()
+        self.latest.read().unwrap().iter().filter(|g| !self.usable(g)).map(|g| g.index).collect()
     }
 
     pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {

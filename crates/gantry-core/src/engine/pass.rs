@@ -110,6 +110,7 @@ impl Engine {
                     not_before_ms: j.not_before,
                     expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
+                    filter: j.gpu_filter.clone(),
                 })
                 .collect(),
             config: scheduler::Config {
@@ -147,7 +148,8 @@ impl Engine {
             };
             let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
             let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
-            let attempt = match self.store().begin_attempt(job.id, &p.gpus, &gpu_uuids) {
+            let note = scheduler::topology_note(&state.gpus, &p.gpus);
+            let attempt = match self.store().begin_attempt_noted(job.id, &p.gpus, &gpu_uuids, note.as_deref()) {
                 Ok(Some(a)) => a,
                 Ok(None) => continue, // cancelled or taken meanwhile
                 Err(e) => {

@@ -29,9 +29,9 @@ impl Engine {
                 if *start != m {
                     let mut st = self.store();
                     for (i, (us, umax, ms, n)) in acc.iter().enumerate() {
-                        let total = samples.get(i).map(|g| g.memory_total).unwrap_or(0);
+                        let (index, total) = samples.get(i).map(|g| (g.index, g.memory_total)).unwrap_or((i as u32, 0));
                         // Chart data, not job state: a lost minute is a gap in a chart, so warn only.
-                        if let Err(e) = st.record_gpu_minute(i as u32, *start, *us as f64 / *n as f64, *umax, ms / n, total) {
+                        if let Err(e) = st.record_gpu_minute(index, *start, *us as f64 / *n as f64, *umax, ms / n, total) {
                             warn!("could not save GPU minute: {e}");
                         }
                     }
@@ -107,20 +107,31 @@ impl Engine {
             .read()
             .unwrap()
             .iter()
-            .filter(|g| self.usable(g.index))
+            .filter(|g| self.usable(g))
             .map(|g| GpuView {
                 index: g.index,
                 memory_total: g.memory_total,
                 memory_used: g.memory_used,
                 outside_used: outside_used(g, &ours),
+                name: g.name.clone(),
+                links: g.links.clone(),
                 external_busy: orphaned.contains(&g.index)
-                    || foreign.iter().any(|f| f.gpus.holds(g.index, &g.uuid))
+                    || foreign.iter().any(|f| held_by(&f.gpus, g))
                     || g.processes.iter().any(|p| match &p.container_id {
                         Some(c) => !ours.iter().any(|o| o == c),
                         None => true,
                     }),
             })
             .collect()
+    }
+}
+
+/// Does a container's GPU set include this device? Docker's indexes are NVML's, and a container
+/// given a whole GPU holds its MIG instances too.
+pub(super) fn held_by(set: &crate::executor::GpuSet, g: &GpuSample) -> bool {
+    match &g.mig_parent {
+        Some(p) => set.holds(p.index, &g.uuid) || set.holds(p.index, &p.uuid),
+        None => set.holds(g.index, &g.uuid),
     }
 }
 
