@@ -252,6 +252,9 @@ pub struct QueuedRow {
     pub after: Vec<i64>,
     /// Held by `gantry hold`: stays queued, never starts.
     pub held: bool,
+    /// The spec's `cpus` (thousandths) and `memory`; `None`: the lab's default.
+    pub cpus_milli: Option<u64>,
+    pub memory: Option<u64>,
 }
 
 fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -476,7 +479,8 @@ impl Store {
     /// Queued jobs, light rows for the scheduler (no spec parsing).
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held \
+            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
+             json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory') \
              FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
         )?;
         let rows = st
@@ -495,6 +499,8 @@ impl Store {
                     expected_runtime_ms: r.get(9)?,
                     after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
                     held: r.get(11)?,
+                    cpus_milli: r.get::<_, Option<i64>>(12)?.map(|v| v as u64),
+                    memory: r.get::<_, Option<i64>>(13)?.map(|v| v as u64),
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
