@@ -308,6 +308,9 @@ impl<'a> UserCaps<'a> {
     }
 }
 
+/// Which amount of a [`CpuRam`], its unit's words, and how to show it.
+type Measure = (fn(&CpuRam) -> u64, &'static str, fn(u64) -> String);
+
 /// CPU and RAM left for jobs, and which jobs hold the rest (for the reason a job waits).
 struct Pool<'a> {
     /// `None`: not counted.
@@ -338,11 +341,10 @@ impl<'a> Pool<'a> {
         if !explain {
             return Some(String::new());
         }
-        let bytes = crate::spec::format_bytes;
-        let (pick, what, fmt): (fn(&CpuRam) -> u64, &str, &dyn Fn(u64) -> String) = if cpu {
-            (|c| c.cpus_milli, if n.cpus_milli == 1000 { "CPU" } else { "CPUs" }, &format_cpus)
+        let (pick, what, fmt): Measure = if cpu {
+            (|c| c.cpus_milli, if n.cpus_milli == 1000 { "CPU" } else { "CPUs" }, format_cpus)
         } else {
-            (|c| c.memory, "of memory", &bytes)
+            (|c| c.memory, "of memory", crate::spec::format_bytes)
         };
         if pick(&n) > pick(&self.cap) {
             return Some(format!("needs {} {what}, this machine has {} for jobs", fmt(pick(&n)), fmt(pick(&self.cap))));
