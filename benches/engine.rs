@@ -177,6 +177,7 @@ async fn dispatch(n: usize) -> (f64, f64) {
             gpu_uuids: vec!["GPU-bench".into()],
             gpu_total_memory: None,
             binding: GpuBinding::EnvOnly,
+            container: Default::default(),
         };
         let t0 = Instant::now();
         let id = exec.create(&l).await.unwrap();

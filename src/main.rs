@@ -201,6 +201,15 @@ struct RunArgs {
     /// Only GPUs with at least this much memory in all (`40GiB`).
     #[arg(long, value_name = "SIZE")]
     min_gpu_memory: Option<String>,
+    /// CPUs the job may use (`8`, `0.5`). Default: the lab's share per GPU.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// RAM the job may use (`64GiB`); not GPU memory (that is `--mem`). Default: the lab's share per GPU.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// Size of /dev/shm (`16GiB`). Default: half the job's memory limit.
+    #[arg(long, value_name = "SIZE")]
+    shm_size: Option<String>,
     /// Job name (default: the program's name).
     #[arg(long)]
     name: Option<String>,
@@ -263,6 +272,12 @@ impl RunArgs {
             expected_runtime: None,
             after: vec![],
             matrix: Default::default(),
+            cpus: self.cpus,
+            memory: self.memory.clone(),
+            shm_size: self.shm_size.clone(),
+            ipc: None,
+            home: None,
+            ulimits: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

@@ -198,3 +198,13 @@ impl Config {
         self.overrides.apply(self.lab.policy.clone())
     }
 }
+
+// Container defaults for deep learning ([containers] in the lab config).
+/// `/dev/shm` of a job without a memory limit (with one: half of it). Docker's own 64 MiB kills
+/// PyTorch DataLoader workers.
+pub const SHM_WITHOUT_MEMORY_LIMIT: u64 = 8 << 30;
+/// Thread stack limit: NVIDIA's recommended `--ulimit stack=67108864` for PyTorch/NCCL containers.
+pub const STACK_LIMIT: i64 = 64 << 20;
+/// CPU (thousandths) and RAM kept for the OS, Docker and the engine: jobs share the rest.
+pub const RESERVE_CPUS_MILLI: u64 = 1000;
+pub const RESERVE_MEMORY: u64 = 2 << 30;

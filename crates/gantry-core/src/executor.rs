@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType};
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, ResourcesUlimits};
 use bollard::query_parameters as qp;
 use bollard::Docker;
 use bytes::Bytes;
@@ -16,6 +16,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use crate::access::ResolvedMount;
+use crate::resources::ContainerSettings;
 use crate::spec::ValidJob;
 
 #[cfg(test)]
@@ -166,6 +167,8 @@ pub struct Launch<'a> {
     /// Total memory of the assigned GPUs (first one), for memory-fraction hints when shared.
     pub gpu_total_memory: Option<u64>,
     pub binding: GpuBinding,
+    /// CPU/RAM limits, shm, ulimits, IPC and HOME (`Default`: Docker's own).
+    pub container: ContainerSettings,
 }
 
 /// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
@@ -175,6 +178,10 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         env.retain(|(ek, _)| ek != k);
         env.push((k.to_string(), v));
     };
+    // A HOME the job can write (many tools cache there); one the spec sets itself is kept.
+    if let Some(h) = l.container.home.as_ref().filter(|_| !l.job.spec.env.contains_key("HOME")) {
+        set("HOME", h.clone());
+    }
     set("GANTRY_JOB_ID", l.job_id.to_string());
     set("GANTRY_ATTEMPT", l.attempt_n.to_string());
     set("GANTRY_GPU_UUIDS", l.gpu_uuids.join(","));
@@ -253,6 +260,25 @@ pub trait Executor: Send + Sync + 'static {
     /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
     /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>>;
+}
+
+/// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), shm, ulimits, IPC and
+/// HOME's tmpfs.
+fn container_host_config(l: &Launch) -> HostConfig {
+    let c = &l.container;
+    let ulimit = |name: &str, v: Option<i64>| v.map(|v| ResourcesUlimits { name: Some(name.into()), soft: Some(v), hard: Some(v) });
+    let ulimits: Vec<ResourcesUlimits> = [ulimit("memlock", c.memlock), ulimit("stack", c.stack)].into_iter().flatten().collect();
+    let tmpfs = c.home.as_ref().filter(|_| c.home_tmpfs).map(|h| HashMap::from([(h.clone(), format!("rw,nosuid,nodev,mode=0700,uid={},gid={}", l.uid, l.gid))]));
+    HostConfig {
+        nano_cpus: c.nano_cpus,
+        memory: c.memory,
+        memory_swap: c.memory,
+        shm_size: c.shm_size,
+        ulimits: (!ulimits.is_empty()).then_some(ulimits),
+        ipc_mode: Some(if c.ipc_host { "host" } else { "private" }.into()),
+        tmpfs,
+        ..Default::default()
+    }
 }
 
 #[derive(Clone)]
@@ -364,7 +390,7 @@ impl Executor for DockerExecutor {
                 cap_drop: Some(vec!["ALL".into()]),
                 init: Some(true),
                 device_requests,
-                ..Default::default()
+                ..container_host_config(l)
             }),
             ..Default::default()
         };
@@ -526,6 +552,7 @@ mod tests {
             gpu_uuids: uuids.iter().map(|s| s.to_string()).collect(),
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,
+            container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
         })
     }
 
@@ -566,6 +593,9 @@ mod tests {
         assert!(env.contains(&"GANTRY_JOB_ID=7".to_string()));
         assert!(env.contains(&"MY=x".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("XLA_")));
+        assert!(env.contains(&"HOME=/home/u".to_string()), "{env:?}");
+        let own = validate_text("image: a\nenv: {HOME: /w}\n", Format::Yaml, &Origin::default()).unwrap();
+        assert!(launch(&own, &[]).contains(&"HOME=/w".to_string()), "a spec's HOME is kept");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`store`]: the SQLite queue and run history
 //! - [`gpu`]: GPU inventory (NVML or simulated)
 //! - [`scheduler`]: the pure placement function
+//! - [`resources`]: CPU/RAM capacity and each job's share; shm, ulimits, IPC and HOME of containers
 //! - [`executor`]: runs attempts in Docker
 //! - [`inbox`]: the drop folder
 //! - [`policy`]: the lab config (`/etc/gantry/config.toml`): limits, admins, retention
@@ -19,6 +20,7 @@ pub mod staging;
 pub mod store;
 pub mod gpu;
 pub mod scheduler;
+pub mod resources;
 pub mod executor;
 pub mod config;
 pub mod policy;

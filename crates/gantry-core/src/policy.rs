@@ -79,6 +79,8 @@ pub struct Policy {
     pub log_keep: Option<Duration>,
     /// Finished jobs that ended longer ago are deleted from history (`None`: kept).
     pub history_keep: Option<Duration>,
+    /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
+    pub containers: crate::resources::Containers,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -104,6 +106,7 @@ impl Default for Policy {
             log_cap: config::LOG_CAP,
             log_keep: None,
             history_keep: None,
+            containers: Default::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -143,7 +146,7 @@ impl Policy {
     fn entries(&self) -> Vec<(&'static str, String)> {
         let d = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "none".into());
         let r = |(lo, hi): (i32, i32)| format!("[{lo}, {hi}]");
-        vec![
+        let mut v = vec![
             ("access.admins", format!("{:?}", self.admins)),
             ("access.admin_group", format!("{:?}", self.admin_group)),
             ("access.see_others", format!("{:?}", self.see_others).to_lowercase()),
@@ -161,7 +164,9 @@ impl Policy {
             ("logs.keep", d(self.log_keep)),
             ("history.keep", d(self.history_keep)),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
-        ]
+        ];
+        v.extend(self.containers.entries());
+        v
     }
 
     /// What differs from `old`, as `key: old -> new` lines.
@@ -350,6 +355,25 @@ struct RawFile {
     history: RawHistory,
     #[serde(default)]
     inbox: RawInbox,
+    #[serde(default)]
+    containers: RawContainers,
+}
+
+/// Sizes and CPU counts are strings or numbers (`cpus_per_gpu = 8`, `= "auto"`).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawContainers {
+    shm_size: S<String>,
+    memlock: S<String>,
+    stack: S<String>,
+    allow_ipc_host: S<bool>,
+    home: S<String>,
+    cpus_per_gpu: S<toml::Value>,
+    memory_per_gpu: S<String>,
+    cpu_only_cpus: S<toml::Value>,
+    cpu_only_memory: S<String>,
+    reserve_cpus: S<toml::Value>,
+    reserve_memory: S<String>,
 }
 
 type S<T> = Option<Spanned<T>>;
@@ -547,6 +571,7 @@ impl Check<'_> {
         }
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
+        p.containers = self.containers(&raw.containers);
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
@@ -579,6 +604,78 @@ impl Check<'_> {
             inbox_path,
             templates_dir,
         }
+    }
+
+    fn containers(&mut self, raw: &RawContainers) -> crate::resources::Containers {
+        use crate::resources::Amount;
+        let mut c = crate::resources::Containers::default();
+        let sizes = "write a size such as \"8GiB\"";
+        if let Some(v) = &raw.shm_size {
+            match (v.get_ref().as_str(), crate::spec::parse_bytes(v.get_ref())) {
+                ("auto", _) => {}
+                (_, Some(b)) if b >= 1 << 20 => c.shm_size = Some(b),
+                (s, _) => self.fail(v.span(), format!("`shm_size` = {s:?} is not \"auto\" or a size of at least 1 MiB"), format!("{sizes}, or \"auto\" (half the job's memory limit)")),
+            }
+        }
+        for (key, v, out) in [("memlock", &raw.memlock, &mut c.memlock), ("stack", &raw.stack, &mut c.stack)] {
+            if let Some(v) = v {
+                match crate::spec::parse_limit(v.get_ref()) {
+                    Some(n) => *out = n,
+                    None => self.fail(v.span(), format!("`{key}` = {:?} is not \"unlimited\" or a size", v.get_ref()), "write e.g. \"unlimited\" or \"64MiB\""),
+                }
+            }
+        }
+        if let Some(b) = &raw.allow_ipc_host {
+            c.allow_ipc_host = *b.get_ref();
+        }
+        if let Some(h) = &raw.home {
+            match h.get_ref().as_str() {
+                "tmpfs" => c.home = crate::spec::Home::Tmpfs,
+                "mount" => c.home = crate::spec::Home::Mount,
+                other => self.fail(h.span(), format!("`home` = {other:?} is not a choice"), "write \"tmpfs\" (an empty folder per job) or \"mount\" (the user's home, read-write, checked as them)"),
+            }
+        }
+        let cpus_hint = "write a number of CPUs (e.g. 8 or 0.5), \"auto\" (an equal share) or \"none\" (no limit)";
+        let mut cpus = |key: &str, v: &S<toml::Value>, none_ok: bool| -> Option<Amount> {
+            let v = v.as_ref()?;
+            let n = match v.get_ref() {
+                toml::Value::String(s) if s == "auto" && none_ok => return Some(Amount::Auto),
+                toml::Value::String(s) if s == "none" && none_ok => return Some(Amount::Unlimited),
+                toml::Value::Integer(i) => Some(*i as f64),
+                toml::Value::Float(f) => Some(*f),
+                _ => None,
+            };
+            match n {
+                Some(n) if n.is_finite() && (if none_ok { 0.01 } else { 0.0 }..=1024.0).contains(&n) => Some(Amount::Is((n * 1000.0).round() as u64)),
+                _ => {
+                    self.fail(v.span(), format!("`{key}` = {} is not a number of CPUs from {} to 1024", v.get_ref(), if none_ok { "0.01" } else { "0" }), if none_ok { cpus_hint } else { "write e.g. 1" });
+                    None
+                }
+            }
+        };
+        c.cpus_per_gpu = cpus("cpus_per_gpu", &raw.cpus_per_gpu, true).unwrap_or(c.cpus_per_gpu);
+        c.cpu_only_cpus = cpus("cpu_only_cpus", &raw.cpu_only_cpus, true).unwrap_or(c.cpu_only_cpus);
+        if let Some(Amount::Is(n)) = cpus("reserve_cpus", &raw.reserve_cpus, false) {
+            c.reserve_cpus_milli = n;
+        }
+        let mut memory = |key: &str, v: &S<String>, none_ok: bool| -> Option<Amount> {
+            let v = v.as_ref()?;
+            match (v.get_ref().as_str(), crate::spec::parse_bytes(v.get_ref())) {
+                ("auto", _) if none_ok => Some(Amount::Auto),
+                ("none", _) if none_ok => Some(Amount::Unlimited),
+                (_, Some(b)) if b >= crate::spec::MIN_MEMORY || (!none_ok) => Some(Amount::Is(b)),
+                (s, _) => {
+                    self.fail(v.span(), format!("`{key}` = {s:?} is not a size{}", if none_ok { " of at least 6 MiB, \"auto\" or \"none\"" } else { "" }), "write e.g. \"64GiB\"");
+                    None
+                }
+            }
+        };
+        c.memory_per_gpu = memory("memory_per_gpu", &raw.memory_per_gpu, true).unwrap_or(c.memory_per_gpu);
+        c.cpu_only_memory = memory("cpu_only_memory", &raw.cpu_only_memory, true).unwrap_or(c.cpu_only_memory);
+        if let Some(Amount::Is(b)) = memory("reserve_memory", &raw.reserve_memory, false) {
+            c.reserve_memory = b;
+        }
+        c
     }
 
     fn gpus(&mut self, v: &Spanned<toml::Value>) -> Option<GpuChoice> {
@@ -693,6 +790,46 @@ templates = "/etc/gantry/templates"
         // Every problem is reported, not just the first.
         let e = parse("[limits]\npriority = [1, 0]\nadmin_priority = [1, 0]\n").unwrap_err();
         assert_eq!(e.problems.iter().map(|p| p.line).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn containers_table_parses_and_explains_its_mistakes() {
+        use crate::resources::{Amount, Containers};
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\n").unwrap().policy.containers;
+        assert_eq!(
+            c,
+            Containers {
+                shm_size: Some(16 << 30),
+                memlock: -1,
+                stack: 32 << 20,
+                allow_ipc_host: true,
+                home: crate::spec::Home::Mount,
+                cpus_per_gpu: Amount::Is(8000),
+                memory_per_gpu: Amount::Is(64 << 30),
+                cpu_only_cpus: Amount::Is(500),
+                cpu_only_memory: Amount::Unlimited,
+                reserve_cpus_milli: 2000,
+                reserve_memory: 4 << 30,
+            }
+        );
+        assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());
+        let cases: &[(&str, &str)] = &[
+            ("[containers]\nshm = \"1GiB\"\n", "config.toml:2:1: unknown field `shm`"),
+            ("[containers]\nshm_size = \"lots\"\n", "config.toml:2:12: `shm_size` = \"lots\" is not \"auto\" or a size"),
+            ("[containers]\nmemlock = \"-1\"\n", "`memlock` = \"-1\" is not \"unlimited\" or a size"),
+            ("[containers]\nhome = \"nfs\"\n", "`home` = \"nfs\" is not a choice; write \"tmpfs\""),
+            ("[containers]\ncpus_per_gpu = 0\n", "config.toml:2:16: `cpus_per_gpu` = 0 is not a number of CPUs from 0.01 to 1024"),
+            ("[containers]\ncpus_per_gpu = \"many\"\n", "is not a number of CPUs"),
+            ("[containers]\nmemory_per_gpu = \"1KiB\"\n", "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB"),
+            ("[containers]\nreserve_cpus = \"auto\"\n", "`reserve_cpus` = \"auto\" is not a number of CPUs from 0 to 1024"),
+            ("[containers]\nallow_ipc_host = \"yes\"\n", "config.toml:2:18: invalid type: string \"yes\", expected a boolean"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[containers]\nallow_ipc_host = true\n").unwrap().policy.changes_from(&Policy::default());
+        assert_eq!(changed, vec!["containers.allow_ipc_host: false -> true"]);
     }
 
     #[test]

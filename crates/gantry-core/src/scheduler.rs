@@ -13,6 +13,8 @@
 //! - A job with a [`GpuFilter`] (`gpu_type`, `min_gpu_memory`) only gets GPUs it accepts.
 //! - Among equally good choices of several GPUs, the best-connected set wins (NVLink, same board,
 //!   same PCIe switch, ...) when NVML reports the topology.
+//! - CPU and RAM are counted like GPUs when the state carries the machine's capacity (`host`): a job
+//!   starts only when its `needs` fit beside the running jobs' (simulated traces carry none).
 
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +50,9 @@ pub struct RunningJob {
     /// When it is expected to end (start + declared runtime), if known.
     #[serde(default)]
     pub expected_end_ms: Option<i64>,
+    /// CPU and RAM it holds.
+    #[serde(default)]
+    pub needs: CpuRam,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +76,25 @@ pub struct QueuedJob {
     /// Which GPUs the job accepts.
     #[serde(default)]
     pub filter: GpuFilter,
+    /// CPU and RAM it needs (its limits).
+    #[serde(default)]
+    pub needs: CpuRam,
+}
+
+/// CPU (thousandths) and RAM (bytes): a job's limits, or what the machine has for jobs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuRam {
+    pub cpus_milli: u64,
+    pub memory: u64,
+}
+
+/// `16`, `0.5`: CPUs as people write them.
+pub fn format_cpus(milli: u64) -> String {
+    if milli.is_multiple_of(1000) {
+        (milli / 1000).to_string()
+    } else {
+        format!("{:.2}", milli as f64 / 1000.0).trim_end_matches('0').to_string()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +164,9 @@ pub struct State {
     /// fall behind their peers, because draining GPUs for them costs capacity.
     #[serde(default)]
     pub typical_wait_ms: Option<i64>,
+    /// CPU and RAM the machine has for jobs (`None`: not counted).
+    #[serde(default)]
+    pub host: Option<CpuRam>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -294,6 +321,65 @@ impl<'a> UserCaps<'a> {
     }
 }
 
+/// Which amount of a [`CpuRam`], its unit's words, and how to show it.
+type Measure = (fn(&CpuRam) -> u64, &'static str, fn(u64) -> String);
+
+/// CPU and RAM left for jobs, and which jobs hold the rest (for the reason a job waits).
+struct Pool<'a> {
+    /// `None`: not counted.
+    free: Option<CpuRam>,
+    cap: CpuRam,
+    holders: Vec<(&'a str, i64, CpuRam)>,
+}
+
+impl<'a> Pool<'a> {
+    fn new(state: &'a State) -> Self {
+        let holders: Vec<(&str, i64, CpuRam)> = state.running.iter().map(|r| (r.user.as_str(), r.job_id, r.needs)).collect();
+        let cap = state.host.unwrap_or_default();
+        let free = state.host.map(|c| CpuRam {
+            cpus_milli: c.cpus_milli.saturating_sub(holders.iter().map(|h| h.2.cpus_milli).sum()),
+            memory: c.memory.saturating_sub(holders.iter().map(|h| h.2.memory).sum()),
+        });
+        Pool { free, cap, holders }
+    }
+
+    /// Why `job`'s CPU or RAM does not fit now (empty when not `explain`ed).
+    fn lacks(&self, job: &QueuedJob, explain: bool) -> Option<String> {
+        let free = self.free?;
+        let n = job.needs;
+        let cpu = n.cpus_milli > free.cpus_milli;
+        if !cpu && n.memory <= free.memory {
+            return None;
+        }
+        if !explain {
+            return Some(String::new());
+        }
+        let (pick, what, fmt): Measure = if cpu {
+            (|c| c.cpus_milli, if n.cpus_milli == 1000 { "CPU" } else { "CPUs" }, format_cpus)
+        } else {
+            (|c| c.memory, "of memory", crate::spec::format_bytes)
+        };
+        if pick(&n) > pick(&self.cap) {
+            return Some(format!("needs {} {what}, this machine has {} for jobs", fmt(pick(&n)), fmt(pick(&self.cap))));
+        }
+        let mut by: Vec<&(&str, i64, CpuRam)> = self.holders.iter().filter(|h| pick(&h.2) > 0).collect();
+        by.sort_by_key(|h| (std::cmp::Reverse(pick(&h.2)), h.1));
+        let mut who: Vec<String> = by.iter().take(3).map(|(u, id, c)| format!("{u}'s job {id} uses {}", fmt(pick(c)))).collect();
+        if by.len() > 3 {
+            who.push(format!("{} more jobs", by.len() - 3));
+        }
+        Some(format!("needs {} {what}, {} free ({})", fmt(pick(&n)), fmt(pick(&free)), who.join("; ")))
+    }
+
+    fn took(&mut self, job: &'a QueuedJob) {
+        if let Some(f) = &mut self.free {
+            f.cpus_milli = f.cpus_milli.saturating_sub(job.needs.cpus_milli);
+            f.memory = f.memory.saturating_sub(job.needs.memory);
+            self.holders.push((job.user.as_str(), job.job_id, job.needs));
+        }
+    }
+}
+
 /// Compute placements. Deterministic: same state in, same plan out.
 pub fn plan(state: &State) -> Plan {
     let mut slots: Vec<Slot> = state
@@ -334,13 +420,17 @@ pub fn plan(state: &State) -> Plan {
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
     // nothing else may take them unless it is known to end before the reserved job can start.
     let mut caps = UserCaps::new(state);
+    let mut pool = Pool::new(state);
     let starving = starving(state, &caps);
     let mut reserved_for: Option<(i64, Vec<u32>, String)> = None;
     if let Some(job) = starving {
         match choose(&slots, job, &ctx, true) {
+            // Its GPUs are free but its CPU or RAM is not: waiting for CPU leaves the GPUs to others.
+            Ok(_) if pool.lacks(job, false).is_some() => reserved_for = Some((job.job_id, vec![], pool.lacks(job, true).unwrap_or_default())),
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
                 caps.took(job);
+                pool.took(job);
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
@@ -370,23 +460,38 @@ pub fn plan(state: &State) -> Plan {
                 continue;
             }
         }
+        let explained = explain(&out);
+        let behind = |out: &Plan, reason: String| if explained { reason } else { format!("waiting behind {} other jobs", out.waiting.len()) };
         if job.gpus == 0 {
-            out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
+            match pool.lacks(job, explained) {
+                Some(reason) => {
+                    let reason = behind(&out, reason);
+                    push_wait(&mut out, job.job_id, reason, vec![]);
+                }
+                None => {
+                    pool.took(job);
+                    out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
+                }
+            }
             continue;
         }
         if let Some(reason) = caps.over(job) {
             push_wait(&mut out, job.job_id, reason, vec![]);
             continue;
         }
-        let explained = explain(&out);
         match choose(&slots, job, &ctx, explained) {
+            Ok(_) if pool.lacks(job, false).is_some() => {
+                let reason = behind(&out, pool.lacks(job, explained).unwrap_or_default());
+                push_wait(&mut out, job.job_id, reason, vec![]);
+            }
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
                 caps.took(job);
+                pool.took(job);
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
-                let reason = if explained { reason } else { format!("waiting behind {} other jobs", out.waiting.len()) };
+                let reason = behind(&out, reason);
                 push_wait(&mut out, job.job_id, reason, vec![]);
             }
         }
@@ -693,13 +798,13 @@ mod tests {
         (0..n).map(|i| GpuView { index: i, memory_total: mem, ..Default::default() }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default() }
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default() }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
-        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None }
+        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None, host: None }
     }
     fn capped(cap: u32, mut s: State) -> State {
         s.config.max_running_gpus_per_user = Some(cap);
@@ -707,6 +812,17 @@ mod tests {
     }
     fn bob(j: QueuedJob) -> QueuedJob {
         QueuedJob { user: "bob".into(), ..j }
+    }
+    /// CPU and RAM: `host` for the machine, `needs` for a job (CPUs, GiB).
+    fn host(cpus: u64, gib: u64, mut s: State) -> State {
+        s.host = Some(CpuRam { cpus_milli: cpus * 1000, memory: gib * G });
+        s
+    }
+    fn needs(cpus: u64, gib: u64, j: QueuedJob) -> QueuedJob {
+        QueuedJob { needs: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, ..j }
+    }
+    fn holds(cpus: u64, gib: u64, r: RunningJob) -> RunningJob {
+        RunningJob { needs: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, ..r }
     }
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
@@ -770,6 +886,12 @@ mod tests {
             Case { name: "topology: same PCIe switch beats host bridge", state: st(linked(gpus(4, 24 * G), &[(1, 2, crate::gpu::Link::PcieSwitch), (0, 1, crate::gpu::Link::HostBridge), (2, 3, crate::gpu::Link::HostBridge)]), vec![run(9, &[0], None)], vec![q(1, 2, None)]), want: vec![(1, vec![1, 2])] },
             Case { name: "topology: a quad of NVLink pairs", state: st(linked(gpus(8, 24 * G), &[(0, 4, crate::gpu::Link::Nvlink), (0, 5, crate::gpu::Link::Nvlink), (4, 5, crate::gpu::Link::Nvlink), (1, 4, crate::gpu::Link::Nvlink), (0, 1, crate::gpu::Link::Nvlink), (1, 5, crate::gpu::Link::Nvlink)]), vec![], vec![q(1, 4, None)]), want: vec![(1, vec![0, 1, 4, 5])] },
             Case { name: "topology never overrides best fit: the fuller GPU stays, its NVLink peer joins", state: st(linked(gpus(4, 24 * G), &[(1, 3, crate::gpu::Link::Nvlink), (0, 2, crate::gpu::Link::Nvlink)]), vec![run(9, &[1], Some(8 * G))], vec![q(1, 2, Some(4 * G))]), want: vec![(1, vec![1, 3])] },
+            Case { name: "CPU: a job needing more CPUs than are free waits; a smaller later one starts", state: host(16, 256, st(gpus(4, 24 * G), vec![holds(10, 8, run(9, &[0], None))], vec![needs(8, 8, q(1, 1, None)), needs(6, 8, q(2, 1, None))])), want: vec![(2, vec![1])] },
+            Case { name: "RAM: a job needing more memory than is free waits", state: host(64, 100, st(gpus(2, 24 * G), vec![holds(1, 60, run(9, &[0], None))], vec![needs(1, 50, q(1, 1, None)), needs(1, 40, q(2, 0, None))])), want: vec![(2, vec![])] },
+            Case { name: "CPU-only jobs are counted too and no longer always start", state: host(4, 64, st(gpus(1, 24 * G), vec![], vec![needs(3, 1, q(1, 0, None)), needs(3, 1, q(2, 0, None)), needs(1, 1, q(3, 1, None))])), want: vec![(1, vec![]), (3, vec![0])] },
+            Case { name: "CPU: jobs placed in the same pass count against each other", state: host(8, 64, st(gpus(4, 24 * G), vec![], vec![needs(4, 1, q(1, 1, None)), needs(4, 1, q(2, 1, None)), needs(4, 1, q(3, 1, None))])), want: vec![(1, vec![0]), (2, vec![1])] },
+            Case { name: "no host capacity (a trace): CPU and RAM are not counted", state: st(gpus(2, 24 * G), vec![holds(100, 100, run(9, &[0], None))], vec![needs(100, 100, q(1, 1, None))]), want: vec![(1, vec![1])] },
+            Case { name: "CPU fits but no GPU: the job waits for the GPU, and no CPU is taken", state: host(8, 64, st(gpus(1, 24 * G), vec![holds(1, 1, run(9, &[0], None))], vec![needs(4, 1, q(1, 1, None)), needs(4, 1, q(2, 0, None))])), want: vec![(2, vec![])] },
             Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
         ];
         for c in cases {
@@ -824,6 +946,32 @@ mod tests {
         assert_eq!(GpuFilter { gpu_type: Some("A100".into()), min_memory: None }.describe(1), "an A100");
         assert_eq!(GpuFilter { gpu_type: Some("Tesla".into()), min_memory: None }.describe(1), "a Tesla");
         assert_eq!(GpuFilter { gpu_type: None, min_memory: Some(60 * G) }.describe(2), "2 GPUs with ≥ 60.0 GiB");
+    }
+
+    #[test]
+    fn cpu_and_ram_reasons_name_what_is_free_and_who_holds_it() {
+        let alice = |r: RunningJob| RunningJob { user: "alice".into(), ..r };
+        let running = vec![alice(holds(10, 20, run(12, &[0], None))), holds(2, 40, run(13, &[1], None))];
+        let s = host(18, 64, st(gpus(4, 24 * G), running, vec![needs(16, 1, q(1, 1, None)), needs(1, 2, q(2, 0, None)), needs(20, 1, q(3, 0, None)), QueuedJob { needs: CpuRam { cpus_milli: 500, memory: 100 * G }, ..q(4, 0, None) }]));
+        let p = plan(&s);
+        let w = |id| p.waiting.iter().find(|w| w.job_id == id).map(|w| w.reason.clone()).unwrap_or_default();
+        assert_eq!(w(1), "needs 16 CPUs, 6 free (alice's job 12 uses 10; ada's job 13 uses 2)");
+        assert_eq!(placed(&p), vec![(2, vec![])], "the small CPU-only job starts beside them");
+        assert_eq!(w(3), "needs 20 CPUs, this machine has 18 for jobs");
+        assert_eq!(w(4), "needs 100.0 GiB of memory, this machine has 64.0 GiB for jobs");
+        let s = host(18, 64, st(gpus(2, 24 * G), vec![alice(holds(1, 40, run(12, &[0], None)))], vec![needs(1, 30, q(1, 1, None))]));
+        assert_eq!(plan(&s).waiting[0].reason, "needs 30.0 GiB of memory, 24.0 GiB free (alice's job 12 uses 40.0 GiB)");
+        assert_eq!((format_cpus(500), format_cpus(333), format_cpus(16_000)), ("0.5".into(), "0.33".into(), "16".into()));
+    }
+
+    #[test]
+    fn a_starving_job_short_of_cpu_waits_without_draining_gpus() {
+        let mut s = host(8, 64, st(gpus(2, 24 * G), vec![holds(6, 1, run(9, &[0], None))], vec![needs(4, 1, q(1, 1, None)), needs(2, 1, q(2, 1, None))]));
+        s.now_ms = 60_000;
+        let p = plan(&s);
+        assert_eq!(placed(&p), vec![(2, vec![1])], "{p:?}");
+        assert_eq!(p.waiting[0].reason, "needs 4 CPUs, 2 free (ada's job 9 uses 6)");
+        assert!(p.waiting[0].reserved.is_empty());
     }
 
     #[test]
@@ -901,7 +1049,7 @@ pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize)
             if let Some(i) = s.queued.iter().position(|q| q.job_id == pl.job_id) {
                 let q = s.queued.remove(i);
                 let rt = q.expected_runtime_ms.unwrap_or(default_runtime_ms).max(1);
-                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt) });
+                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs });
             }
         }
         // Jump to the next end (or backoff expiry), when something can change.
@@ -922,14 +1070,15 @@ mod estimate_tests {
     #[test]
     fn start_estimates_follow_the_running_jobs_ends() {
         let g = |i| GpuView { index: i, memory_total: 1 << 34, ..Default::default() };
-        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default() };
+        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() };
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],
-            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000) }],
+            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default() }],
             queued: vec![q(1, 1, Some(5_000)), q(2, 2, Some(100)), q(3, 1, None)],
             config: Config { reserve_after_ms: i64::MAX, ..Config::default() },
             typical_wait_ms: None,
+            host: None,
         };
         let e = estimate_starts(&s, 60_000, 100);
         assert_eq!(e[&1], 0); // GPU 1 is free now

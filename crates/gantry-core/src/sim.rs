@@ -241,11 +241,13 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         gpus: g.clone(),
                         gpu_memory: mem_of(&jobs[*j]),
                         expected_end_ms: cfg.declared_runtimes.then_some(*end),
+                        needs: Default::default(), // traces have no CPU or RAM
                     })
                     .collect(),
                 queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage),
                 config: sched.clone(),
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
+                host: None,
             };
             plan_calls += 1;
             let placements = match cfg.policy {
@@ -348,6 +350,7 @@ fn queued_view(
                 expected_runtime_ms: cfg.declared_runtimes.then(|| (j.duration_s * MS) as i64),
                 user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
                 filter: Default::default(),
+                needs: Default::default(),
             }
         })
         .collect()

@@ -104,7 +104,76 @@ pub struct JobSpec {
     /// jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub matrix: BTreeMap<String, Vec<Scalar>>,
+    // Container settings for deep learning; each defaults to the lab config's `[containers]`.
+    /// CPUs the job may use, e.g. `8` or `0.5`. Default: the lab's share per GPU (`cpus_per_gpu`), or
+    /// `cpu_only_cpus` for a CPU-only job. The scheduler starts the job only when this many are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 1024))]
+    pub cpus: Option<f64>,
+    /// RAM limit, e.g. `64GiB` (swap is not added on top). Default: the lab's share per GPU
+    /// (`memory_per_gpu`), or `cpu_only_memory` for a CPU-only job. Counted by the scheduler like CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub memory: Option<String>,
+    /// Size of `/dev/shm` (PyTorch DataLoader workers pass batches through it), e.g. `16GiB`.
+    /// Default: half the job's memory limit (8 GiB without one); Docker's own is 64 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub shm_size: Option<String>,
+    /// `private` (default) or `host`: share the host's IPC namespace (only where the lab config allows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<Ipc>,
+    /// Where `$HOME` points: `tmpfs` (an empty, writable folder for this job) or `mount` (your home
+    /// folder, read-write; only where the lab config enables it). Default: the lab's `home`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<Home>,
+    /// Resource limits. Default: `memlock: unlimited`, `stack: 64MiB` (NVIDIA's advice for PyTorch/NCCL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulimits: Option<Ulimits>,
 }
+
+/// `ipc` in a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Ipc {
+    Private,
+    Host,
+}
+
+/// `home` in a spec and in the lab config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Home {
+    Tmpfs,
+    Mount,
+}
+
+/// `ulimits` in a spec: each `unlimited` or a size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ulimits {
+    /// Locked memory (RDMA and pinned-memory transfers need it), e.g. `unlimited`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memlock: Option<String>,
+    /// Stack size of each thread, e.g. `64MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+}
+
+/// The container settings a spec asked for, parsed (`None`: the lab's default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPUs in thousandths.
+    pub cpus_milli: Option<u64>,
+    pub memory: Option<u64>,
+    pub shm_size: Option<u64>,
+    /// Bytes; -1 is unlimited (Docker's and the kernel's convention).
+    pub memlock: Option<i64>,
+    pub stack: Option<i64>,
+}
+
+/// Docker refuses a memory limit below 6 MiB.
+pub const MIN_MEMORY: u64 = 6 << 20;
 
 /// A job reference in `after`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -152,6 +221,9 @@ pub struct ValidJob {
     pub mounts: Vec<Mount>,
     #[serde(default)]
     pub expected_runtime: Option<Duration>,
+    /// CPU, RAM, shm and ulimits the spec set (the engine fills in the lab's defaults).
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -500,7 +572,53 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     if let Some(IdOrName::Id(i)) = spec.after.iter().find(|a| matches!(a, IdOrName::Id(i) if *i <= 0)) {
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
-    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, spec })
+    let limits = validate_limits(&spec)?;
+    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec })
+}
+
+/// `cpus`, `memory`, `shm_size` and `ulimits`.
+fn validate_limits(spec: &JobSpec) -> Result<Limits, (SpecError, &'static str)> {
+    let err = |m: String, h: &str, k: &'static str| Err((SpecError::new(m, h), k));
+    let cpus_milli = match spec.cpus {
+        None => None,
+        Some(c) if c.is_finite() && (0.01..=1024.0).contains(&c) => Some((c * 1000.0).round() as u64),
+        Some(c) => return err(format!("`cpus` is {c}; it must be from 0.01 to 1024"), "write the number of CPUs the job uses, e.g. `cpus: 8` or `cpus: 0.5`", "cpus"),
+    };
+    let size = |v: &Option<String>, key: &'static str, min: u64, hint: &str| -> Result<Option<u64>, (SpecError, &'static str)> {
+        match v.as_deref().map(|s| (s, parse_bytes(s))) {
+            None => Ok(None),
+            Some((_, Some(b))) if b >= min => Ok(Some(b)),
+            Some((s, _)) => Err((SpecError::new(format!("`{key}` {s:?} is not a size of at least {}", format_bytes(min)), hint), key)),
+        }
+    };
+    let memory = size(&spec.memory, "memory", MIN_MEMORY, "write the RAM the job may use, e.g. `memory: 64GiB`, or leave it out for the lab's default")?;
+    let shm_size = size(&spec.shm_size, "shm_size", 1 << 20, "write e.g. `shm_size: 16GiB`, or leave it out for half the job's memory")?;
+    if let (Some(shm), Some(mem)) = (shm_size, memory) {
+        if shm > mem {
+            return err(
+                format!("`shm_size` ({}) is larger than `memory` ({}): /dev/shm counts against the job's memory", format_bytes(shm), format_bytes(mem)),
+                "lower `shm_size` or raise `memory`",
+                "shm_size",
+            );
+        }
+    }
+    let limit = |v: Option<&String>, key: &'static str| -> Result<Option<i64>, (SpecError, &'static str)> {
+        match v.map(|s| (s, parse_limit(s))) {
+            None => Ok(None),
+            Some((_, Some(n))) => Ok(Some(n)),
+            Some((s, None)) => Err((SpecError::new(format!("ulimit `{key}` {s:?} is not `unlimited` or a size"), "write e.g. `memlock: unlimited` or `stack: 64MiB`"), "ulimits")),
+        }
+    };
+    let u = spec.ulimits.as_ref();
+    Ok(Limits { cpus_milli, memory, shm_size, memlock: limit(u.and_then(|u| u.memlock.as_ref()), "memlock")?, stack: limit(u.and_then(|u| u.stack.as_ref()), "stack")? })
+}
+
+/// `unlimited` (-1) or a size of at least 1 KiB, as a ulimit in bytes.
+pub fn parse_limit(s: &str) -> Option<i64> {
+    if s.trim().eq_ignore_ascii_case("unlimited") {
+        return Some(-1);
+    }
+    parse_bytes(s).filter(|b| *b >= 1024).and_then(|b| i64::try_from(b).ok())
 }
 
 /// Longest `gpu_type` (GPU names are short).
@@ -885,5 +1003,39 @@ mod tests {
             assert!(props.contains_key(f), "{f}");
         }
         assert_eq!(s["additionalProperties"], serde_json::json!(false));
+    }
+
+    #[test]
+    fn container_settings_parse_and_are_checked() {
+        let j = ok_yaml("image: a\ncpus: 0.5\nmemory: 64GiB\nshm_size: 16GiB\nipc: host\nhome: mount\nulimits: {memlock: unlimited, stack: 64MiB}\n");
+        assert_eq!(j.limits, Limits { cpus_milli: Some(500), memory: Some(64 << 30), shm_size: Some(16 << 30), memlock: Some(-1), stack: Some(64 << 20) });
+        assert_eq!((j.spec.ipc, j.spec.home), (Some(Ipc::Host), Some(Home::Mount)));
+        let t = validate_text("image = \"a\"\ncpus = 8\n[ulimits]\nstack = \"8MiB\"\n", Format::Toml, &Origin::default()).unwrap();
+        assert_eq!((t.limits.cpus_milli, t.limits.stack, t.limits.memory), (Some(8000), Some(8 << 20), None));
+        assert_eq!(ok_yaml("image: a\n").limits, Limits::default());
+        let cases = [
+            ("image: a\ncpus: 0\n", "`cpus` is 0; it must be from 0.01 to 1024", 2),
+            ("image: a\ncpus: 5000\n", "from 0.01 to 1024", 2),
+            ("image: a\nmemory: lots\n", "`memory` \"lots\" is not a size of at least 6.0 MiB", 2),
+            ("image: a\nmemory: 1KiB\n", "at least 6.0 MiB", 2),
+            ("image: a\nshm_size: 0\n", "`shm_size` \"0\" is not a size", 2),
+            ("image: a\nmemory: 1GiB\nshm_size: 2GiB\n", "`shm_size` (2.0 GiB) is larger than `memory` (1.0 GiB)", 3),
+            ("image: a\nipc: shareable\n", "unknown variant `shareable`, expected `private` or `host`", 2),
+            ("image: a\nhome: nfs\n", "unknown variant `nfs`", 2),
+            ("image: a\nulimits:\n  stack: big\n", "ulimit `stack` \"big\" is not `unlimited` or a size", 2),
+            ("image: a\nulimits: {nofile: 10}\n", "unknown field `nofile`", 2),
+        ];
+        for (text, want, line) in cases {
+            let e = err_yaml(text);
+            assert!(e.message.contains(want), "{text:?}: {e}");
+            assert_eq!(e.line, Some(line), "{text:?}: {e}");
+            assert!(!e.hint.is_empty());
+        }
+        let s = json_schema();
+        for f in ["cpus", "memory", "shm_size", "ipc", "home", "ulimits"] {
+            assert!(s["properties"].as_object().unwrap().contains_key(f), "{f} missing from the schema");
+        }
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("\"host\"") && text.contains("\"tmpfs\"") && text.contains("memlock"), "{text}");
     }
 }

@@ -254,6 +254,9 @@ pub struct QueuedRow {
     pub held: bool,
     /// Which GPUs it accepts (`gpu_type`, `min_gpu_memory` of its spec).
     pub gpu_filter: crate::scheduler::GpuFilter,
+    /// The spec's `cpus` (thousandths) and `memory`; `None`: the lab's default.
+    pub cpus_milli: Option<u64>,
+    pub memory: Option<u64>,
 }
 
 fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -479,7 +482,8 @@ impl Store {
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
         let mut st = self.conn.prepare_cached(
             "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
-             json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory') \
+             json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
+             json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory') \
              FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
         )?;
         let rows = st
@@ -499,6 +503,8 @@ impl Store {
                     after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
                     held: r.get(11)?,
                     gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
+                    cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
+                    memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -16,6 +16,7 @@
 //! until a write succeeds again.
 
 mod lab;
+mod limits;
 mod ops;
 pub mod outcome;
 mod pass;
@@ -80,6 +81,8 @@ pub(crate) struct RunHandle {
     pub monitored: bool,
     /// Start + expected runtime, when known.
     pub expected_end: Option<i64>,
+    /// CPU and RAM it holds (its limits).
+    pub needs: crate::scheduler::CpuRam,
 }
 
 /// Figures the scheduler needs that change slowly.
@@ -110,6 +113,8 @@ pub struct Engine {
     backend_note: Option<String>,
     /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
     backend_library: Option<String>,
+    /// The machine's CPUs and RAM, read at start.
+    machine: crate::resources::Machine,
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
@@ -241,6 +246,18 @@ impl Engine {
             (_, _, Some(lib)) => warn!("using NVML from {lib} ({}), not the driver's library", crate::gpu::NVML_LIB_ENV),
             _ => info!("using NVML"),
         }
+        let machine = crate::resources::Machine::read();
+        let cap = machine.for_jobs(&cfg.policy().containers);
+        info!(
+            "CPU and RAM for jobs: {} CPUs, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
+            crate::scheduler::format_cpus(cap.cpus_milli),
+            crate::spec::format_bytes(cap.memory),
+            crate::scheduler::format_cpus(machine.total.cpus_milli),
+            crate::spec::format_bytes(machine.total.memory)
+        );
+        if let Some(m) = machine.memlock_max {
+            warn!("containers may not lock unlimited memory on this host (no CAP_SYS_RESOURCE): jobs get memlock = {} at most", crate::spec::format_bytes(m as u64));
+        }
         let (events, _) = broadcast::channel(1024);
         let e = Arc::new(Engine {
             policy: RwLock::new(Arc::new(cfg.policy())),
@@ -255,6 +272,7 @@ impl Engine {
             backend_kind: kind,
             backend_note: note,
             backend_library: library,
+            machine,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),

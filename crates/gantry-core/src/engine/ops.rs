@@ -130,6 +130,7 @@ impl Engine {
             )
             .into());
         }
+        policy.containers.check(job, &|k| self.set_in(k))?;
         let mut job = job.clone();
         if job.timeout.is_none() {
             job.timeout = policy.default_timeout;
@@ -147,7 +148,7 @@ impl Engine {
     }
 
     /// " (limits.x in FILE)": where a lab limit comes from, for error messages.
-    fn set_in(&self, key: &str) -> String {
+    pub(super) fn set_in(&self, key: &str) -> String {
         match self.lab_file() {
             Some(f) => format!(" ({key} in {})", f.display()),
             None => String::new(),

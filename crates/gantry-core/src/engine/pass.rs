@@ -87,7 +87,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs })
             .collect();
         let policy = self.policy();
         let (usage, typical_wait) = {
@@ -111,6 +111,7 @@ impl Engine {
                     expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
+                    needs: self.job_needs(&policy, j.gpus, j.cpus_milli, j.memory),
                 })
                 .collect(),
             config: scheduler::Config {
@@ -119,6 +120,7 @@ impl Engine {
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,
+            host: Some(self.host_capacity(&policy)),
         };
         let mut plan = scheduler::plan(&state);
         if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {
@@ -146,6 +148,7 @@ impl Engine {
                     return;
                 }
             };
+            let needs = state.queued.iter().find(|q| q.job_id == p.job_id).map(|q| q.needs).unwrap_or_default();
             let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
             let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
             let note = scheduler::topology_note(&state.gpus, &p.gpus);
@@ -170,10 +173,11 @@ impl Engine {
                     expected_end: self
                         .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
                         .map(|r| now_ms() + r),
+                    needs,
                 },
             );
             self.notify_job(job.id, JobState::Starting);
-            self.supervise(job.id, self.clone().launch(job, attempt, total, cancel));
+            self.supervise(job.id, self.clone().launch(job, attempt, total, needs, cancel));
         }
     }
 

@@ -85,8 +85,9 @@ impl Engine {
     /// A database error here is fatal: guessing would run jobs twice or lose them.
     pub async fn recover(self: Arc<Self>) -> Result<(), EngineError> {
         let open = self.store().open_attempts().map_err(|e| EngineError::Fatal(format!("cannot read the running jobs to reattach them: {e}")))?;
-        // Hold their GPUs before anything else is scheduled.
+        // Hold their GPUs (and CPU and RAM) before anything else is scheduled.
         {
+            let policy = self.policy();
             let mut r = self.running.lock().unwrap();
             for (j, a) in &open {
                 r.entry(j.id).or_insert_with(|| RunHandle {
@@ -97,6 +98,7 @@ impl Engine {
                     cancel: CancellationToken::new(),
                     monitored: false,
                     expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
+                    needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
                 });
             }
         }

@@ -57,16 +57,23 @@ impl Engine {
         }
     }
 
-    pub(super) async fn launch(self: Arc<Self>, job: Job, attempt: Attempt, gpu_total: Option<u64>, cancel: CancellationToken) {
+    pub(super) async fn launch(self: Arc<Self>, job: Job, attempt: Attempt, gpu_total: Option<u64>, needs: crate::scheduler::CpuRam, cancel: CancellationToken) {
         let log = self.log_of(job.id);
         append_log(&log, &format!("attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)));
         let binding = if self.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
         let mut created: Option<String> = None;
         let started = async {
             self.exec.ensure_image(&job.image).await?;
+            // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
+            let policy = self.policy();
+            policy.containers.check(&job.job, &|k| self.set_in(k))?;
+            let home = Self::home_of(job.owner_uid);
+            // The owner's home as HOME is a mount like any other: checked as them, pinned below.
+            let mut mounts = job.job.mounts.clone();
+            mounts.extend(policy.containers.home_mount(&job.job, home.as_deref()));
             // Paths change while a job waits: check the mounts as the owner again, right before create.
             let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-            let checked = access::check_mounts_async(cred.clone(), job.job.mounts.clone(), job.job.spec.workdir.clone(), self.forbidden()).await?;
+            let checked = access::check_mounts_async(cred.clone(), mounts, job.job.spec.workdir.clone(), self.forbidden()).await?;
             // Docker gets paths the owner cannot swap: the checked files, pinned (released in end_attempt).
             let name = self.container_name(job.id, attempt.n);
             let mounts = self.staging().stage(&name, checked)?;
@@ -86,6 +93,7 @@ impl Engine {
             gpu_uuids: attempt.gpu_uuids.clone(),
             gpu_total_memory: gpu_total,
             binding,
+            container: policy.containers.settings(&job.job, needs, &self.machine, home.as_deref()),
         };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());

@@ -1,0 +1,331 @@
+//! CPU, RAM and container settings for deep learning: the machine's capacity for jobs (read once at
+//! start), each job's CPU and RAM (its spec's, else the lab's per-GPU share), and the container
+//! settings the executor applies (shm, ulimits, IPC, HOME).
+
+use crate::config;
+use crate::scheduler::CpuRam;
+use crate::spec::{format_bytes, Home, Ipc, SpecError, ValidJob};
+
+/// A CPU or RAM default in the lab config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amount {
+    /// An equal share: the CPUs and RAM for jobs split into one share per GPU plus one for CPU-only
+    /// jobs, so a machine full of GPU jobs still runs a CPU-only job.
+    Auto,
+    /// No limit, and not counted by the scheduler.
+    Unlimited,
+    /// CPU thousandths or bytes.
+    Is(u64),
+}
+
+impl Amount {
+    pub fn show(&self, cpu: bool) -> String {
+        match self {
+            Amount::Auto => "auto".into(),
+            Amount::Unlimited => "none".into(),
+            Amount::Is(v) if cpu => crate::scheduler::format_cpus(*v),
+            Amount::Is(v) => format_bytes(*v),
+        }
+    }
+}
+
+/// `[containers]` in the lab config (see packaging/config.toml).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Containers {
+    /// `None`: half the job's memory limit ([`config::SHM_WITHOUT_MEMORY_LIMIT`] without one).
+    pub shm_size: Option<u64>,
+    /// Bytes; -1 unlimited.
+    pub memlock: i64,
+    pub stack: i64,
+    pub allow_ipc_host: bool,
+    pub home: Home,
+    pub cpus_per_gpu: Amount,
+    pub memory_per_gpu: Amount,
+    pub cpu_only_cpus: Amount,
+    pub cpu_only_memory: Amount,
+    pub reserve_cpus_milli: u64,
+    pub reserve_memory: u64,
+}
+
+impl Default for Containers {
+    fn default() -> Self {
+        Containers {
+            shm_size: None,
+            memlock: -1,
+            stack: config::STACK_LIMIT,
+            allow_ipc_host: false,
+            home: Home::Tmpfs,
+            cpus_per_gpu: Amount::Auto,
+            memory_per_gpu: Amount::Auto,
+            cpu_only_cpus: Amount::Auto,
+            cpu_only_memory: Amount::Auto,
+            reserve_cpus_milli: config::RESERVE_CPUS_MILLI,
+            reserve_memory: config::RESERVE_MEMORY,
+        }
+    }
+}
+
+impl Containers {
+    /// Each setting as `key = value`, for the reload log.
+    pub fn entries(&self) -> Vec<(&'static str, String)> {
+        let lim = |v: i64| if v < 0 { "unlimited".to_string() } else { format_bytes(v as u64) };
+        vec![
+            ("containers.shm_size", self.shm_size.map(format_bytes).unwrap_or_else(|| "auto".into())),
+            ("containers.memlock", lim(self.memlock)),
+            ("containers.stack", lim(self.stack)),
+            ("containers.allow_ipc_host", self.allow_ipc_host.to_string()),
+            ("containers.home", format!("{:?}", self.home).to_lowercase()),
+            ("containers.cpus_per_gpu", self.cpus_per_gpu.show(true)),
+            ("containers.memory_per_gpu", self.memory_per_gpu.show(false)),
+            ("containers.cpu_only_cpus", self.cpu_only_cpus.show(true)),
+            ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
+            ("containers.reserve_cpus", crate::scheduler::format_cpus(self.reserve_cpus_milli)),
+            ("containers.reserve_memory", format_bytes(self.reserve_memory)),
+        ]
+    }
+
+    /// The CPU and RAM a job is limited to and counted for: what its spec says (`cpus_milli`,
+    /// `memory`), else the lab's default for its `gpus`. `cap` is the machine's capacity for jobs,
+    /// `gpu_count` the number of GPUs Gantry schedules.
+    pub fn needs(&self, gpus: u32, cpus_milli: Option<u64>, memory: Option<u64>, cap: CpuRam, gpu_count: usize) -> CpuRam {
+        let shares = gpu_count as u64 + 1;
+        let pick = |explicit: Option<u64>, per_gpu: Amount, cpu_only: Amount, total: u64, floor: u64| -> u64 {
+            if let Some(v) = explicit {
+                return v;
+            }
+            let (amount, times) = if gpus == 0 { (cpu_only, 1) } else { (per_gpu, gpus as u64) };
+            match amount {
+                Amount::Unlimited => 0,
+                Amount::Is(v) => v.saturating_mul(times),
+                Amount::Auto => (total / shares).max(floor).saturating_mul(times),
+            }
+        };
+        CpuRam {
+            cpus_milli: pick(cpus_milli, self.cpus_per_gpu, self.cpu_only_cpus, cap.cpus_milli, 10),
+            memory: pick(memory, self.memory_per_gpu, self.cpu_only_memory, cap.memory, crate::spec::MIN_MEMORY),
+        }
+    }
+
+    /// Refuse what the lab does not allow: `ipc: host` and `home: mount`.
+    pub fn check(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        if job.spec.ipc == Some(Ipc::Host) && !self.allow_ipc_host {
+            return Err(SpecError::new(
+                format!("`ipc: host` is not allowed on this machine: it would let the job reach other jobs' and the host's shared memory{}", set_in("containers.allow_ipc_host")),
+                "remove `ipc` (PyTorch works with the default private IPC and the job's large /dev/shm), or ask an admin to set `allow_ipc_host = true`",
+            ));
+        }
+        if job.spec.home == Some(Home::Mount) && self.home != Home::Mount {
+            return Err(SpecError::new(
+                format!("`home: mount` is not enabled on this machine{}", set_in("containers.home")),
+                "remove `home` (the job gets an empty, writable $HOME), mount the folders it needs under `mounts`, or ask an admin to set `home = \"mount\"`",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The machine's CPUs and RAM, read once when the engine starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    pub total: CpuRam,
+    /// The most locked memory a container may get here (`None`: unlimited is allowed). Raising
+    /// RLIMIT_MEMLOCK needs CAP_SYS_RESOURCE, which some hosts (a dockerd inside a container) lack;
+    /// asking for more there would fail every job at start.
+    pub memlock_max: Option<i64>,
+}
+
+impl Machine {
+    pub fn read() -> Machine {
+        let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+        let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m)).unwrap_or(0);
+        Machine { total: CpuRam { cpus_milli: cpus * 1000, memory }, memlock_max: memlock_max() }
+    }
+
+    /// What jobs may use: the machine less the lab's reserve for the OS, Docker and the engine, but at
+    /// least half the machine (a reserve larger than a small machine must not leave nothing).
+    pub fn for_jobs(&self, c: &Containers) -> CpuRam {
+        let t = self.total;
+        CpuRam {
+            cpus_milli: t.cpus_milli.saturating_sub(c.reserve_cpus_milli).max(t.cpus_milli / 2),
+            memory: t.memory.saturating_sub(c.reserve_memory).max(t.memory / 2),
+        }
+    }
+}
+
+/// `MemTotal:       24567890 kB` -> bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `Some(hard limit)` when this (root) process may not raise RLIMIT_MEMLOCK to unlimited, which means
+/// the container runtime on this host may not either. A non-root engine cannot tell: it assumes it may.
+fn memlock_max() -> Option<i64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).ok()?;
+    if hard == RLIM_INFINITY || setrlimit(Resource::RLIMIT_MEMLOCK, soft, RLIM_INFINITY).is_ok() {
+        return None;
+    }
+    Some(hard as i64)
+}
+
+/// What the executor applies to a job's container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerSettings {
+    /// Billionths of a CPU (Docker's NanoCpus); `None`: no limit.
+    pub nano_cpus: Option<i64>,
+    /// Bytes (swap is set to the same, so none is added); `None`: no limit.
+    pub memory: Option<i64>,
+    pub shm_size: Option<i64>,
+    /// -1 unlimited.
+    pub memlock: Option<i64>,
+    pub stack: Option<i64>,
+    pub ipc_host: bool,
+    /// `$HOME` in the container.
+    pub home: Option<String>,
+    /// Mount an empty tmpfs owned by the job's user at `home` (else the owner's home is one of the
+    /// job's checked mounts, or a spec mount is already there).
+    pub home_tmpfs: bool,
+}
+
+/// Where a job's HOME goes when its owner's home cannot be used as the path (no passwd entry, `/`).
+pub const FALLBACK_HOME: &str = "/gantry/home";
+
+impl Containers {
+    /// The container settings of `job`, whose CPU and RAM are `needs` (from [`Containers::needs`]).
+    /// `owner_home` is the owner's home folder; with `home: mount`, the caller adds it to the mounts
+    /// that are checked as the owner (see [`Containers::home_mount`]).
+    pub fn settings(&self, job: &ValidJob, needs: CpuRam, machine: &Machine, owner_home: Option<&str>) -> ContainerSettings {
+        let memory = (needs.memory > 0).then_some(needs.memory);
+        let shm = job.limits.shm_size.or(self.shm_size).unwrap_or_else(|| memory.map(|m| m / 2).unwrap_or(config::SHM_WITHOUT_MEMORY_LIMIT));
+        let memlock = job.limits.memlock.unwrap_or(self.memlock);
+        let memlock = match machine.memlock_max {
+            Some(max) if memlock < 0 || memlock > max => max,
+            _ => memlock,
+        };
+        let home = home_path(owner_home);
+        // A spec mount at the home path is the job's HOME as it is.
+        let taken = job.mounts.iter().any(|m| m.container.trim_end_matches('/') == home);
+        ContainerSettings {
+            nano_cpus: (needs.cpus_milli > 0).then(|| needs.cpus_milli as i64 * 1_000_000),
+            memory: memory.map(|m| m as i64),
+            shm_size: Some(shm as i64),
+            memlock: Some(memlock),
+            stack: Some(job.limits.stack.unwrap_or(self.stack)),
+            ipc_host: job.spec.ipc == Some(Ipc::Host),
+            home_tmpfs: !taken && self.home_mode(job) == Home::Tmpfs,
+            home: Some(home),
+        }
+    }
+
+    fn home_mode(&self, job: &ValidJob) -> Home {
+        job.spec.home.unwrap_or(self.home)
+    }
+
+    /// The owner's home as a read-write mount, when the job's HOME is their home folder.
+    pub fn home_mount(&self, job: &ValidJob, owner_home: Option<&str>) -> Option<crate::spec::Mount> {
+        let home = home_path(owner_home);
+        let taken = job.mounts.iter().any(|m| m.container.trim_end_matches('/') == home);
+        (self.home_mode(job) == Home::Mount && !taken && home != FALLBACK_HOME).then(|| crate::spec::Mount { host: home.clone(), container: home, read_only: false })
+    }
+}
+
+fn home_path(owner_home: Option<&str>) -> String {
+    match owner_home.map(|h| h.trim_end_matches('/')) {
+        Some(h) if h.starts_with('/') && h.len() > 1 && !h.contains(':') => h.to_string(),
+        _ => FALLBACK_HOME.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{validate_text, Format, Origin};
+    const G: u64 = 1 << 30;
+
+    fn job(yaml: &str) -> ValidJob {
+        validate_text(&format!("image: a\n{yaml}"), Format::Yaml, &Origin::default()).unwrap()
+    }
+    fn needs(c: &Containers, j: &ValidJob, cap: CpuRam, gpu_count: usize) -> CpuRam {
+        c.needs(j.gpus, j.limits.cpus_milli, j.limits.memory, cap, gpu_count)
+    }
+    fn machine(cpus: u64, gib: u64) -> Machine {
+        Machine { total: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, memlock_max: None }
+    }
+
+    #[test]
+    fn capacity_is_the_machine_less_the_reserve_and_jobs_get_a_share_per_gpu() {
+        let c = Containers::default();
+        let cap = machine(65, 514).for_jobs(&c);
+        assert_eq!(cap, CpuRam { cpus_milli: 64_000, memory: 512 * G });
+        assert_eq!(machine(1, 2).for_jobs(&c), CpuRam { cpus_milli: 500, memory: G }, "at least half a small machine");
+        // 7 GPUs: 8 shares (one kept for CPU-only jobs).
+        assert_eq!(needs(&c, &job("gpus: 2\n"), cap, 7), CpuRam { cpus_milli: 16_000, memory: 128 * G });
+        assert_eq!(needs(&c, &job("gpus: 0\n"), cap, 7), CpuRam { cpus_milli: 8_000, memory: 64 * G });
+        assert_eq!(needs(&c, &job("gpus: 2\ncpus: 3\nmemory: 10GiB\n"), cap, 7), CpuRam { cpus_milli: 3_000, memory: 10 * G });
+        let set = Containers { cpus_per_gpu: Amount::Is(6_000), memory_per_gpu: Amount::Unlimited, cpu_only_cpus: Amount::Is(2_000), ..c };
+        assert_eq!(needs(&set, &job("gpus: 3\n"), cap, 7), CpuRam { cpus_milli: 18_000, memory: 0 });
+        assert_eq!(needs(&set, &job("gpus: 0\n"), cap, 7), CpuRam { cpus_milli: 2_000, memory: 64 * G });
+        assert_eq!(mem_total("MemTotal:       24567890 kB\nMemFree: 1 kB\n"), Some(24567890 * 1024));
+        let m = Machine::read();
+        assert!(m.total.cpus_milli >= 1000 && m.total.memory > 0, "{m:?}");
+    }
+
+    #[test]
+    fn container_settings_follow_the_spec_then_the_lab() {
+        let c = Containers::default();
+        let m = machine(17, 130);
+        let s = c.settings(&job(""), CpuRam { cpus_milli: 8_000, memory: 64 * G }, &m, Some("/home/alice"));
+        assert_eq!(
+            s,
+            ContainerSettings {
+                nano_cpus: Some(8_000_000_000),
+                memory: Some(64 << 30),
+                shm_size: Some(32 << 30),
+                memlock: Some(-1),
+                stack: Some(64 << 20),
+                ipc_host: false,
+                home: Some("/home/alice".into()),
+                home_tmpfs: true,
+            }
+        );
+        assert_eq!(c.home_mount(&job(""), Some("/home/alice")), None);
+        let no_limit = c.settings(&job(""), CpuRam::default(), &m, None);
+        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size), (None, None, Some(8 << 30)));
+        assert_eq!(no_limit.home.as_deref(), Some(FALLBACK_HOME));
+        let own = c.settings(&job("shm_size: 1GiB\nulimits: {memlock: 1MiB, stack: 8MiB}\n"), CpuRam::default(), &m, Some("/root"));
+        assert_eq!((own.shm_size, own.memlock, own.stack), (Some(1 << 30), Some(1 << 20), Some(8 << 20)));
+        let lab = Containers { shm_size: Some(2 * G), ..Containers::default() };
+        assert_eq!(lab.settings(&job(""), CpuRam { cpus_milli: 1, memory: 64 * G }, &m, None).shm_size, Some(2 << 30));
+        // Where containers may not lock unlimited memory, they get the most they may.
+        let tight = Machine { memlock_max: Some(8 << 20), ..m };
+        assert_eq!(c.settings(&job(""), CpuRam::default(), &tight, None).memlock, Some(8 << 20));
+        // home: mount, where enabled: the home is a mount (checked as the owner), no tmpfs.
+        let mount = Containers { home: Home::Mount, ..Containers::default() };
+        let s = mount.settings(&job(""), CpuRam::default(), &m, Some("/home/alice/"));
+        assert!(!s.home_tmpfs && s.home.as_deref() == Some("/home/alice"));
+        assert_eq!(mount.home_mount(&job(""), Some("/home/alice")), Some(crate::spec::Mount { host: "/home/alice".into(), container: "/home/alice".into(), read_only: false }));
+        assert_eq!(mount.home_mount(&job("home: tmpfs\n"), Some("/home/alice")), None);
+        assert_eq!(mount.home_mount(&job("mounts: ['/data:/home/alice']\n"), Some("/home/alice")), None, "a spec mount there wins");
+        assert!(!c.settings(&job("mounts: ['/data:/home/alice']\n"), CpuRam::default(), &m, Some("/home/alice")).home_tmpfs);
+    }
+
+    #[test]
+    fn ipc_host_and_home_mount_need_the_lab_to_allow_them() {
+        let c = Containers::default();
+        let at = |k: &str| format!(" ({k} in /etc/gantry/config.toml)");
+        let e = c.check(&job("ipc: host\n"), &at).unwrap_err();
+        assert!(e.message.starts_with("`ipc: host` is not allowed on this machine") && e.message.ends_with("(containers.allow_ipc_host in /etc/gantry/config.toml)"), "{e}");
+        assert!(e.hint.contains("allow_ipc_host = true"), "{e}");
+        let e = c.check(&job("home: mount\n"), &at).unwrap_err();
+        assert!(e.message.contains("`home: mount` is not enabled"), "{e}");
+        assert!(c.check(&job("ipc: private\nhome: tmpfs\n"), &at).is_ok());
+        let open = Containers { allow_ipc_host: true, home: Home::Mount, ..c };
+        assert!(open.check(&job("ipc: host\nhome: mount\n"), &at).is_ok());
+        assert!(open.settings(&job("ipc: host\n"), CpuRam::default(), &machine(2, 2), None).ipc_host);
+    }
+}
