@@ -9,8 +9,7 @@ cd "$(dirname "$0")/.."
 command -v tauri-driver >/dev/null || [ -x "$HOME/.cargo/bin/tauri-driver" ] || cargo install tauri-driver --locked --version 2.1.0
 export PATH="$HOME/.cargo/bin:$PATH"
 npm --prefix ui run build
-cargo build -p gantry-app --locked
-cargo build -p gantry --bin gantry --locked
+cargo build --workspace --all-targets --locked   # the app and CLI; the same features as `cargo test --workspace`, so no rebuild after it
 # The same plain user the integration tests use (never in the docker group).
 id -u gantry-alice >/dev/null 2>&1 || useradd -m -U -s /bin/sh gantry-alice
 STARTED_XVFB=""

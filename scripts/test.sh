@@ -23,7 +23,7 @@ echo "==> Rust: unit and integration tests (real Docker, simulated GPUs)"
 cargo test --workspace --locked
 
 echo "==> The installed package: .deb, the service's ExecStart, real users, an upgrade while a job runs"
-cargo build --locked -p gantry -p gantry-app
+cargo build --workspace --all-targets --locked   # the binaries the tests used (same features: no rebuild)
 scripts/test-installed.sh
 
 echo "==> End to end: the real app under Xvfb through tauri-driver"
