@@ -371,7 +371,11 @@ fn upgrading_the_package_while_a_job_runs_keeps_the_job_and_the_lab_config() {
     config.push_str("\n# edited by the lab's admin\n");
     std::fs::write(CONFIG, &config).unwrap();
 
-    let id = run_as(&alice, &["--gpus", "1"], &["sh", "-c", "echo before; sleep 6; echo after"]);
+    // The job runs until the test says so (a file in a folder of alice's), so a slow upgrade cannot
+    // outlast it.
+    let gate = alice.private_dir("upgrade");
+    let mount = format!("{}:/gate", gate.display());
+    let id = run_as(&alice, &["--gpus", "1", "--mount", &mount], &["sh", "-c", "echo before; while [ ! -e /gate/go ]; do sleep 0.2; done; echo after"]);
     wait_until("the job to run", || json_as(&alice, &["show", &id.to_string()])["job"]["state"] == "running");
     let before = gpu_holders(&[service_engine(&alice)]);
     assert_eq!(before.len(), 1, "{before:?}");
@@ -381,6 +385,7 @@ fn upgrading_the_package_while_a_job_runs_keeps_the_job_and_the_lab_config() {
     dpkg_install(&next);
     service.start(); // postinst: systemctl restart
     assert_eq!(gpu_holders(&[service_engine(&alice)]).keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>(), "the job's container survived the upgrade");
+    alice.write(&gate.join("go"), "");
 
     let j = wait_final(&alice, id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
