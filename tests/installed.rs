@@ -395,4 +395,5 @@ fn upgrading_the_package_while_a_job_runs_keeps_the_job_and_the_lab_config() {
     assert_eq!(std::fs::read_to_string(CONFIG).unwrap(), config, "dpkg kept the admin's edited config");
     let v = Command::new("dpkg-query").args(["-W", "-f=${Version}", "gantry"]).output().unwrap();
     assert!(next.contains(&*String::from_utf8_lossy(&v.stdout)), "the new version is installed");
+    let _ = std::fs::remove_dir_all(&gate);
 }
