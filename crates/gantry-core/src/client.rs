@@ -405,12 +405,14 @@ pub enum EngineRef {
     Holder(Holder),
     /// Another user's engine holds the machine lock and cannot be used: there is no engine to talk to.
     Blocked(Holder),
+    /// A workstation's engine, through `ssh HOST gantry proxy`.
+    Remote { host: String },
 }
 
 /// [`EngineRef`] for the UI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct EngineView {
-    /// "system", "user", "state_dir", "embedded", "holder" or "blocked".
+    /// "system", "user", "state_dir", "embedded", "holder", "blocked" or "remote".
     pub kind: String,
     /// One line for the header.
     pub label: String,
@@ -425,7 +427,7 @@ impl EngineRef {
         match self {
             EngineRef::Found { socket, .. } | EngineRef::Embedded { socket, .. } => Some(socket),
             EngineRef::Holder(h) => h.socket.as_deref(),
-            EngineRef::Blocked(_) => None,
+            EngineRef::Blocked(_) | EngineRef::Remote { .. } => None,
         }
     }
 
@@ -446,6 +448,7 @@ impl EngineRef {
             EngineRef::Embedded { gpus: None, .. } => "Engine in this app (this machine's GPUs)".into(),
             EngineRef::Holder(h) => format!("Engine of {}", h.user),
             EngineRef::Blocked(h) => format!("Engine of {} (cannot connect)", h.user),
+            EngineRef::Remote { host } => format!("{host} (through ssh)"),
         }
     }
 
@@ -457,6 +460,7 @@ impl EngineRef {
             EngineRef::Embedded { .. } => "embedded",
             EngineRef::Holder(_) => "holder",
             EngineRef::Blocked(_) => "blocked",
+            EngineRef::Remote { .. } => "remote",
         };
         let problem = match self {
             EngineRef::Blocked(h) => Some(LockError::Held(h.clone()).to_string()),
