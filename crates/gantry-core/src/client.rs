@@ -114,21 +114,20 @@ impl Target {
         let mut c = tokio::process::Command::new(&ssh[0]);
         c.args(&ssh[1..]).args(["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]);
         if let Some(dir) = control_dir() {
-            c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/ssh-%C", dir.display())).args(["-o", "ControlPersist=60"]);
+            c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/%C", dir.display())).args(["-o", "ControlPersist=60"]);
         }
         c.args(["--", host, "gantry", "proxy"]);
         Some(c)
     }
 }
 
-/// Where ssh keeps its shared connections: the user's own state dir (private, unlike /tmp). `None`
-/// (no sharing) if it cannot be made.
+/// Where ssh keeps its shared connections: the user's runtime dir or state dir (private, unlike
+/// /tmp). `None` (no sharing) if neither can be made or is short enough: a socket path has at most
+/// 107 bytes, and ssh adds 58 (`/` + 40 hex digits of `%C` + a 17-byte temporary suffix).
 fn control_dir() -> Option<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = Paths::default_state_dir();
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).ok()?;
-    // ssh's socket path limit is 108 bytes; the name adds 44.
-    (dir.as_os_str().len() < 60).then_some(dir)
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join("gantry"));
+    runtime.into_iter().chain([Paths::default_state_dir()]).find(|dir| dir.as_os_str().len() <= 107 - 58 && std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_ok())
 }
 
 /// One connection to the engine: a Unix socket, or a `gantry proxy` behind ssh (its stdout and stdin).
