@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the app and drive it end to end: Xvfb + tauri-driver + WebKitWebDriver, real Docker,
-# simulated GPUs. Two scenarios (ui/e2e/): the app hosting its own engine, and the app started as the
+# simulated GPUs. Three scenarios (ui/e2e/): the app hosting its own engine; the app started as the
 # real user gantry-alice with an empty environment finding the system engine (see system.e2e.mjs for
-# how it runs as alice and which system engine it uses). Screenshots land in target/e2e-shots/.
+# how it runs as alice and which system engine it uses); and the app on a "laptop" using a workstation
+# through a real sshd on 127.0.0.1 (remote.e2e.mjs; needs openssh-server). Screenshots land in
+# target/e2e-shots/.
 # Assumes scripts/test.sh set up deps; runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
-  dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
+  openssh-server openssh-client dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver
 STARTED_DOCKERD=0
 # GPU DeviceRequests without a GPU (tests/nvml.rs): dockerd registers its "nvidia" device driver only if
 # a (fake) nvidia-container-runtime-hook is on its PATH when it starts, so install it first. A dockerd

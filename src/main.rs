@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use gantry_core::api::{JobDetailView, JobView, PriorityRequest, QueueEntryView, StatusInfo, SubmitRequest, Submitted, WhoAmI};
-use gantry_core::client::{Client, ClientError, FoundBy};
+use gantry_core::client::{Client, ClientError, FoundBy, Target};
 use gantry_core::engine::{Config, GpuStatus, GpuUser, Paths};
 use gantry_core::gpu::BackendKind;
 use gantry_core::inbox::users::InboxInfo;
@@ -23,6 +23,10 @@ struct Cli {
     /// Keep the database, logs and socket under DIR (default: $XDG_STATE_HOME/gantry).
     #[arg(long, global = true, env = "GANTRY_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Use the engine of a workstation reached with ssh (`user@host` or a ~/.ssh/config Host): runs
+    /// `ssh HOST gantry proxy`, so you act there as the ssh user.
+    #[arg(long, global = true, env = "GANTRY_HOST", value_name = "HOST")]
+    host: Option<String>,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -131,6 +135,8 @@ enum Cmd {
     },
     /// Engine status.
     Status,
+    /// Join stdin/stdout to this machine's engine: what `gantry --host` and the app run through ssh.
+    Proxy,
     /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
     #[command(hide = true)]
     Generate {
@@ -386,7 +392,12 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
 
 async fn run(cli: Cli) -> Result<std::process::ExitCode> {
     let (socket, found_by) = gantry_core::client::locate(cli.state_dir.clone());
-    let mut client = Client::new(socket.clone());
+    let remote = match (&cli.host, &cli.cmd) {
+        (Some(_), Cmd::Daemon { .. } | Cmd::Proxy) => bail!("--host (or GANTRY_HOST) is for commands that talk to an engine; `daemon` and `proxy` run on the workstation itself"),
+        (Some(h), _) => Some(Target::ssh(h)?),
+        (None, _) => None,
+    };
+    let mut client = Client::to(remote.clone().unwrap_or_else(|| Target::Socket(socket.clone())));
     if let Some(t) = cli.client_timeout {
         client = client.with_timeout(t);
     }
@@ -435,11 +446,16 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             .context("the engine stopped")?;
         }
         Cmd::Generate { dir } => generate(dir)?,
+        Cmd::Proxy => gantry_core::client::proxy(&socket).await?,
         Cmd::Submit { files } => return submit(&client, files, cli.json).await,
         Cmd::Run(args) => {
             let (text, file_name) = args.spec_text()?;
-            let base_dir = std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?;
-            let s: Submitted = client.post("/v1/jobs", &SubmitRequest { text, file_name, base_dir: Some(base_dir) }).await.map_err(|e| match e {
+            // Remote: this computer's folder means nothing on the workstation (relative mounts are refused there).
+            let base_dir = match remote {
+                Some(_) => None,
+                None => Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?),
+            };
+            let s: Submitted = client.post("/v1/jobs", &SubmitRequest { text, file_name, base_dir }).await.map_err(|e| match e {
                 // The line numbers point into text the user never saw: name the field only.
                 ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
                 e => e.into(),
@@ -600,6 +616,10 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Cmd::Inbox { action } => {
             let mut info: InboxInfo = client.get("/v1/inbox").await?;
             let init = matches!(action, Some(InboxAction::Init));
+            if let (true, Some(Target::Ssh { host, .. })) = (init && info.per_user, &remote) {
+                // The folder is made by the user on the workstation, not on this computer.
+                bail!("your drop folder is on {host}: run `ssh {host} gantry inbox init` there");
+            }
             if init && info.per_user {
                 // Made by the user, as the user: the engine only checks it and watches it.
                 std::fs::DirBuilder::new()
@@ -625,18 +645,24 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 struct Located<'a> {
                     #[serde(flatten)]
                     status: &'a StatusInfo,
-                    found_by: FoundBy,
-                    socket: &'a Path,
+                    found_by: Option<FoundBy>,
+                    socket: Option<&'a Path>,
+                    host: Option<&'a str>,
                 }
-                print_json(&Located { status: &s, found_by, socket: &socket })?;
+                let located = match &cli.host {
+                    Some(h) => Located { status: &s, found_by: None, socket: None, host: Some(h) },
+                    None => Located { status: &s, found_by: Some(found_by), socket: Some(&socket), host: None },
+                };
+                print_json(&located)?;
             } else {
                 let at = esc(&socket.display().to_string()).into_owned();
                 outln!(
                     "{}",
-                    match found_by {
-                        FoundBy::System => format!("system engine at {at}"),
-                        FoundBy::StateDir => format!("engine from --state-dir at {at}"),
-                        FoundBy::User => format!("your own engine at {at}"),
+                    match (&cli.host, found_by) {
+                        (Some(h), _) => format!("remote: {} ({}, through ssh)", esc(h), if s.system { "system engine" } else { "an engine of your own there" }),
+                        (None, FoundBy::System) => format!("system engine at {at}"),
+                        (None, FoundBy::StateDir) => format!("engine from --state-dir at {at}"),
+                        (None, FoundBy::User) => format!("your own engine at {at}"),
                     }
                 );
                 outln!("engine pid {} (v{}), state in {}", s.pid, s.version, esc(&s.state_dir.display().to_string()));

@@ -8,6 +8,7 @@ mod faults;
 mod gpu_select;
 mod helpers;
 mod policy;
+mod remote;
 mod nvml;
 mod run_and_hold;
 mod security_api;

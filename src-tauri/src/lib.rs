@@ -4,12 +4,16 @@
 //! then the user's own). If none answers it hosts one in-process (the embedded default) — which serves
 //! the same socket, so every command below goes through one API client — unless another engine holds
 //! this machine's GPUs: then it uses that engine if it is the same user's, or says whose it is.
+//!
+//! The header's machine switcher moves every command to a workstation's engine through
+//! `ssh HOST gantry proxy` (the same client as `gantry --host`); `GANTRY_HOST` starts there.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use gantry_core::api::{JobDetailView as JobDetail, PriorityRequest, QueueEntryView as QueueEntry, StatusInfo, Submitted, WhoAmI};
-use gantry_core::client::{self as core_client, Client, EngineRef, EngineView, FoundBy, Preview};
+use gantry_core::client::{self as core_client, Client, EngineRef, EngineView, FoundBy, Preview, Target};
+use gantry_core::machines::{self, Machines};
 use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, Paths};
 use gantry_core::machine_lock::{self, LockError, MachineLock};
 use gantry_core::store::{HistoryRow, TimelineRun, UsageReport};
@@ -25,95 +29,127 @@ fn e(err: impl std::fmt::Display) -> String {
 }
 
 pub struct AppState {
-    client: Client,
-    engine: EngineRef,
+    /// This computer's engine (found, hosted or blocked).
+    local: (Client, EngineRef),
+    /// The engine in use: `local`, or a remote workstation's.
+    current: std::sync::RwLock<(Client, EngineRef)>,
+    /// The task forwarding the current engine's events (replaced on a switch).
+    events: std::sync::Mutex<Option<tauri::async_runtime::JoinHandle<()>>>,
+    /// The saved remote workstations (JSON in the app's config dir).
+    machines_file: PathBuf,
     /// Held while this app hosts the engine.
     _lock: Option<MachineLock>,
+}
+
+impl AppState {
+    fn client(&self) -> Client {
+        self.current.read().unwrap().0.clone()
+    }
+    fn host(&self) -> Option<String> {
+        match &self.current.read().unwrap().1 {
+            EngineRef::Remote { host } => Some(host.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// Which engine this app talks to (the header), or why there is none.
 #[tauri::command]
 async fn engine(s: State<'_, AppState>) -> R<EngineView> {
-    Ok(s.engine.view())
+    Ok(s.current.read().unwrap().1.view())
+}
+/// "This computer" and the remote workstations to switch to.
+#[tauri::command]
+async fn machines(s: State<'_, AppState>) -> R<Machines> {
+    Ok(machines::list(&s.machines_file, s.host()))
+}
+/// Use HOST's engine through ssh (`None`: this computer's); the UI reloads on success.
+#[tauri::command]
+async fn connect_machine(app: tauri::AppHandle, s: State<'_, AppState>, host: Option<String>) -> R<EngineView> {
+    switch(&app, &s, host).await.map_err(e)
+}
+#[tauri::command]
+async fn forget_machine(s: State<'_, AppState>, host: String) -> R<Vec<String>> {
+    machines::remember(&s.machines_file, &host, false).map_err(e)
 }
 #[tauri::command]
 async fn status(s: State<'_, AppState>) -> R<StatusInfo> {
-    s.client.get("/v1/status").await.map_err(e)
+    s.client().get("/v1/status").await.map_err(e)
 }
 #[tauri::command]
 async fn whoami(s: State<'_, AppState>) -> R<WhoAmI> {
-    s.client.get("/v1/whoami").await.map_err(e)
+    s.client().get("/v1/whoami").await.map_err(e)
 }
 #[tauri::command]
 async fn queue(s: State<'_, AppState>) -> R<Vec<QueueEntry>> {
-    s.client.get("/v1/jobs").await.map_err(e)
+    s.client().get("/v1/jobs").await.map_err(e)
 }
 #[tauri::command]
 async fn job(s: State<'_, AppState>, id: i64) -> R<JobDetail> {
-    s.client.get(&format!("/v1/jobs/{id}")).await.map_err(e)
+    s.client().get(&format!("/v1/jobs/{id}")).await.map_err(e)
 }
 #[tauri::command]
 async fn cancel(s: State<'_, AppState>, id: i64) -> R<Value> {
-    s.client.post(&format!("/v1/jobs/{id}/cancel"), &()).await.map_err(e)
+    s.client().post(&format!("/v1/jobs/{id}/cancel"), &()).await.map_err(e)
 }
 #[tauri::command]
 async fn set_priority(s: State<'_, AppState>, id: i64, priority: i32) -> R<bool> {
-    s.client.post(&format!("/v1/jobs/{id}/priority"), &PriorityRequest { priority }).await.map_err(e)
+    s.client().post(&format!("/v1/jobs/{id}/priority"), &PriorityRequest { priority }).await.map_err(e)
 }
 #[tauri::command]
 async fn rerun(s: State<'_, AppState>, id: i64) -> R<i64> {
-    s.client.post::<_, Submitted>(&format!("/v1/jobs/{id}/rerun"), &()).await.map(|r| r.job_id).map_err(e)
+    s.client().post::<_, Submitted>(&format!("/v1/jobs/{id}/rerun"), &()).await.map(|r| r.job_id).map_err(e)
 }
 #[tauri::command]
 async fn gpus(s: State<'_, AppState>) -> R<GpuStatus> {
-    s.client.get("/v1/gpus").await.map_err(e)
+    s.client().get("/v1/gpus").await.map_err(e)
 }
 #[tauri::command]
 async fn gpu_recent(s: State<'_, AppState>, since: i64) -> R<Value> {
-    s.client.get(&format!("/v1/gpus/recent?since={since}")).await.map_err(e)
+    s.client().get(&format!("/v1/gpus/recent?since={since}")).await.map_err(e)
 }
 #[tauri::command]
 async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> R<Value> {
-    s.client.get(&format!("/v1/gpus/{index}/minutes?from={from}&to={to}")).await.map_err(e)
+    s.client().get(&format!("/v1/gpus/{index}/minutes?from={from}&to={to}")).await.map_err(e)
 }
 /// Per-user GPU-hours, jobs, mean wait and fair-share usage since `since_ms` (as `gantry usage`).
 #[tauri::command]
 async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
-    s.client.usage(since_ms).await.map_err(e)
+    s.client().usage(since_ms).await.map_err(e)
 }
 /// `query` is the URL query string built by the UI (filters, sort, page).
 #[tauri::command]
 async fn history(s: State<'_, AppState>, query: String) -> R<Vec<HistoryRow>> {
-    s.client.get(&format!("/v1/history?{query}")).await.map_err(e)
+    s.client().get(&format!("/v1/history?{query}")).await.map_err(e)
 }
 #[tauri::command]
 async fn history_count(s: State<'_, AppState>, query: String) -> R<i64> {
-    s.client.get(&format!("/v1/history/count?{query}")).await.map_err(e)
+    s.client().get(&format!("/v1/history/count?{query}")).await.map_err(e)
 }
 #[tauri::command]
 async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineRun>> {
-    s.client.get(&format!("/v1/timeline?from={from}&to={to}")).await.map_err(e)
+    s.client().get(&format!("/v1/timeline?from={from}&to={to}")).await.map_err(e)
 }
 #[tauri::command]
 async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
-    s.client.raw(&format!("/v1/jobs/{id}/logs")).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
+    s.client().raw(&format!("/v1/jobs/{id}/logs")).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
 }
 /// Live log tail through a Channel until the job ends or the view closes.
 #[tauri::command]
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
-    s.client.stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
+    s.client().stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
 }
 /// Live GPU samples (1 Hz) through a Channel.
 #[tauri::command]
 async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
     let mut buf = Vec::new();
-    s.client.stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || on_sample.send(v).is_ok())).await.map_err(e)
+    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || on_sample.send(v).is_ok())).await.map_err(e)
 }
 #[tauri::command]
 async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Preview>> {
     let mut out = Vec::new();
     for p in paths {
-        out.push(s.client.preview_file(&p).await.map_err(e)?);
+        out.push(s.client().preview_file(&p).await.map_err(e)?);
     }
     Ok(out)
 }
@@ -121,13 +157,16 @@ async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Pre
 async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Result<Vec<i64>, String>>> {
     let mut out = Vec::new();
     for p in paths {
-        out.push(s.client.submit_file(&p).await.map_err(e));
+        out.push(s.client().submit_file(&p).await.map_err(e));
     }
     Ok(out)
 }
 #[tauri::command]
 async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
-    let st: StatusInfo = s.client.get("/v1/status").await.map_err(e)?;
+    let st: StatusInfo = s.client().get("/v1/status").await.map_err(e)?;
+    if let Some(host) = s.host() {
+        return Err(format!("your drop folder {} is on {host}: drop spec files on this window instead, or use it there (`ssh {host}`)", st.inbox.display()));
+    }
     std::fs::create_dir_all(&st.inbox).map_err(e)?;
     tauri_plugin_opener::OpenerExt::opener(&app).open_path(st.inbox.to_string_lossy(), None::<&str>).map_err(e)
 }
@@ -195,6 +234,58 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, O
     }
     tracing::info!("hosting the engine in this app (embedded) at {}", socket.display());
     Ok((EngineRef::Embedded { socket, gpus }, Some(lock)))
+}
+
+/// Make `host` (`None`: this computer) the engine every command uses, after it answered once; a
+/// host that answers is saved for the switcher.
+async fn switch(app: &tauri::AppHandle, s: &AppState, host: Option<String>) -> anyhow::Result<EngineView> {
+    let (client, engine) = match &host {
+        None => s.local.clone(),
+        Some(h) => {
+            let client = Client::to(Target::ssh(h)?);
+            client.get::<StatusInfo>("/v1/status").await?;
+            if let Err(err) = machines::remember(&s.machines_file, h, true) {
+                tracing::warn!("cannot save {h} in {}: {err}", s.machines_file.display());
+            }
+            (client, EngineRef::Remote { host: h.clone() })
+        }
+    };
+    let view = engine.view();
+    *s.current.write().unwrap() = (client.clone(), engine.clone());
+    if let Some(old) = s.events.lock().unwrap().take() {
+        old.abort();
+    }
+    if !matches!(engine, EngineRef::Blocked(_)) {
+        *s.events.lock().unwrap() = Some(tauri::async_runtime::spawn(supervise(app.clone(), client, host)));
+    }
+    Ok(view)
+}
+
+/// The current engine's events. For a workstation, a lost connection is announced (`connection`
+/// event: the UI's banner) and retried with backoff until it answers again (then the UI reloads).
+async fn supervise(app: tauri::AppHandle, client: Client, host: Option<String>) {
+    loop {
+        forward_events(app.clone(), client.clone()).await;
+        let Some(host) = &host else { return };
+        let (mut delay, mut lost) = (std::time::Duration::from_secs(1), false);
+        loop {
+            match client.get::<StatusInfo>("/v1/status").await {
+                Ok(_) => {
+                    if lost {
+                        let _ = app.emit("connection", serde_json::json!({ "host": host, "ok": true }));
+                    }
+                    break;
+                }
+                Err(err) => {
+                    lost = true;
+                    tracing::warn!("lost {host}: {err}; retrying in {delay:?}");
+                    let _ = app.emit("connection", serde_json::json!({ "host": host, "ok": false, "error": err.to_string(), "retry_in_s": delay.as_secs() }));
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        }
+    }
 }
 
 /// Job state changes -> `job-changed` events, desktop notifications for my jobs, tray summary.
@@ -286,17 +377,22 @@ pub fn run() {
             let (engine, lock) = connect_or_embed(rt.inner())?;
             // Blocked: no engine; the UI shows why and calls nothing else.
             let client = Client::new(engine.socket().map(PathBuf::from).unwrap_or_else(|| Paths::default_state_dir().join("gantry.sock")));
-            if engine.socket().is_some() {
-                tauri::async_runtime::spawn(forward_events(app.handle().clone(), client.clone()));
+            let machines_file = app.path().app_config_dir().map(|d| d.join("machines.json")).unwrap_or_else(|_| Paths::default_state_dir().join("machines.json"));
+            let local = (client, engine);
+            app.manage(AppState { current: std::sync::RwLock::new(local.clone()), local, events: Default::default(), machines_file, _lock: lock });
+            let host = std::env::var("GANTRY_HOST").ok().filter(|h| !h.is_empty());
+            if let Err(err) = rt.block_on(switch(app.handle(), &app.state::<AppState>(), host.clone())) {
+                // Start on this computer; the switcher offers the host again.
+                tracing::warn!("cannot use {}: {err:#}", host.as_deref().unwrap_or("this computer"));
+                rt.block_on(switch(app.handle(), &app.state::<AppState>(), None))?;
             }
-            app.manage(AppState { client, engine, _lock: lock });
             if let Err(err) = build_tray(app) {
                 tracing::warn!("no tray icon: {err}");
             }
             Ok(())
         })
         .invoke_handler(tauri::generate_handler![
-            engine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
+            engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
             history_count, timeline, usage, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))

@@ -94,9 +94,10 @@ test("submit through the app, watch it run, find it in History and read its log"
       }
     }
   };
-  const mine = await rowOf(jobId);
+  // The reason comes with the engine's next scheduling pass ("about to be scheduled" until then).
+  let mine;
+  await d.wait(async () => /needs 1 free GPU/.test((mine = await rowOf(jobId)).text), 20_000).catch(() => assert.fail(`row: ${mine?.text}`));
   assert.equal(mine.state, "queued");
-  assert.match(mine.text, /needs 1 free GPU/);
   await d.wait(async () => (await rowOf(blockerId)).state === "running", 30_000);
   await shot("3-queue");
 

@@ -7,7 +7,7 @@ import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
-  SubmitResult, TimelineRun, UsageReport, WhoAmI, GpuSample,
+  SubmitResult, TimelineRun, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -37,6 +37,11 @@ export interface Backend {
   pickFiles(): Promise<string[]>;
   openInbox(): Promise<void>;
   onFileDrop(onDrop: (paths: string[]) => void, onHover: (over: boolean) => void): Promise<Unsubscribe>;
+  machines(): Promise<Machines>;
+  /** Use this workstation's engine through ssh (null: this computer's). */
+  connectMachine(host: string | null): Promise<EngineInfo>;
+  forgetMachine(host: string): Promise<string[]>;
+  onConnection(cb: (ev: ConnectionEvent) => void): Promise<Unsubscribe>;
 }
 
 /** Query string for history endpoints (the engine parses it). */
@@ -88,6 +93,10 @@ export const tauriBackend: Backend = {
     return Array.isArray(r) ? r : [r];
   },
   openInbox: () => invoke("open_inbox"),
+  machines: () => invoke("machines"),
+  connectMachine: (host) => invoke("connect_machine", { host }),
+  forgetMachine: (host) => invoke("forget_machine", { host }),
+  onConnection: (cb) => listen<ConnectionEvent>("connection", (e) => cb(e.payload)),
   async onFileDrop(onDrop, onHover) {
     return getCurrentWebview().onDragDropEvent((ev) => {
       const p = ev.payload;

@@ -73,6 +73,10 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     pickFiles: rec("pickFiles", []),
     openInbox: rec("openInbox", undefined),
     onFileDrop: rec("onFileDrop", () => {}),
+    machines: rec("machines", { current: null, saved: ["alice@ws1"], ssh_config: ["lab"] }),
+    connectMachine: rec("connectMachine", { kind: "remote", label: "lab (through ssh)", socket: null, problem: null } as EngineInfo),
+    forgetMachine: rec("forgetMachine", []),
+    onConnection: rec("onConnection", () => {}),
     ...over,
   };
   return { b, calls };

@@ -9,6 +9,7 @@ import { queueView } from "./views/queue";
 import { runView } from "./views/run";
 import { submitView } from "./views/submit";
 import { usageView } from "./views/usage";
+import { connectionBanner, machineSwitcher } from "./machines";
 
 export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["usage", "Usage"], ["submit", "Submit"]] as const;
 
@@ -22,13 +23,15 @@ export function route(hash: string): { tab: string; id?: number } {
 export async function mount(root: HTMLElement, backend: Backend) {
   const engine = await backend.engine();
   const which = h("span", { class: "muted", title: engine.socket ?? "", "data-testid": "engine" }, engine.label);
+  const reload = () => location.reload();
+  const machine = await machineSwitcher(backend, reload);
   if (engine.problem) {
     // Another user's engine holds this machine's GPUs: nothing to talk to, and no second engine.
-    root.replaceChildren(h("header", { class: "top" }, h("h1", {}, "Gantry"), h("span", { class: "spacer" }), which),
+    root.replaceChildren(h("header", { class: "top" }, h("h1", {}, "Gantry"), h("span", { class: "spacer" }), machine, which),
       h("div", { class: "banner warn", role: "alert", "data-testid": "engine-problem" }, engine.problem));
     return;
   }
-  const [status, me] = await Promise.all([backend.status(), backend.whoami()]);
+  const [status, me, lost] = await Promise.all([backend.status(), backend.whoami(), connectionBanner(backend, reload)]);
   const go = (hash: string) => { location.hash = hash; };
   const nav = h("nav", { class: "tabs", role: "tablist" }, TABS.map(([k, label], i) =>
     h("a", { href: `#/${k}`, role: "tab", "data-tab": k, "data-testid": `tab-${k}`, title: `${label} (${i + 1})` }, label)));
@@ -42,8 +45,8 @@ export async function mount(root: HTMLElement, backend: Backend) {
   const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
   root.replaceChildren(
     h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
-      which, h("span", { class: "muted", "data-testid": "me" }, me.name)),
-    banner ?? "", store ?? "", docker ?? "", main, overlay);
+      machine, which, h("span", { class: "muted", "data-testid": "me" }, me.name)),
+    lost, banner ?? "", store ?? "", docker ?? "", main, overlay);
 
   const submit = submitView(backend, go);
   let current: View | null = null;

@@ -5,7 +5,7 @@ export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "ti
 
 /** Which engine the app talks to (from gantry-core's `EngineRef::view`). */
 export interface EngineInfo {
-  kind: "system" | "user" | "state_dir" | "embedded" | "holder" | "blocked";
+  kind: "system" | "user" | "state_dir" | "embedded" | "holder" | "blocked" | "remote";
   label: string; socket: string | null;
   /** Why there is no engine (`blocked`: another user's engine holds this machine's GPUs). */
   problem: string | null;
@@ -73,3 +73,7 @@ export type SubmitResult = { Ok: number[] } | { Err: string };
 /** gantry-core `UsageReport`: per user over [since_ms, until_ms), as `gantry usage` prints it. */
 export interface UserUsage { user: string; gpu_hours: number; jobs_finished: number; mean_wait_ms: number | null; fair_share_usage: number }
 export interface UsageReport { since_ms: number; until_ms: number; fair_share_half_life_ms: number; users: UserUsage[] }
+/** The machine switcher: `current` is the remote host in use (null: this computer). */
+export interface Machines { current: string | null; saved: string[]; ssh_config: string[] }
+/** A remote workstation's connection went away (`ok: false`, retried after `retry_in_s`) or came back. */
+export interface ConnectionEvent { host: string; ok: boolean; error?: string; retry_in_s?: number }

@@ -90,6 +90,9 @@ pub struct StatusInfo {
     /// The lab config the engine read (`None`: built-in defaults).
     #[serde(default)]
     pub config_file: Option<PathBuf>,
+    /// The machine's engine (`gantry daemon --system`), for every user.
+    #[serde(default)]
+    pub system: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -322,6 +325,7 @@ async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusIn
         gpu_count: g.gpus.len(),
         inbox: e.inbox_info(p.uid).path,
         state_dir: e.cfg.paths.state_dir.clone(),
+        system: e.cfg.paths.system_root.is_some(),
         docker_problem: h.docker_problem,
         store_problem: h.store_problem,
         orphans: h.orphans,

@@ -10,6 +10,7 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 
 use crate::api::{ApiError, SubmitRequest, Submitted};
@@ -31,6 +32,10 @@ pub enum ClientError {
     Protocol(String),
     #[error("{0}")]
     File(String),
+    /// `ssh HOST gantry proxy` ended before the engine answered; `message` is what ssh (or the remote
+    /// `gantry proxy`) wrote on stderr.
+    #[error("cannot reach the Gantry engine on {host} through ssh: {message}")]
+    Remote { host: String, message: String },
 }
 
 /// A spec file checked by the engine without queueing it (the app's preview).
@@ -68,58 +73,178 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// While the socket's accept queue is full, retry the connect this often (within the timeout).
 const CONNECT_RETRY: Duration = Duration::from_millis(50);
 
+/// Where the engine is: a Unix socket on this machine, or a workstation reached with the system `ssh`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Socket(PathBuf),
+    /// `ssh HOST gantry proxy`: HOST is anything ssh accepts (`user@host`, a `~/.ssh/config` alias).
+    /// The proxy runs as the ssh user on the workstation and connects to the engine there, so the
+    /// engine sees that user's uid.
+    Ssh { host: String, ssh: Vec<String> },
+}
+
+impl Target {
+    /// A remote workstation. `GANTRY_SSH` replaces the `ssh` program (with its own options, split on
+    /// spaces: `ssh -F /path/config`).
+    pub fn ssh(host: &str) -> Result<Target, ClientError> {
+        let host = host.trim();
+        // A leading `-` would be read by ssh as an option.
+        if host.is_empty() || host.starts_with('-') || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ClientError::File(format!("{host:?} is not a host name: write `user@host` or a Host from ~/.ssh/config")));
+        }
+        let ssh = std::env::var("GANTRY_SSH").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "ssh".into());
+        Ok(Target::Ssh { host: host.into(), ssh: ssh.split_whitespace().map(String::from).collect() })
+    }
+
+    /// For messages: the socket, or `HOST`.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Socket(s) => s.display().to_string(),
+            Target::Ssh { host, .. } => host.clone(),
+        }
+    }
+
+    /// The `ssh` command line for one connection. Every request opens its own `gantry proxy`, so each
+    /// is its own connection to the engine (a `logs -f` stream never blocks other requests, and the
+    /// engine checks each one's peer credentials), but ssh multiplexes them over one authenticated
+    /// connection (ControlMaster, kept 60 s after the last request), so a request costs a channel,
+    /// not a handshake.
+    fn command(&self) -> Option<tokio::process::Command> {
+        let Target::Ssh { host, ssh } = self else { return None };
+        let mut c = tokio::process::Command::new(&ssh[0]);
+        c.args(&ssh[1..]).args(["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]);
+        if let Some(dir) = control_dir() {
+            c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/%C", dir.display())).args(["-o", "ControlPersist=60"]);
+        }
+        c.args(["--", host, "gantry", "proxy"]);
+        Some(c)
+    }
+}
+
+/// Where ssh keeps its shared connections: the user's runtime dir or state dir (private, unlike
+/// /tmp). `None` (no sharing) if neither can be made or is short enough: a socket path has at most
+/// 107 bytes, and ssh adds 58 (`/` + 40 hex digits of `%C` + a 17-byte temporary suffix).
+fn control_dir() -> Option<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join("gantry"));
+    runtime.into_iter().chain([Paths::default_state_dir()]).find(|dir| dir.as_os_str().len() <= 107 - 58 && std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_ok())
+}
+
+/// One connection to the engine: a Unix socket, or a `gantry proxy` behind ssh (its stdout and stdin).
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// The ssh child lives as long as the connection (a streamed answer keeps it); dropping it ends ssh.
+struct SshIo {
+    io: tokio::io::Join<tokio::process::ChildStdout, tokio::process::ChildStdin>,
+    _child: tokio::process::Child,
+}
+
+impl AsyncRead for SshIo {
+    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SshIo {
+    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Client {
-    socket: PathBuf,
+    target: Target,
     timeout: Duration,
 }
 
 impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Client { socket: socket.into(), timeout: DEFAULT_TIMEOUT }
+        Client::to(Target::Socket(socket.into()))
+    }
+
+    pub fn to(target: Target) -> Self {
+        Client { target, timeout: DEFAULT_TIMEOUT }
     }
 
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Client { timeout, ..self }
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     /// `fut` within the timeout, or [`ClientError::Timeout`].
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
-        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| Err(ClientError::Timeout { socket: self.socket.clone(), after: self.timeout }))
+        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| Err(ClientError::Timeout { socket: PathBuf::from(self.target.describe()), after: self.timeout }))
     }
 
-    async fn connect(&self) -> Result<UnixStream, ClientError> {
+    /// A connection, and for ssh the task collecting its stderr (the reason when it fails).
+    async fn connect(&self) -> Result<(Box<dyn Io>, Option<tokio::task::JoinHandle<String>>), ClientError> {
+        let socket = match &self.target {
+            Target::Socket(s) => s,
+            Target::Ssh { host, .. } => {
+                let mut cmd = self.target.command().expect("ssh target");
+                cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
+                let mut child = cmd.spawn().map_err(|e| ClientError::Remote { host: host.clone(), message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()) })?;
+                let (stdout, stdin, mut stderr) = (child.stdout.take().unwrap(), child.stdin.take().unwrap(), child.stderr.take().unwrap());
+                // Drained all along (ssh must never block on a full pipe), kept to explain a failure.
+                let errors = tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = Vec::new();
+                    let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut buf).await;
+                    let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+                    String::from_utf8_lossy(&buf).trim().to_string()
+                });
+                return Ok((Box::new(SshIo { io: tokio::io::join(stdout, stdin), _child: child }), Some(errors)));
+            }
+        };
         loop {
-            match UnixStream::connect(&self.socket).await {
-                Ok(s) => return Ok(s),
+            match UnixStream::connect(socket).await {
+                Ok(s) => return Ok((Box::new(s), None)),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
-                    return Err(ClientError::NoEngine(self.socket.clone()))
+                    return Err(ClientError::NoEngine(socket.clone()))
                 }
                 // EAGAIN: the engine's accept queue is full; it may drain.
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => tokio::time::sleep(CONNECT_RETRY).await,
-                Err(error) => return Err(ClientError::Connect { socket: self.socket.clone(), error }),
+                Err(error) => return Err(ClientError::Connect { socket: socket.clone(), error }),
             }
         }
     }
 
     async fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
-        let stream = self.connect().await?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "gantry")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (stream, errors) = self.connect().await?;
+        let sent = async {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("host", "gantry")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body.unwrap_or_default())))
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            sender.send_request(req).await.map_err(|e| ClientError::Protocol(e.to_string()))
+        };
+        let resp = match (sent.await, errors, &self.target) {
+            (Ok(r), _, _) => r,
+            // The connection ended before an answer: ssh or the remote proxy says why on stderr.
+            (Err(e), Some(errors), Target::Ssh { host, .. }) => {
+                let said = tokio::time::timeout(Duration::from_secs(5), errors).await.ok().and_then(Result::ok).unwrap_or_default();
+                let message = if said.is_empty() { format!("ssh closed the connection ({e})") } else { said.lines().map(|l| l.strip_prefix("gantry: ").unwrap_or(l)).collect::<Vec<_>>().join("; ") };
+                return Err(ClientError::Remote { host: host.clone(), message });
+            }
+            (Err(e), _, _) => return Err(e),
+        };
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let bytes = resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes();
@@ -176,7 +301,7 @@ impl Client {
     }
 
     pub async fn submit_file(&self, path: &Path) -> Result<Vec<i64>, ClientError> {
-        let req = read_spec_file(path)?;
+        let req = self.spec_request(path)?;
         Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_ids)
     }
 
@@ -184,7 +309,7 @@ impl Client {
     pub async fn preview_file(&self, path: &Path) -> Result<Preview, ClientError> {
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut p = Preview { path: path.to_path_buf(), file_name, job: None, error: None, spec_error: None };
-        match read_spec_file(path) {
+        match self.spec_request(path) {
             Err(e) => p.error = Some(e.to_string()),
             Ok(req) => match self.post::<_, ValidJob>("/v1/validate", &req).await {
                 Ok(j) => p.job = Some(j),
@@ -198,9 +323,33 @@ impl Client {
         Ok(p)
     }
 
+    /// [`read_spec_file`], for this engine: a remote one gets the text alone, since this computer's
+    /// folders mean nothing on the workstation (the engine then refuses relative mounts, saying why).
+    pub fn spec_request(&self, path: &Path) -> Result<SubmitRequest, ClientError> {
+        let req = read_spec_file(path)?;
+        Ok(match self.target {
+            Target::Socket(_) => req,
+            Target::Ssh { .. } => SubmitRequest { base_dir: None, ..req },
+        })
+    }
+
     pub async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {
         Ok(self.bytes("GET", path, None).await?.to_vec())
     }
+}
+
+/// `gantry proxy`: joins stdin/stdout to the engine's socket, for a client on another computer that
+/// runs it through ssh. It connects as whoever runs it (the ssh user), so the engine sees that uid.
+pub async fn proxy(socket: &Path) -> Result<(), ClientError> {
+    let mut engine = match UnixStream::connect(socket).await {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => return Err(ClientError::NoEngine(socket.into())),
+        Err(error) => return Err(ClientError::Connect { socket: socket.into(), error }),
+    };
+    let mut stdio = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
+    // Ends when both sides have closed: the client's EOF is passed on as a half-close.
+    tokio::io::copy_bidirectional(&mut stdio, &mut engine).await.map_err(|e| ClientError::Protocol(format!("proxy: {e}")))?;
+    Ok(())
 }
 
 /// How a client found its engine.
@@ -255,12 +404,14 @@ pub enum EngineRef {
     Holder(Holder),
     /// Another user's engine holds the machine lock and cannot be used: there is no engine to talk to.
     Blocked(Holder),
+    /// A workstation's engine, through `ssh HOST gantry proxy`.
+    Remote { host: String },
 }
 
 /// [`EngineRef`] for the UI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct EngineView {
-    /// "system", "user", "state_dir", "embedded", "holder" or "blocked".
+    /// "system", "user", "state_dir", "embedded", "holder", "blocked" or "remote".
     pub kind: String,
     /// One line for the header.
     pub label: String,
@@ -275,7 +426,7 @@ impl EngineRef {
         match self {
             EngineRef::Found { socket, .. } | EngineRef::Embedded { socket, .. } => Some(socket),
             EngineRef::Holder(h) => h.socket.as_deref(),
-            EngineRef::Blocked(_) => None,
+            EngineRef::Blocked(_) | EngineRef::Remote { .. } => None,
         }
     }
 
@@ -296,6 +447,7 @@ impl EngineRef {
             EngineRef::Embedded { gpus: None, .. } => "Engine in this app (this machine's GPUs)".into(),
             EngineRef::Holder(h) => format!("Engine of {}", h.user),
             EngineRef::Blocked(h) => format!("Engine of {} (cannot connect)", h.user),
+            EngineRef::Remote { host } => format!("{host} (through ssh)"),
         }
     }
 
@@ -307,6 +459,7 @@ impl EngineRef {
             EngineRef::Embedded { .. } => "embedded",
             EngineRef::Holder(_) => "holder",
             EngineRef::Blocked(_) => "blocked",
+            EngineRef::Remote { .. } => "remote",
         };
         let problem = match self {
             EngineRef::Blocked(h) => Some(LockError::Held(h.clone()).to_string()),
@@ -329,6 +482,14 @@ mod tests {
         assert_eq!(d(Some("/srv/q"), true), (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir));
         assert_eq!(d(None, true), (sys.to_path_buf(), FoundBy::System));
         assert_eq!(d(None, false), (user.join("gantry.sock"), FoundBy::User));
+    }
+
+    #[test]
+    fn a_host_that_ssh_would_read_as_an_option_is_refused() {
+        assert!(matches!(Target::ssh("alice@ws1"), Ok(Target::Ssh { host, .. }) if host == "alice@ws1"));
+        for bad in ["-oProxyCommand=touch /tmp/x", "", "ws1 rm", "a\nb"] {
+            assert!(Target::ssh(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`engine`]: the loop that ties them together
 //! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket; [`client::locate`] finds the engine
 //! - [`machine_lock`]: one non-system engine per machine's GPUs
+//! - [`machines`]: the remote workstations the app can switch to
 
 pub mod spec;
 pub mod access;
@@ -31,4 +32,5 @@ pub mod api;
 pub mod client;
 pub mod daemon;
 pub mod machine_lock;
+pub mod machines;
 pub mod sim;

@@ -730,7 +730,8 @@ fn parse_mount(m: &str, origin: &Origin) -> Result<Mount, SpecError> {
             None => {
                 return Err(SpecError::new(
                     format!("mount {m:?}: host path {host:?} is relative"),
-                    "use an absolute host path",
+                    // No base folder: the spec came from another computer (`--host`, the app's remote mode).
+                    "use an absolute host path on the workstation: relative paths are local-only, and the spec was sent from another computer",
                 ))
             }
         }
