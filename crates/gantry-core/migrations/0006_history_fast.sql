@@ -2,18 +2,20 @@
 -- index that also holds every filter column, so a broad filter walks the sort order without reading
 -- the (wide) job rows; counts per filter are kept up to date by triggers.
 
--- Substring search on name and image (the trigram index answers LIKE '%...%' candidates).
+-- Substring search on the name and image of finished runs (the trigram index answers LIKE '%...%'
+-- candidates). Only finished runs: a submit does not pay for it.
 CREATE VIRTUAL TABLE jobs_fts USING fts5(name, image, content='jobs', content_rowid='id', tokenize='trigram');
-INSERT INTO jobs_fts(jobs_fts) VALUES ('rebuild');
-CREATE TRIGGER jobs_fts_insert AFTER INSERT ON jobs BEGIN
+INSERT INTO jobs_fts(rowid, name, image) SELECT id, name, image FROM jobs WHERE finished_at IS NOT NULL;
+CREATE TRIGGER jobs_fts_insert AFTER INSERT ON jobs WHEN NEW.finished_at IS NOT NULL BEGIN
     INSERT INTO jobs_fts(rowid, name, image) VALUES (NEW.id, NEW.name, NEW.image);
 END;
-CREATE TRIGGER jobs_fts_delete AFTER DELETE ON jobs BEGIN
+CREATE TRIGGER jobs_fts_delete AFTER DELETE ON jobs WHEN OLD.finished_at IS NOT NULL BEGIN
     INSERT INTO jobs_fts(jobs_fts, rowid, name, image) VALUES ('delete', OLD.id, OLD.name, OLD.image);
 END;
-CREATE TRIGGER jobs_fts_update AFTER UPDATE OF name, image ON jobs BEGIN
-    INSERT INTO jobs_fts(jobs_fts, rowid, name, image) VALUES ('delete', OLD.id, OLD.name, OLD.image);
-    INSERT INTO jobs_fts(rowid, name, image) VALUES (NEW.id, NEW.name, NEW.image);
+CREATE TRIGGER jobs_fts_update AFTER UPDATE OF finished_at, name, image ON jobs
+WHEN OLD.finished_at IS NOT NULL OR NEW.finished_at IS NOT NULL BEGIN
+    INSERT INTO jobs_fts(jobs_fts, rowid, name, image) SELECT 'delete', OLD.id, OLD.name, OLD.image WHERE OLD.finished_at IS NOT NULL;
+    INSERT INTO jobs_fts(rowid, name, image) SELECT NEW.id, NEW.name, NEW.image WHERE NEW.finished_at IS NOT NULL;
 END;
 
 -- One covering index per sort key: (key, id) orders a page; the rest answers every filter.

@@ -140,7 +140,7 @@ impl Engine {
                 plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
             }
         }
-        *self.waiting.write().unwrap() = plan.waiting.iter().map(|w| (w.job_id, w.clone())).collect();
+        *self.waiting.write().unwrap() = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
         for p in plan.placements {
             let job = match self.store().job(p.job_id) {
