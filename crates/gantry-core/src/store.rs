@@ -29,7 +29,17 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_identity.sql"),
     include_str!("../migrations/0004_hold.sql"),
     include_str!("../migrations/0005_user_inboxes.sql"),
+    include_str!("../migrations/0006_history_fast.sql"),
 ];
+
+/// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
+/// collecting and sorting every match: past a few thousand matches the walk is the cheaper plan.
+const BROAD_FILTER: i64 = 2000;
+/// A text search with at most this many candidates in the trigram index is counted through it;
+/// with more, by testing each finished run (about as fast at 10k, faster above).
+const FTS_CANDIDATES_MAX: i64 = 10_000;
+/// How many filters keep a cached count (`history_counts`; every one costs a little on each job end).
+const CACHED_COUNTS: i64 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -222,7 +232,51 @@ pub struct Ending {
 
 pub struct Store {
     conn: Connection,
+    /// The queue in memory, when this connection keeps it (see [`Store::track_queue`]).
+    queue: Option<SharedQueue>,
 }
+
+/// The queued jobs in memory, kept up to date by the store's own transitions, so neither a submit
+/// nor a scheduling pass reads the whole queue from SQLite. SQLite stays the truth: this is rebuilt
+/// from it at open, and whenever a change could not be read back (`stale`).
+#[derive(Debug, Default)]
+pub struct QueueMirror {
+    rows: std::collections::BTreeMap<i64, std::sync::Arc<QueuedRow>>,
+    per_user: std::collections::HashMap<u32, usize>,
+    stale: bool,
+}
+
+pub type SharedQueue = std::sync::Arc<std::sync::Mutex<QueueMirror>>;
+
+impl QueueMirror {
+    /// The queued jobs, by id (cheap: the rows are shared).
+    pub fn rows(&self) -> Vec<std::sync::Arc<QueuedRow>> {
+        self.rows.values().cloned().collect()
+    }
+    /// How many jobs `owner_uid` has queued.
+    pub fn count_of(&self, owner_uid: u32) -> usize {
+        self.per_user.get(&owner_uid).copied().unwrap_or(0)
+    }
+    /// A change could not be read back: rebuild with [`Store::track_queue`] before use.
+    pub fn is_stale(&self) -> bool {
+        self.stale
+    }
+    fn set(&mut self, id: i64, row: Option<QueuedRow>) {
+        if let Some(old) = self.rows.remove(&id) {
+            if let Some(n) = self.per_user.get_mut(&old.owner_uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_user.remove(&old.owner_uid);
+                }
+            }
+        }
+        if let Some(r) = row {
+            *self.per_user.entry(r.owner_uid).or_default() += 1;
+            self.rows.insert(id, std::sync::Arc::new(r));
+        }
+    }
+}
+
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -230,6 +284,11 @@ pub fn now_ms() -> i64 {
 
 const JOB_COLS: &str = "id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
     spec_json, state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message";
+
+/// `%text%` for LIKE, with LIKE's wildcards in `text` taken literally.
+fn like_pattern(t: &str) -> String {
+    format!("%{}%", t.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
+}
 
 fn after_json(j: &ValidJob) -> Result<Option<String>> {
     let ids: Vec<i64> = j.spec.after.iter().filter_map(|a| if let crate::spec::IdOrName::Id(i) = a { Some(*i) } else { None }).collect();
@@ -241,6 +300,7 @@ fn after_json(j: &ValidJob) -> Result<Option<String>> {
 pub struct QueuedRow {
     pub id: i64,
     pub name: String,
+    pub owner_uid: u32,
     pub owner: String,
     pub image: String,
     pub gpus: u32,
@@ -308,6 +368,33 @@ fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
     })
 }
 
+const QUEUED_SELECT: &str = "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
+     json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
+     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid \
+     FROM jobs WHERE state = 'queued'";
+
+fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
+    let after: Option<String> = r.get(10)?;
+    Ok(QueuedRow {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        owner_uid: r.get(16)?,
+        owner: r.get(2)?,
+        image: r.get(3)?,
+        gpus: r.get(4)?,
+        gpu_memory: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+        priority: r.get(6)?,
+        submitted_at: r.get(7)?,
+        not_before: r.get(8)?,
+        expected_runtime_ms: r.get(9)?,
+        after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
+        held: r.get(11)?,
+        gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
+        cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
+        memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
+    })
+}
+
 const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message";
 
 impl Store {
@@ -350,7 +437,7 @@ impl Store {
         }
         // Refresh the query planner's statistics when they are stale (cheap when they are not).
         conn.execute_batch("PRAGMA optimize=0x10002;")?;
-        Ok(Store { conn })
+        Ok(Store { conn, queue: None })
     }
 
     fn event(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
@@ -399,6 +486,7 @@ impl Store {
         }
         Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
         tx.commit()?;
+        self.requeue_check(id);
         Ok(id)
     }
 
@@ -444,10 +532,43 @@ impl Store {
         Ok(())
     }
 
-    /// Queued jobs of one user (for the per-user cap).
+    /// Queued jobs of one user (for the per-user cap): from the queue in memory when this store keeps it.
     pub fn queued_count(&self, owner_uid: u32) -> Result<usize> {
+        if let Some(q) = &self.queue {
+            let q = q.lock().unwrap_or_else(|p| p.into_inner());
+            if !q.stale {
+                return Ok(q.count_of(owner_uid));
+            }
+        }
         let n: i64 = self.conn.prepare_cached("SELECT COUNT(*) FROM jobs WHERE owner_uid = ?1 AND state = 'queued'")?.query_row([owner_uid], |r| r.get(0))?;
         Ok(n as usize)
+    }
+
+    /// Keep the queue in memory from now on: built from the database now (call again when it went
+    /// stale), then updated by every change this connection commits.
+    pub fn track_queue(&mut self) -> Result<SharedQueue> {
+        let mut m = QueueMirror::default();
+        for r in self.queued_rows()? {
+            m.set(r.id, Some(r));
+        }
+        let q = self.queue.clone().unwrap_or_default();
+        *q.lock().unwrap_or_else(|p| p.into_inner()) = m;
+        self.queue = Some(q.clone());
+        Ok(q)
+    }
+
+    /// After a committed change to job `id`: its queued row (if it is still queued) into the queue in memory.
+    fn requeue_check(&self, id: i64) {
+        let Some(q) = &self.queue else { return };
+        let row = self.conn.prepare_cached(&format!("{QUEUED_SELECT} AND id = ?1")).and_then(|mut st| st.query_row([id], queued_from_row).optional());
+        let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+        match row {
+            Ok(row) => q.set(id, row),
+            Err(e) => {
+                tracing::warn!("cannot read job {id} back into the queue in memory ({e}); it is rebuilt from the database");
+                q.stale = true;
+            }
+        }
     }
 
     /// Open attempts with their jobs (for recovery).
@@ -480,34 +601,8 @@ impl Store {
 
     /// Queued jobs, light rows for the scheduler (no spec parsing).
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
-        let mut st = self.conn.prepare_cached(
-            "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
-             json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
-             json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory') \
-             FROM jobs WHERE state = 'queued' ORDER BY priority DESC, submitted_at, id",
-        )?;
-        let rows = st
-            .query_map([], |r| {
-                let after: Option<String> = r.get(10)?;
-                Ok(QueuedRow {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    owner: r.get(2)?,
-                    image: r.get(3)?,
-                    gpus: r.get(4)?,
-                    gpu_memory: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
-                    priority: r.get(6)?,
-                    submitted_at: r.get(7)?,
-                    not_before: r.get(8)?,
-                    expected_runtime_ms: r.get(9)?,
-                    after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
-                    held: r.get(11)?,
-                    gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
-                    cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
-                    memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
-                })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut st = self.conn.prepare_cached(&format!("{QUEUED_SELECT} ORDER BY priority DESC, submitted_at, id"))?;
+        let rows = st.query_map([], queued_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -572,6 +667,7 @@ impl Store {
         Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Starting, Some(&format!("attempt {n} on {gl}{note}")))?;
         let a = tx.query_row(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = ?1"), [aid], attempt_from_row)?;
         tx.commit()?;
+        self.requeue_check(job_id);
         Ok(Some(a))
     }
 
@@ -617,6 +713,7 @@ impl Store {
         };
         Self::event(&tx, job_id, now, JobState::parse(&from), end.next, Some(&msg))?;
         tx.commit()?;
+        self.requeue_check(job_id); // a retry is queued again
         Ok(())
     }
 
@@ -638,11 +735,14 @@ impl Store {
             _ => {}
         }
         tx.commit()?;
+        self.requeue_check(job_id);
         Ok(Some(st))
     }
 
     pub fn set_priority(&mut self, job_id: i64, priority: i32) -> Result<bool> {
-        Ok(self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1)
+        let changed = self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1;
+        self.requeue_check(job_id);
+        Ok(changed)
     }
 
     /// Hold or release a queued job, with an event naming who did it. Returns false (and changes
@@ -656,10 +756,13 @@ impl Store {
             Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Queued, Some(&msg))?;
         }
         tx.commit()?;
+        self.requeue_check(job_id);
         Ok(n == 1)
     }
 
-    fn where_clause(f: &HistoryFilter) -> (String, Vec<rusqlite::types::Value>) {
+    /// The filter as SQL. `fts`: find text matches through the trigram index (worth it when they are few;
+    /// for many, testing each row of a covering index is cheaper).
+    fn where_clause(f: &HistoryFilter, fts: bool) -> (String, Vec<rusqlite::types::Value>) {
         let mut sql = String::from(" WHERE j.finished_at IS NOT NULL");
         let mut args: Vec<rusqlite::types::Value> = vec![];
         let mut add = |cond: &str, v: rusqlite::types::Value| {
@@ -681,35 +784,53 @@ impl Store {
         if let Some(i) = &f.image {
             add(" AND j.image = ?", i.clone().into());
         }
-        if let Some(t) = &f.text {
-            add(" AND (j.name LIKE ? ESCAPE '\\' OR j.image LIKE ? ESCAPE '\\')", format!("%{}%", t.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")).into());
+        if let Some(t) = Self::text_of(f) {
+            add(" AND (j.name LIKE ? ESCAPE '\\' OR j.image LIKE ? ESCAPE '\\')", like_pattern(t).into());
+            // The trigram index finds the candidates (a superset: it folds case beyond ASCII); LIKE
+            // above decides. It knows nothing of substrings shorter than 3 characters.
+            if fts && t.chars().count() >= 3 {
+                add(" AND j.id IN (SELECT rowid FROM jobs_fts WHERE jobs_fts MATCH ?)", format!("\"{}\"", t.replace('"', "\"\"")).into());
+            }
         }
         (sql, args)
     }
 
+    /// The text filter; an empty one matches everything, as no filter.
+    fn text_of(f: &HistoryFilter) -> Option<&str> {
+        f.text.as_deref().filter(|t| !t.is_empty())
+    }
+
     /// Completed runs, newest first (or as `sort` says), one page.
-    pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>> {
-        let (wh, args) = Self::where_clause(f);
-        let key = match f.sort.as_deref().unwrap_or("finished") {
-            "started" => "j.started_at",
-            "duration" => "j.duration_ms",
-            "gpu_hours" => "j.gpu_ms",
-            "name" => "j.name",
-            "owner" => "j.owner",
-            "exit_code" => "j.exit_code",
-            "id" => "j.id",
-            _ => "j.finished_at",
+    pub fn history(&mut self, f: &HistoryFilter) -> Result<Vec<HistoryRow>> {
+        let total = self.history_count(f)?;
+        let broad = total > BROAD_FILTER;
+        let (wh, args) = Self::where_clause(f, !broad);
+        let (key, index) = match f.sort.as_deref().unwrap_or("finished") {
+            "started" => ("j.started_at", "jobs_hs_started"),
+            "duration" => ("j.duration_ms", "jobs_hs_duration"),
+            "gpu_hours" => ("j.gpu_ms", "jobs_hs_gpu"),
+            "name" => ("j.name", "jobs_hs_name"),
+            "owner" => ("j.owner", "jobs_hs_owner"),
+            "exit_code" => ("j.exit_code", "jobs_hs_exit"),
+            "id" => ("j.id", "jobs_hs_id"),
+            _ => ("j.finished_at", "jobs_hs_finished"),
         };
-        let dir = if f.asc.unwrap_or(false) { "ASC" } else { "DESC" };
+        let limit = f.limit.unwrap_or(100).min(10_000) as i64;
+        let offset = f.offset.unwrap_or(0) as i64;
+        // A page past the middle is read from the other end, in reverse: no walk passes more than half.
+        let reverse = offset > total / 2 && offset < total;
+        let (limit, offset) = if reverse { (limit.min(total - offset), (total - offset - limit).max(0)) } else { (limit, offset) };
+        let dir = if f.asc.unwrap_or(false) != reverse { "ASC" } else { "DESC" };
+        // For a broad filter the planner would collect every match and sort it; walking the sort key's
+        // covering index and filtering on the way reads only what the page needs.
+        let hint = if broad { format!(" INDEXED BY {index}") } else { String::new() };
         let sql = format!(
             "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
-             FROM (SELECT j.id AS pid FROM jobs j{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {} OFFSET {}) p \
+             FROM (SELECT j.id AS pid FROM jobs j{hint}{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {limit} OFFSET {offset}) p \
              JOIN jobs j ON j.id = p.pid LEFT JOIN attempts a ON a.job_id = j.id AND a.n = j.attempts ORDER BY {key} {dir}, j.id {dir}",
-            f.limit.unwrap_or(100).min(10_000),
-            f.offset.unwrap_or(0)
         );
         let mut st = self.conn.prepare_cached(&sql)?;
-        let rows = st
+        let mut rows = st
             .query_map(rusqlite::params_from_iter(args), |r| {
                 let state: String = r.get(4)?;
                 let gpus: Option<String> = r.get(6)?;
@@ -730,13 +851,63 @@ impl Store {
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        if reverse {
+            rows.reverse();
+        }
         Ok(rows)
     }
 
-    /// How many completed runs match (for paging).
-    pub fn history_count(&self, f: &HistoryFilter) -> Result<i64> {
-        let (wh, args) = Self::where_clause(f);
-        Ok(self.conn.prepare_cached(&format!("SELECT COUNT(*) FROM jobs j{wh}"))?.query_row(rusqlite::params_from_iter(args), |r| r.get(0))?)
+    /// How many completed runs match (for paging). Counted once per filter, then kept exact by
+    /// triggers (`history_counts`); when the cache cannot be written, counted every time.
+    pub fn history_count(&mut self, f: &HistoryFilter) -> Result<i64> {
+        let key = serde_json::to_string(&(&f.user, f.status, f.since, f.until, &f.image, Self::text_of(f)))?;
+        let cached = |c: &Connection| c.prepare_cached("SELECT n FROM history_counts WHERE key = ?1")?.query_row([&key], |r| r.get(0)).optional();
+        if let Some(n) = cached(&self.conn)? {
+            return Ok(n);
+        }
+        // Count and record in one write transaction, so no job can end between the two unseen.
+        let counted = (|| -> Result<i64> {
+            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let n = match cached(&tx)? {
+                Some(n) => n,
+                None => {
+                    let n = Self::count_matches(&tx, f)?;
+                    tx.execute(
+                        "INSERT INTO history_counts (key, owner, state, since, until, image, text, n) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        params![key, f.user, f.status.map(|s| s.as_str()), f.since, f.until, f.image, Self::text_of(f).map(like_pattern), n],
+                    )?;
+                    tx.execute("DELETE FROM history_counts WHERE rowid NOT IN (SELECT rowid FROM history_counts ORDER BY rowid DESC LIMIT ?1)", [CACHED_COUNTS])?;
+                    n
+                }
+            };
+            tx.commit()?;
+            Ok(n)
+        })();
+        match counted {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                tracing::warn!("cannot cache the history count ({e}); counting every time");
+                Self::count_matches(&self.conn, f)
+            }
+        }
+    }
+
+    /// COUNT(*) of the runs matching `f`, from the rows themselves.
+    fn count_matches(c: &Connection, f: &HistoryFilter) -> Result<i64> {
+        // The trigram index's own count (a superset) says whether going through it pays.
+        let fts = match Self::text_of(f).filter(|t| t.chars().count() >= 3) {
+            Some(t) => {
+                let q = format!("\"{}\"", t.replace('"', "\"\""));
+                let candidates: i64 = c.prepare_cached("SELECT COUNT(*) FROM jobs_fts WHERE jobs_fts MATCH ?1")?.query_row([q], |r| r.get(0))?;
+                candidates <= FTS_CANDIDATES_MAX
+            }
+            None => false,
+        };
+        let (wh, args) = Self::where_clause(f, fts);
+        // Text tested row by row: on an index that holds every filter column (the planner may pick a
+        // narrower one and read each job row).
+        let hint = if Self::text_of(f).is_some() && !fts { " INDEXED BY jobs_hs_finished" } else { "" };
+        Ok(c.prepare_cached(&format!("SELECT COUNT(*) FROM jobs j{hint}{wh}"))?.query_row(rusqlite::params_from_iter(args), |r| r.get(0))?)
     }
 
     /// Attempts that overlapped [from, to): which runs held which GPUs.
@@ -785,6 +956,7 @@ impl Store {
             Self::event(&tx, id, now, Some(JobState::Queued), JobState::Failed, Some(message))?;
         }
         tx.commit()?;
+        self.requeue_check(id);
         Ok(n == 1)
     }
 
@@ -1035,9 +1207,9 @@ mod tests {
             }
             s.insert_job(&vj("image: q\n"), &owner(), "cli", None, |_, _| None).unwrap();
         }
-        let s = Store::open(&p).unwrap();
+        let mut s = Store::open(&p).unwrap();
         assert_eq!(s.active_jobs().unwrap().len(), 1);
-        let f = |f: HistoryFilter| s.history(&f).unwrap().into_iter().map(|r| r.name).collect::<Vec<_>>();
+        let mut f = |f: HistoryFilter| s.history(&f).unwrap().into_iter().map(|r| r.name).collect::<Vec<_>>();
         assert_eq!(f(HistoryFilter::default()), ["gamma", "beta", "alpha"]);
         assert_eq!(f(HistoryFilter { user: Some("bob".into()), ..Default::default() }), ["alpha"]);
         assert_eq!(f(HistoryFilter { status: Some(JobState::Failed), ..Default::default() }), ["gamma"]);
@@ -1134,5 +1306,189 @@ mod tests {
         assert_eq!((r.users[0].gpu_hours, r.users[0].mean_wait_ms), (4.0, Some(15)));
         // Fair share: the finished attempt (5 GPU-hours, ended 3 half-lives ago) counts 1/8; the running one in full.
         assert!((r.users[0].fair_share_usage - (16.0 + 5.0 / 8.0)).abs() < 1e-9, "{}", r.users[0].fair_share_usage);
+    }
+
+    fn finish(s: &mut Store, id: i64, next: JobState) {
+        let a = s.begin_attempt(id, &[0], &[]).unwrap().unwrap();
+        s.end_attempt(id, a.id, &Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next, not_before: None }).unwrap();
+    }
+
+    #[test]
+    fn every_page_of_every_sort_and_filter_matches_the_full_ordering() {
+        let mut s = Store::open_in_memory().unwrap();
+        // More than BROAD_FILTER runs: broad filters walk the sort key's index, narrow ones do not.
+        s.seed_completed_runs(2600).unwrap();
+        let all = s.history(&HistoryFilter { limit: Some(10_000), sort: Some("id".into()), ..Default::default() }).unwrap();
+        assert_eq!(all.len(), 2600);
+        type Pred = Box<dyn Fn(&HistoryRow) -> bool>;
+        let text = |t: &'static str| -> Pred { Box::new(move |r: &HistoryRow| r.name.to_lowercase().contains(t) || r.image.to_lowercase().contains(t)) };
+        let filters: Vec<(HistoryFilter, Pred)> = vec![
+            (HistoryFilter::default(), Box::new(|_| true)),
+            (HistoryFilter { status: Some(JobState::Succeeded), ..Default::default() }, Box::new(|r| r.status == JobState::Succeeded)),
+            (HistoryFilter { status: Some(JobState::Failed), ..Default::default() }, Box::new(|r| r.status == JobState::Failed)),
+            (HistoryFilter { user: Some("ada".into()), ..Default::default() }, Box::new(|r| r.owner == "ada")),
+            (HistoryFilter { text: Some("XP-1".into()), ..Default::default() }, text("xp-1")),
+            (HistoryFilter { text: Some("g3".into()), ..Default::default() }, text("g3")),
+        ];
+        for (f, keep) in &filters {
+            let rows: Vec<&HistoryRow> = all.iter().filter(|r| keep(r)).collect();
+            let total = rows.len();
+            assert_eq!(s.history_count(f).unwrap(), total as i64, "{f:?}");
+            for sort in ["id", "name", "owner", "finished", "started", "exit_code"] {
+                let mut want = rows.clone();
+                want.sort_by(|a, b| {
+                    let k = match sort {
+                        "name" => a.name.cmp(&b.name),
+                        "owner" => a.owner.cmp(&b.owner),
+                        "finished" => a.finished_at.cmp(&b.finished_at),
+                        "started" => a.started_at.cmp(&b.started_at),
+                        "exit_code" => a.exit_code.cmp(&b.exit_code),
+                        _ => std::cmp::Ordering::Equal,
+                    };
+                    k.then(a.id.cmp(&b.id))
+                });
+                for asc in [true, false] {
+                    let want: Vec<i64> = if asc { want.iter().map(|r| r.id).collect() } else { want.iter().rev().map(|r| r.id).collect() };
+                    for offset in [0, 150, total / 2 - 10, total / 2 + 1, total.saturating_sub(90), total - 10, total, total + 5] {
+                        let page = HistoryFilter { sort: Some(sort.into()), asc: Some(asc), offset: Some(offset as u32), limit: Some(100), ..f.clone() };
+                        let got: Vec<i64> = s.history(&page).unwrap().into_iter().map(|r| r.id).collect();
+                        assert_eq!(got, want[offset.min(total)..(offset + 100).min(total)], "{page:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn text_search_is_a_literal_case_insensitive_substring_of_name_or_image() {
+        let mut s = Store::open_in_memory().unwrap();
+        let mut ids = vec![];
+        for (name, image) in [("a_b%c-train", "pytorch:2"), ("axbyc-train", "jax:1"), ("eval", "Py_Torch:3"), ("draft", "x:1")] {
+            let id = s.insert_job(&vj(&format!("name: {name}\nimage: {image}\n")), &owner(), "cli", None, |_, _| None).unwrap();
+            finish(&mut s, id, JobState::Succeeded);
+            ids.push(id);
+        }
+        // Renamed once its id is known (templates): found by its new name only.
+        let renamed = s.insert_job(&vj("name: old-name\nimage: x:1\n"), &owner(), "cli", None, |_, j| Some(ValidJob { name: "fresh-name".into(), ..j.clone() })).unwrap();
+        finish(&mut s, renamed, JobState::Succeeded);
+        // Table: text -> the jobs it finds.
+        for (text, want) in [
+            ("_b%", vec![ids[0]]),
+            ("TRAIN", vec![ids[0], ids[1]]),
+            ("py_torch", vec![ids[2]]),
+            ("pytorch", vec![ids[0]]),
+            ("b%", vec![ids[0]]),
+            ("%", vec![ids[0]]),
+            ("old-name", vec![]),
+            ("fresh", vec![renamed]),
+            ("", vec![ids[0], ids[1], ids[2], ids[3], renamed]),
+        ] {
+            let f = HistoryFilter { text: Some(text.into()), sort: Some("id".into()), asc: Some(true), ..Default::default() };
+            let got: Vec<i64> = s.history(&f).unwrap().into_iter().map(|r| r.id).collect();
+            assert_eq!(got, want, "text {text:?}");
+            assert_eq!(s.history_count(&f).unwrap(), want.len() as i64, "count for {text:?}");
+        }
+    }
+
+    #[test]
+    fn cached_history_counts_equal_a_fresh_count_through_changes() {
+        let mut s = Store::open_in_memory().unwrap();
+        s.seed_completed_runs(300).unwrap();
+        let mid = s.history(&HistoryFilter { sort: Some("id".into()), asc: Some(true), offset: Some(150), limit: Some(1), ..Default::default() }).unwrap()[0].finished_at;
+        let later = now_ms() + 3_600_000;
+        let filters = [
+            HistoryFilter::default(),
+            HistoryFilter { status: Some(JobState::Succeeded), ..Default::default() },
+            HistoryFilter { status: Some(JobState::Cancelled), ..Default::default() },
+            HistoryFilter { user: Some("ada".into()), ..Default::default() },
+            HistoryFilter { text: Some("exp-1".into()), ..Default::default() },
+            HistoryFilter { text: Some("NEW".into()), ..Default::default() },
+            HistoryFilter { image: Some("img2:1".into()), ..Default::default() },
+            HistoryFilter { since: mid, until: Some(later), ..Default::default() },
+            HistoryFilter { user: Some("ada".into()), status: Some(JobState::Failed), text: Some("exp".into()), ..Default::default() },
+        ];
+        let check = |s: &mut Store, step: &str| {
+            for f in &filters {
+                let fresh = Store::count_matches(&s.conn, f).unwrap();
+                assert_eq!(s.history_count(f).unwrap(), fresh, "after {step}: {f:?}");
+            }
+            let cached: i64 = s.conn.query_row("SELECT COUNT(*) FROM history_counts", [], |r| r.get(0)).unwrap();
+            assert_eq!(cached, filters.len() as i64, "every filter's count is cached");
+        };
+        check(&mut s, "seeding");
+        let ada = Owner { name: "ada".into(), ..owner() };
+        let q: Vec<i64> = (0..6).map(|i| s.insert_job(&vj(&format!("name: new-{i}\nimage: img2:1\nretries: 1\n")), &ada, "cli", None, |_, _| None).unwrap()).collect();
+        check(&mut s, "queueing");
+        finish(&mut s, q[0], JobState::Succeeded);
+        finish(&mut s, q[1], JobState::Failed);
+        check(&mut s, "finishing");
+        s.request_cancel(q[2]).unwrap();
+        s.fail_queued(q[3], "dependency failed").unwrap();
+        finish(&mut s, q[4], JobState::Queued);
+        check(&mut s, "cancel, fail and retry");
+        let old = s.ended_before(mid.unwrap() + 1).unwrap();
+        s.delete_ended(&old[..old.len() / 2]).unwrap();
+        s.delete_ended(&[q[0]]).unwrap();
+        check(&mut s, "retention");
+    }
+
+    #[test]
+    fn queue_in_memory_equals_the_database_through_every_transition() {
+        enum Op {
+            Submit(u32),
+            Start(usize),
+            Retry(usize),
+            Finish(usize),
+            Cancel(usize),
+            Hold(usize, bool),
+            Priority(usize, i32),
+            FailQueued(usize),
+            Reopen,
+        }
+        use Op::*;
+        let ops = [
+            Submit(1000), Submit(1001), Submit(1000), Submit(1002), Submit(1001),
+            Start(0), Hold(1, true), Priority(2, 5), Cancel(3), Retry(0), Hold(1, false), Priority(1, -3),
+            Start(0), Finish(0), Start(2), Cancel(2), FailQueued(4), Submit(1000), Reopen, Hold(5, true),
+            Cancel(5), Submit(1001), Start(6), Retry(6), Reopen, Priority(6, 2), Start(1), Finish(1),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        let mut s = Store::open(&p).unwrap();
+        let mut q = s.track_queue().unwrap();
+        let (mut ids, mut attempts) = (vec![], std::collections::HashMap::new());
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                Submit(uid) => {
+                    let o = Owner { uid, gid: uid, name: format!("u{uid}") };
+                    ids.push(s.insert_job(&vj("image: a\ngpus: 1\nretries: 3\n"), &o, "cli", None, |_, _| None).unwrap());
+                }
+                Start(i) => {
+                    attempts.insert(i, s.begin_attempt(ids[i], &[0], &[]).unwrap().unwrap().id);
+                }
+                Retry(i) | Finish(i) => {
+                    let next = if matches!(op, Retry(_)) { JobState::Queued } else { JobState::Succeeded };
+                    let end = Ending { exit_code: Some(1), reason: EndReason::Exited, message: None, next, not_before: Some(now_ms() + 60_000) };
+                    s.end_attempt(ids[i], attempts[&i], &end).unwrap();
+                }
+                Cancel(i) => drop(s.request_cancel(ids[i]).unwrap()),
+                Hold(i, h) => drop(s.set_held(ids[i], h, "ada").unwrap()),
+                Priority(i, p) => drop(s.set_priority(ids[i], p).unwrap()),
+                FailQueued(i) => drop(s.fail_queued(ids[i], "dependency failed").unwrap()),
+                Reopen => {
+                    drop(s);
+                    s = Store::open(&p).unwrap();
+                    q = s.track_queue().unwrap();
+                }
+            }
+            let db: Vec<String> = s.queued_rows().unwrap().into_iter().map(|r| format!("{r:?}")).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let mem: Vec<String> = q.lock().unwrap().rows().iter().map(|r| format!("{r:?}")).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            assert_eq!(mem, db, "step {step}");
+            for uid in [1000, 1001, 1002] {
+                let n: i64 = s.conn.query_row("SELECT COUNT(*) FROM jobs WHERE owner_uid = ?1 AND state = 'queued'", [uid], |r| r.get(0)).unwrap();
+                assert_eq!(s.queued_count(uid).unwrap(), n as usize, "step {step}: queued jobs of {uid}");
+            }
+        }
+        assert!(!q.lock().unwrap().is_stale());
     }
 }

@@ -91,7 +91,8 @@ pub(crate) struct Stats {
     pub at: i64,
     pub usage: HashMap<String, f64>,
     pub typical_wait: Option<i64>,
-    pub runtimes: HashMap<(String, String), Option<i64>>,
+    /// Learned runtimes by name, then image (looked up without allocating: a pass asks for every queued job).
+    pub runtimes: HashMap<String, HashMap<String, Option<i64>>>,
 }
 
 pub struct Engine {
@@ -105,6 +106,8 @@ pub struct Engine {
     /// Random per database: names log files and containers.
     pub db_uid: String,
     store: Mutex<Store>,
+    /// The queued jobs in memory, kept by `store`'s own changes (a pass never reads the queue from SQLite).
+    queue: crate::store::SharedQueue,
     /// A second connection for long reads (scheduling pass, history), so they never hold up writes.
     reader: Mutex<Store>,
     exec: Arc<dyn Executor>,
@@ -187,6 +190,7 @@ impl Engine {
         prepare_state_dir(&cfg.paths)?;
         let lock = lock_state_dir(&cfg.paths.state_dir)?;
         let mut store = Store::open(&cfg.paths.db())?;
+        let queue = store.track_queue()?;
         let reader = Store::open(&cfg.paths.db())?;
         let db_uid = store.meta("db_uid")?.ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
         // The engine id is kept in the database and, like the id high-water mark, in the logs dir: a
@@ -266,6 +270,7 @@ impl Engine {
             engine_id,
             db_uid,
             store: Mutex::new(store),
+            queue,
             reader: Mutex::new(reader),
             exec,
             backend: Mutex::new(backend),

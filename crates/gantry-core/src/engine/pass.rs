@@ -16,13 +16,13 @@ use crate::store::{now_ms, JobState, QueuedRow};
 impl Engine {
     /// One scheduling pass.
     pub async fn schedule_once(self: Arc<Self>) {
-        let mut queued: Vec<QueuedRow> = match self.reader().queued_rows() {
-            Ok(j) => j,
-            Err(e) => {
+        if self.queue.lock().unwrap().is_stale() {
+            if let Err(e) = self.store().track_queue() {
                 error!("cannot read the queue: {e}");
                 return;
             }
-        };
+        }
+        let mut queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         if queued.is_empty() {
             self.waiting.write().unwrap().clear();
             // Nothing to place, but `gantry gpus` still names other containers on the GPUs. Docker
@@ -90,6 +90,9 @@ impl Engine {
             .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs })
             .collect();
         let policy = self.policy();
+        // Once per pass, not per queued job.
+        let host = self.host_capacity(&policy);
+        let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
         let (usage, typical_wait) = {
             let s = self.stats.lock().unwrap();
             (s.usage.clone(), s.typical_wait)
@@ -111,7 +114,7 @@ impl Engine {
                     expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
-                    needs: self.job_needs(&policy, j.gpus, j.cpus_milli, j.memory),
+                    needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
                 })
                 .collect(),
             config: scheduler::Config {
@@ -120,7 +123,7 @@ impl Engine {
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,
-            host: Some(self.host_capacity(&policy)),
+            host: Some(host),
         };
         let mut plan = scheduler::plan(&state);
         if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {
@@ -137,7 +140,7 @@ impl Engine {
                 plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
             }
         }
-        *self.waiting.write().unwrap() = plan.waiting.iter().map(|w| (w.job_id, w.clone())).collect();
+        *self.waiting.write().unwrap() = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
         for p in plan.placements {
             let job = match self.store().job(p.job_id) {
@@ -186,12 +189,11 @@ impl Engine {
         if declared.is_some() {
             return declared;
         }
-        let key = (name.to_string(), image.to_string());
-        if let Some(v) = self.stats.lock().unwrap().runtimes.get(&key) {
+        if let Some(v) = self.stats.lock().unwrap().runtimes.get(name).and_then(|m| m.get(image)) {
             return *v;
         }
         let v = self.reader().typical_runtime(name, image).ok().flatten();
-        self.stats.lock().unwrap().runtimes.insert(key, v);
+        self.stats.lock().unwrap().runtimes.entry(name.to_string()).or_default().insert(image.to_string(), v);
         v
     }
 
@@ -212,7 +214,7 @@ impl Engine {
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
     /// fail jobs whose dependencies ended without success.
-    fn check_dependencies(&self, queued: &mut Vec<QueuedRow>) -> Vec<(i64, String)> {
+    fn check_dependencies(&self, queued: &mut Vec<Arc<QueuedRow>>) -> Vec<(i64, String)> {
         let mut blocked = vec![];
         let mut failed = vec![];
         queued.retain(|j| {
