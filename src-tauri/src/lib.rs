@@ -103,11 +103,21 @@ async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
     s.client.stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
 }
-/// Live GPU samples (1 Hz) through a Channel.
+/// Channels of closed or hidden GPU views (`unwatch_gpus`): their streams end at the next sample. A
+/// webview cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
+static GPU_UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Live GPU samples (1 Hz) through a Channel, until `unwatch_gpus` with its id.
 #[tauri::command]
 async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
     let mut buf = Vec::new();
-    s.client.stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || on_sample.send(v).is_ok())).await.map_err(e)
+    let id = on_sample.id();
+    let live = || !GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    s.client.stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || (live() && on_sample.send(v).is_ok()))).await.map_err(e)
+}
+#[tauri::command]
+fn unwatch_gpus(id: u32) {
+    GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
 }
 #[tauri::command]
 async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Preview>> {
@@ -297,7 +307,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, logs, follow_logs, watch_gpus, unwatch_gpus, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");
