@@ -252,6 +252,21 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
     reader.abort();
 }
 
+/// Draw the page without GPU compositing. The app is a few charts and tables: compositing buys nothing,
+/// yet costs the idle WebKit process most of its CPU and memory (a GL context per page; software GL
+/// under Xvfb or SSH forwarding), and on a GPU workstation it would take GPU memory from the jobs.
+#[cfg(target_os = "linux")]
+fn light_webview(app: &tauri::App) {
+    use webkit2gtk::{HardwareAccelerationPolicy, SettingsExt, WebViewExt};
+    if let Some(w) = app.get_webview_window("main") {
+        let _ = w.with_webview(|wv| {
+            if let Some(s) = wv.inner().settings() {
+                s.set_hardware_acceleration_policy(HardwareAccelerationPolicy::Never);
+            }
+        });
+    }
+}
+
 fn build_tray(app: &tauri::App) -> tauri::Result<()> {
     use tauri::menu::{Menu, MenuItem};
     use tauri::tray::TrayIconBuilder;
@@ -300,6 +315,8 @@ pub fn run() {
                 tauri::async_runtime::spawn(forward_events(app.handle().clone(), client.clone()));
             }
             app.manage(AppState { client, engine, _lock: lock });
+            #[cfg(target_os = "linux")]
+            light_webview(app);
             if let Err(err) = build_tray(app) {
                 tracing::warn!("no tray icon: {err}");
             }

@@ -95,10 +95,13 @@ export function gpusView(backend: Backend, me: string | null): View {
   function draw(i: number) {
     const c = cards[i], g = last[i];
     if (!c || !g) return;
-    c.util.textContent = `${g.utilization}%`;
-    c.mem.textContent = `${bytes(g.memory_used)} / ${bytes(g.memory_total)}`;
-    c.bar.style.width = `${(100 * g.memory_used) / Math.max(1, g.memory_total)}%`;
-    c.extra.textContent = [g.temperature_c !== null ? `${g.temperature_c} °C` : "", g.power_w !== null ? `${Math.round(g.power_w)} W` : ""].filter(Boolean).join(" · ");
+    // Writing an unchanged text still replaces the node and makes WebKit lay out and paint again.
+    const set = (el: HTMLElement, text: string) => { if (el.textContent !== text) el.textContent = text; };
+    set(c.util, `${g.utilization}%`);
+    set(c.mem, `${bytes(g.memory_used)} / ${bytes(g.memory_total)}`);
+    const width = `${(100 * g.memory_used) / Math.max(1, g.memory_total)}%`;
+    if (c.bar.style.width !== width) c.bar.style.width = width;
+    set(c.extra, [g.temperature_c !== null ? `${g.temperature_c} °C` : "", g.power_w !== null ? `${Math.round(g.power_w)} W` : ""].filter(Boolean).join(" · "));
     const hs = hold.get(g.index) ?? [];
     const key = JSON.stringify(hs);
     if (key !== c.shown) {
