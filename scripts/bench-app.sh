@@ -20,7 +20,11 @@ fi
 app=$tgt/$BUILD/gantry-app
 state=$(mktemp -d)/state
 cargo run --release --locked -p gantry-core --example seed_history -- "$state" 100000
-if [ -z "${DISPLAY:-}" ]; then Xvfb :96 -screen 0 1280x800x24 >/dev/null 2>&1 & XV=$!; export DISPLAY=:96; sleep 1; fi
+if [ -z "${DISPLAY:-}" ]; then
+  # A display nobody else uses: other runs on this machine may hold one.
+  n=96; while [ -e /tmp/.X11-unix/X$n ] || [ -e /tmp/.X$n-lock ]; do n=$((n + 1)); done
+  Xvfb :$n -screen 0 1280x800x24 >/dev/null 2>&1 & XV=$!; export DISPLAY=:$n; sleep 1
+fi
 export LANG="${LANG:-C.UTF-8}"
 hz=$(getconf CLK_TCK)
 tree() { local p=$1; echo "$p"; for c in $(pgrep -P "$p"); do tree "$c"; done; }
