@@ -87,12 +87,12 @@ export function gpusView(backend: Backend, me: string | null): View {
   });
 
   const picker = h("div", { class: "segmented", role: "group", "aria-label": "Chart window" },
-    [5, 15, 60].map((m) => h("button", { class: m === minutes ? "on" : "", "data-minutes": m, onclick: () => { minutes = m; picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.minutes === String(m))); onScreen.forEach(draw); } }, `${m} min`)));
+    [5, 15, 60].map((m) => h("button", { class: m === minutes ? "on" : "", "data-minutes": m, onclick: () => { minutes = m; picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.minutes === String(m))); onScreen.forEach((i) => draw(i)); } }, `${m} min`)));
   const grid = h("div", { class: "gpu-grid" });
   el.append(h("div", { class: "toolbar" }, h("h2", {}, "GPUs"), picker), grid);
 
-  /** One card's numbers, holders and chart, from the latest sample. */
-  function draw(i: number) {
+  /** One card's numbers, holders and (with `chart`) chart, from the latest sample. */
+  function draw(i: number, chart = true) {
     const c = cards[i], g = last[i];
     if (!c || !g) return;
     // Writing an unchanged text still replaces the node and makes WebKit lay out and paint again.
@@ -114,7 +114,7 @@ export function gpusView(backend: Backend, me: string | null): View {
           x.job !== null ? h("a", { href: `#/run/${x.job}`, "data-testid": `holder-job-${x.job}` }, x.text) : x.text));
       }
     }
-    charts[i]?.setData(series.window(i, minutes, Date.now()));
+    if (chart) charts[i]?.setData(series.window(i, minutes, Date.now()));
   }
 
   /** Redraw the cards on screen at most once per REDRAW_MS, however fast samples come. */
@@ -124,7 +124,7 @@ export function gpusView(backend: Backend, me: string | null): View {
       pending = undefined;
       if (!running) return;
       drawnAt = Date.now();
-      (observer ? onScreen : new Set(cards.keys())).forEach(draw);
+      (observer ? onScreen : new Set(cards.keys())).forEach((i) => draw(i));
     }, Math.max(0, drawnAt + REDRAW_MS - Date.now()));
   }
 
@@ -136,7 +136,7 @@ export function gpusView(backend: Backend, me: string | null): View {
       status = s;
       if (!last.length) last = s.gpus;
       hold = holdersOf({ ...s, gpus: last }, me);
-      (observer ? onScreen : new Set(cards.keys())).forEach(draw);
+      (observer ? onScreen : new Set(cards.keys())).forEach((i) => draw(i, false));
     } catch { /* keep the last known holders; the next tick retries */ }
   }
 
