@@ -1,31 +1,63 @@
 #!/usr/bin/env bash
-# App benchmark: resident memory of the app (+ its WebKit processes) with 8 simulated GPUs after an
-# hour's worth of samples (sampled every 10 ms for 45 s) and 100,000 history rows, then CPU and memory
-# while idle on the GPUs view at the normal 1 Hz. Writes target/bench/app.md. (Debug build.)
+# App benchmark (issue 10 goals: idle ≤1% of one core and ≤250 MB after 10 minutes on the GPUs view;
+# ≤300 MB with an hour of samples loaded). 8 simulated GPUs, 100,000 history rows, under Xvfb.
+#  1. an hour's worth of samples: the engine samples every 10 ms for FILL_S s (~4,500 samples), then the
+#     resident memory of the app and its WebKit processes;
+#  2. idle on the GPUs view at the normal 1 Hz for IDLE_S s: CPU over the window, memory at its start and
+#     end per process (which one grows).
+# BUILD=release (default) or debug; IDLE_S=600 (default; shorter windows are labelled as such);
+# NO_BUILD=1 measures the binary already built. Writes target/bench/app.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD=${BUILD:-release} IDLE_S=${IDLE_S:-600} FILL_S=${FILL_S:-45}
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
-npm --prefix ui run build
-cargo build -p gantry-app --locked
+tgt=${CARGO_TARGET_DIR:-target}
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  npm --prefix ui run build
+  if [ "$BUILD" = release ]; then cargo build --release -p gantry-app --locked; else cargo build -p gantry-app --locked; fi
+fi
+app=$tgt/$BUILD/gantry-app
 state=$(mktemp -d)/state
 cargo run --release --locked -p gantry-core --example seed_history -- "$state" 100000
-if [ -z "${DISPLAY:-}" ]; then Xvfb :96 -screen 0 1280x800x24 >/dev/null 2>&1 & XV=$!; export DISPLAY=:96; sleep 1; fi
+if [ -z "${DISPLAY:-}" ]; then
+  # A display nobody else uses: other runs on this machine may hold one.
+  n=96; while [ -e /tmp/.X11-unix/X$n ] || [ -e /tmp/.X$n-lock ]; do n=$((n + 1)); done
+  Xvfb :$n -screen 0 1280x800x24 >/dev/null 2>&1 & XV=$!; export DISPLAY=:$n; sleep 1
+fi
 export LANG="${LANG:-C.UTF-8}"
+hz=$(getconf CLK_TCK)
 tree() { local p=$1; echo "$p"; for c in $(pgrep -P "$p"); do tree "$c"; done; }
-rss() { for p in $(tree "$1"); do awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null; done | awk '{s+=$1} END {printf "%.0f", s/1024}'; }
+# "name RSS-MB PSS-MB" per process name in the app's tree (the WebKit processes are its children). RSS
+# counts the WebKit/GTK libraries once in each process that maps them; PSS shares such pages out, so the
+# PSS sum is the memory the app takes from the machine.
+per() { for p in $(tree "$1"); do
+  n=$(cat "/proc/$p/comm" 2>/dev/null) && awk -v n="$n" '/^Rss:/ {r=$2} /^Pss:/ {q=$2} END {print n, r, q}' "/proc/$p/smaps_rollup" 2>/dev/null; done |
+  awk '{r[$1]+=$2; q[$1]+=$3} END {for (n in r) printf "%s %.0f %.0f\n", n, r[n]/1024, q[n]/1024}'; }
+sum() { awk -v k="${1:-2}" '{s+=$k} END {printf "%.0f", s}'; }
+list() { awk '{printf "%s%s %s/%s", s, $1, $2, $3; s=", "}' "$1"; }
 ticks() { for p in $(tree "$1"); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s}'; }
-app=target/debug/gantry-app
+# "name a→b" (RSS MB) per process name, from two `per` listings.
+grow() { join -a1 -a2 -e0 -o 0,1.2,2.2 <(sort "$1") <(sort "$2") | awk '{printf "%s%s %s→%s", sep, $1, $2, $3; sep=", "} END {print ""}'; }
+
 GANTRY_STATE_DIR=$state GANTRY_GPUS=sim:8x80GiB GANTRY_SAMPLE_MS=10 $app >/dev/null 2>&1 & pid=$!
-sleep 45; full=$(rss $pid); kill $pid; wait $pid 2>/dev/null || true; sleep 1
+sleep "$FILL_S"; per $pid >/tmp/bench-app-full.$$; kill $pid; wait $pid 2>/dev/null || true; sleep 1
+full=$(sum </tmp/bench-app-full.$$) full_pss=$(sum 3 </tmp/bench-app-full.$$)
+
 GANTRY_STATE_DIR=$state GANTRY_GPUS=sim:8x80GiB $app >/dev/null 2>&1 & pid=$!
-sleep 8; t0=$(ticks $pid); sleep 30; t1=$(ticks $pid); idle_rss=$(rss $pid); kill $pid; wait $pid 2>/dev/null || true
+sleep 8; t0=$(ticks $pid); per $pid >/tmp/bench-app-a.$$
+sleep "$IDLE_S"; t1=$(ticks $pid); per $pid >/tmp/bench-app-b.$$
+kill $pid; wait $pid 2>/dev/null || true
+idle=$(sum </tmp/bench-app-b.$$) idle_pss=$(sum 3 </tmp/bench-app-b.$$)
+cpu=$(echo "scale=2; 100*($t1-$t0)/($hz*$IDLE_S)" | bc)
 mkdir -p target/bench
 {
-  echo "| app benchmark (debug build, 8 simulated GPUs, 100k runs) | result |"
-  echo "|---|---|"
-  echo "| resident memory, app + WebKit, after ~4,500 samples per GPU | ${full} MB |"
-  echo "| CPU while idle on the GPUs view (8 live charts, 1 Hz) | $(echo "scale=1; ($t1-$t0)/30" | bc)% of one core |"
-  echo "| resident memory while idle | ${idle_rss} MB |"
+  echo "| app benchmark ($BUILD build, 8 simulated GPUs, 100k runs) | result | goal |"
+  echo "|---|---|---|"
+  echo "| memory (PSS; RSS), app + WebKit, ~4,500 samples per GPU loaded | ${full_pss} MB; RSS ${full} MB (RSS/PSS: $(list /tmp/bench-app-full.$$)) | ≤300 MB |"
+  echo "| CPU while idle on the GPUs view for ${IDLE_S} s (8 live charts, 1 Hz) | ${cpu}% of one core | ≤1% |"
+  echo "| memory (PSS; RSS) after ${IDLE_S} s idle | ${idle_pss} MB; RSS ${idle} MB (RSS/PSS: $(list /tmp/bench-app-b.$$)) | ≤250 MB |"
+  echo "| RSS over the idle window, per process (MB) | $(grow /tmp/bench-app-a.$$ /tmp/bench-app-b.$$) | |"
 } | tee target/bench/app.md
+rm -f /tmp/bench-app-*.$$
 [ -n "${XV:-}" ] && kill $XV || true

@@ -139,11 +139,21 @@ async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
     s.client().stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
 }
-/// Live GPU samples (1 Hz) through a Channel.
+/// Channels of closed or hidden GPU views (`unwatch_gpus`): their streams end at the next sample. A
+/// webview cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
+static GPU_UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Live GPU samples (1 Hz) through a Channel, until `unwatch_gpus` with its id.
 #[tauri::command]
 async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
     let mut buf = Vec::new();
-    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || on_sample.send(v).is_ok())).await.map_err(e)
+    let id = on_sample.id();
+    let live = || !GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || (live() && on_sample.send(v).is_ok()))).await.map_err(e)
+}
+#[tauri::command]
+fn unwatch_gpus(id: u32) {
+    GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
 }
 #[tauri::command]
 async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Preview>> {
@@ -333,6 +343,21 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
     reader.abort();
 }
 
+/// Draw the page without GPU compositing. The app is a few charts and tables: compositing buys nothing,
+/// yet costs the idle WebKit process most of its CPU and memory (a GL context per page; software GL
+/// under Xvfb or SSH forwarding), and on a GPU workstation it would take GPU memory from the jobs.
+#[cfg(target_os = "linux")]
+fn light_webview(app: &tauri::App) {
+    use webkit2gtk::{HardwareAccelerationPolicy, SettingsExt, WebViewExt};
+    if let Some(w) = app.get_webview_window("main") {
+        let _ = w.with_webview(|wv| {
+            if let Some(s) = wv.inner().settings() {
+                s.set_hardware_acceleration_policy(HardwareAccelerationPolicy::Never);
+            }
+        });
+    }
+}
+
 fn build_tray(app: &tauri::App) -> tauri::Result<()> {
     use tauri::menu::{Menu, MenuItem};
     use tauri::tray::TrayIconBuilder;
@@ -386,6 +411,8 @@ pub fn run() {
                 tracing::warn!("cannot use {}: {err:#}", host.as_deref().unwrap_or("this computer"));
                 rt.block_on(switch(app.handle(), &app.state::<AppState>(), None))?;
             }
+            #[cfg(target_os = "linux")]
+            light_webview(app);
             if let Err(err) = build_tray(app) {
                 tracing::warn!("no tray icon: {err}");
             }
@@ -393,7 +420,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, logs, follow_logs, watch_gpus, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, logs, follow_logs, watch_gpus, unwatch_gpus, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

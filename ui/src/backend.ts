@@ -82,7 +82,8 @@ export const tauriBackend: Backend = {
     const ch = new Channel<{ at: number; gpus: GpuSample[] }>();
     ch.onmessage = (m) => { if (live) onSample(m.at, m.gpus); };
     invoke("watch_gpus", { onSample: ch }).catch(() => {});
-    return () => { live = false; };
+    // Also end the engine stream behind the channel: it would otherwise keep sending to a dead view.
+    return () => { live = false; invoke("unwatch_gpus", { id: ch.id }).catch(() => {}); };
   },
   onJobChanged: (cb) => listen<{ job_id: number; state: JobState; at: number }>("job-changed", (e) => cb(e.payload)),
   previewPaths: (paths) => invoke("preview_paths", { paths }),

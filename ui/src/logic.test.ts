@@ -3,7 +3,7 @@ vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }
 import { historyQueryString } from "./backend";
 import { ask, bytes, duration, gpuHours } from "./format";
 import { route } from "./main";
-import { SeriesStore } from "./series";
+import { RAW_CAP, Ring, SeriesStore } from "./series";
 import { laneBox, pagesFor, visibleSlice } from "./virtual";
 
 describe("formatting", () => {
@@ -38,17 +38,61 @@ describe("virtual scrolling", () => {
 });
 
 describe("GPU series", () => {
-  it("keeps an hour and windows by minutes", () => {
-    const s = new SeriesStore(60 * 60_000);
+  it("keeps an hour, raw for 5 minutes and min/max per 10 s bucket before, and windows by minutes", () => {
+    const s = new SeriesStore();
     s.setTotals([{ memory_total: 100 }]);
     for (let t = 0; t <= 2 * 3600; t += 1) s.push(t * 1000, [{ utilization: t % 100, memory_used: 50 }]);
-    expect(s.ts.length).toBe(3601);
+    // 2 h of 1 Hz samples: 301 raw (5 min) and one bucket per 10 s of the hour before (bounded).
+    expect(s.size(0).raw).toBe(301);
+    expect(s.size(0).buckets).toBeLessThanOrEqual(361);
     const [ts, util, mem] = s.window(0, 5, 7200_000);
     expect(ts.length).toBe(301);
     expect(util[util.length - 1]).toBe(7200 % 100);
     expect(mem[0]).toBe(50);
+    const hour = s.window(0, 60, 7200_000);
+    expect(hour[0].length).toBeLessThan(1000);
+    expect(hour[0][0]).toBeGreaterThanOrEqual(3600 - 10);
+    expect([...hour[0]].sort((a, b) => a - b)).toEqual(hour[0]); // time keeps increasing for uPlot
     s.push(1000, [{ utilization: 1, memory_used: 1 }]); // out of order: ignored
-    expect(s.ts.length).toBe(3601);
+    expect(s.size(0).raw).toBe(301);
+  });
+  it("keeps one-second peaks and dips older than 5 minutes", () => {
+    const s = new SeriesStore();
+    s.setTotals([{ memory_total: 100 }, { memory_total: 100 }]);
+    for (let t = 0; t <= 3000; t++) {
+      const spike = t === 1234; // 30 min before the end, one sample
+      s.push(t * 1000, [{ utilization: spike ? 100 : 40, memory_used: spike ? 5 : 60 }, { utilization: 7, memory_used: 0 }]);
+    }
+    const [ts, util, mem] = s.window(0, 60, 3000_000);
+    const at = util.indexOf(100);
+    expect(at).toBeGreaterThanOrEqual(0);
+    expect(ts[at]).toBeGreaterThanOrEqual(1230);
+    expect(ts[at]).toBeLessThan(1240);
+    expect(Math.min(...mem)).toBe(5);
+    expect(Math.min(...util)).toBe(40);
+    expect(s.window(1, 60, 3000_000)[1].every((u) => u === 7)).toBe(true);
+  });
+  it("bounds memory when the engine samples fast", () => {
+    const s = new SeriesStore();
+    s.setTotals([{ memory_total: 100 }]);
+    for (let t = 0; t < 100 * 300; t++) s.push(t * 10, [{ utilization: t === 5000 ? 99 : 1, memory_used: 0 }]); // 100 Hz for 5 min
+    expect(s.size(0).raw).toBeLessThanOrEqual(RAW_CAP);
+    expect(s.size(0).buckets).toBeLessThanOrEqual(31);
+    expect(s.window(0, 60, 300_000)[1]).toContain(99);
+  });
+});
+
+describe("ring buffer", () => {
+  it("keeps the newest rows in order and overwrites the oldest when full", () => {
+    const r = new Ring(3, 2);
+    for (let i = 1; i <= 5; i++) r.push(i, i * 10);
+    expect(r.len).toBe(3);
+    expect([0, 1, 2].map((i) => [r.at(i, 0), r.at(i, 1)])).toEqual([[3, 30], [4, 40], [5, 50]]);
+    r.shift();
+    r.push(6, 60);
+    expect([0, 1, 2].map((i) => r.at(i, 0))).toEqual([4, 5, 6]);
+    r.shift(); r.shift(); r.shift(); r.shift();
+    expect(r.len).toBe(0);
   });
 });
 

@@ -3,6 +3,7 @@ import "./locale-fix";
 import "./styles.css";
 import { tauriBackend, type Backend } from "./backend";
 import { h, type View } from "./dom";
+import type { Status } from "./types";
 import { gpusView } from "./views/gpus";
 import { historyView } from "./views/history";
 import { queueView } from "./views/queue";
@@ -20,6 +21,13 @@ export function route(hash: string): { tab: string; id?: number } {
   return { tab: TABS.some(([k]) => k === t) ? t : "gpus" };
 }
 
+/** The banner over simulated GPUs: why (the engine's note, e.g. no driver), or that they were asked for. */
+export function simBanner(status: Pick<Status, "gpu_backend" | "gpu_note">): string | null {
+  if (status.gpu_backend !== "simulated") return null;
+  const why = status.gpu_note ? `Simulated GPUs: ${status.gpu_note}.` : "Simulated GPUs (as configured).";
+  return `${why} Jobs run in real Docker containers; GPU numbers are made up.`;
+}
+
 export async function mount(root: HTMLElement, backend: Backend) {
   const engine = await backend.engine();
   const which = h("span", { class: "muted", title: engine.socket ?? "", "data-testid": "engine" }, engine.label);
@@ -35,10 +43,8 @@ export async function mount(root: HTMLElement, backend: Backend) {
   const go = (hash: string) => { location.hash = hash; };
   const nav = h("nav", { class: "tabs", role: "tablist" }, TABS.map(([k, label], i) =>
     h("a", { href: `#/${k}`, role: "tab", "data-tab": k, "data-testid": `tab-${k}`, title: `${label} (${i + 1})` }, label)));
-  const banner = status.gpu_backend === "simulated"
-    ? h("div", { class: "banner sim", "data-testid": "sim-banner", role: "status" },
-        `Simulated GPUs: no NVIDIA driver was found${status.gpu_note ? ` (${status.gpu_note})` : ""}. Jobs run in real Docker containers; GPU numbers are made up.`)
-    : null;
+  const sim = simBanner(status);
+  const banner = sim ? h("div", { class: "banner sim", "data-testid": "sim-banner", role: "status" }, sim) : null;
   const docker = status.docker_problem ? h("div", { class: "banner warn" }, status.docker_problem) : null;
   const store = status.store_problem ? h("div", { class: "banner warn", role: "alert" }, status.store_problem) : null;
   const main = h("main", {});

@@ -3,10 +3,10 @@ vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }
 import { entry, fakeBackend, gpu, gpuUser, settle, usageReport } from "./fake-backend";
 import { clock, gpusView, holderLine, holdersOf } from "./views/gpus";
 import { fairShareLine, usageRows, usageView } from "./views/usage";
-import { historyView, ROW_H } from "./views/history";
+import { gpuList, historyView, ROW_H } from "./views/history";
 import { queueView, sortQueue } from "./views/queue";
 import { errorText, submitView } from "./views/submit";
-import { mount } from "./main";
+import { mount, simBanner } from "./main";
 import type { EngineInfo, GpuStatus, GpuUser, Preview } from "./types";
 
 describe("queue view", () => {
@@ -52,6 +52,16 @@ describe("history view", () => {
     expect(offsets).toContain(600);
     expect(v.el.querySelector("[data-testid=history-row-300]")).not.toBeNull(); // row index 700 is id 300
     v.el.remove();
+  });
+  it("writes the GPUs column so that GPU 0 and no GPU differ", async () => {
+    expect(gpuList([0])).toBe("GPU 0");
+    expect(gpuList([0, 1])).toBe("GPU 0,1");
+    expect(gpuList([])).toBe("—");
+    const { b } = fakeBackend();
+    const v = historyView(b, () => {});
+    await settle(10);
+    const cells = v.el.querySelector("[data-testid=history-row-1000]")!.children; // makeRows: first row on GPU 0
+    expect(cells[5].textContent).toBe("GPU 0");
   });
   it("filters by status and sorts by a clicked column", async () => {
     const { b, calls } = fakeBackend();
@@ -147,11 +157,17 @@ describe("GPU holders and the app shell", () => {
     const { b, calls } = fakeBackend({ onFileDrop: (cb) => { dropped = cb; return Promise.resolve(() => {}); } });
     const root = document.createElement("div");
     await mount(root, b);
-    expect(root.querySelector("[data-testid=sim-banner]")!.textContent).toContain("Simulated GPUs");
+    expect(root.querySelector("[data-testid=sim-banner]")!.textContent).toBe("Simulated GPUs (as configured). Jobs run in real Docker containers; GPU numbers are made up.");
     dropped!(["/x/job.yaml"]);
     await settle();
     expect(location.hash).toBe("#/submit");
     expect(calls.some((c) => c.name === "previewPaths")).toBe(true);
+  });
+  it("says why GPUs are simulated in words, and does not claim a missing driver when they were asked for", () => {
+    expect(simBanner({ gpu_backend: "simulated", gpu_note: "no NVIDIA driver found (libnvidia-ml.so.1 missing)" }))
+      .toBe("Simulated GPUs: no NVIDIA driver found (libnvidia-ml.so.1 missing). Jobs run in real Docker containers; GPU numbers are made up.");
+    expect(simBanner({ gpu_backend: "simulated", gpu_note: null })).not.toContain("driver");
+    expect(simBanner({ gpu_backend: "nvml", gpu_note: null })).toBeNull();
   });
   it("says in the header which engine it talks to", async () => {
     const engine: EngineInfo = { kind: "system", label: "System engine (/run/gantry/gantry.sock)", socket: "/run/gantry/gantry.sock", problem: null };

@@ -237,12 +237,24 @@ impl NvmlBackend {
             Some(p) => nvml_wrapper::Nvml::builder().lib_path(p.as_os_str()).init(),
             None => nvml_wrapper::Nvml::init(),
         }
-        .map_err(|e| GpuError::Nvml(e.to_string()))?;
+        .map_err(|e| GpuError::Nvml(init_error(lib.is_none(), &e)))?;
         let n = nvml.device_count().map_err(|e| GpuError::Nvml(e.to_string()))?;
         if n == 0 {
             return Err(GpuError::Nvml("the driver reports no GPUs".into()));
         }
         Ok(NvmlBackend { nvml, links: Default::default() })
+    }
+}
+
+/// Why NVML did not start, in words: a machine without NVIDIA's driver is the common case, and
+/// libloading's "cannot open shared object file" means nothing to a researcher.
+fn init_error(drivers_library: bool, e: &nvml_wrapper::error::NvmlError) -> String {
+    let raw = e.to_string();
+    match e {
+        nvml_wrapper::error::NvmlError::LibloadingError(_) if drivers_library && raw.contains("No such file") => {
+            "no NVIDIA driver found (libnvidia-ml.so.1 missing)".into()
+        }
+        _ => raw,
     }
 }
 
@@ -426,7 +438,13 @@ pub fn open(forced: Option<&str>) -> Result<Opened, GpuError> {
     }
     match NvmlBackend::new(None) {
         Ok(b) => Ok(Opened { backend: Box::new(b), note: None, library: None }),
-        Err(e) => Ok(Opened { backend: Box::new(SimulatedBackend::new(2, 24 << 30)), note: Some(e.to_string()), library: None }),
+        Err(e) => {
+            let why = match e {
+                GpuError::Nvml(why) => why,
+                e => e.to_string(),
+            };
+            Ok(Opened { backend: Box::new(SimulatedBackend::new(2, 24 << 30)), note: Some(why), library: None })
+        }
     }
 }
 
@@ -490,6 +508,6 @@ mod tests {
         }
         let o = open(None).unwrap();
         assert_eq!(o.backend.kind(), BackendKind::Simulated);
-        assert!(o.note.unwrap().contains("libnvidia-ml"));
+        assert_eq!(o.note.as_deref(), Some("no NVIDIA driver found (libnvidia-ml.so.1 missing)"));
     }
 }

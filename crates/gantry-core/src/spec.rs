@@ -313,7 +313,10 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 fn hint_for(message: &str) -> String {
     if message.contains("unknown field") {
-        "remove or rename the field; `gantry schema` lists every field".into()
+        match suggest_field(message) {
+            Some(f) => format!("did you mean `{f}`? (`gantry schema` lists every field)"),
+            None => "remove or rename the field; `gantry schema` lists every field".into(),
+        }
     } else if message.contains("missing field `image`") {
         "add `image: <docker image>` (the image must exist locally or be pullable)".into()
     } else if message.contains("missing field") {
@@ -323,6 +326,32 @@ fn hint_for(message: &str) -> String {
     } else {
         "check the syntax near the position shown".into()
     }
+}
+
+/// For serde's "unknown field `gpu`, expected one of `name`, `gpus`, …": the expected field nearest to
+/// the unknown one, if it is a likely typo (at most 2 edits, and fewer edits than the name has letters).
+fn suggest_field(message: &str) -> Option<&str> {
+    let mut quoted = message.split('`').skip(1).step_by(2);
+    let unknown = quoted.next()?;
+    let (_, rest) = message.split_once("expected")?;
+    let limit = 2.min(unknown.chars().count().saturating_sub(1));
+    rest.split('`').skip(1).step_by(2).map(|f| (edit_distance(unknown, f), f)).filter(|(d, _)| *d <= limit).min_by_key(|(d, _)| *d).map(|(_, f)| f)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// Most jobs one `matrix` may expand to.
@@ -869,6 +898,21 @@ mod tests {
         assert!(e.message.contains("unknown field `gpu`"), "{e}");
         assert_eq!(e.line, Some(2));
         assert!(e.hint.contains("gantry schema"));
+    }
+
+    #[test]
+    fn unknown_field_suggests_the_nearest_known_one() {
+        let e = err_yaml("image: a\ngpu: 2\n");
+        assert!(e.hint.starts_with("did you mean `gpus`?"), "{e}");
+        assert!(e.to_string().contains("did you mean `gpus`?"), "{e}");
+        let e = validate_text("image = \"a\"\ntimout = \"1h\"\n", Format::Toml, &Origin::default()).unwrap_err();
+        assert!(e.hint.starts_with("did you mean `timeout`?"), "{e}");
+        // Nothing close: no guess.
+        let e = err_yaml("image: a\nbanana: 2\n");
+        assert!(!e.hint.contains("did you mean"), "{e}");
+        assert_eq!(edit_distance("gpu", "gpus"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(suggest_field("unknown field `x`, expected `a` or `b`"), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@ import type { Backend } from "../backend";
 import { lineChart, type Chart } from "../charts";
 import { h, clear, type View } from "../dom";
 import { bytes } from "../format";
-import { SeriesStore } from "../series";
+import { HOUR_MS, gpuSeries } from "../series";
 import type { GpuSample, GpuStatus, GpuUser } from "../types";
 
 /** One line under "Held by": `job` links to the job's page. */
@@ -55,48 +55,77 @@ export function holdersOf(status: GpuStatus, me: string | null, now = Date.now()
   return out;
 }
 
-/** `me`: the caller's user name (their jobs and processes are highlighted). */
+/** Charts redraw at most this often, and only those on screen. */
+export const REDRAW_MS = 1_000;
+
+/** `me`: the caller's user name (their jobs and processes are highlighted). Samples go to the shared
+ * `gpuSeries`; while the window is hidden or minimized the view stops its stream and timers, and on return
+ * asks the engine only for the samples it missed. */
 export function gpusView(backend: Backend, me: string | null): View {
   const el = h("section", { class: "view", "data-testid": "view-gpus" });
-  const series = new SeriesStore();
+  const series = gpuSeries;
   let minutes = 5;
-  let charts: Chart[] = [];
-  let cards: { util: HTMLElement; mem: HTMLElement; bar: HTMLElement; extra: HTMLElement; holders: HTMLElement }[] = [];
+  let charts: (Chart | null)[] = [];
+  let cards: { util: HTMLElement; mem: HTMLElement; bar: HTMLElement; extra: HTMLElement; holders: HTMLElement; shown: string }[] = [];
+  let hold = new Map<number, Holder[]>();
   let status: GpuStatus | null = null;
   let last: GpuSample[] = [];
   let stop: (() => void) | null = null;
   let timer: ReturnType<typeof setInterval> | undefined;
+  let pending: ReturnType<typeof setTimeout> | undefined;
+  let drawnAt = 0;
   let unlisten: (() => void) | null = null;
   let disposed = false;
+  let running = false;
+  // Cards on screen (all of them where IntersectionObserver is missing, e.g. in tests).
+  const onScreen = new Set<number>();
+  const observer = typeof IntersectionObserver === "undefined" ? null : new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      const i = Number((e.target as HTMLElement).dataset.card);
+      if (e.isIntersecting) { onScreen.add(i); draw(i); } else onScreen.delete(i);
+    }
+  });
 
   const picker = h("div", { class: "segmented", role: "group", "aria-label": "Chart window" },
-    [5, 15, 60].map((m) => h("button", { class: m === minutes ? "on" : "", "data-minutes": m, onclick: () => { minutes = m; picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.minutes === String(m))); redraw(); } }, `${m} min`)));
+    [5, 15, 60].map((m) => h("button", { class: m === minutes ? "on" : "", "data-minutes": m, onclick: () => { minutes = m; picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.minutes === String(m))); onScreen.forEach((i) => draw(i)); } }, `${m} min`)));
   const grid = h("div", { class: "gpu-grid" });
   el.append(h("div", { class: "toolbar" }, h("h2", {}, "GPUs"), picker), grid);
 
-  function redraw() {
-    const now = Date.now();
-    charts.forEach((c, i) => c.setData(series.window(i, minutes, now)));
-  }
-
-  function fill(gpus: GpuSample[]) {
-    last = gpus;
-    const hold = status ? holdersOf({ ...status, gpus }, me) : new Map<number, Holder[]>();
-    gpus.forEach((g, i) => {
-      const c = cards[i];
-      if (!c) return;
-      c.util.textContent = `${g.utilization}%`;
-      c.mem.textContent = `${bytes(g.memory_used)} / ${bytes(g.memory_total)}`;
-      c.bar.style.width = `${(100 * g.memory_used) / Math.max(1, g.memory_total)}%`;
-      c.extra.textContent = [g.temperature_c !== null ? `${g.temperature_c} °C` : "", g.power_w !== null ? `${Math.round(g.power_w)} W` : ""].filter(Boolean).join(" · ");
+  /** One card's numbers, holders and (with `chart`) chart, from the latest sample. */
+  function draw(i: number, chart = true) {
+    const c = cards[i], g = last[i];
+    if (!c || !g) return;
+    // Writing an unchanged text still replaces the node and makes WebKit lay out and paint again.
+    const set = (el: HTMLElement, text: string) => { if (el.textContent !== text) el.textContent = text; };
+    set(c.util, `${g.utilization}%`);
+    set(c.mem, `${bytes(g.memory_used)} / ${bytes(g.memory_total)}`);
+    const width = `${(100 * g.memory_used) / Math.max(1, g.memory_total)}%`;
+    if (c.bar.style.width !== width) c.bar.style.width = width;
+    set(c.extra, [g.temperature_c !== null ? `${g.temperature_c} °C` : "", g.power_w !== null ? `${Math.round(g.power_w)} W` : ""].filter(Boolean).join(" · "));
+    const hs = hold.get(g.index) ?? [];
+    const key = JSON.stringify(hs);
+    if (key !== c.shown) {
+      c.shown = key;
       clear(c.holders);
       // h() puts strings in text nodes: a process's command can never become markup.
-      for (const x of hold.get(g.index) ?? []) {
+      for (const x of hs) {
         const cls = `holder ${x.kind}${x.mine ? " mine" : ""}`;
         c.holders.append(h("li", { class: cls, title: x.text },
           x.job !== null ? h("a", { href: `#/run/${x.job}`, "data-testid": `holder-job-${x.job}` }, x.text) : x.text));
       }
-    });
+    }
+    if (chart) charts[i]?.setData(series.window(i, minutes, Date.now()));
+  }
+
+  /** Redraw the cards on screen at most once per REDRAW_MS, however fast samples come. */
+  function schedule() {
+    if (pending !== undefined || !running) return;
+    pending = setTimeout(() => {
+      pending = undefined;
+      if (!running) return;
+      drawnAt = Date.now();
+      (observer ? onScreen : new Set(cards.keys())).forEach((i) => draw(i));
+    }, Math.max(0, drawnAt + REDRAW_MS - Date.now()));
   }
 
   /** Who holds each GPU comes only from `gpus`: re-read it on a timer and whenever a job changes state. */
@@ -105,46 +134,89 @@ export function gpusView(backend: Backend, me: string | null): View {
       const s = await backend.gpus();
       if (disposed) return;
       status = s;
-      fill(last.length ? last : s.gpus);
+      if (!last.length) last = s.gpus;
+      hold = holdersOf({ ...s, gpus: last }, me);
+      (observer ? onScreen : new Set(cards.keys())).forEach((i) => draw(i, false));
     } catch { /* keep the last known holders; the next tick retries */ }
   }
+
+  /** Catch up on missed samples, then stream; samples that arrive meanwhile are kept in order. */
+  async function start() {
+    if (running || disposed) return;
+    running = true;
+    let early: [number, GpuSample[]][] | null = [];
+    stop = backend.watchGpus((at, gpus) => {
+      if (early) { early.push([at, gpus]); return; }
+      series.push(at, gpus);
+      last = gpus;
+      schedule();
+    });
+    timer = setInterval(refreshHolders, HOLDERS_REFRESH_MS);
+    try { series.loadRecent(await backend.gpuRecent(Math.max(series.last + 1, Date.now() - HOUR_MS))); } finally {
+      for (const [at, gpus] of early) { series.push(at, gpus); last = gpus; }
+      early = null;
+    }
+    refreshHolders();
+    schedule();
+  }
+
+  function pause() {
+    running = false;
+    stop?.();
+    stop = null;
+    clearInterval(timer);
+    clearTimeout(pending);
+    pending = undefined;
+  }
+
+  const onVisibility = () => { if (document.hidden) pause(); else start(); };
 
   async function load() {
     status = await backend.gpus();
     if (disposed) return;
     series.setTotals(status.gpus);
-    series.loadRecent(await backend.gpuRecent(Date.now() - 60 * 60_000));
+    last = status.gpus;
+    hold = holdersOf(status, me);
     clear(grid);
-    charts.forEach((c) => c.destroy());
+    charts.forEach((c) => c?.destroy());
     charts = [];
     cards = [];
     for (const g of status.gpus) {
       const chartEl = h("div", { class: "chart" });
       const c = {
         util: h("span", { class: "big" }), mem: h("span", {}), bar: h("div", { class: "fill" }),
-        extra: h("span", { class: "muted" }), holders: h("ul", { class: "holders", "data-testid": `gpu-holders-${g.index}` }),
+        extra: h("span", { class: "muted" }), holders: h("ul", { class: "holders", "data-testid": `gpu-holders-${g.index}` }), shown: "",
       };
       cards.push(c);
-      grid.append(h("article", { class: "card gpu", "data-testid": `gpu-${g.index}` },
+      const card = h("article", { class: "card gpu", "data-testid": `gpu-${g.index}`, "data-card": cards.length - 1 },
         h("header", {}, h("strong", {}, `GPU ${g.index}`), h("span", { class: "muted" }, g.name), c.extra),
         h("div", { class: "row" }, h("span", {}, "Utilization "), c.util),
         h("div", { class: "row" }, h("span", {}, "Memory "), c.mem),
         h("div", { class: "bar", title: "memory used" }, c.bar),
         chartEl,
-        h("div", { class: "held-by" }, h("span", { class: "muted" }, "Held by"), c.holders)));
-      try { charts.push(lineChart(chartEl, 360, 140, ["util %", "mem %"])); } catch { /* no canvas (tests) */ }
+        h("div", { class: "held-by" }, h("span", { class: "muted" }, "Held by"), c.holders));
+      grid.append(card);
+      observer?.observe(card);
+      let chart: Chart | null = null;
+      try { chart = lineChart(chartEl, 360, 140, ["utilization", "memory"]); } catch { /* no canvas (tests) */ }
+      charts.push(chart);
     }
-    fill(status.gpus);
-    redraw();
-    stop = backend.watchGpus((at, gpus) => {
-      series.push(at, gpus);
-      fill(gpus);
-      redraw();
-    });
-    timer = setInterval(refreshHolders, HOLDERS_REFRESH_MS);
-    const u = await backend.onJobChanged(() => { refreshHolders(); });
+    if (!observer) cards.forEach((_, i) => draw(i));
+    document.addEventListener("visibilitychange", onVisibility);
+    if (!document.hidden) await start();
+    const u = await backend.onJobChanged(() => { if (running) refreshHolders(); });
     if (disposed) u(); else unlisten = u;
   }
   load().catch((e) => grid.append(h("p", { class: "error" }, String(e))));
-  return { el, dispose() { disposed = true; stop?.(); clearInterval(timer); unlisten?.(); charts.forEach((c) => c.destroy()); } };
+  return {
+    el,
+    dispose() {
+      disposed = true;
+      pause();
+      document.removeEventListener("visibilitychange", onVisibility);
+      observer?.disconnect();
+      unlisten?.();
+      charts.forEach((c) => c?.destroy());
+    },
+  };
 }

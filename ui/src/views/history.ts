@@ -39,6 +39,11 @@ const COLS: [string, string | null][] = [
   ["Finished", "finished"], ["Duration", "duration"], ["GPU-h", "gpu_hours"],
 ];
 
+/** The GPUs column: "GPU 0", "GPU 0,1", or "—" for a run without a GPU (a bare "0" read as "none"). */
+export function gpuList(gpus: number[]): string {
+  return gpus.length ? `GPU ${gpus.join(",")}` : "—";
+}
+
 export function historyView(backend: Backend, go: (hash: string) => void): View {
   const el = h("section", { class: "view history", "data-testid": "view-history" });
   const q: HistoryQuery = { sort: "finished", asc: false };
@@ -87,7 +92,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     return h("div", { class: "vt-row", "data-testid": `history-row-${r.id}`, tabindex: -1, onclick: () => go(`#/run/${r.id}`) },
       h("div", {}, String(r.id)), h("div", { title: r.image }, r.name), h("div", {}, r.owner),
       h("div", {}, h("span", { class: `state ${r.status}` }, stateLabel(r.status))), h("div", {}, r.exit_code ?? "-"),
-      h("div", {}, r.gpus.join(",") || "-"), h("div", {}, time(r.finished_at)),
+      h("div", {}, gpuList(r.gpus)), h("div", {}, time(r.finished_at)),
       h("div", {}, duration(r.started_at && r.finished_at ? r.finished_at - r.started_at : null)), h("div", {}, gh ? gh.toFixed(2) : "0"));
   }
 

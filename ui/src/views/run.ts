@@ -3,6 +3,7 @@ import type { Backend } from "../backend";
 import { lineChart } from "../charts";
 import { h, type View } from "../dom";
 import { ask, commandText, duration, stateLabel, time } from "../format";
+import { gpuList } from "./history";
 import { FINAL_STATES, type JobDetail, type RecentSample } from "../types";
 
 /** Per-minute utilization of the run's GPUs, averaged across them: [seconds[], util[], mem (unused)]. */
@@ -50,7 +51,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
           h("h3", {}, "Attempts"),
           h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["#", "GPUs", "Start", "Duration", "End", "Code"].map((t) => h("th", {}, t)))),
             h("tbody", {}, d.attempts.map((a) => h("tr", {},
-              h("td", {}, a.n), h("td", {}, a.gpus.join(",") || "-"), h("td", {}, time(a.started_at)),
+              h("td", {}, a.n), h("td", {}, gpuList(a.gpus)), h("td", {}, time(a.started_at)),
               h("td", {}, duration((a.ended_at ?? Date.now()) - a.started_at)), h("td", {}, a.reason ?? "running"), h("td", {}, a.exit_code ?? "-"))))),
           h("h3", {}, "Events"),
           h("ul", { class: "events" }, d.events.map((e) => h("li", {}, h("span", { class: "muted" }, time(e.at)), ` ${e.from ?? "–"} → ${e.to} `, e.message ?? ""))))),
@@ -74,7 +75,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
       data = runChartData(await Promise.all(a.gpus.map((g) => backend.gpuMinutes(g, a.started_at - 60_000, to + 60_000))));
     }
     if (data[0].length === 0) { box.textContent = "No GPU samples for this run."; return; }
-    try { lineChart(box, 640, 160, ["util %", ""]).setData(data); } catch { /* no canvas */ }
+    try { lineChart(box, 640, 160, ["utilization"]).setData([data[0], data[1]]); } catch { /* no canvas */ }
   }
 
   async function load() {
