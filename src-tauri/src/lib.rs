@@ -346,9 +346,14 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
 /// Draw the page without GPU compositing. The app is a few charts and tables: compositing buys nothing,
 /// yet costs the idle WebKit process most of its CPU and memory (a GL context per page; software GL
 /// under Xvfb or SSH forwarding), and on a GPU workstation it would take GPU memory from the jobs.
+/// Not under WebDriver (tauri-driver sets TAURI_WEBVIEW_AUTOMATION): WebKitWebDriver's screenshots hang
+/// without compositing (WebKitGTK 2.50 under Xvfb), so the e2e keeps WebKit's default.
 #[cfg(target_os = "linux")]
 fn light_webview(app: &tauri::App) {
     use webkit2gtk::{HardwareAccelerationPolicy, SettingsExt, WebViewExt};
+    if std::env::var_os("TAURI_WEBVIEW_AUTOMATION").is_some() {
+        return;
+    }
     if let Some(w) = app.get_webview_window("main") {
         let _ = w.with_webview(|wv| {
             if let Some(s) = wv.inner().settings() {
