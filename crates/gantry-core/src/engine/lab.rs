@@ -62,6 +62,9 @@ impl Engine {
             tick.tick().await;
             let e = self.clone();
             match tokio::task::spawn_blocking(move || e.prune(now_ms())).await {
+                // A delete that cannot be written is a database that cannot be written: the same
+                // stop-starting-work as any other failed write (the next pass's probe lifts it).
+                Ok(Err(EngineError::Store(err))) => self.store_failed("retention", &err),
                 Ok(Err(err)) => warn!("retention: {err}"),
                 Err(err) => warn!("retention crashed: {err}"),
                 Ok(Ok(_)) => {}
