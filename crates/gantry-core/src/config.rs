@@ -33,6 +33,11 @@ pub const MAX_QUEUED_PER_USER: usize = 2000;
 pub const PASS_EVERY: Duration = Duration::from_secs(1);
 /// ... and at most every 50 ms, so a burst of submits coalesces into few passes.
 pub const PASS_MIN_GAP: Duration = Duration::from_millis(50);
+/// A pass whose inputs (queue, running jobs, GPUs, health) have not changed plans again only after
+/// this long: what the clock alone moves (reservations past `reserve_after`, backfill windows) is
+/// measured in minutes, so 10 s is never noticed; at 100k queued it keeps an idle engine's planning
+/// under 1% of a core. A retry's backoff ending triggers a pass on time.
+pub const FULL_PASS_EVERY_MS: i64 = 10_000;
 /// Fair-share usage and typical waits change slowly: refresh every 30 s.
 pub const STATS_EVERY_MS: i64 = 30_000;
 /// Start estimates replay the queue (quadratic): every 5 s at most, and only for up to this many jobs.

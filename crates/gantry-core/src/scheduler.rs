@@ -180,9 +180,22 @@ pub struct Waiting {
     pub job_id: i64,
     /// 1-based position among waiting jobs, in scheduling order.
     pub position: usize,
+    /// Why it waits; empty past `explain_first` (see [`Waiting::why`]), so a deep queue costs no
+    /// string per job.
     pub reason: String,
     /// This job holds a reservation on these GPUs.
     pub reserved: Vec<u32>,
+}
+
+impl Waiting {
+    /// The reason, or "waiting behind N other jobs" where the plan wrote none.
+    pub fn why(&self) -> String {
+        if self.reason.is_empty() {
+            format!("waiting behind {} other jobs", self.position.saturating_sub(1))
+        } else {
+            self.reason.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -461,7 +474,8 @@ pub fn plan(state: &State) -> Plan {
             }
         }
         let explained = explain(&out);
-        let behind = |out: &Plan, reason: String| if explained { reason } else { format!("waiting behind {} other jobs", out.waiting.len()) };
+        // Past `explain_first`: no reason string (`Waiting::why` says "waiting behind N other jobs").
+        let behind = |_: &Plan, reason: String| if explained { reason } else { String::new() };
         if job.gpus == 0 {
             match pool.lacks(job, explained) {
                 Some(reason) => {

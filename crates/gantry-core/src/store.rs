@@ -244,6 +244,9 @@ pub struct QueueMirror {
     rows: std::collections::BTreeMap<i64, std::sync::Arc<QueuedRow>>,
     per_user: std::collections::HashMap<u32, usize>,
     stale: bool,
+    /// Bumped by every change: a scheduling pass with the same version (and nothing else changed)
+    /// would plan the same thing.
+    version: u64,
 }
 
 pub type SharedQueue = std::sync::Arc<std::sync::Mutex<QueueMirror>>;
@@ -253,6 +256,13 @@ impl QueueMirror {
     pub fn rows(&self) -> Vec<std::sync::Arc<QueuedRow>> {
         self.rows.values().cloned().collect()
     }
+    /// How many jobs are queued.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
     /// How many jobs `owner_uid` has queued.
     pub fn count_of(&self, owner_uid: u32) -> usize {
         self.per_user.get(&owner_uid).copied().unwrap_or(0)
@@ -261,7 +271,16 @@ impl QueueMirror {
     pub fn is_stale(&self) -> bool {
         self.stale
     }
+    /// Does a queued job's retry backoff end in `(since, now]`? (Then a pass must plan again.)
+    pub fn retry_due(&self, since: i64, now: i64) -> bool {
+        self.rows.values().any(|r| r.not_before.is_some_and(|t| t > since && t <= now))
+    }
+    /// Changes so far (see the field).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
     fn set(&mut self, id: i64, row: Option<QueuedRow>) {
+        self.version += 1;
         if let Some(old) = self.rows.remove(&id) {
             if let Some(n) = self.per_user.get_mut(&old.owner_uid) {
                 *n -= 1;
@@ -552,7 +571,11 @@ impl Store {
             m.set(r.id, Some(r));
         }
         let q = self.queue.clone().unwrap_or_default();
-        *q.lock().unwrap_or_else(|p| p.into_inner()) = m;
+        let mut old = q.lock().unwrap_or_else(|p| p.into_inner());
+        // Versions only grow, across rebuilds too.
+        m.version += old.version + 1;
+        *old = m;
+        drop(old);
         self.queue = Some(q.clone());
         Ok(q)
     }
@@ -574,7 +597,10 @@ impl Store {
     /// Open attempts with their jobs (for recovery).
     pub fn open_attempts(&self) -> Result<Vec<(Job, Attempt)>> {
         let mut out = vec![];
-        for j in self.active_jobs()?.into_iter().filter(|j| j.state != JobState::Queued) {
+        // Not `active_jobs`: that would parse every queued job's spec (a restart with 100k queued).
+        let mut st = self.conn.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE state IN ('starting','running') ORDER BY id"))?;
+        let started = st.query_map([], job_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        for j in started {
             if let Some(a) = self.open_attempt(j.id)? {
                 out.push((j, a));
             }

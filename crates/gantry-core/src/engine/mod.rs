@@ -124,6 +124,8 @@ pub struct Engine {
     waiting: RwLock<HashMap<i64, crate::scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
     eta_at: std::sync::atomic::AtomicI64,
+    /// The last planning pass: a hash of its inputs and when it ran (see `schedule_once`).
+    last_pass: Mutex<Option<(u64, i64)>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     health: RwLock<Health>,
@@ -283,6 +285,7 @@ impl Engine {
             waiting: RwLock::new(HashMap::new()),
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
+            last_pass: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),
@@ -396,6 +399,7 @@ impl Engine {
             }
             let t0 = tokio::time::Instant::now();
             self.clone().schedule_once().await;
+            tracing::debug!(took_ms = t0.elapsed().as_secs_f64() * 1e3, queued = self.queue.lock().unwrap().len(), "scheduling pass");
             // Coalesce bursts (hundreds of submits), and follow a long pass (a very deep queue) by an
             // equal pause so it never takes over the engine.
             tokio::time::sleep(t0.elapsed().max(crate::config::PASS_MIN_GAP)).await;

@@ -257,7 +257,7 @@ impl Engine {
                     position: w.map(|w| w.position),
                     reason: match (j.state, w) {
                         (JobState::Queued, _) if problem.is_some() => problem.clone(),
-                        (JobState::Queued, Some(w)) => Some(w.reason.clone()),
+                        (JobState::Queued, Some(w)) => Some(w.why()),
                         (JobState::Queued, None) => Some("about to be scheduled".into()),
                         _ => None,
                     },
@@ -271,7 +271,7 @@ impl Engine {
     pub fn job_detail(&self, id: i64) -> Result<JobDetail, EngineError> {
         let st = self.reader();
         let job = st.job(id)?.ok_or(EngineError::NoSuchJob(id))?;
-        let reason = self.waiting.read().unwrap().get(&id).map(|w| w.reason.clone());
+        let reason = self.waiting.read().unwrap().get(&id).map(|w| w.why());
         Ok(JobDetail { attempts: st.attempts(id)?, events: st.events(id)?, job, reason })
     }
 

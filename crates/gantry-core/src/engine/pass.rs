@@ -9,12 +9,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::{Engine, RunHandle, Stats};
-use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, STATS_EVERY_MS};
+use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
 use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
 use crate::store::{now_ms, JobState, QueuedRow};
 
 impl Engine {
-    /// One scheduling pass.
+    /// One scheduling pass. Cheap when nothing it reads has changed (it then plans nothing); otherwise
+    /// the planning runs on a blocking thread, so a deep queue never holds up the API.
     pub async fn schedule_once(self: Arc<Self>) {
         if self.queue.lock().unwrap().is_stale() {
             if let Err(e) = self.store().track_queue() {
@@ -22,9 +23,13 @@ impl Engine {
                 return;
             }
         }
-        let mut queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
-        if queued.is_empty() {
+        let (version, empty) = {
+            let q = self.queue.lock().unwrap();
+            (q.version(), q.is_empty())
+        };
+        if empty {
             self.waiting.write().unwrap().clear();
+            *self.last_pass.lock().unwrap() = None;
             // Nothing to place, but `gantry gpus` still names other containers on the GPUs. Docker
             // trouble is reported by passes that have work; here a failed list keeps the last one.
             if let Ok(f) = self.exec.foreign_gpu_users(&self.engine_id).await {
@@ -32,14 +37,6 @@ impl Engine {
             }
             return;
         }
-        let mut blocked = self.check_dependencies(&mut queued);
-        // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
-        queued.retain(|j| {
-            if j.held {
-                blocked.push((j.id, format!("held by its owner (`gantry release {}`)", j.id)));
-            }
-            !j.held
-        });
         self.refresh_stats();
         let docker_down = match self.exec.ping().await {
             Ok(()) => {
@@ -89,6 +86,99 @@ impl Engine {
             .iter()
             .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs })
             .collect();
+        let gpus = self.gpu_views();
+        let now = now_ms();
+        // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
+        // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
+        // or FULL_PASS_EVERY passed (reservations and backfill windows move with time, in minutes).
+        let inputs = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            version.hash(&mut h);
+            serde_json::to_vec(&(&gpus, &running)).unwrap_or_default().hash(&mut h);
+            (&store_problem, &docker_down, self.stats.lock().unwrap().at).hash(&mut h);
+            h.finish()
+        };
+        if let Some((last, at)) = *self.last_pass.lock().unwrap() {
+            let clock = now - at >= FULL_PASS_EVERY_MS || self.queue.lock().unwrap().retry_due(at, now);
+            if last == inputs && !clock {
+                return;
+            }
+        }
+        *self.last_pass.lock().unwrap() = Some((inputs, now));
+        let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
+        let me = self.clone();
+        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(docker_down))).await;
+        let (placements, gpus) = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                error!("the scheduling pass failed: {e}");
+                *self.last_pass.lock().unwrap() = None;
+                return;
+            }
+        };
+        let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
+        for (p, needs) in placements {
+            let job = match self.store().job(p.job_id) {
+                Ok(Some(j)) => j,
+                Ok(None) => continue,
+                Err(e) => {
+                    error!("cannot read job {}: {e}", p.job_id);
+                    return;
+                }
+            };
+            let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
+            let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
+            let note = scheduler::topology_note(&gpus, &p.gpus);
+            let attempt = match self.store().begin_attempt_noted(job.id, &p.gpus, &gpu_uuids, note.as_deref()) {
+                Ok(Some(a)) => a,
+                Ok(None) => continue, // cancelled or taken meanwhile
+                Err(e) => {
+                    self.store_failed(&format!("starting job {}", job.id), &e);
+                    return;
+                }
+            };
+            let cancel = CancellationToken::new();
+            self.running.lock().unwrap().insert(
+                job.id,
+                RunHandle {
+                    owner: job.owner.clone(),
+                    gpus: p.gpus.clone(),
+                    gpu_memory: job.gpu_memory,
+                    container_id: None,
+                    cancel: cancel.clone(),
+                    monitored: true,
+                    expected_end: self
+                        .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
+                        .map(|r| now_ms() + r),
+                    needs,
+                },
+            );
+            self.notify_job(job.id, JobState::Starting);
+            self.supervise(job.id, self.clone().launch(job, attempt, total, needs, cancel));
+        }
+    }
+
+    /// The CPU-heavy part of a pass (blocking; it reads the store only for dependencies and learned
+    /// runtimes): the plan, "why waiting" for every queued job, start estimates. Returns what to start
+    /// (with its CPU/RAM) and the GPU views it planned on. With `no_starts` (Docker away, or a state
+    /// write failed) nothing starts and that is every job's reason.
+    fn plan_pass(
+        &self,
+        mut queued: Vec<Arc<QueuedRow>>,
+        running: Vec<RunningJob>,
+        gpus: Vec<scheduler::GpuView>,
+        now: i64,
+        no_starts: Option<String>,
+    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam)>, Vec<scheduler::GpuView>) {
+        let mut blocked = self.check_dependencies(&mut queued);
+        // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
+        queued.retain(|j| {
+            if j.held {
+                blocked.push((j.id, format!("held by its owner (`gantry release {}`)", j.id)));
+            }
+            !j.held
+        });
         let policy = self.policy();
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
@@ -98,8 +188,8 @@ impl Engine {
             (s.usage.clone(), s.typical_wait)
         };
         let state = scheduler::State {
-            now_ms: now_ms(),
-            gpus: self.gpu_views(),
+            now_ms: now,
+            gpus,
             running,
             queued: queued
                 .iter()
@@ -135,53 +225,22 @@ impl Engine {
             plan.waiting.push(Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
         }
         // Nothing starts while Docker is away or the database cannot record a start.
-        if let Some(msg) = store_problem.or(docker_down) {
+        if let Some(msg) = no_starts {
             for (i, p) in plan.placements.drain(..).enumerate() {
                 plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
             }
         }
-        *self.waiting.write().unwrap() = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
-        let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
-        for p in plan.placements {
-            let job = match self.store().job(p.job_id) {
-                Ok(Some(j)) => j,
-                Ok(None) => continue,
-                Err(e) => {
-                    error!("cannot read job {}: {e}", p.job_id);
-                    return;
-                }
-            };
-            let needs = state.queued.iter().find(|q| q.job_id == p.job_id).map(|q| q.needs).unwrap_or_default();
-            let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
-            let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
-            let note = scheduler::topology_note(&state.gpus, &p.gpus);
-            let attempt = match self.store().begin_attempt_noted(job.id, &p.gpus, &gpu_uuids, note.as_deref()) {
-                Ok(Some(a)) => a,
-                Ok(None) => continue, // cancelled or taken meanwhile
-                Err(e) => {
-                    self.store_failed(&format!("starting job {}", job.id), &e);
-                    return;
-                }
-            };
-            let cancel = CancellationToken::new();
-            self.running.lock().unwrap().insert(
-                job.id,
-                RunHandle {
-                    owner: job.owner.clone(),
-                    gpus: p.gpus.clone(),
-                    gpu_memory: job.gpu_memory,
-                    container_id: None,
-                    cancel: cancel.clone(),
-                    monitored: true,
-                    expected_end: self
-                        .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
-                        .map(|r| now_ms() + r),
-                    needs,
-                },
-            );
-            self.notify_job(job.id, JobState::Starting);
-            self.supervise(job.id, self.clone().launch(job, attempt, total, needs, cancel));
-        }
+        let waiting: HashMap<i64, Waiting> = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
+        // The old map is dropped outside the lock.
+        let old = std::mem::replace(&mut *self.waiting.write().unwrap(), waiting);
+        drop(old);
+        let needs: HashMap<i64, crate::scheduler::CpuRam> =
+            plan.placements.iter().filter_map(|p| state.queued.iter().find(|q| q.job_id == p.job_id).map(|q| (p.job_id, q.needs))).collect();
+        let placements = plan.placements.into_iter().map(|p| {
+            let n = needs.get(&p.job_id).copied().unwrap_or_default();
+            (p, n)
+        });
+        (placements.collect(), state.gpus)
     }
 
     /// Declared runtime, else the median of this name+image's recent successful runs.

@@ -221,3 +221,19 @@ async fn retention_deletes_old_logs_then_old_jobs_and_never_waiting_or_running_o
     assert_eq!(e.job_detail(running).unwrap().job.state, JobState::Running);
     assert_eq!(e.job_detail(held).unwrap().job.state, JobState::Queued);
 }
+
+/// A pass whose inputs did not change plans nothing, except when the clock matters: a retry's
+/// backoff ending must start it on time (not at the next full pass, 10 s later).
+#[tokio::test]
+async fn a_retry_starts_when_its_backoff_ends_though_nothing_else_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("flaky", Script { code: 3, ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let id = submit(&e, "name: flaky\nimage: a\nretries: 1\n");
+    assert_eq!(final_state(&e, id).await, JobState::Failed);
+    let d = e.job_detail(id).unwrap();
+    assert_eq!(d.attempts.len(), 2);
+    let gap = d.attempts[1].started_at - d.attempts[0].ended_at.unwrap();
+    assert!((1000..4000).contains(&gap), "the retry started {gap} ms after the failure; the backoff is 1 s");
+}
