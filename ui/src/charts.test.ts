@@ -6,7 +6,7 @@ vi.hoisted(() => {
   HTMLCanvasElement.prototype.getContext = (() => ctx) as any;
   (globalThis as any).Path2D = class { moveTo() {} lineTo() {} rect() {} arc() {} closePath() {} bezierCurveTo() {} addPath() {} };
 });
-import { lineChart } from "./charts";
+import { agoLabel, lineChart } from "./charts";
 
 describe("chart legend", () => {
   it("names each series and has no 'Time: --' / 'Value: --' rows", async () => {
@@ -20,5 +20,11 @@ describe("chart legend", () => {
       expect(legend).toBe(labels.join(""));
       c.destroy();
     }
+  });
+});
+
+describe("live charts", () => {
+  it("read their x axis back from now, so it never moves", () => {
+    expect([0, -30, -60, -300].map(agoLabel)).toEqual(["now", "−30s", "−1m", "−5m"]);
   });
 });

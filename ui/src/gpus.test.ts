@@ -5,7 +5,7 @@ const draws: number[] = []; // chart index per setData
 let made = 0;
 vi.mock("./charts", () => ({ lineChart: () => { const i = made++; return { setData() { draws.push(i); }, destroy() {} }; } }));
 import { fakeBackend, gpu } from "./fake-backend";
-import { gpuSeries } from "./series";
+import { gpuSeries, steadyKey } from "./series";
 import type { GpuSample } from "./types";
 import { gpusView, REDRAW_MS } from "./views/gpus";
 
@@ -34,7 +34,7 @@ function eightGpus() {
     gpuRecent: (since) => { calls.push({ name: "gpuRecent", args: [since] }); return Promise.resolve([]); },
     watchGpus: (cb) => { streams++; onSample = cb; return () => { stopped++; onSample = null; }; },
   });
-  const sample = () => onSample?.(Date.now(), gpus.map((g) => ({ ...g, utilization: 50 })));
+  const sample = (util = (_i: number) => 50) => onSample?.(Date.now(), gpus.map((g, i) => ({ ...g, utilization: util(i) })));
   return { b, calls, sample, streams: () => streams, stopped: () => stopped };
 }
 
@@ -84,5 +84,53 @@ describe("GPUs view idle cost", () => {
     expect(recent[recent.length - 1]).toBe(seen + 1);
     expect(draws.length).toBeGreaterThan(0);
     v.dispose();
+  });
+});
+
+describe("steady charts are not redrawn", () => {
+  it("once a GPU's line is flat across the window it is not redrawn; a busy GPU's chart keeps moving", async () => {
+    vi.setSystemTime(2_000_000_000_000); // newer than the shared series' samples from other tests
+    const f = eightGpus();
+    const v = gpusView(f.b, "ada");
+    await vi.advanceTimersByTimeAsync(10);
+    show([0, 1]);
+    // GPU 0 idle (0%), GPU 1 busy with a changing load, 1 Hz for 6 minutes (the window is 5).
+    for (let s = 0; s < 360; s++) { f.sample((i) => (i === 1 ? 60 + (s % 7) : 0)); await vi.advanceTimersByTimeAsync(1000); }
+    draws.length = 0;
+    for (let s = 0; s < 10; s++) { f.sample((i) => (i === 1 ? 60 + (s % 7) : 0)); await vi.advanceTimersByTimeAsync(1000); }
+    expect(draws.filter((i) => i === 0)).toEqual([]);
+    expect(draws.filter((i) => i === 1).length).toBeGreaterThanOrEqual(9);
+    // The idle GPU gets work: its chart moves again at once.
+    draws.length = 0;
+    f.sample(() => 95);
+    await vi.advanceTimersByTimeAsync(REDRAW_MS);
+    expect(draws.filter((i) => i === 0)).toEqual([0]);
+    v.dispose();
+  });
+
+  // 5-minute window ending now (seconds), one sample per second.
+  const now = 10_000, from = now - 300;
+  const flat = (u: number, m: number, start = from): [number[], number[], number[]] => {
+    const ts: number[] = [];
+    for (let t = start; t <= now; t++) ts.push(t);
+    return [ts, ts.map(() => u), ts.map(() => m)];
+  };
+  it("a flat line over the whole window has a key, the same a second later", () => {
+    const k = steadyKey(flat(0, 0), from, now, 5);
+    expect(k).not.toBeNull();
+    expect(steadyKey(flat(0, 0, from + 1).map((a, i) => (i === 0 ? a.map((t) => t + 1) : a)) as any, from + 1, now + 1, 5)).toBe(k);
+  });
+  it("a change of level, window or any point means a redraw", () => {
+    const k = steadyKey(flat(0, 0), from, now, 5);
+    expect(steadyKey(flat(90, 70), from, now, 5)).not.toBe(k);
+    expect(steadyKey(flat(0, 0), from, now, 15)).not.toBe(k);
+    const bump = flat(0, 0);
+    bump[1][100] = 5;
+    expect(steadyKey(bump, from, now, 5)).toBeNull();
+  });
+  it("a line that does not reach the left edge yet, or stopped getting samples, moves", () => {
+    expect(steadyKey(flat(0, 0, from + 60), from, now, 5)).toBeNull();
+    expect(steadyKey(flat(0, 0), from + 10, now + 10, 5)).toBeNull();
+    expect(steadyKey([[], [], []], from, now, 5)).toBeNull();
   });
 });

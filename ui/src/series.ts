@@ -129,3 +129,14 @@ export class SeriesStore {
 
 /** The app's one store of live GPU samples (the GPUs view fills it; it outlives the view). */
 export const gpuSeries = new SeriesStore();
+
+/** A live chart that shows one flat line across its whole window (an idle GPU, a steady job) looks the
+ * same a second later: a key for that picture, so the view can skip redrawing it; `null` when the picture
+ * moves (values change, the line does not reach the window's left edge yet, or the newest point is old).
+ * `from` and `now` in seconds, like the window's times. */
+export function steadyKey(w: [number[], number[], number[]], from: number, now: number, minutes: number): string | null {
+  const [ts, u, m] = w;
+  if (!ts.length || ts[0] > from + BUCKET_MS / 1000 || ts[ts.length - 1] < now - 3) return null;
+  for (let k = 1; k < ts.length; k++) if (u[k] !== u[0] || m[k] !== m[0]) return null;
+  return `${minutes}:${u[0]}:${m[0]}`;
+}

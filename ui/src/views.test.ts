@@ -45,12 +45,26 @@ describe("history view", () => {
     const first = calls.find((c) => c.name === "history")!.args[0] as any;
     expect(first.limit).toBe(200);
     const scroller = v.el.querySelector("[data-testid=history-scroll]") as HTMLElement;
-    scroller.scrollTop = 700 * ROW_H;
+    // A scrollbar drag: many jumps, one frame apart, then the view rests at row 700. Only the pages
+    // around where it rests are fetched, not one for every place the drag passed.
+    const before = calls.filter((c) => c.name === "history").length;
+    for (const row of [250, 380, 460, 540, 700]) {
+      scroller.scrollTop = row * ROW_H;
+      scroller.dispatchEvent(new Event("scroll"));
+      await new Promise((r) => setTimeout(r, 16));
+    }
+    expect(v.el.querySelector("[data-testid=history-row-300]")).toBeNull(); // not yet: the view just stopped
+    await new Promise((r) => setTimeout(r, 100));
+    await settle(10);
+    const offsets = calls.filter((c) => c.name === "history").slice(before).map((c) => (c.args[0] as any).offset);
+    expect(offsets).toEqual([600]);
+    expect(v.el.querySelector("[data-testid=history-row-300]")).not.toBeNull(); // row index 700 is id 300
+    // A wheel scroll near the end of a loaded page fetches the next one ahead of time.
+    scroller.scrollTop = 770 * ROW_H;
     scroller.dispatchEvent(new Event("scroll"));
     await settle(10);
-    const offsets = calls.filter((c) => c.name === "history").map((c) => (c.args[0] as any).offset);
-    expect(offsets).toContain(600);
-    expect(v.el.querySelector("[data-testid=history-row-300]")).not.toBeNull(); // row index 700 is id 300
+    expect(calls.filter((c) => c.name === "history").map((c) => (c.args[0] as any).offset)).toContain(800);
+    expect(v.el.querySelector(".vt-row.loading")).toBeNull();
     v.el.remove();
   });
   it("writes the GPUs column so that GPU 0 and no GPU differ", async () => {

@@ -38,6 +38,9 @@ pub const PASS_MIN_GAP: Duration = Duration::from_millis(50);
 /// measured in minutes, so 10 s is never noticed; at 100k queued it keeps an idle engine's planning
 /// under 1% of a core. A retry's backoff ending triggers a pass on time.
 pub const FULL_PASS_EVERY_MS: i64 = 10_000;
+/// With nothing queued, other containers' GPUs are listed this often (only `gantry gpus` shows them;
+/// the app re-reads holders every 5 s). With jobs queued, every pass lists them: placement needs them.
+pub const FOREIGN_IDLE_EVERY_MS: i64 = 5_000;
 /// Fair-share usage and typical waits change slowly: refresh every 30 s.
 pub const STATS_EVERY_MS: i64 = 30_000;
 /// Start estimates replay the queue (quadratic): every 5 s at most, and only for up to this many jobs.

@@ -3,7 +3,7 @@ import type { Backend } from "../backend";
 import { lineChart, type Chart } from "../charts";
 import { h, clear, type View } from "../dom";
 import { bytes } from "../format";
-import { HOUR_MS, gpuSeries } from "../series";
+import { HOUR_MS, gpuSeries, steadyKey } from "../series";
 import type { GpuSample, GpuStatus, GpuUser } from "../types";
 
 /** One line under "Held by": `job` links to the job's page. */
@@ -66,6 +66,8 @@ export function gpusView(backend: Backend, me: string | null): View {
   const series = gpuSeries;
   let minutes = 5;
   let charts: (Chart | null)[] = [];
+  /** What each chart shows, when it is a steady line (see `steadyKey`): the same key is not redrawn. */
+  let drawn: (string | null)[] = [];
   let cards: { util: HTMLElement; mem: HTMLElement; bar: HTMLElement; extra: HTMLElement; holders: HTMLElement; shown: string }[] = [];
   let hold = new Map<number, Holder[]>();
   let status: GpuStatus | null = null;
@@ -114,7 +116,17 @@ export function gpusView(backend: Backend, me: string | null): View {
           x.job !== null ? h("a", { href: `#/run/${x.job}`, "data-testid": `holder-job-${x.job}` }, x.text) : x.text));
       }
     }
-    if (chart) charts[i]?.setData(series.window(i, minutes, Date.now()));
+    const ch = charts[i];
+    if (chart && ch) {
+      const now = Date.now() / 1000;
+      const w = series.window(i, minutes, now * 1000);
+      const key = steadyKey(w, now - minutes * 60, now, minutes);
+      if (key === null || key !== drawn[i]) {
+        // x in seconds before now: the live axis (see lineChart).
+        ch.setData([w[0].map((t) => t - now), w[1], w[2]]);
+        drawn[i] = key;
+      }
+    }
   }
 
   /** Redraw the cards on screen at most once per REDRAW_MS, however fast samples come. */
@@ -180,6 +192,7 @@ export function gpusView(backend: Backend, me: string | null): View {
     clear(grid);
     charts.forEach((c) => c?.destroy());
     charts = [];
+    drawn = [];
     cards = [];
     for (const g of status.gpus) {
       const chartEl = h("div", { class: "chart" });
@@ -198,7 +211,7 @@ export function gpusView(backend: Backend, me: string | null): View {
       grid.append(card);
       observer?.observe(card);
       let chart: Chart | null = null;
-      try { chart = lineChart(chartEl, 360, 140, ["utilization", "memory"]); } catch { /* no canvas (tests) */ }
+      try { chart = lineChart(chartEl, 360, 140, ["utilization", "memory"], () => minutes * 60); } catch { /* no canvas (tests) */ }
       charts.push(chart);
     }
     if (!observer) cards.forEach((_, i) => draw(i));

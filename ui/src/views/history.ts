@@ -16,6 +16,10 @@ export class Pager {
     const p = this.pages.get(Math.floor(i / PAGE));
     return Array.isArray(p) ? p[i % PAGE] : undefined;
   }
+  /** Is row i's page in, or on its way? */
+  requested(i: number): boolean {
+    return this.pages.has(Math.floor(i / PAGE));
+  }
   /** Load missing pages for rows first..last; resolves when they are in. */
   async ensure(first: number, last: number): Promise<boolean> {
     const wait: Promise<void>[] = [];
@@ -96,19 +100,45 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
       h("div", {}, duration(r.started_at && r.finished_at ? r.finished_at - r.started_at : null)), h("div", {}, gh ? gh.toFixed(2) : "0"));
   }
 
+  /** Rows on screen by index: a scroll keeps the ones still in view and builds only the new ones. */
+  let onScreen = new Map<number, HTMLElement>();
   function paint() {
     const s = visibleSlice(scroller.scrollTop, scroller.clientHeight || 480, ROW_H, total);
-    clear(inner);
+    const next = new Map<number, HTMLElement>();
+    const els: HTMLElement[] = [];
+    for (let i = s.first; i <= s.last; i++) {
+      const old = onScreen.get(i);
+      const el = old && !(old.classList.contains("loading") && pager.row(i)) ? old : rowEl(i);
+      next.set(i, el);
+      els.push(el);
+    }
+    onScreen = next;
     inner.style.paddingTop = `${s.padTop}px`;
     inner.style.paddingBottom = `${s.padBottom}px`;
-    for (let i = s.first; i <= s.last; i++) inner.append(rowEl(i));
+    inner.replaceChildren(...els);
     return s;
   }
 
-  async function onScroll() {
+  /** Rows around the view are fetched too, so a wheel scroll rarely shows "…". */
+  const AHEAD = 50;
+  let marked = false;
+  async function fetchRows(g: number) {
+    const s = visibleSlice(scroller.scrollTop, scroller.clientHeight || 480, ROW_H, total);
+    if (await pager.ensure(Math.max(0, s.first - AHEAD), Math.min(total - 1, s.last + AHEAD)) && g === gen) paint();
+    // For the app benchmark (scripts/bench-app.sh): when the first rows are on screen.
+    if (!marked && g === gen && s.last >= s.first) { marked = true; performance.mark("gantry:history-rows"); }
+  }
+
+  /** A jump (scrollbar drag, End) to rows not yet asked for fetches once the view rests for JUMP_MS, so a
+   * drag across 100k rows does not queue a page for every place it passed. */
+  const JUMP_MS = 60;
+  let jumpTimer: ReturnType<typeof setTimeout> | undefined;
+  function onScroll() {
     const g = gen;
     const s = paint();
-    if (await pager.ensure(s.first, s.last) && g === gen) paint();
+    clearTimeout(jumpTimer);
+    if (s.last >= s.first && !pager.requested(s.first) && !pager.requested(s.last)) jumpTimer = setTimeout(() => fetchRows(g), JUMP_MS);
+    else fetchRows(g);
   }
 
   async function reload() {
@@ -121,11 +151,13 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     q.until = until.value ? new Date(until.value + "T00:00:00").getTime() + 86_400_000 : undefined;
     renderHead();
     pager = new Pager((offset, limit) => backend.history({ ...q, offset, limit }));
+    onScreen = new Map();
     total = await backend.historyCount(q);
     if (g !== gen) return;
     count.textContent = `${total.toLocaleString()} run${total === 1 ? "" : "s"}`;
     scroller.scrollTop = 0;
-    await onScroll();
+    paint();
+    await fetchRows(g);
   }
 
   async function drawTimeline() {
@@ -145,7 +177,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
   backend.onJobChanged((ev) => { if (["succeeded", "failed", "cancelled", "timed_out"].includes(ev.state)) { reload(); drawTimeline(); } }).then((u) => (unsub = u));
   reload().catch((e) => el.append(h("p", { class: "error" }, String(e))));
   drawTimeline().catch(() => {});
-  return { el, dispose() { unsub?.(); clearTimeout(timer); } };
+  return { el, dispose() { unsub?.(); clearTimeout(timer); clearTimeout(jumpTimer); } };
 }
 
 export function renderTimeline(el: HTMLElement, runs: TimelineRun[], gpuCount: number, from: number, to: number, go: (h: string) => void) {

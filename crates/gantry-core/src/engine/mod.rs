@@ -126,6 +126,8 @@ pub struct Engine {
     eta_at: std::sync::atomic::AtomicI64,
     /// The last planning pass: a hash of its inputs and when it ran (see `schedule_once`).
     last_pass: Mutex<Option<(u64, i64)>>,
+    /// When other containers' GPUs were last listed (ms).
+    foreign_at: std::sync::atomic::AtomicI64,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     health: RwLock<Health>,
@@ -286,6 +288,7 @@ impl Engine {
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),
+            foreign_at: std::sync::atomic::AtomicI64::new(0),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::{Engine, RunHandle, Stats};
-use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
+use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FOREIGN_IDLE_EVERY_MS, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
 use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
 use crate::store::{now_ms, JobState, QueuedRow};
 
@@ -30,10 +30,15 @@ impl Engine {
         if empty {
             self.waiting.write().unwrap().clear();
             *self.last_pass.lock().unwrap() = None;
-            // Nothing to place, but `gantry gpus` still names other containers on the GPUs. Docker
+            // Nothing to place, but `gantry gpus` still names other containers on the GPUs: every
+            // FOREIGN_IDLE_EVERY_MS is enough for that (an idle engine then asks Docker 5x less). Docker
             // trouble is reported by passes that have work; here a failed list keeps the last one.
-            if let Ok(f) = self.exec.foreign_gpu_users(&self.engine_id).await {
-                *self.foreign.write().unwrap() = f;
+            let now = now_ms();
+            if now - self.foreign_at.load(Ordering::Relaxed) >= FOREIGN_IDLE_EVERY_MS {
+                self.foreign_at.store(now, Ordering::Relaxed);
+                if let Ok(f) = self.exec.foreign_gpu_users(&self.engine_id).await {
+                    *self.foreign.write().unwrap() = f;
+                }
             }
             return;
         }
@@ -74,7 +79,10 @@ impl Engine {
         // keeps the last one (Docker trouble is reported above).
         if docker_down.is_none() {
             match self.exec.foreign_gpu_users(&self.engine_id).await {
-                Ok(f) => *self.foreign.write().unwrap() = f,
+                Ok(f) => {
+                    self.foreign_at.store(now_ms(), Ordering::Relaxed);
+                    *self.foreign.write().unwrap() = f
+                }
                 Err(e) => warn!("cannot list other containers' GPUs: {e}"),
             }
         }
