@@ -134,26 +134,30 @@ async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineR
 async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
     s.client().raw(&format!("/v1/jobs/{id}/logs")).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
 }
-/// Live log tail through a Channel until the job ends or the view closes.
+/// Live log tail through a Channel until the job ends or the view closes (`unwatch`).
 #[tauri::command]
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
-    s.client().stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
+    let ch = on_chunk.id();
+    s.client().stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| live(ch) && on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
 }
-/// Channels of closed or hidden GPU views (`unwatch_gpus`): their streams end at the next sample. A
-/// webview cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
-static GPU_UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// Channels of closed or hidden views (`unwatch`): their streams end at the next message. A webview
+/// cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
+static UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+fn live(channel: u32) -> bool {
+    !UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&channel)
+}
 
-/// Live GPU samples (1 Hz) through a Channel, until `unwatch_gpus` with its id.
+/// Live GPU samples (1 Hz) through a Channel, until `unwatch` with its id.
 #[tauri::command]
 async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
     let mut buf = Vec::new();
     let id = on_sample.id();
-    let live = || !GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || (live() && on_sample.send(v).is_ok()))).await.map_err(e)
+    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || (live(id) && on_sample.send(v).is_ok()))).await.map_err(e)
 }
+/// End the stream behind a channel (`watch_gpus`, `follow_logs`) whose view closed.
 #[tauri::command]
-fn unwatch_gpus(id: u32) {
-    GPU_UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+fn unwatch(id: u32) {
+    UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
 }
 #[tauri::command]
 async fn preview_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Preview>> {
@@ -432,7 +436,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, logs, follow_logs, watch_gpus, unwatch_gpus, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

@@ -75,7 +75,8 @@ export const tauriBackend: Backend = {
     const ch = new Channel<string>();
     ch.onmessage = (t) => { if (live) onChunk(t); };
     invoke("follow_logs", { id, onChunk: ch }).catch(() => {});
-    return () => { live = false; };
+    // End the engine stream too: leaving the page must not keep a finished view's log flowing.
+    return () => { live = false; invoke("unwatch", { id: ch.id }).catch(() => {}); };
   },
   watchGpus(onSample) {
     let live = true;
@@ -83,7 +84,7 @@ export const tauriBackend: Backend = {
     ch.onmessage = (m) => { if (live) onSample(m.at, m.gpus); };
     invoke("watch_gpus", { onSample: ch }).catch(() => {});
     // Also end the engine stream behind the channel: it would otherwise keep sending to a dead view.
-    return () => { live = false; invoke("unwatch_gpus", { id: ch.id }).catch(() => {}); };
+    return () => { live = false; invoke("unwatch", { id: ch.id }).catch(() => {}); };
   },
   onJobChanged: (cb) => listen<{ job_id: number; state: JobState; at: number }>("job-changed", (e) => cb(e.payload)),
   previewPaths: (paths) => invoke("preview_paths", { paths }),
