@@ -815,6 +815,8 @@ fn print_queue(q: &[QueueEntryView]) {
                 let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
                 format!("#{} {}{eta}", e.position.unwrap_or(0), esc(e.reason.as_deref().unwrap_or_default()))
             }
+            // Submitted to Slurm and waiting there: Slurm's reason.
+            _ if e.reason.is_some() => esc(e.reason.as_deref().unwrap_or_default()).into_owned(),
             _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         };
         outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), esc(&j.owner), trunc(&esc(&j.name), 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);

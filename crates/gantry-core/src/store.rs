@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_hold.sql"),
     include_str!("../migrations/0005_user_inboxes.sql"),
     include_str!("../migrations/0006_history_fast.sql"),
+    include_str!("../migrations/0007_slurm.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
@@ -151,6 +152,9 @@ pub struct Attempt {
     pub exit_code: Option<i64>,
     pub reason: Option<EndReason>,
     pub message: Option<String>,
+    /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -365,6 +369,7 @@ fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
         exit_code: r.get(8)?,
         reason: r.get::<_, Option<String>>(9)?.and_then(|s| EndReason::parse(&s)),
         message: r.get(10)?,
+        slurm_job_id: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
     })
 }
 
@@ -395,7 +400,7 @@ fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
     })
 }
 
-const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message";
+const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message, slurm_job_id";
 
 impl Store {
     /// Open (or create) the database, readable and writable by the engine's user only: it holds
@@ -673,6 +678,18 @@ impl Store {
 
     pub fn set_container(&mut self, attempt_id: i64, container_id: &str) -> Result<()> {
         self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, container_id])?;
+        Ok(())
+    }
+
+    /// The Slurm job id of a submitted attempt (recorded right after `sbatch` answers).
+    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2 WHERE id = ?1", params![attempt_id, slurm_job_id as i64])?;
+        Ok(())
+    }
+
+    /// The GPUs Slurm gave a running attempt (indexes on its node), for `gantry ls` and the GPUs view.
+    pub fn set_attempt_gpus(&mut self, attempt_id: i64, gpus: &[u32]) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET gpus = ?2 WHERE id = ?1", params![attempt_id, serde_json::to_string(gpus)?])?;
         Ok(())
     }
 
