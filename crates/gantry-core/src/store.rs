@@ -693,6 +693,16 @@ impl Store {
         Ok(())
     }
 
+    /// When the attempt really began running (the Slurm backend: Slurm's start, not the submission).
+    /// The job's start moves too while this is its first attempt, so history and waits count Slurm's queue as waiting.
+    pub fn set_attempt_started(&mut self, job_id: i64, attempt_id: i64, at: i64) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute("UPDATE attempts SET started_at = ?2 WHERE id = ?1", params![attempt_id, at])?;
+        tx.execute("UPDATE jobs SET started_at = ?2 WHERE id = ?1 AND attempts = 1", params![job_id, at])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// starting -> running.
     pub fn set_running(&mut self, job_id: i64) -> Result<bool> {
         let now = now_ms();

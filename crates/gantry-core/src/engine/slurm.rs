@@ -369,7 +369,7 @@ impl Engine {
                         let seen = sl::seen(&j.state(), &j.state_reason, j.exit(), running_since.is_some(), stop, job.timeout_ms);
                         if seen == Seen::Running && running_since.is_none() {
                             running_since = Some(j.started_at_s().map(|t| t * 1000).unwrap_or_else(now_ms));
-                            self.slurm_running(&job, &attempt, j, id);
+                            self.slurm_running(&job, &attempt, j, id, running_since.unwrap_or_else(now_ms));
                         }
                         Some(seen)
                     }
@@ -437,13 +437,22 @@ impl Engine {
     }
 
     /// Slurm started the job: mark it running, with the node's GPUs it got.
-    fn slurm_running(&self, job: &Job, attempt: &Attempt, j: &SqJob, id: u64) {
+    fn slurm_running(&self, job: &Job, attempt: &Attempt, j: &SqJob, id: u64, since: i64) {
         self.waiting.write().unwrap().remove(&job.id);
         let gpus = j.gpu_indexes();
         if let Some(h) = self.running.lock().unwrap().get_mut(&job.id) {
             h.gpus = gpus.clone();
         }
-        let written = self.store().set_attempt_gpus(attempt.id, &gpus).and_then(|_| self.store().set_running(job.id));
+        // One store guard per statement: a second `self.store()` inside the first's expression would deadlock.
+        let gpus_written = self.store().set_attempt_gpus(attempt.id, &gpus);
+        let gpus_written = gpus_written.and_then(|_| {
+            let r = self.store().set_attempt_started(job.id, attempt.id, since);
+            r
+        });
+        let written = gpus_written.and_then(|_| {
+            let r = self.store().set_running(job.id);
+            r
+        });
         match written {
             Ok(_) => self.store_ok(),
             Err(e) => self.store_failed(&format!("marking job {} running", job.id), &e),
