@@ -143,6 +143,12 @@ fn slurm_runs_the_spec_as_its_owner_with_its_gres_cpus_memory_and_time_and_histo
     let row = q.as_array().unwrap().iter().find(|r| r["job"]["id"] == id).expect("others see the queue row");
     assert_eq!(row["job"]["state"], "running");
     assert_eq!(row["gpus_assigned"], serde_json::json!([0, 1]), "{row}");
+    // The GPUs view lists the cluster's GPUs, node by node, with this job on the two it holds.
+    l.e.wait_until("the node's GPUs with the job on 0 and 1", || {
+        let g = l.e.json_as(&l.bob, &["gpus"]);
+        let names: Vec<&str> = g["gpus"].as_array().unwrap().iter().filter_map(|x| x["name"].as_str()).collect();
+        names.len() == 4 && names.iter().all(|n| n.contains("Slurm node")) && g["holders"] == serde_json::json!([[0, [id]], [1, [id]]])
+    });
 
     let done = l.wait_final(id);
     assert_eq!((done["job"]["state"].as_str(), done["job"]["exit_code"].as_i64()), (Some("failed"), Some(3)), "{done}");
@@ -226,6 +232,14 @@ fn timeouts_are_enforced_and_gpu_sharing_without_shards_is_refused() {
     let out = l.e.gantry_user(&l.ann, &["submit", f.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("`shard` GRES") && err.contains("remove `gpu_memory`"), "{err}");
+}
+
+#[test]
+fn a_job_killed_at_its_memory_limit_is_recorded_as_out_of_memory() {
+    let l = lab();
+    let id = l.submit(&l.ann, "hog", &format!("name: hog\nimage: {IMAGE}\ncommand: 'x=$(cat /dev/urandom)'\ngpus: 0\nmemory: 32MiB\ntimeout: 1m\n"));
+    let j = l.wait_final(id);
+    assert_eq!((j["job"]["state"].as_str(), j["attempts"][0]["reason"].as_str(), j["job"]["exit_code"].as_i64()), (Some("failed"), Some("oom"), Some(137)), "{j}");
 }
 
 #[test]

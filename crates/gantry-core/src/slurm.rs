@@ -185,6 +185,18 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
     Ok(a)
 }
 
+/// The line the batch script writes when Docker killed the job at its memory limit (Slurm itself only
+/// sees a failed job); Gantry records the attempt as out of memory when the output ends with it.
+pub const OOM_LINE: &str = "gantry: the job was killed at its memory limit (out of memory)";
+
+/// An exit with code 137 whose output ends with [`OOM_LINE`] was an OOM kill.
+pub fn oom_from_output(how: How, tail: &[u8]) -> How {
+    match how {
+        How::Exited { code, oom: false } if code == 137 && String::from_utf8_lossy(tail).lines().rev().take(3).any(|l| l.trim() == OOM_LINE) => How::Exited { code, oom: true },
+        other => other,
+    }
+}
+
 /// `'…'` for sh.
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -212,7 +224,7 @@ pub fn batch_script(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtim
             out.push_str("name=\"gantry-slurm-$SLURM_JOB_ID\"\n");
             out.push_str("if [ -n \"$gpus\" ]; then set -- --gpus \"\\\"device=$gpus\\\"\"; else set -- -e NVIDIA_VISIBLE_DEVICES=void; fi\n");
             let mut run = vec![
-                "docker run --rm --name \"$name\" --init".to_string(),
+                "docker run --name \"$name\" --init".to_string(),
                 format!("--user {}:{}", s.uid, s.gid),
                 "--security-opt no-new-privileges --cap-drop ALL".into(),
                 "-e CUDA_VISIBLE_DEVICES=\"$visible\" -e GANTRY_SLURM_GPUS=\"$gpus\"".into(),
@@ -239,6 +251,15 @@ pub fn batch_script(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtim
             out.push_str(" &\npid=$!\n");
             out.push_str("# Cancel and time limit: Slurm signals this script; stop the container, not just its client.\n");
             out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n");
+            out.push_str("wait \"$pid\"; code=$?\n");
+            out.push_str("while kill -0 \"$pid\" 2>/dev/null; do wait \"$pid\"; code=$?; done\n");
+            out.push_str("# Killed at its memory limit: say so (Gantry records it as out of memory), then remove the container.\n");
+            out.push_str("[ \"$(docker inspect -f '{{.State.OOMKilled}}' \"$name\" 2>/dev/null)\" = true ] && echo \"");
+            out.push_str(OOM_LINE);
+            out.push_str("\" >&2\n");
+            out.push_str("docker rm -f \"$name\" >/dev/null 2>&1\n");
+            out.push_str("exit \"$code\"\n");
+            return out;
         }
         Runtime::Apptainer => {
             let mut run = vec!["apptainer exec --nv --containall --no-home".to_string(), "--env CUDA_VISIBLE_DEVICES=\"$visible\" --env GANTRY_SLURM_GPUS=\"$gpus\"".into()];
@@ -793,7 +814,7 @@ mod tests {
         s.mounts = vec![crate::access::ResolvedMount { host: "/data/x y".into(), container: "/data".into(), read_only: true }];
         let d = batch_script(&s, 7, 1, Runtime::Docker);
         for want in [
-            "docker run --rm --name \"$name\" --init",
+            "docker run --name \"$name\" --init",
             "--user 1001:1001",
             "--cap-drop ALL",
             "set -- --gpus \"\\\"device=$gpus\\\"\"",
@@ -804,6 +825,7 @@ mod tests {
             "-e 'GANTRY_JOB_ID=7'",
             "'reg/img:1' \\\n  'python' \\\n  'train.py' \\\n  'it'\\''s'",
             "trap 'docker stop",
+            "docker rm -f \"$name\"",
         ] {
             assert!(d.contains(want), "docker script lacks {want:?}:\n{d}");
         }
@@ -836,6 +858,14 @@ mod tests {
         for (state, reason, exit, started, stop, want) in rows {
             assert_eq!(seen(state, reason, exit, started, stop, Some(60_000)), want, "{state} {reason}");
         }
+    }
+
+    #[test]
+    fn an_oom_kill_is_told_by_the_scripts_last_line() {
+        let oom = format!("out\n{OOM_LINE}\n");
+        assert_eq!(oom_from_output(How::Exited { code: 137, oom: false }, oom.as_bytes()), How::Exited { code: 137, oom: true });
+        assert_eq!(oom_from_output(How::Exited { code: 137, oom: false }, b"killed\n"), How::Exited { code: 137, oom: false });
+        assert_eq!(oom_from_output(How::Exited { code: 1, oom: false }, oom.as_bytes()), How::Exited { code: 1, oom: false });
     }
 
     #[test]

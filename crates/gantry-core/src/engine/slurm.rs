@@ -392,6 +392,7 @@ impl Engine {
                     }
                     Some(Seen::Ended(how)) => {
                         self.copy_slurm_output(&job, &file, &mut copied, true).await;
+                        let how = sl::oom_from_output(how, &self.log_tail(job.id));
                         self.waiting.write().unwrap().remove(&job.id);
                         self.end_attempt(job.id, &attempt, &how, None).await;
                         return;
@@ -466,6 +467,12 @@ impl Engine {
         let path = self.slurm().jobcomp.read().unwrap().clone()?;
         let text = tokio::fs::read_to_string(&path).await.ok()?;
         sl::parse_jobcomp(&text, id)
+    }
+
+    /// The last few KiB of a job's log.
+    fn log_tail(&self, job_id: i64) -> Vec<u8> {
+        let data = std::fs::read(self.log_of(job_id)).unwrap_or_default();
+        data[data.len().saturating_sub(4096)..].to_vec()
     }
 
     /// Bytes of Slurm output already in the job's log: every line that is not Gantry's own.
