@@ -15,7 +15,6 @@ fakegpu=/var/lib/slurm-fakegpu
 logs=/var/lib/gantry-slurm-logs
 
 ready() { scontrol ping 2>/dev/null | grep -q "is UP" && sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
-if ready; then echo "==> Slurm already up on $host"; exit 0; fi
 
 mkdir -p "$etc" "$state"/{ctld,d} "$fakegpu" "$logs" /var/log/slurm /run/munge
 chmod 0755 "$logs"
@@ -24,7 +23,8 @@ chmod 0755 "$logs"
 for i in 0 1 2 3; do [ -c "$fakegpu/nvidia$i" ] || mknod "$fakegpu/nvidia$i" c 195 "$i"; done
 chown slurm:slurm "$state"/ctld "$state"/d /var/log/slurm 2>/dev/null || true
 
-cat >"$etc/slurm.conf" <<EOF
+conf=$(mktemp)
+cat >"$conf" <<EOF
 # Written by scripts/slurm-up.sh: a single-node Slurm for Gantry's tests.
 ClusterName=gantry-test
 SlurmctldHost=$host
@@ -38,6 +38,8 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 AuthType=auth/munge
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+# A job that asks for no memory gets this per CPU, not the whole node.
+DefMemPerCPU=256
 GresTypes=gpu
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -57,6 +59,12 @@ PriorityType=priority/basic
 NodeName=$host CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=16000 Gres=gpu:4 State=UNKNOWN
 PartitionName=gpu Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
+changed=1; cmp -s "$conf" "$etc/slurm.conf" && changed=0
+mv "$conf" "$etc/slurm.conf"; chmod 0644 "$etc/slurm.conf"
+if ready; then
+  [ "$changed" = 1 ] && { echo "==> slurm.conf changed: scontrol reconfigure"; scontrol reconfigure; }
+  echo "==> Slurm already up on $host"; exit 0
+fi
 cat >"$etc/gres.conf" <<EOF
 Name=gpu File=$fakegpu/nvidia[0-3]
 EOF

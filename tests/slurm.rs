@@ -243,6 +243,28 @@ fn a_job_killed_at_its_memory_limit_is_recorded_as_out_of_memory() {
 }
 
 #[test]
+fn a_matrix_goes_to_slurm_as_one_job_array() {
+    let l = lab();
+    let dir = l.ann.private_dir("slurm-spec");
+    let f = l.ann.write(&dir.join("sweep.yaml"), &format!("name: sweep\nimage: {IMAGE}\ncommand: 'echo lr={{lr}}'\ngpus: 1\ntimeout: 5m\nmatrix: {{lr: [1, 2, 3]}}\n"));
+    let v = l.e.json_as(&l.ann, &["submit", f.to_str().unwrap()]);
+    let ids: Vec<i64> = v[0]["job_ids"].as_array().unwrap().iter().map(|j| j.as_i64().unwrap()).collect();
+    assert_eq!(ids.len(), 3, "{v}");
+    let master = l.slurm_id(ids[0]);
+    for (i, id) in ids.iter().enumerate() {
+        let j = l.wait_final(*id);
+        assert_eq!(j["job"]["state"], "succeeded", "{j}");
+        let a = &j["attempts"][0];
+        assert_eq!((a["slurm_job_id"].as_u64(), a["slurm_array_task"].as_u64()), (Some(master), Some(i as u64)), "one array, task {i}: {j}");
+        assert!(l.e.logs(*id).contains(&format!("lr={}\n", i + 1)), "{}", l.e.logs(*id));
+    }
+    let tasks: Vec<Value> = slurm_jobs_with_comment(&format!("gantry:{}:array:", db_uid(&l.e)));
+    let mut seen: Vec<(i64, i64)> = tasks.iter().map(|t| (t["array_job_id"].as_i64().unwrap(), t["array_task_id"].as_i64().unwrap_or(-1))).collect();
+    seen.sort();
+    assert_eq!(seen, vec![(master as i64, 0), (master as i64, 1), (master as i64, 2)], "one sbatch, three tasks: {tasks:?}");
+}
+
+#[test]
 fn dependencies_become_afterok() {
     let l = lab();
     let a = l.submit(&l.ann, "first", &format!("name: first\nimage: {IMAGE}\ncommand: sleep 3\ngpus: 1\n"));

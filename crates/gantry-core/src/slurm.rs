@@ -206,6 +206,64 @@ pub fn sh_quote(s: &str) -> String {
 /// allocated (`SLURM_JOB_GPUS`, the node's GPU indexes). Slurm's SIGTERM (cancel, time limit) stops
 /// the container too.
 pub fn batch_script(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) -> String {
+    let mut out = format!("#!/bin/sh\n# Gantry job {job_id}, attempt {attempt_n} ({}): written by the Gantry engine, run by Slurm as the job's owner.\n", s.marker);
+    out.push_str(&script_body(s, job_id, attempt_n, runtime));
+    out
+}
+
+/// The batch script of a `matrix` submitted as one job array: each task runs its own job (`parts`:
+/// task id, submission, Gantry job id), chosen by `SLURM_ARRAY_TASK_ID`.
+pub fn array_script(parts: &[(u32, Submission, i64)], marker: &str, runtime: Runtime) -> String {
+    let mut out = format!("#!/bin/sh\n# Gantry jobs {} as one Slurm job array ({marker}): written by the Gantry engine, run by Slurm as their owner.\n", parts.iter().map(|p| p.2.to_string()).collect::<Vec<_>>().join(", "));
+    out.push_str("case \"${SLURM_ARRAY_TASK_ID:-}\" in\n");
+    for (task, s, job_id) in parts {
+        out.push_str(&format!("{task})\n"));
+        out.push_str(&script_body(s, *job_id, 1, runtime));
+        out.push_str(";;\n");
+    }
+    out.push_str("esac\necho \"gantry: no job for array task ${SLURM_ARRAY_TASK_ID:-}\" >&2\nexit 1\n");
+    out
+}
+
+/// `--array=` of the given task ids.
+pub fn array_arg(tasks: &[u32]) -> String {
+    format!("--array={}", tasks.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// The marker of a `matrix` submitted as one array (in `--comment` of every task).
+pub fn array_marker(db_uid: &str, group: &str) -> String {
+    format!("gantry:{db_uid}:array:{group}")
+}
+
+/// Where Slurm's view of an attempt is: its own job, or its task of an array (a task not started
+/// yet shows in the array's pending record, whose `array_task_string` lists it).
+pub fn find_job(jobs: &HashMap<u64, SqJob>, id: u64, task: Option<u32>) -> Option<&SqJob> {
+    let Some(t) = task else { return jobs.get(&id) };
+    jobs.values()
+        .find(|j| number(&j.array_job_id) == Some(id as i64) && number(&j.array_task_id) == Some(t as i64))
+        .or_else(|| jobs.get(&id).filter(|j| number(&j.array_task_id).is_none() && task_list(&j.array_task_string).contains(&t)))
+}
+
+/// `0,2,5`, `1-3`, `0-9%2` → the task ids.
+pub fn task_list(s: &str) -> Vec<u32> {
+    let s = s.split('%').next().unwrap_or("");
+    let mut out = vec![];
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (range, step) = part.split_once(':').unwrap_or((part, "1"));
+        let step: u32 = step.parse().unwrap_or(1).max(1);
+        match range.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    out.extend((a..=b).step_by(step as usize));
+                }
+            }
+            None => out.extend(range.parse::<u32>().ok()),
+        }
+    }
+    out
+}
+
+fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) -> String {
     let job = s.job;
     let q = |v: &str| sh_quote(v);
     let mut env: Vec<(String, String)> = job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -214,7 +272,6 @@ pub fn batch_script(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtim
     env.push(("GANTRY_ATTEMPT".into(), attempt_n.to_string()));
     let cmd: Vec<String> = job.spec.command.as_ref().map(|c| c.argv()).unwrap_or_default();
     let mut out = String::new();
-    out.push_str(&format!("#!/bin/sh\n# Gantry job {job_id}, attempt {attempt_n} ({}): written by the Gantry engine, run by Slurm as the job's owner.\n", s.marker));
     out.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     out.push_str("# The GPUs Slurm allocated, as the node numbers them; inside, the job sees them as 0..N-1.\n");
     out.push_str("gpus=\"${SLURM_JOB_GPUS:-}\"\n");
@@ -308,6 +365,13 @@ pub struct SqJob {
     pub nodes: Option<String>,
     #[serde(default)]
     pub gres_detail: Vec<String>,
+    #[serde(default)]
+    pub array_job_id: serde_json::Value,
+    #[serde(default)]
+    pub array_task_id: serde_json::Value,
+    /// The tasks of an array not started yet (its pending record).
+    #[serde(default)]
+    pub array_task_string: String,
 }
 
 #[derive(Deserialize)]
@@ -320,7 +384,7 @@ pub fn parse_squeue(json: &[u8]) -> Result<Vec<SqJob>, SlurmError> {
     serde_json::from_slice::<SqueueOut>(json).map(|o| o.jobs).map_err(|e| SlurmError::Parse(format!("squeue --json: {e}")))
 }
 
-fn number(v: &serde_json::Value) -> Option<i64> {
+pub fn number(v: &serde_json::Value) -> Option<i64> {
     match v {
         serde_json::Value::Number(n) => n.as_i64(),
         serde_json::Value::Object(o) => o.get("number").and_then(|n| n.as_i64()).filter(|_| o.get("set").and_then(|s| s.as_bool()).unwrap_or(true)),
@@ -490,8 +554,16 @@ pub struct Completed {
 /// The last record of `job_id` in a jobcomp/filetxt log: each line is `Key=Value` fields (a value
 /// with spaces continues until the next `Key=`).
 pub fn parse_jobcomp(text: &str, job_id: u64) -> Option<Completed> {
-    let want = format!("JobId={job_id} ");
-    let line = text.lines().rev().find(|l| l.starts_with(&want))?;
+    parse_jobcomp_of(text, job_id, None)
+}
+
+/// [`parse_jobcomp`] for a job, or for task `task` of array `job_id` (`ArrayJobId=… ArrayTaskId=…`).
+pub fn parse_jobcomp_of(text: &str, job_id: u64, task: Option<u32>) -> Option<Completed> {
+    let want = match task {
+        None => format!("JobId={job_id} "),
+        Some(t) => format!(" ArrayJobId={job_id} ArrayTaskId={t} "),
+    };
+    let line = text.lines().rev().find(|l| if task.is_none() { l.starts_with(&want) } else { format!("{l} ").contains(&want) })?;
     let mut kv: HashMap<String, String> = HashMap::new();
     let mut last: Option<String> = None;
     for tok in line.split(' ').filter(|t| !t.is_empty()) {
@@ -655,9 +727,9 @@ impl Slurm {
         parse_squeue(&out)
     }
 
-    /// `scancel ID` as the job's owner.
-    pub async fn cancel(&self, who: &As, id: u64) -> Result<(), SlurmError> {
-        Self::output(Self::command(Some(who), "scancel", &[id.to_string()]), "scancel").await.map(|_| ())
+    /// `scancel ID` (or `ID_TASK`) as the job's owner.
+    pub async fn cancel(&self, who: &As, target: &str) -> Result<(), SlurmError> {
+        Self::output(Self::command(Some(who), "scancel", &[target.to_string()]), "scancel").await.map(|_| ())
     }
 
     pub async fn nodes(&self) -> Result<Vec<Node>, SlurmError> {
@@ -866,6 +938,27 @@ mod tests {
         assert_eq!(oom_from_output(How::Exited { code: 137, oom: false }, oom.as_bytes()), How::Exited { code: 137, oom: true });
         assert_eq!(oom_from_output(How::Exited { code: 137, oom: false }, b"killed\n"), How::Exited { code: 137, oom: false });
         assert_eq!(oom_from_output(How::Exited { code: 1, oom: false }, oom.as_bytes()), How::Exited { code: 1, oom: false });
+    }
+
+    #[test]
+    fn a_matrix_is_one_array_whose_tasks_are_found_by_task_id() {
+        let (a, b) = (job("name: s[lr=1]\nimage: a\ncommand: echo 1\n"), job("name: s[lr=2]\nimage: a\ncommand: echo 2\n"));
+        let script = array_script(&[(0, sub(&a), 7), (1, sub(&b), 8)], "gantry:db:array:g", Runtime::Docker);
+        assert!(script.contains("case \"${SLURM_ARRAY_TASK_ID:-}\" in\n0)\n") && script.contains("'GANTRY_JOB_ID=8'") && script.contains("'echo 2'"), "{script}");
+        assert_eq!(array_arg(&[0, 2, 5]), "--array=0,2,5");
+        assert_eq!(task_list("2,5"), vec![2, 5]);
+        assert_eq!(task_list("1-3%2"), vec![1, 2, 3]);
+        assert_eq!(task_list("0-6:3"), vec![0, 3, 6]);
+        let sq = br#"{"jobs":[{"job_id":57,"job_state":"RUNNING","array_job_id":56,"array_task_id":0,"array_task_string":""},
+            {"job_id":56,"job_state":"PENDING","state_reason":"Resources","array_job_id":56,"array_task_id":null,"array_task_string":"2,5"}]}"#;
+        let jobs: HashMap<u64, SqJob> = parse_squeue(sq).unwrap().into_iter().map(|j| (j.job_id, j)).collect();
+        assert_eq!(find_job(&jobs, 56, Some(0)).map(|j| j.job_id), Some(57));
+        assert_eq!(find_job(&jobs, 56, Some(5)).map(|j| j.state()), Some("PENDING".into()));
+        assert_eq!(find_job(&jobs, 56, Some(3)), None);
+        assert_eq!(find_job(&jobs, 57, None).map(|j| j.job_id), Some(57));
+        let log = "JobId=58 UserId=t(1) Name=wrap JobState=FAILED StartTime=2026-11-30T16:14:11 ArrayJobId=56 ArrayTaskId=2 DerivedExitCode=0:0 ExitCode=4:0 \n";
+        assert_eq!(parse_jobcomp_of(log, 56, Some(2)).map(|c| (c.state, c.exit)), Some(("FAILED".into(), Some(4))));
+        assert_eq!(parse_jobcomp_of(log, 56, Some(0)), None);
     }
 
     #[test]

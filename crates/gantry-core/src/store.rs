@@ -155,6 +155,9 @@ pub struct Attempt {
     /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_job_id: Option<u64>,
+    /// Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_array_task: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -370,6 +373,7 @@ fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
         reason: r.get::<_, Option<String>>(9)?.and_then(|s| EndReason::parse(&s)),
         message: r.get(10)?,
         slurm_job_id: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
+        slurm_array_task: r.get::<_, Option<i64>>(12)?.map(|v| v as u32),
     })
 }
 
@@ -400,7 +404,7 @@ fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
     })
 }
 
-const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message, slurm_job_id";
+const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message, slurm_job_id, slurm_array_task";
 
 impl Store {
     /// Open (or create) the database, readable and writable by the engine's user only: it holds
@@ -682,8 +686,8 @@ impl Store {
     }
 
     /// The Slurm job id of a submitted attempt (recorded right after `sbatch` answers).
-    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2 WHERE id = ?1", params![attempt_id, slurm_job_id as i64])?;
+    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64, array_task: Option<u32>) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, slurm_job_id as i64, array_task])?;
         Ok(())
     }
 

@@ -195,6 +195,8 @@ impl Engine {
                 w.insert(id, Waiting { job_id: id, position: i + 1, reason, reserved: vec![] });
             }
         }
+        let mut singles: Vec<(Job, Vec<u64>)> = vec![];
+        let mut groups: HashMap<String, Vec<(Job, Vec<u64>)>> = HashMap::new();
         for (row, after) in ready {
             let job = match self.store().job(row.id) {
                 Ok(Some(j)) => j,
@@ -204,19 +206,146 @@ impl Engine {
                     return;
                 }
             };
-            let attempt = match self.store().begin_attempt_noted(job.id, &[], &[], Some("submitting to Slurm")) {
-                Ok(Some(a)) => a,
-                Ok(None) => continue,
-                Err(e) => {
-                    self.store_failed(&format!("starting job {}", job.id), &e);
+            match job.job.matrix_part.clone() {
+                Some(p) if job.attempts == 0 && p.count >= 2 => groups.entry(p.group).or_default().push((job, after)),
+                _ => singles.push((job, after)),
+            }
+        }
+        // A `matrix` whose jobs are all ready together (same dependencies, first attempts) goes to
+        // Slurm as one job array; otherwise (one was held, cancelled or is retrying) one by one.
+        for (_, mut g) in groups {
+            let count = g[0].0.job.matrix_part.as_ref().map(|p| p.count as usize).unwrap_or(0);
+            if g.len() == count && g.iter().all(|(_, a)| *a == g[0].1) {
+                g.sort_by_key(|(j, _)| j.job.matrix_part.as_ref().map(|p| p.index));
+                if !self.clone().start_array(g) {
                     return;
                 }
-            };
-            let cancel = CancellationToken::new();
-            self.running.lock().unwrap().insert(job.id, handle(&job, cancel.clone()));
-            self.notify_job(job.id, JobState::Starting);
+            } else if g.iter().all(|(j, _)| now - j.submitted_at < 3_000) {
+                continue; // its siblings may still be arriving: next pass
+            } else {
+                singles.extend(g);
+            }
+        }
+        for (job, after) in singles {
+            let Some(attempt) = self.begin_slurm_attempt(&job, "submitting to Slurm") else { return };
+            let Some((attempt, cancel)) = attempt else { continue };
             self.supervise(job.id, self.clone().submit_and_follow(job, attempt, after, cancel));
         }
+    }
+
+    /// queued -> starting with a new attempt and its handle. `None`: the database failed (stop the
+    /// pass); `Some(None)`: the job is no longer queued.
+    fn begin_slurm_attempt(&self, job: &Job, note: &str) -> Option<Option<(Attempt, CancellationToken)>> {
+        let begun = self.store().begin_attempt_noted(job.id, &[], &[], Some(note));
+        match begun {
+            Ok(Some(a)) => {
+                let cancel = CancellationToken::new();
+                self.running.lock().unwrap().insert(job.id, handle(job, cancel.clone()));
+                self.notify_job(job.id, JobState::Starting);
+                Some(Some((a, cancel)))
+            }
+            Ok(None) => Some(None),
+            Err(e) => {
+                self.store_failed(&format!("starting job {}", job.id), &e);
+                None
+            }
+        }
+    }
+
+    /// Begin the attempts of a matrix's jobs and submit them as one array. False when the database failed.
+    fn start_array(self: Arc<Self>, g: Vec<(Job, Vec<u64>)>) -> bool {
+        let after = g[0].1.clone();
+        let mut parts = vec![];
+        for (job, _) in g {
+            match self.begin_slurm_attempt(&job, "submitting to Slurm with its matrix as one job array") {
+                None => return false,
+                Some(None) => {}
+                Some(Some((a, cancel))) => parts.push((job, a, cancel)),
+            }
+        }
+        if parts.len() == 1 {
+            let (job, attempt, cancel) = parts.pop().unwrap();
+            self.supervise(job.id, self.clone().submit_and_follow(job, attempt, after, cancel));
+        } else if let Some(first) = parts.first().map(|p| p.0.id) {
+            self.supervise(first, self.clone().submit_array_and_follow(parts, after));
+        }
+        true
+    }
+
+    async fn submit_array_and_follow(self: Arc<Self>, parts: Vec<(Job, Attempt, CancellationToken)>, after: Vec<u64>) {
+        for (job, attempt, _) in &parts {
+            append_log(&self.log_of(job.id), &format!("attempt {} of job {}: submitting to Slurm with its matrix as one job array", attempt.n, job.id));
+        }
+        let submitted = self.submit_array(&parts, after).await;
+        let master = match submitted {
+            Ok(m) => m,
+            Err(e) => {
+                let how = how_of(e);
+                for (job, attempt, _) in &parts {
+                    if let How::Refused(m) | How::StartFailed { message: m, .. } = &how {
+                        append_log(&self.log_of(job.id), &format!("not submitted: {m}"));
+                    }
+                    self.end_attempt(job.id, attempt, &how, None).await;
+                }
+                return;
+            }
+        };
+        let since = now_ms();
+        info!(slurm = master, "submitted {} jobs to Slurm as one job array", parts.len());
+        for (job, attempt, _) in &parts {
+            let task = job.job.matrix_part.as_ref().map(|p| p.index);
+            if !self.record_slurm_id(job.id, attempt, master, task).await {
+                return;
+            }
+            append_log(&self.log_of(job.id), &format!("submitted as Slurm job {}", target(master, task)));
+        }
+        self.slurm().refresh.notify_one();
+        for (job, attempt, cancel) in parts {
+            let task = job.job.matrix_part.as_ref().map(|p| p.index);
+            let e = self.clone();
+            self.supervise(job.id, e.follow_slurm(job, attempt, master, task, since, cancel));
+        }
+    }
+
+    /// Checks each job as its owner, then one `sbatch --array` whose script runs each task's job.
+    async fn submit_array(&self, parts: &[(Job, Attempt, CancellationToken)], after: Vec<u64>) -> Result<u64, SubmitError> {
+        let s = self.slurm();
+        let policy = self.policy();
+        let first = &parts[0].0;
+        let group = first.job.matrix_part.as_ref().map(|p| p.group.clone()).unwrap_or_default();
+        let home = Self::home_of(first.owner_uid).map(PathBuf::from).ok_or_else(|| SubmitError::Refused(format!("user {} has no home folder to run the job from", first.owner)))?;
+        let pattern = format!("{}-arr{group}-%a.out", self.db_uid);
+        let output = match &s.settings.log_dir {
+            Some(d) => sl::user_log_dir(d, first.owner_uid, first.owner_gid)?.join(&pattern),
+            None => home.join(&pattern),
+        };
+        let marker = sl::array_marker(&self.db_uid, &group);
+        let mut subs = vec![];
+        for (job, _, _) in parts {
+            policy.containers.check(&job.job, &|k| self.set_in(k))?;
+            let cred = Cred::of_user(job.owner_uid, job.owner_gid);
+            let checked = access::check_mounts_async(cred, job.job.mounts.clone(), job.job.spec.workdir.clone(), self.forbidden()).await?;
+            let sub = Submission {
+                job: &job.job,
+                marker: marker.clone(),
+                uid: job.owner_uid,
+                gid: job.owner_gid,
+                home: home.clone(),
+                output: output.clone(),
+                priority_range: policy.user_priority,
+                after: after.clone(),
+                mounts: checked.into_iter().map(|c| c.mount).collect(),
+            };
+            subs.push((job.job.matrix_part.as_ref().map(|p| p.index).unwrap_or(0), sub, job.id));
+        }
+        let mut args = sl::sbatch_args(&subs[0].1, &s.settings)?;
+        let base = first.name.split('[').next().unwrap_or(&first.name).to_string();
+        for a in args.iter_mut().filter(|a| a.starts_with("--job-name=")) {
+            *a = format!("--job-name={}", base.replace(char::is_whitespace, "_"));
+        }
+        args.push(sl::array_arg(&subs.iter().map(|p| p.0).collect::<Vec<_>>()));
+        let script = sl::array_script(&subs, &marker, s.settings.runtime);
+        Ok(s.client.submit(&As { name: first.owner.clone(), uid: first.owner_uid }, &args, &script).await?)
     }
 
     /// The Slurm ids a queued job runs after (`--dependency=afterok`), or why it must wait in Gantry
@@ -261,10 +390,7 @@ impl Engine {
             Ok(Some(id)) => id,
             Ok(None) => return self.end_attempt(job.id, &attempt, &How::CancelledBeforeStart, None).await,
             Err(e) => {
-                let how = match e {
-                    SubmitError::Refused(m) => How::Refused(m),
-                    SubmitError::Failed { message, transient } => How::StartFailed { message, transient },
-                };
+                let how = how_of(e);
                 if let How::Refused(m) | How::StartFailed { message: m, .. } = &how {
                     append_log(&log, &format!("not submitted: {m}"));
                     warn!(job = job.id, "not submitted to Slurm: {m}");
@@ -273,13 +399,13 @@ impl Engine {
             }
         };
         let since = now_ms();
-        if !self.record_slurm_id(job.id, &attempt, id).await {
+        if !self.record_slurm_id(job.id, &attempt, id, None).await {
             return;
         }
         append_log(&log, &format!("submitted as Slurm job {id}"));
         info!(job = job.id, slurm = id, "submitted to Slurm");
         self.slurm().refresh.notify_one();
-        self.follow_slurm(job, attempt, id, since, cancel).await;
+        self.follow_slurm(job, attempt, id, None, since, cancel).await;
     }
 
     async fn submit_one(&self, job: &Job, attempt: &Attempt, after: Vec<u64>, cancel: &CancellationToken) -> Result<Option<u64>, SubmitError> {
@@ -326,14 +452,14 @@ impl Engine {
 
     /// Record the Slurm id, retrying until the write succeeds (nothing new starts meanwhile). False on
     /// shutdown first: the next start finds the job by its marker.
-    async fn record_slurm_id(&self, job_id: i64, attempt: &Attempt, id: u64) -> bool {
+    async fn record_slurm_id(&self, job_id: i64, attempt: &Attempt, id: u64, task: Option<u32>) -> bool {
         loop {
-            let written = self.store().set_slurm_job_id(attempt.id, id);
+            let written = self.store().set_slurm_job_id(attempt.id, id, task);
             match written {
                 Ok(()) => {
                     self.store_ok();
                     if let Some(h) = self.running.lock().unwrap().get_mut(&job_id) {
-                        h.container_id = Some(format!("slurm:{id}"));
+                        h.container_id = Some(format!("slurm:{}", target(id, task)));
                     }
                     return true;
                 }
@@ -351,7 +477,7 @@ impl Engine {
     /// Follow Slurm job `id` to its end: "why waiting", running, output, Gantry's own timeout, cancel
     /// (scancel as the owner), then record how it ended, once. `since`: only snapshots taken after
     /// this (ms) are sure to show the job.
-    async fn follow_slurm(self: Arc<Self>, job: Job, attempt: Attempt, id: u64, since: i64, cancel: CancellationToken) {
+    async fn follow_slurm(self: Arc<Self>, job: Job, attempt: Attempt, id: u64, task: Option<u32>, since: i64, cancel: CancellationToken) {
         let s = self.slurm();
         let mut rx = s.snapshot.subscribe();
         let who = As { name: job.owner.clone(), uid: job.owner_uid };
@@ -359,28 +485,32 @@ impl Engine {
         let mut running_since: Option<i64> = None;
         let mut missing = 0u32;
         let mut copied = self.slurm_copied(job.id);
-        let file = self.slurm_output_name(job.id, attempt.n);
+        let file = match (task, &job.job.matrix_part) {
+            (Some(t), Some(p)) => format!("{}-arr{}-{t}.out", self.db_uid, p.group),
+            _ => self.slurm_output_name(job.id, attempt.n),
+        };
+        let shown = target(id, task);
         loop {
             let snap = rx.borrow_and_update().clone();
             if snap.ok && snap.at >= since {
-                let seen = match snap.jobs.get(&id) {
+                let seen = match sl::find_job(&snap.jobs, id, task) {
                     Some(j) => {
                         missing = 0;
                         let seen = sl::seen(&j.state(), &j.state_reason, j.exit(), running_since.is_some(), stop, job.timeout_ms);
                         if seen == Seen::Running && running_since.is_none() {
                             running_since = Some(j.started_at_s().map(|t| t * 1000).unwrap_or_else(now_ms));
-                            self.slurm_running(&job, &attempt, j, id, running_since.unwrap_or_else(now_ms));
+                            self.slurm_running(&job, &attempt, j, &shown, running_since.unwrap_or_else(now_ms));
                         }
                         Some(seen)
                     }
                     None => {
                         // Gone from squeue (it ended longer ago than MinJobAge): jobcomp has its end.
-                        let done = self.jobcomp_record(id).await;
+                        let done = self.jobcomp_record(id, task).await;
                         match done {
                             Some(c) => Some(sl::seen(&c.state, "", c.exit, running_since.is_some() || c.started, stop, job.timeout_ms)),
                             None => {
                                 missing += 1;
-                                (missing >= 3).then(|| Seen::Ended(How::Lost(format!("Slurm no longer knows job {id}, and its end is not in the jobcomp log"))))
+                                (missing >= 3).then(|| Seen::Ended(How::Lost(format!("Slurm no longer knows job {shown}, and its end is not in the jobcomp log"))))
                             }
                         }
                     }
@@ -388,7 +518,7 @@ impl Engine {
                 match seen {
                     Some(Seen::Pending(why)) => {
                         let mut w = self.waiting.write().unwrap();
-                        w.insert(job.id, Waiting { job_id: job.id, position: 0, reason: format!("Slurm job {id}: {why}"), reserved: vec![] });
+                        w.insert(job.id, Waiting { job_id: job.id, position: 0, reason: format!("Slurm job {shown}: {why}"), reserved: vec![] });
                     }
                     Some(Seen::Ended(how)) => {
                         self.copy_slurm_output(&job, &file, &mut copied, true).await;
@@ -425,10 +555,10 @@ impl Engine {
                 if why == Stop::Timeout {
                     append_log(&self.log_of(job.id), &format!("stopping: the {} timeout passed", super::human(job.timeout_ms.unwrap_or(0))));
                 }
-                match s.client.cancel(&who, id).await {
+                match s.client.cancel(&who, &shown).await {
                     Ok(()) => stop = Some(why),
                     Err(e) => {
-                        warn!(job = job.id, "scancel {id} as {} failed: {e}; trying again", job.owner);
+                        warn!(job = job.id, "scancel {shown} as {} failed: {e}; trying again", job.owner);
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     }
                 }
@@ -438,7 +568,7 @@ impl Engine {
     }
 
     /// Slurm started the job: mark it running, with the node's GPUs it got.
-    fn slurm_running(&self, job: &Job, attempt: &Attempt, j: &SqJob, id: u64, since: i64) {
+    fn slurm_running(&self, job: &Job, attempt: &Attempt, j: &SqJob, id: &str, since: i64) {
         self.waiting.write().unwrap().remove(&job.id);
         let gpus = j.gpu_indexes();
         if let Some(h) = self.running.lock().unwrap().get_mut(&job.id) {
@@ -463,10 +593,10 @@ impl Engine {
     }
 
     /// The end of a job that left `squeue`, from the jobcomp/filetxt log.
-    async fn jobcomp_record(&self, id: u64) -> Option<sl::Completed> {
+    async fn jobcomp_record(&self, id: u64, task: Option<u32>) -> Option<sl::Completed> {
         let path = self.slurm().jobcomp.read().unwrap().clone()?;
         let text = tokio::fs::read_to_string(&path).await.ok()?;
-        sl::parse_jobcomp(&text, id)
+        sl::parse_jobcomp_of(&text, id, task)
     }
 
     /// The last few KiB of a job's log.
@@ -540,7 +670,7 @@ impl Engine {
                 }
                 let mut h = handle(&job, cancel.clone());
                 h.gpus = attempt.gpus.clone();
-                h.container_id = attempt.slurm_job_id.map(|i| format!("slurm:{i}"));
+                h.container_id = attempt.slurm_job_id.map(|i| format!("slurm:{}", target(i, attempt.slurm_array_task)));
                 r.insert(job.id, h);
             }
             let e = self.clone();
@@ -551,13 +681,27 @@ impl Engine {
     }
 
     async fn resume_slurm(self: Arc<Self>, job: Job, attempt: Attempt, cancel: CancellationToken) {
+        let mut task = attempt.slurm_array_task;
         let r = match attempt.slurm_job_id {
             Some(id) => Resume::Follow(id),
             None => {
                 let marker = sl::marker(&self.db_uid, job.id, attempt.n);
+                // A matrix's first attempts may have gone as one array: its tasks carry the array's marker.
+                let array = job.job.matrix_part.as_ref().filter(|_| attempt.n == 1).map(|p| (sl::array_marker(&self.db_uid, &p.group), p.index));
                 let found = loop {
                     match self.slurm().client.queue().await {
-                        Ok(jobs) => break jobs.into_iter().filter(|j| j.comment.as_deref() == Some(marker.as_str())).map(|j| j.job_id).collect::<Vec<_>>(),
+                        Ok(jobs) => {
+                            let single: Vec<u64> = jobs.iter().filter(|j| j.comment.as_deref() == Some(marker.as_str())).map(|j| j.job_id).collect();
+                            if !single.is_empty() {
+                                break single;
+                            }
+                            let Some((am, index)) = &array else { break vec![] };
+                            let masters: Vec<u64> = jobs.iter().filter(|j| j.comment.as_deref() == Some(am.as_str())).filter_map(|j| sl::number(&j.array_job_id)).map(|m| m as u64).collect();
+                            if !masters.is_empty() {
+                                task = Some(*index);
+                            }
+                            break masters;
+                        }
                         Err(e) => {
                             warn!(job = job.id, "cannot look for job {} in Slurm yet: {e}", job.id);
                             tokio::select! {
@@ -573,15 +717,15 @@ impl Engine {
         match r {
             Resume::Follow(id) => {
                 info!(job = job.id, slurm = id, "following Slurm job again");
-                self.follow_slurm(job, attempt, id, 0, cancel).await
+                self.follow_slurm(job, attempt, id, task, 0, cancel).await
             }
             Resume::Adopt(id) => {
                 info!(job = job.id, slurm = id, "found in Slurm by its marker after a restart: not submitted again");
-                if !self.record_slurm_id(job.id, &attempt, id).await {
+                if !self.record_slurm_id(job.id, &attempt, id, task).await {
                     return;
                 }
-                append_log(&self.log_of(job.id), &format!("found as Slurm job {id} after an engine restart (not submitted again)"));
-                self.follow_slurm(job, attempt, id, 0, cancel).await
+                append_log(&self.log_of(job.id), &format!("found as Slurm job {} after an engine restart (not submitted again)", target(id, task)));
+                self.follow_slurm(job, attempt, id, task, 0, cancel).await
             }
             Resume::NeverSubmitted => {
                 let how = if job.cancel_requested { How::CancelledBeforeStart } else { How::NeverStarted };
@@ -600,7 +744,16 @@ impl Engine {
         let mut users = vec![];
         let ours: Vec<(i64, &SqJob)> = {
             let r = self.running.lock().unwrap();
-            r.iter().filter_map(|(jid, h)| h.container_id.as_deref().and_then(|c| c.strip_prefix("slurm:")).and_then(|i| i.parse::<u64>().ok()).and_then(|i| snap.jobs.get(&i)).map(|j| (*jid, j))).collect()
+            r.iter()
+                .filter_map(|(jid, h)| {
+                    let t = h.container_id.as_deref()?.strip_prefix("slurm:")?;
+                    let (id, task) = match t.split_once('_') {
+                        Some((i, t)) => (i.parse::<u64>().ok()?, Some(t.parse::<u32>().ok()?)),
+                        None => (t.parse::<u64>().ok()?, None),
+                    };
+                    sl::find_job(&snap.jobs, id, task).map(|j| (*jid, j))
+                })
+                .collect()
         };
         let mut index = 0u32;
         for n in &nodes {
@@ -634,6 +787,21 @@ impl Engine {
             }
         }
         (gpus, holders, users)
+    }
+}
+
+fn how_of(e: SubmitError) -> How {
+    match e {
+        SubmitError::Refused(m) => How::Refused(m),
+        SubmitError::Failed { message, transient } => How::StartFailed { message, transient },
+    }
+}
+
+/// How Slurm names a job or an array's task: `ID`, `ID_TASK`.
+fn target(id: u64, task: Option<u32>) -> String {
+    match task {
+        Some(t) => format!("{id}_{t}"),
+        None => id.to_string(),
     }
 }
 
