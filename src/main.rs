@@ -76,6 +76,10 @@ enum Cmd {
         /// With --system: each user's drop folder, relative to their home (tests; `[inbox] path`).
         #[arg(long, hide = true, value_name = "PATH")]
         inbox_path: Option<PathBuf>,
+        /// On a Slurm node: no engine; write this node's GPU samples (NVML, or --gpus) to DIR/<node>.json
+        /// every second, for the engine's GPUs view (`[slurm] node_samples`).
+        #[arg(long, value_name = "DIR")]
+        node_agent: Option<PathBuf>,
     },
     /// Queue job spec files (YAML or TOML).
     Submit {
@@ -402,12 +406,21 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         client = client.with_timeout(t);
     }
     match &cli.cmd {
-        Cmd::Daemon { system, system_root, gpus, inbox, config, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path } => {
+        Cmd::Daemon { system, system_root, gpus, inbox, config, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path, node_agent } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
+            if let Some(dir) = node_agent {
+                gantry_core::node_agent::run(dir.clone(), gpus.clone(), gantry_core::config::SAMPLE_EVERY, async {
+                    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+                    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+                })
+                .await
+                .context("the node agent stopped")?;
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
             let mut cfg = Config::new(match system {
                 true => {
                     let mut p = Paths::system(system_root);

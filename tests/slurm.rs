@@ -68,6 +68,11 @@ struct Lab {
 }
 
 fn lab() -> Lab {
+    lab_with("")
+}
+
+/// [`lab`] with more `[slurm]` settings.
+fn lab_with(slurm: &str) -> Lab {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     require_slurm();
     let (ann, bob) = (slurm_user("gslurm-ann"), slurm_user("gslurm-bob"));
@@ -75,7 +80,7 @@ fn lab() -> Lab {
     drop(Cleanup(cleanup.0.clone())); // nothing left over from an earlier test
     std::fs::create_dir_all(LOG_DIR).unwrap();
     let cfg = tempfile::Builder::new().prefix("gantry-slurm-").suffix(".toml").tempfile().unwrap().keep().unwrap().1;
-    std::fs::write(&cfg, format!("backend = \"slurm\"\n[slurm]\npoll = \"500ms\"\nlog_dir = \"{LOG_DIR}\"\n")).unwrap();
+    std::fs::write(&cfg, format!("backend = \"slurm\"\n[slurm]\npoll = \"500ms\"\nlog_dir = \"{LOG_DIR}\"\n{slurm}")).unwrap();
     chmod(&cfg, 0o644);
     let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
     Lab { e, ann, bob, _cleanup: cleanup, _guard: guard }
@@ -328,4 +333,27 @@ fn a_user_who_swaps_their_output_for_a_link_to_shadow_gets_nothing() {
     let log = String::from_utf8_lossy(&l.e.gantry_user(&l.ann, &["logs", &id.to_string()]).stdout).into_owned();
     assert!(!log.contains("root:"), "the engine followed the link: {log}");
     assert!(log.contains("cannot be read safely"), "{log}");
+}
+
+#[test]
+fn the_gpus_view_shows_live_samples_of_nodes_that_run_the_node_agent() {
+    let dir = tempfile::Builder::new().prefix("gantry-nodes-").tempdir().unwrap();
+    let l = lab_with(&format!("node_samples = \"{}\"\n", dir.path().display()));
+    let mut agent = Command::new(bin()).args(["daemon", "--node-agent"]).arg(dir.path()).args(["--gpus", "sim:4x24GiB"]).spawn().unwrap();
+    let mut last;
+    let t = Instant::now();
+    let live = loop {
+        last = l.e.json_as(&l.bob, &["gpus"]);
+        let g = last["gpus"].as_array().cloned().unwrap_or_default();
+        if g.len() == 4 && g.iter().all(|x| x["memory_total"].as_u64() == Some(24 << 30) && x["name"].as_str().unwrap_or("").contains("(Slurm node")) {
+            break true;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = agent.wait();
+    assert!(live, "the node agent's samples never reached the GPUs view: {last}");
 }

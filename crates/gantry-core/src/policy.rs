@@ -384,6 +384,7 @@ struct RawSlurm {
     shard_memory: S<String>,
     max_nice: S<i64>,
     jobcomp_log: S<String>,
+    node_samples: S<String>,
 }
 
 /// Sizes and CPU counts are strings or numbers (`cpus_per_gpu = 8`, `= "auto"`).
@@ -659,7 +660,7 @@ impl Check<'_> {
         if let Some(d) = self.duration("poll", &raw.poll, Duration::from_secs(300)) {
             s.poll = d;
         }
-        for (key, v, out) in [("log_dir", &raw.log_dir, &mut s.log_dir), ("jobcomp_log", &raw.jobcomp_log, &mut s.jobcomp_log)] {
+        for (key, v, out) in [("log_dir", &raw.log_dir, &mut s.log_dir), ("jobcomp_log", &raw.jobcomp_log, &mut s.jobcomp_log), ("node_samples", &raw.node_samples, &mut s.node_samples)] {
             if let Some(v) = v {
                 let p = PathBuf::from(v.get_ref());
                 if p.is_absolute() {

@@ -59,6 +59,8 @@ pub struct Settings {
     pub max_nice: u32,
     /// The `jobcomp/filetxt` log (final states of jobs that left `squeue`); `None`: asked of `scontrol show config`.
     pub jobcomp_log: Option<PathBuf>,
+    /// Where the nodes' agents (`gantry daemon --node-agent DIR`) write their GPU samples.
+    pub node_samples: Option<PathBuf>,
 }
 
 pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
@@ -66,7 +68,7 @@ pub const DEFAULT_MAX_NICE: u32 = 2000;
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { partition: None, account: None, qos: None, poll: DEFAULT_POLL, log_dir: None, runtime: Runtime::Docker, shard_memory: None, max_nice: DEFAULT_MAX_NICE, jobcomp_log: None }
+        Settings { partition: None, account: None, qos: None, poll: DEFAULT_POLL, log_dir: None, runtime: Runtime::Docker, shard_memory: None, max_nice: DEFAULT_MAX_NICE, jobcomp_log: None, node_samples: None }
     }
 }
 

@@ -756,7 +756,9 @@ impl Engine {
                 .collect()
         };
         let mut index = 0u32;
+        let now = now_ms();
         for n in &nodes {
+            let live = self.slurm().settings.node_samples.as_deref().and_then(|d| crate::node_agent::read(d, &n.name, now));
             for g in 0..n.gpus {
                 let name = format!("{} GPU {g}{} (Slurm node, {})", n.name, n.gpu_type.as_deref().map(|t| format!(" {t}")).unwrap_or_default(), n.state.to_lowercase());
                 let mut s = crate::gpu::GpuSample {
@@ -772,9 +774,18 @@ impl Engine {
                     mig_parent: None,
                     links: vec![],
                 };
+                // Live figures from the node's agent, when it runs one.
+                if let Some(x) = live.as_ref().and_then(|l| l.gpus.iter().find(|x| x.index == g)) {
+                    s.name = format!("{} GPU {g}: {} (Slurm node, {})", n.name, x.name, n.state.to_lowercase());
+                    s.memory_total = x.memory_total;
+                    s.memory_used = x.memory_used;
+                    s.utilization = x.utilization;
+                    s.temperature_c = x.temperature_c;
+                    s.power_w = x.power_w;
+                    s.uuid = x.uuid.clone();
+                }
                 let mine: Vec<i64> = ours.iter().filter(|(_, j)| j.nodes.as_deref() == Some(n.name.as_str()) && j.gpu_indexes().contains(&g)).map(|(id, _)| *id).collect();
                 if n.gpus_used.contains(&g) {
-                    s.utilization = 0;
                     if mine.is_empty() {
                         users.push(crate::protocol::GpuUser { gpu: index, job_id: None, job_name: None, user: None, pid: None, command: Some("allocated by Slurm to another job".into()), container: None, used_memory: None, since: None });
                     }
