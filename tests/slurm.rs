@@ -357,3 +357,48 @@ fn the_gpus_view_shows_live_samples_of_nodes_that_run_the_node_agent() {
     let _ = agent.wait();
     assert!(live, "the node agent's samples never reached the GPUs view: {last}");
 }
+
+#[test]
+fn logs_follow_a_slurm_job_to_its_end() {
+    let l = lab();
+    let id = l.submit(&l.ann, "chatty", &format!("name: chatty\nimage: {IMAGE}\ncommand: 'for i in 1 2 3; do echo line $i; sleep 1; done'\ngpus: 0\n"));
+    l.e.wait_state(id, "running");
+    let out = l.ann.command(bin()).arg("--state-dir").arg(&l.e.state).args(["logs", "-f", &id.to_string()]).current_dir("/").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("line 1\nline 2\nline 3\n"), "{out:?}");
+    assert_eq!(l.e.show(id)["job"]["state"], "succeeded", "logs -f returned once the job ended");
+}
+
+/// Stop slurmctld (by its pid file) and start it again from its saved state.
+fn restart_slurmctld() {
+    let pid: i32 = std::fs::read_to_string("/run/slurmctld.pid").unwrap().trim().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let t = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "slurmctld did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_file("/run/slurmctld.pid");
+    assert!(Command::new("slurmctld").status().unwrap().success());
+    while !String::from_utf8_lossy(&Command::new("scontrol").arg("ping").output().unwrap().stdout).contains("is UP") {
+        assert!(t.elapsed() < Duration::from_secs(60), "slurmctld did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_slurmctld_restart_while_jobs_pend_and_run_loses_nothing() {
+    let l = lab();
+    let run = l.submit(&l.ann, "run", &format!("name: run\nimage: {IMAGE}\ncommand: 'sleep 4; echo ran'\ngpus: 2\ntimeout: 5m\n"));
+    let pend = l.submit(&l.ann, "pend", &format!("name: pend\nimage: {IMAGE}\ncommand: 'echo pend ran'\ngpus: 4\ntimeout: 5m\n"));
+    l.e.wait_state(run, "running");
+    l.slurm_id(pend);
+    restart_slurmctld();
+    let (r, p) = (l.wait_final(run), l.wait_final(pend));
+    assert_eq!((r["job"]["state"].as_str(), p["job"]["state"].as_str()), (Some("succeeded"), Some("succeeded")), "{r}\n{p}");
+    let uid = db_uid(&l.e);
+    for id in [run, pend] {
+        assert_eq!(slurm_jobs_with_comment(&format!("gantry:{uid}:{id}:")).len(), 1, "job {id} submitted once");
+    }
+    assert!(l.e.logs(run).contains("ran") && l.e.logs(pend).contains("pend ran"));
+}
