@@ -91,8 +91,8 @@ pub struct Submission<'a> {
     pub output: PathBuf,
     /// The user priority range of the lab (priority → nice).
     pub priority_range: (i32, i32),
-    /// Slurm ids of the jobs this one runs after (`--dependency=afterok:`).
-    pub after: Vec<u64>,
+    /// Slurm ids (`ID` or an array's `ID_TASK`) of the jobs this one runs after (`--dependency=afterok:`).
+    pub after: Vec<String>,
     /// Mounts as checked with the owner's permissions (host paths).
     pub mounts: Vec<crate::access::ResolvedMount>,
 }
@@ -180,7 +180,7 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
         a.push(format!("--nice={nice}"));
     }
     if !s.after.is_empty() {
-        a.push(format!("--dependency=afterok:{}", s.after.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(":")));
+        a.push(format!("--dependency=afterok:{}", s.after.join(":")));
         // A dependency that fails ends this job at once instead of leaving it pending for good.
         a.push("--kill-on-invalid-dep=yes".into());
     }
@@ -833,7 +833,7 @@ mod tests {
         let def = Settings::default();
         let shard = Settings { shard_memory: Some(10 << 30), ..Default::default() };
         // (spec, settings, after, expected extra arguments, or the refusal's text)
-        let rows: Vec<(&str, &Settings, Vec<u64>, Result<Vec<&str>, &str>)> = vec![
+        let rows: Vec<(&str, &Settings, Vec<&str>, Result<Vec<&str>, &str>)> = vec![
             ("name: t\nimage: a\ngpus: 2\n", &def, vec![], Ok(vec!["--job-name=t", "--gres=gpu:2", "--nice=1000"])),
             ("name: t\nimage: a\ngpus: 0\n", &def, vec![], Ok(vec!["--job-name=t", "--nice=1000"])),
             ("name: my run\nimage: a\ngpus: 1\ngpu_type: A100\n", &def, vec![], Ok(vec!["--job-name=my_run", "--gres=gpu:a100:1", "--nice=1000"])),
@@ -849,8 +849,8 @@ mod tests {
             (
                 "name: t\nimage: a\ngpus: 1\n",
                 &def,
-                vec![11, 12],
-                Ok(vec!["--job-name=t", "--gres=gpu:1", "--nice=1000", "--dependency=afterok:11:12", "--kill-on-invalid-dep=yes"]),
+                vec!["11", "12_3"],
+                Ok(vec!["--job-name=t", "--gres=gpu:1", "--nice=1000", "--dependency=afterok:11:12_3", "--kill-on-invalid-dep=yes"]),
             ),
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &shard, vec![], Ok(vec!["--job-name=t", "--gres=shard:2", "--nice=1000"])),
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &def, vec![], Err("needs Slurm's `shard` GRES")),
@@ -858,7 +858,7 @@ mod tests {
         ];
         for (spec, set, after, want) in rows {
             let j = job(spec);
-            let s = Submission { after, ..sub(&j) };
+            let s = Submission { after: after.into_iter().map(String::from).collect(), ..sub(&j) };
             match (sbatch_args(&s, set), want) {
                 (Ok(got), Ok(extra)) => {
                     let mut want: Vec<String> = base.iter().map(|s| s.to_string()).collect();

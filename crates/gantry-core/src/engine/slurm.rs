@@ -172,7 +172,7 @@ impl Engine {
         let now = now_ms();
         let problem = self.health.read().unwrap().store_problem.clone();
         let mut blocked: Vec<(i64, String)> = vec![];
-        let mut ready: Vec<(Arc<QueuedRow>, Vec<u64>)> = vec![];
+        let mut ready: Vec<(Arc<QueuedRow>, Vec<String>)> = vec![];
         for j in queued {
             if j.held {
                 blocked.push((j.id, format!("held by its owner (`gantry release {}`)", j.id)));
@@ -195,8 +195,8 @@ impl Engine {
                 w.insert(id, Waiting { job_id: id, position: i + 1, reason, reserved: vec![] });
             }
         }
-        let mut singles: Vec<(Job, Vec<u64>)> = vec![];
-        let mut groups: HashMap<String, Vec<(Job, Vec<u64>)>> = HashMap::new();
+        let mut singles: Vec<(Job, Vec<String>)> = vec![];
+        let mut groups: HashMap<String, Vec<(Job, Vec<String>)>> = HashMap::new();
         for (row, after) in ready {
             let job = match self.store().job(row.id) {
                 Ok(Some(j)) => j,
@@ -253,7 +253,7 @@ impl Engine {
     }
 
     /// Begin the attempts of a matrix's jobs and submit them as one array. False when the database failed.
-    fn start_array(self: Arc<Self>, g: Vec<(Job, Vec<u64>)>) -> bool {
+    fn start_array(self: Arc<Self>, g: Vec<(Job, Vec<String>)>) -> bool {
         let after = g[0].1.clone();
         let mut parts = vec![];
         for (job, _) in g {
@@ -272,7 +272,7 @@ impl Engine {
         true
     }
 
-    async fn submit_array_and_follow(self: Arc<Self>, parts: Vec<(Job, Attempt, CancellationToken)>, after: Vec<u64>) {
+    async fn submit_array_and_follow(self: Arc<Self>, parts: Vec<(Job, Attempt, CancellationToken)>, after: Vec<String>) {
         for (job, attempt, _) in &parts {
             append_log(&self.log_of(job.id), &format!("attempt {} of job {}: submitting to Slurm with its matrix as one job array", attempt.n, job.id));
         }
@@ -308,7 +308,7 @@ impl Engine {
     }
 
     /// Checks each job as its owner, then one `sbatch --array` whose script runs each task's job.
-    async fn submit_array(&self, parts: &[(Job, Attempt, CancellationToken)], after: Vec<u64>) -> Result<u64, SubmitError> {
+    async fn submit_array(&self, parts: &[(Job, Attempt, CancellationToken)], after: Vec<String>) -> Result<u64, SubmitError> {
         let s = self.slurm();
         let policy = self.policy();
         let first = &parts[0].0;
@@ -350,7 +350,7 @@ impl Engine {
 
     /// The Slurm ids a queued job runs after (`--dependency=afterok`), or why it must wait in Gantry
     /// first. A dependency that has ended without success fails the job, as with the local backend.
-    fn slurm_after(&self, j: &QueuedRow) -> Result<Vec<u64>, String> {
+    fn slurm_after(&self, j: &QueuedRow) -> Result<Vec<String>, String> {
         let mut ids = vec![];
         for d in &j.after {
             let dep = self.reader().job(*d);
@@ -369,7 +369,7 @@ impl Engine {
                     // In Slurm on its last attempt: Slurm holds this one until it succeeds. A dependency
                     // that may still be retried gets a new Slurm id, so this job waits in Gantry.
                     let open = self.reader().open_attempt(dep.id).ok().flatten();
-                    match open.and_then(|a| a.slurm_job_id.filter(|_| a.n > dep.retries)) {
+                    match open.filter(|a| a.n > dep.retries).and_then(|a| a.slurm_job_id.map(|id| target(id, a.slurm_array_task))) {
                         Some(id) => ids.push(id),
                         None => return Err(format!("waiting for job {d} to succeed (it is {})", dep.state.as_str())),
                     }
@@ -382,7 +382,7 @@ impl Engine {
     }
 
     /// Check the job as its owner, submit it to Slurm as them, record the Slurm id, then follow it.
-    async fn submit_and_follow(self: Arc<Self>, job: Job, attempt: Attempt, after: Vec<u64>, cancel: CancellationToken) {
+    async fn submit_and_follow(self: Arc<Self>, job: Job, attempt: Attempt, after: Vec<String>, cancel: CancellationToken) {
         let log = self.log_of(job.id);
         append_log(&log, &format!("attempt {} of job {}: submitting to Slurm", attempt.n, job.id));
         let submitted = self.submit_one(&job, &attempt, after, &cancel).await;
@@ -408,7 +408,7 @@ impl Engine {
         self.follow_slurm(job, attempt, id, None, since, cancel).await;
     }
 
-    async fn submit_one(&self, job: &Job, attempt: &Attempt, after: Vec<u64>, cancel: &CancellationToken) -> Result<Option<u64>, SubmitError> {
+    async fn submit_one(&self, job: &Job, attempt: &Attempt, after: Vec<String>, cancel: &CancellationToken) -> Result<Option<u64>, SubmitError> {
         let s = self.slurm();
         let policy = self.policy();
         policy.containers.check(&job.job, &|k| self.set_in(k))?;
@@ -497,7 +497,13 @@ impl Engine {
                     Some(j) => {
                         missing = 0;
                         let seen = sl::seen(&j.state(), &j.state_reason, j.exit(), running_since.is_some(), stop, job.timeout_ms);
-                        if seen == Seen::Running && running_since.is_none() {
+                        // It ran, also when it started and ended between two polls: record when.
+                        let ran = match &seen {
+                            Seen::Running => true,
+                            Seen::Ended(h) => j.started_at_s().is_some() && matches!(h, How::Exited { .. } | How::TimedOut { .. }),
+                            Seen::Pending(_) => false,
+                        };
+                        if ran && running_since.is_none() {
                             running_since = Some(j.started_at_s().map(|t| t * 1000).unwrap_or_else(now_ms));
                             self.slurm_running(&job, &attempt, j, &shown, running_since.unwrap_or_else(now_ms));
                         }
