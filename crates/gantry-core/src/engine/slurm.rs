@@ -493,6 +493,11 @@ impl Engine {
         loop {
             let snap = rx.borrow_and_update().clone();
             if snap.ok && snap.at >= since {
+                // Why Gantry stopped it, also when that was before an engine restart.
+                let stop = stop.or_else(|| {
+                    let timed_out = running_since.zip(job.timeout_ms).is_some_and(|(s, t)| now_ms() >= s + t);
+                    timed_out.then_some(Stop::Timeout)
+                });
                 let seen = match sl::find_job(&snap.jobs, id, task) {
                     Some(j) => {
                         missing = 0;
@@ -687,6 +692,9 @@ impl Engine {
     }
 
     async fn resume_slurm(self: Arc<Self>, job: Job, attempt: Attempt, cancel: CancellationToken) {
+        if job.cancel_requested {
+            cancel.cancel(); // asked before the restart: scancel it now
+        }
         let mut task = attempt.slurm_array_task;
         let r = match attempt.slurm_job_id {
             Some(id) => Resume::Follow(id),
