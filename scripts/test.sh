@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run every Gantry test on Debian 12: Rust unit + integration tests against the real
-# Docker engine, the UI's unit tests, and the end-to-end test of the real app under Xvfb.
+# Docker engine and a real single-node Slurm, the UI's unit tests, and the end-to-end test of the real app under Xvfb.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
@@ -11,6 +11,9 @@ STARTED_DOCKERD=0
 # already running without it must be restarted once. Refuses on machines with real NVIDIA parts.
 tests/fake-nvml/install-hook.sh
 . scripts/docker-up.sh
+# A real single-node Slurm (munged, slurmctld, slurmd; 4 fake GPUs) for tests/slurm.rs: installs
+# slurm-wlm and munge if missing, idempotent. scripts/slurm-down.sh stops it.
+scripts/slurm-up.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
 

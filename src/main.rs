@@ -76,6 +76,10 @@ enum Cmd {
         /// With --system: each user's drop folder, relative to their home (tests; `[inbox] path`).
         #[arg(long, hide = true, value_name = "PATH")]
         inbox_path: Option<PathBuf>,
+        /// On a Slurm node: no engine; write this node's GPU samples (NVML, or --gpus) to DIR/<node>.json
+        /// every second, for the engine's GPUs view (`[slurm] node_samples`).
+        #[arg(long, value_name = "DIR")]
+        node_agent: Option<PathBuf>,
     },
     /// Queue job spec files (YAML or TOML).
     Submit {
@@ -402,12 +406,21 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         client = client.with_timeout(t);
     }
     match &cli.cmd {
-        Cmd::Daemon { system, system_root, gpus, inbox, config, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path } => {
+        Cmd::Daemon { system, system_root, gpus, inbox, config, reserve_after, stop_grace, retry_backoff, header_timeout, inbox_group, inbox_path, node_agent } => {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
+            if let Some(dir) = node_agent {
+                gantry_core::node_agent::run(dir.clone(), gpus.clone(), gantry_core::config::SAMPLE_EVERY, async {
+                    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+                    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+                })
+                .await
+                .context("the node agent stopped")?;
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
             let mut cfg = Config::new(match system {
                 true => {
                     let mut p = Paths::system(system_root);
@@ -815,6 +828,8 @@ fn print_queue(q: &[QueueEntryView]) {
                 let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
                 format!("#{} {}{eta}", e.position.unwrap_or(0), esc(e.reason.as_deref().unwrap_or_default()))
             }
+            // Submitted to Slurm and waiting there: Slurm's reason.
+            _ if e.reason.is_some() => esc(e.reason.as_deref().unwrap_or_default()).into_owned(),
             _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         };
         outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), esc(&j.owner), trunc(&esc(&j.name), 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);

@@ -18,6 +18,7 @@ mod security_mounts;
 mod security_mounts_race;
 mod security_redteam;
 mod security_state;
+mod slurm;
 mod system_engine;
 mod user_inboxes;
 

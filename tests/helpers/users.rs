@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-static USERADD: Mutex<()> = Mutex::new(());
+/// Held around useradd/usermod (they lock /etc/passwd and fail when run at the same moment).
+pub static USERADD: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone)]
 pub struct User {

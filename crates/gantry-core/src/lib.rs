@@ -8,6 +8,8 @@
 //! - [`scheduler`]: the pure placement function
 //! - [`resources`]: CPU/RAM capacity and each job's share; shm, ulimits, IPC and HOME of containers
 //! - [`executor`]: runs attempts in Docker
+//! - [`slurm`]: the Slurm backend's decisions (spec → sbatch, states) and its Slurm client
+//! - [`node_agent`]: `gantry daemon --node-agent`, each Slurm node's GPU samples for the GPUs view
 //! - [`inbox`]: the drop folder
 //! - [`policy`]: the lab config (`/etc/gantry/config.toml`): limits, admins, retention
 //! - [`engine`]: the loop that ties them together
@@ -23,6 +25,8 @@ pub mod gpu;
 pub mod scheduler;
 pub mod resources;
 pub mod executor;
+pub mod slurm;
+pub mod node_agent;
 pub mod config;
 pub mod policy;
 pub mod protocol;

@@ -225,6 +225,10 @@ pub struct LabConfig {
     pub inbox_group: Option<String>,
     pub inbox_path: Option<PathBuf>,
     pub templates_dir: Option<PathBuf>,
+    /// `backend`: Docker on this machine (default) or Slurm.
+    pub backend: crate::slurm::BackendChoice,
+    /// `[slurm]`: used when `backend = "slurm"`.
+    pub slurm: crate::slurm::Settings,
 }
 
 impl LabConfig {
@@ -287,6 +291,12 @@ impl LabConfig {
         }
         if self.templates_dir != old.templates_dir {
             out.push("inbox.templates");
+        }
+        if self.backend != old.backend {
+            out.push("backend");
+        }
+        if self.slurm != old.slurm {
+            out.push("slurm");
         }
         out
     }
@@ -357,6 +367,24 @@ struct RawFile {
     inbox: RawInbox,
     #[serde(default)]
     containers: RawContainers,
+    backend: S<String>,
+    #[serde(default)]
+    slurm: RawSlurm,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSlurm {
+    partition: S<String>,
+    account: S<String>,
+    qos: S<String>,
+    poll: S<String>,
+    log_dir: S<String>,
+    runtime: S<String>,
+    shard_memory: S<String>,
+    max_nice: S<i64>,
+    jobcomp_log: S<String>,
+    node_samples: S<String>,
 }
 
 /// Sizes and CPU counts are strings or numbers (`cpus_per_gpu = 8`, `= "auto"`).
@@ -595,6 +623,15 @@ impl Check<'_> {
             }
             Some(p)
         });
+        let backend = match raw.backend.as_ref().map(|b| (b.get_ref().as_str(), b.span())) {
+            None | Some(("docker", _)) => crate::slurm::BackendChoice::Docker,
+            Some(("slurm", _)) => crate::slurm::BackendChoice::Slurm,
+            Some((other, span)) => {
+                self.fail(span, format!("`backend` = {other:?} is not a choice"), "write \"docker\" (Gantry schedules this machine's GPUs) or \"slurm\" (Slurm schedules; Gantry submits)");
+                crate::slurm::BackendChoice::Docker
+            }
+        };
+        let slurm = self.slurm(&raw.slurm);
         LabConfig {
             file: None,
             policy: p,
@@ -603,7 +640,53 @@ impl Check<'_> {
             inbox_group: raw.inbox.group.map(|s| s.into_inner()),
             inbox_path,
             templates_dir,
+            backend,
+            slurm,
         }
+    }
+
+    fn slurm(&mut self, raw: &RawSlurm) -> crate::slurm::Settings {
+        use crate::slurm::{Runtime, Settings};
+        let mut s = Settings::default();
+        let name = |v: &S<String>| v.as_ref().map(|v| v.get_ref().trim().to_string()).filter(|v| !v.is_empty());
+        s.partition = name(&raw.partition);
+        s.account = name(&raw.account);
+        s.qos = name(&raw.qos);
+        for (key, v) in [("partition", &raw.partition), ("account", &raw.account), ("qos", &raw.qos)] {
+            if let Some(v) = v.as_ref().filter(|v| v.get_ref().chars().any(|c| c.is_whitespace() || c.is_control() || c == ',')) {
+                self.fail(v.span(), format!("slurm `{key}` = {:?} is not a Slurm name", v.get_ref()), "write the name as `sinfo`/`sacctmgr` show it, without spaces");
+            }
+        }
+        if let Some(d) = self.duration("poll", &raw.poll, Duration::from_secs(300)) {
+            s.poll = d;
+        }
+        for (key, v, out) in [("log_dir", &raw.log_dir, &mut s.log_dir), ("jobcomp_log", &raw.jobcomp_log, &mut s.jobcomp_log), ("node_samples", &raw.node_samples, &mut s.node_samples)] {
+            if let Some(v) = v {
+                let p = PathBuf::from(v.get_ref());
+                if p.is_absolute() {
+                    *out = Some(p);
+                } else {
+                    self.fail(v.span(), format!("slurm `{key}` = {:?} is not an absolute path", v.get_ref()), "write e.g. \"/shared/gantry-logs\"");
+                }
+            }
+        }
+        if let Some(r) = &raw.runtime {
+            match r.get_ref().as_str() {
+                "docker" => s.runtime = Runtime::Docker,
+                "apptainer" => s.runtime = Runtime::Apptainer,
+                other => self.fail(r.span(), format!("slurm `runtime` = {other:?} is not a choice"), "write \"docker\" or \"apptainer\""),
+            }
+        }
+        if let Some(m) = &raw.shard_memory {
+            match crate::spec::parse_bytes(m.get_ref()) {
+                Some(b) if b >= 1 << 20 => s.shard_memory = Some(b),
+                _ => self.fail(m.span(), format!("slurm `shard_memory` = {:?} is not a size", m.get_ref()), "write the GPU memory one Slurm shard stands for, e.g. \"10GiB\""),
+            }
+        }
+        if let Some(n) = self.count("max_nice", &raw.max_nice, 2_000_000) {
+            s.max_nice = n as u32;
+        }
+        s
     }
 
     fn containers(&mut self, raw: &RawContainers) -> crate::resources::Containers {

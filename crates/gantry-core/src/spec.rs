@@ -224,6 +224,19 @@ pub struct ValidJob {
     /// CPU, RAM, shm and ulimits the spec set (the engine fills in the lab's defaults).
     #[serde(default)]
     pub limits: Limits,
+    /// Set on each job a `matrix` expanded into: its place among its siblings (the Slurm backend
+    /// submits them together as one job array).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix_part: Option<MatrixPart>,
+}
+
+/// One job of a `matrix` expansion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatrixPart {
+    /// Unique per expansion.
+    pub group: String,
+    pub index: u32,
+    pub count: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -602,7 +615,7 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
     let limits = validate_limits(&spec)?;
-    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec })
+    Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec, matrix_part: None })
 }
 
 /// `cpus`, `memory`, `shm_size` and `ulimits`.
@@ -698,16 +711,27 @@ fn unprintable(c: char) -> bool {
 /// Expand a job array (`matrix`) into one job per combination; a job without `matrix` is returned as is.
 pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
     if job.spec.matrix.is_empty() {
-        return vec![job.clone()];
+        // A job run again is on its own, whatever matrix it once came from.
+        return vec![ValidJob { matrix_part: None, ..job.clone() }];
     }
     let mut combos: Vec<Vec<(String, String)>> = vec![vec![]];
     for (k, vals) in &job.spec.matrix {
         combos = combos.into_iter().flat_map(|c| vals.iter().map(move |v| { let mut c = c.clone(); c.push((k.clone(), v.to_string())); c })).collect();
     }
+    let group = {
+        use std::hash::{Hash, Hasher};
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (std::time::SystemTime::now(), std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed), &job.name).hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
+    let count = combos.len() as u32;
     combos
         .into_iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(index, c)| {
             let mut j = job.clone();
+            j.matrix_part = Some(MatrixPart { group: group.clone(), index: index as u32, count });
             j.spec.matrix.clear();
             let subst = |s: &str| c.iter().fold(s.to_string(), |acc, (k, v)| acc.replace(&format!("{{{k}}}"), v));
             j.spec.command = job.spec.command.as_ref().map(|cmd| cmd.map(subst));

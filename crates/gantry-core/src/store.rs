@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_hold.sql"),
     include_str!("../migrations/0005_user_inboxes.sql"),
     include_str!("../migrations/0006_history_fast.sql"),
+    include_str!("../migrations/0007_slurm.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
@@ -151,6 +152,12 @@ pub struct Attempt {
     pub exit_code: Option<i64>,
     pub reason: Option<EndReason>,
     pub message: Option<String>,
+    /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<u64>,
+    /// Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_array_task: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -384,6 +391,8 @@ fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
         exit_code: r.get(8)?,
         reason: r.get::<_, Option<String>>(9)?.and_then(|s| EndReason::parse(&s)),
         message: r.get(10)?,
+        slurm_job_id: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
+        slurm_array_task: r.get::<_, Option<i64>>(12)?.map(|v| v as u32),
     })
 }
 
@@ -414,7 +423,7 @@ fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
     })
 }
 
-const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message";
+const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message, slurm_job_id, slurm_array_task";
 
 impl Store {
     /// Open (or create) the database, readable and writable by the engine's user only: it holds
@@ -699,6 +708,28 @@ impl Store {
 
     pub fn set_container(&mut self, attempt_id: i64, container_id: &str) -> Result<()> {
         self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, container_id])?;
+        Ok(())
+    }
+
+    /// The Slurm job id of a submitted attempt (recorded right after `sbatch` answers).
+    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64, array_task: Option<u32>) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, slurm_job_id as i64, array_task])?;
+        Ok(())
+    }
+
+    /// The GPUs Slurm gave a running attempt (indexes on its node), for `gantry ls` and the GPUs view.
+    pub fn set_attempt_gpus(&mut self, attempt_id: i64, gpus: &[u32]) -> Result<()> {
+        self.conn.execute("UPDATE attempts SET gpus = ?2 WHERE id = ?1", params![attempt_id, serde_json::to_string(gpus)?])?;
+        Ok(())
+    }
+
+    /// When the attempt really began running (the Slurm backend: Slurm's start, not the submission).
+    /// The job's start moves too while this is its first attempt, so history and waits count Slurm's queue as waiting.
+    pub fn set_attempt_started(&mut self, job_id: i64, attempt_id: i64, at: i64) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute("UPDATE attempts SET started_at = ?2 WHERE id = ?1", params![attempt_id, at])?;
+        tx.execute("UPDATE jobs SET started_at = ?2 WHERE id = ?1 AND attempts = 1", params![job_id, at])?;
+        tx.commit()?;
         Ok(())
     }
 

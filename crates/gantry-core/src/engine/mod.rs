@@ -22,6 +22,7 @@ pub mod outcome;
 mod pass;
 pub mod reconcile;
 mod sampler;
+mod slurm;
 mod supervisor;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -142,6 +143,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// Users' drop folders and their watchers (system engine).
     pub(crate) inboxes: crate::inbox::users::Registry,
+    /// `backend = "slurm"`: Slurm places and runs the jobs (see [`slurm`]).
+    slurm: Option<slurm::SlurmRun>,
     _lock: std::fs::File,
 }
 
@@ -267,6 +270,7 @@ impl Engine {
             warn!("containers may not lock unlimited memory on this host (no CAP_SYS_RESOURCE): jobs get memlock = {} at most", crate::spec::format_bytes(m as u64));
         }
         let (events, _) = broadcast::channel(1024);
+        let (cfg_backend, slurm_settings) = (cfg.lab.backend, cfg.lab.slurm.clone());
         let e = Arc::new(Engine {
             policy: RwLock::new(Arc::new(cfg.policy())),
             usable,
@@ -299,6 +303,7 @@ impl Engine {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             inboxes: Default::default(),
+            slurm: (cfg_backend == crate::slurm::BackendChoice::Slurm).then(|| slurm::SlurmRun::new(slurm_settings)),
             _lock: lock,
         });
         e.sample_gpus();
@@ -384,6 +389,9 @@ impl Engine {
     /// Run until shutdown: recovery, then sampler and scheduling passes.
     /// Returns an error when the engine cannot trust its state (it then stops loudly).
     pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
+        if self.slurm.is_some() {
+            return self.run_slurm().await;
+        }
         // Before anything launches: pinned mounts whose container no longer exists are released.
         match self.exec.list_ours(&self.engine_id).await {
             Ok(found) => self.staging().sweep(&found.into_iter().map(|f| f.name).collect()),

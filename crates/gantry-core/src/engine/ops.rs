@@ -193,6 +193,21 @@ impl Engine {
 
     /// Reject jobs this machine can never run.
     pub fn check_fits(&self, job: &ValidJob) -> Result<(), SpecError> {
+        if let Some(s) = &self.slurm {
+            // Slurm knows the cluster; what it cannot do at all is refused now, with the reason.
+            let sub = crate::slurm::Submission {
+                job,
+                marker: String::new(),
+                uid: 0,
+                gid: 0,
+                home: "/".into(),
+                output: "/".into(),
+                priority_range: self.policy().user_priority,
+                after: vec![],
+                mounts: vec![],
+            };
+            return crate::slurm::sbatch_args(&sub, &s.settings).map(|_| ()).map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""));
+        }
         let gpus: Vec<crate::gpu::GpuSample> = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).cloned().collect();
         let filter = job.gpu_filter();
         if job.gpus > 0 && !filter.is_any() {
@@ -259,6 +274,8 @@ impl Engine {
                         (JobState::Queued, _) if problem.is_some() => problem.clone(),
                         (JobState::Queued, Some(w)) => Some(w.why()),
                         (JobState::Queued, None) => Some("about to be scheduled".into()),
+                        // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason).
+                        (JobState::Starting, Some(w)) => Some(w.reason.clone()),
                         _ => None,
                     },
                     estimated_start: if j.state == JobState::Queued { eta.get(&j.id).copied() } else { None },
@@ -335,6 +352,11 @@ impl Engine {
         }
         let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
         holders.sort();
+        if self.slurm.is_some() {
+            let (gpus, holders, users) = self.slurm_gpus();
+            let note = Some(format!("Slurm cluster: {} GPUs on its nodes (scontrol show node); allocated ones are listed as in use", gpus.len()));
+            return GpuStatus { backend: self.backend_kind, note, gpus, holders, users, library: None, reserved: vec![] };
+        }
         let gpus = self.latest.read().unwrap().clone();
         let users = self.gpu_users(&gpus, &running);
         GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus, holders, users, library: self.backend_library.clone(), reserved: self.reserved_gpus() }

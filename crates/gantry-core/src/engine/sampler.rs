@@ -52,7 +52,10 @@ impl Engine {
     /// Read the GPUs once (the simulated backend first learns what Gantry runs).
     pub(super) fn sample_gpus(&self) -> Vec<GpuSample> {
         let load = self.sim_load();
-        let samples = {
+        // The Slurm backend: the cluster's GPUs (live where a node agent runs), not this machine's.
+        let samples = if self.is_slurm() {
+            self.slurm_gpus().0
+        } else {
             let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
             b.set_load(&load);
             match b.sample() {

@@ -1,0 +1,98 @@
+//! `gantry daemon --node-agent DIR`: runs on each Slurm node and writes the node's GPU samples (NVML)
+//! to `DIR/<node>.json` every second (written aside, then renamed: readers never see half a file).
+//! `DIR` is shared storage the engine reads (`[slurm] node_samples`): the GPUs view of a cluster then
+//! shows each node's utilization and memory, and the app draws its live charts from them.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::gpu::GpuSample;
+use crate::store::now_ms;
+
+/// Samples older than this are not shown (the agent or its node is down).
+pub const FRESH_MS: i64 = 10_000;
+const MAX_BYTES: u64 = 4 << 20;
+
+/// What one node's agent writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSamples {
+    pub node: String,
+    /// When sampled (ms).
+    pub at: i64,
+    pub gpus: Vec<GpuSample>,
+}
+
+/// The node's short host name, as Slurm's `NodeName` usually is.
+pub fn node_name() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    h.trim().split('.').next().unwrap_or("").to_string()
+}
+
+/// Sample the node's GPUs (`gpus`: simulated, as for the engine) every `every` into `dir`, until `stop`.
+pub async fn run(dir: PathBuf, gpus: Option<String>, every: Duration, stop: impl std::future::Future<Output = ()>) -> Result<(), crate::gpu::GpuError> {
+    let crate::gpu::Opened { mut backend, note, .. } = crate::gpu::open(gpus.as_deref())?;
+    if let Some(n) = note {
+        warn!("node agent: {n}");
+    }
+    let node = node_name();
+    let (path, tmp) = (dir.join(format!("{node}.json")), dir.join(format!(".{node}.json.tmp")));
+    info!("node agent: writing {node}'s GPU samples to {} every {:?}", path.display(), every);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let gpus = match backend.sample() {
+            Ok(g) => g,
+            Err(e) => {
+                warn!("node agent: sampling failed: {e}");
+                continue;
+            }
+        };
+        let body = serde_json::to_vec(&NodeSamples { node: node.clone(), at: now_ms(), gpus }).unwrap_or_default();
+        if let Err(e) = std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)) {
+            warn!("node agent: cannot write {}: {e}", path.display());
+        }
+    }
+}
+
+/// A node's samples, if its agent wrote them within [`FRESH_MS`] of `now` (a plain file, not followed
+/// through a link, at most 4 MiB).
+pub fn read(dir: &Path, node: &str, now: i64) -> Option<NodeSamples> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if node.is_empty() || node.contains('/') || node.starts_with('.') {
+        return None;
+    }
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(dir.join(format!("{node}.json"))).ok()?;
+    if !f.metadata().ok()?.file_type().is_file() {
+        return None;
+    }
+    let mut buf = vec![];
+    f.take(MAX_BYTES).read_to_end(&mut buf).ok()?;
+    let s: NodeSamples = serde_json::from_slice(&buf).ok()?;
+    (now - s.at <= FRESH_MS && s.node == node).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_samples_of_the_named_node_only() {
+        let d = tempfile::tempdir().unwrap();
+        let s = NodeSamples { node: "n1".into(), at: 1_000_000, gpus: vec![] };
+        std::fs::write(d.path().join("n1.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        assert_eq!(read(d.path(), "n1", 1_005_000), Some(s.clone()));
+        assert_eq!(read(d.path(), "n1", 1_000_000 + FRESH_MS + 1), None, "stale");
+        assert_eq!(read(d.path(), "../n1", 1_000_000), None);
+        std::os::unix::fs::symlink(d.path().join("n1.json"), d.path().join("n2.json")).unwrap();
+        assert_eq!(read(d.path(), "n2", 1_000_000), None, "links are not followed");
+    }
+}
