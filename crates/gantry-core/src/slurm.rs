@@ -142,6 +142,11 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
             a.push(format!("--{k}={v}"));
         }
     }
+    // The batch script passes the image to `docker run` after its options: `--privileged` as an
+    // image would be read as one.
+    if job.spec.image.starts_with('-') {
+        return Err(Refusal(format!("`image` {:?} starts with '-': an image name is `repo/name:tag`", job.spec.image)));
+    }
     if job.spec.min_gpu_memory.is_some() {
         return Err(Refusal("`min_gpu_memory` has no Slurm equivalent on this cluster: choose GPUs by `gpu_type` (a GRES type such as a100) instead".into()));
     }
@@ -883,6 +888,7 @@ mod tests {
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &shard, vec![], Ok(vec!["--job-name=t", "--gres=shard:2", "--nice=1000"])),
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &def, vec![], Err("needs Slurm's `shard` GRES")),
             ("name: t\nimage: a\ngpus: 1\nmin_gpu_memory: 40GiB\n", &def, vec![], Err("no Slurm equivalent")),
+            ("name: t\nimage: --privileged\ncommand: [alpine, sh]\n", &def, vec![], Err("starts with '-'")),
         ];
         for (spec, set, after, want) in rows {
             let j = job(spec);
