@@ -118,12 +118,12 @@ fn scontrol_job(id: u64) -> std::collections::HashMap<String, String> {
 /// Every Slurm job (still known to squeue) carrying `marker` in its comment.
 fn slurm_jobs_with_comment(prefix: &str) -> Vec<Value> {
     let out = Command::new("squeue").arg("--json").output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
     v["jobs"].as_array().unwrap().iter().filter(|j| j["comment"].as_str().unwrap_or("").starts_with(prefix)).cloned().collect()
 }
 
 fn jobcomp(id: u64) -> String {
-    std::fs::read_to_string("/var/log/slurm/jobcomp.log").unwrap_or_default().lines().rev().find(|l| l.starts_with(&format!("JobId={id} "))).unwrap_or("").to_string()
+    String::from_utf8_lossy(&std::fs::read("/var/log/slurm/jobcomp.log").unwrap_or_default()).lines().rev().find(|l| l.starts_with(&format!("JobId={id} "))).unwrap_or("").to_string()
 }
 
 #[test]
@@ -316,6 +316,37 @@ fn kill_9_of_the_engine_while_jobs_pend_and_run_then_restart_submits_nothing_twi
         assert_eq!(n, 1, "job {id} was submitted {n} times");
     }
     assert!(l.e.logs(pend).contains("pend ran"), "{}", l.e.logs(pend));
+}
+
+#[test]
+fn another_users_slurm_job_with_a_forged_marker_and_a_hostile_name_is_never_adopted() {
+    let mut l = lab();
+    let job = l.submit(&l.ann, "pend", &format!("name: pend\nimage: {IMAGE}\ncommand: 'if [ \"$GANTRY_ATTEMPT\" = 1 ]; then sleep 600; fi; echo pend ran'\ngpus: 1\ntimeout: 5m\n"));
+    let sid = l.slurm_id(job);
+    l.e.kill9();
+    // The crash window before `sbatch` ran: the intent is in the database, nothing of ann's in Slurm.
+    let set = |args: &[&str]| assert!(Command::new("scontrol").args(args).output().unwrap().status.success(), "{args:?}");
+    set(&["update", &format!("jobid={sid}"), "comment=moved"]);
+    let _ = Command::new("scancel").arg(sid.to_string()).output();
+    let db = l.e.state.join("gantry.db");
+    let sql = "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('UPDATE attempts SET slurm_job_id = NULL WHERE job_id = ?', (int(sys.argv[2]),)); c.commit()";
+    let out = Command::new("python3").args(["-c", sql]).arg(&db).arg(job.to_string()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // Bob reads ann's marker from squeue and puts it on a job of his own, named with invalid UTF-8.
+    let marker = format!("gantry:{}:{job}:1", db_uid(&l.e));
+    let out = Command::new("runuser")
+        .args(["-u", &l.bob.name, "--", "sh", "-c", &format!("cd && sbatch --parsable --hold --comment={marker} --job-name=\"$(printf 'x\\377y')\" --wrap=true")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let forged: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    l.e.restart();
+    let p = l.wait_final(job);
+    let attempts = p["attempts"].as_array().unwrap();
+    assert!(attempts.iter().all(|a| a["slurm_job_id"].as_u64() != Some(forged)), "bob's Slurm job was adopted as ann's: {p}");
+    assert_eq!(p["job"]["state"], "succeeded", "{p}");
+    assert!(l.e.logs(job).contains("pend ran"), "{}", l.e.logs(job));
+    let _ = Command::new("scancel").arg(forged.to_string()).output();
 }
 
 #[test]

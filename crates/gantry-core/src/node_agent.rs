@@ -57,10 +57,25 @@ pub async fn run(dir: PathBuf, gpus: Option<String>, every: Duration, stop: impl
             }
         };
         let body = serde_json::to_vec(&NodeSamples { node: node.clone(), at: now_ms(), gpus }).unwrap_or_default();
-        if let Err(e) = std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)) {
+        if let Err(e) = write_aside(&tmp, &path, &body) {
             warn!("node agent: cannot write {}: {e}", path.display());
         }
     }
+}
+
+/// Write `body` to `tmp`, then rename it to `path`. The folder may be shared storage others can write
+/// to: whatever is at `tmp` (a link to a file the agent may write, as root) is removed, never followed.
+fn write_aside(tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(tmp)?;
+    f.write_all(body)?;
+    drop(f);
+    std::fs::rename(tmp, path)
 }
 
 /// A node's samples, if its agent wrote them within [`FRESH_MS`] of `now` (a plain file, not followed
@@ -94,5 +109,17 @@ mod tests {
         assert_eq!(read(d.path(), "../n1", 1_000_000), None);
         std::os::unix::fs::symlink(d.path().join("n1.json"), d.path().join("n2.json")).unwrap();
         assert_eq!(read(d.path(), "n2", 1_000_000), None, "links are not followed");
+    }
+
+    #[test]
+    fn the_agent_never_writes_through_a_link_left_in_the_shared_folder() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let tmp = d.path().join(".n1.json.tmp");
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_aside(&tmp, &d.path().join("n1.json"), b"{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(d.path().join("n1.json")).unwrap(), "{}");
     }
 }

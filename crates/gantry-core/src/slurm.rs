@@ -142,6 +142,11 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
             a.push(format!("--{k}={v}"));
         }
     }
+    // The batch script passes the image to `docker run` after its options: `--privileged` as an
+    // image would be read as one.
+    if job.spec.image.starts_with('-') {
+        return Err(Refusal(format!("`image` {:?} starts with '-': an image name is `repo/name:tag`", job.spec.image)));
+    }
     if job.spec.min_gpu_memory.is_some() {
         return Err(Refusal("`min_gpu_memory` has no Slurm equivalent on this cluster: choose GPUs by `gpu_type` (a GRES type such as a100) instead".into()));
     }
@@ -244,6 +249,15 @@ pub fn find_job(jobs: &HashMap<u64, SqJob>, id: u64, task: Option<u32>) -> Optio
     jobs.values()
         .find(|j| number(&j.array_job_id) == Some(id as i64) && number(&j.array_task_id) == Some(t as i64))
         .or_else(|| jobs.get(&id).filter(|j| number(&j.array_task_id).is_none() && task_list(&j.array_task_string).contains(&t)))
+}
+
+/// The ids of the Slurm jobs of user `uid` whose comment is `marker` (an array's tasks: the array's
+/// id). Anyone can put any comment on their own jobs, so a job of another user is never taken.
+pub fn marked(jobs: &[SqJob], marker: &str, uid: u32) -> Vec<u64> {
+    jobs.iter()
+        .filter(|j| j.comment.as_deref() == Some(marker) && number(&j.user_id) == Some(uid as i64))
+        .map(|j| number(&j.array_job_id).filter(|a| *a > 0).map(|a| a as u64).unwrap_or(j.job_id))
+        .collect()
 }
 
 /// `0,2,5`, `1-3`, `0-9%2` → the task ids.
@@ -362,6 +376,8 @@ pub struct SqJob {
     #[serde(default)]
     pub user_name: Option<String>,
     #[serde(default)]
+    pub user_id: serde_json::Value,
+    #[serde(default)]
     pub start_time: serde_json::Value,
     #[serde(default)]
     pub nodes: Option<String>,
@@ -383,7 +399,10 @@ struct SqueueOut {
 
 /// `squeue --json`'s jobs.
 pub fn parse_squeue(json: &[u8]) -> Result<Vec<SqJob>, SlurmError> {
-    serde_json::from_slice::<SqueueOut>(json).map(|o| o.jobs).map_err(|e| SlurmError::Parse(format!("squeue --json: {e}")))
+    // Slurm writes job names and comments byte for byte: one user's invalid UTF-8 must not stop
+    // Gantry reading everyone's jobs.
+    let json = String::from_utf8_lossy(json);
+    serde_json::from_str::<SqueueOut>(&json).map(|o| o.jobs).map_err(|e| SlurmError::Parse(format!("squeue --json: {e}")))
 }
 
 pub fn number(v: &serde_json::Value) -> Option<i64> {
@@ -555,17 +574,31 @@ pub struct Completed {
 
 /// The last record of `job_id` in a jobcomp/filetxt log: each line is `Key=Value` fields (a value
 /// with spaces continues until the next `Key=`).
-pub fn parse_jobcomp(text: &str, job_id: u64) -> Option<Completed> {
-    parse_jobcomp_of(text, job_id, None)
+pub fn parse_jobcomp(text: &str, job_id: u64, uid: u32) -> Option<Completed> {
+    parse_jobcomp_of(text, job_id, None, uid)
 }
 
 /// [`parse_jobcomp`] for a job, or for task `task` of array `job_id` (`ArrayJobId=… ArrayTaskId=…`).
-pub fn parse_jobcomp_of(text: &str, job_id: u64, task: Option<u32>) -> Option<Completed> {
+///
+/// Names and working directories are written unescaped (spaces, newlines), so any user can put a
+/// line that looks like another job's record into the log: only a record of the owner (`uid`,
+/// `UserId=` its second field) counts, and two such records for the same job mean one is forged, so
+/// neither is taken.
+pub fn parse_jobcomp_of(text: &str, job_id: u64, task: Option<u32>, uid: u32) -> Option<Completed> {
     let want = match task {
         None => format!("JobId={job_id} "),
         Some(t) => format!(" ArrayJobId={job_id} ArrayTaskId={t} "),
     };
-    let line = text.lines().rev().find(|l| if task.is_none() { l.starts_with(&want) } else { format!("{l} ").contains(&want) })?;
+    let owner = format!("({uid})");
+    let mut found = text.lines().filter(|l| {
+        l.starts_with("JobId=")
+            && l.split(' ').nth(1).is_some_and(|u| u.starts_with("UserId=") && u.ends_with(&owner))
+            && if task.is_none() { l.starts_with(&want) } else { format!("{l} ").contains(&want) }
+    });
+    let line = found.next()?;
+    if found.next().is_some() {
+        return None;
+    }
     let mut kv: HashMap<String, String> = HashMap::new();
     let mut last: Option<String> = None;
     for tok in line.split(' ').filter(|t| !t.is_empty()) {
@@ -855,6 +888,7 @@ mod tests {
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &shard, vec![], Ok(vec!["--job-name=t", "--gres=shard:2", "--nice=1000"])),
             ("name: t\nimage: a\ngpu_memory: 15GiB\n", &def, vec![], Err("needs Slurm's `shard` GRES")),
             ("name: t\nimage: a\ngpus: 1\nmin_gpu_memory: 40GiB\n", &def, vec![], Err("no Slurm equivalent")),
+            ("name: t\nimage: --privileged\ncommand: [alpine, sh]\n", &def, vec![], Err("starts with '-'")),
         ];
         for (spec, set, after, want) in rows {
             let j = job(spec);
@@ -959,8 +993,8 @@ mod tests {
         assert_eq!(find_job(&jobs, 56, Some(3)), None);
         assert_eq!(find_job(&jobs, 57, None).map(|j| j.job_id), Some(57));
         let log = "JobId=58 UserId=t(1) Name=wrap JobState=FAILED StartTime=2026-11-30T16:14:11 ArrayJobId=56 ArrayTaskId=2 DerivedExitCode=0:0 ExitCode=4:0 \n";
-        assert_eq!(parse_jobcomp_of(log, 56, Some(2)).map(|c| (c.state, c.exit)), Some(("FAILED".into(), Some(4))));
-        assert_eq!(parse_jobcomp_of(log, 56, Some(0)), None);
+        assert_eq!(parse_jobcomp_of(log, 56, Some(2), 1).map(|c| (c.state, c.exit)), Some(("FAILED".into(), Some(4))));
+        assert_eq!(parse_jobcomp_of(log, 56, Some(0), 1), None);
     }
 
     #[test]
@@ -987,12 +1021,57 @@ mod tests {
     fn jobcomp_and_node_records_are_read_by_key() {
         let log = "JobId=1 UserId=ann(1001) GroupId=ann(1001) Name=my job JobState=FAILED Partition=gpu TimeLimit=1 StartTime=2026-11-30T15:28:47 ExitCode=3:0 \n\
                    JobId=2 UserId=ann(1001) Name=x JobState=CANCELLED StartTime=Unknown ExitCode=0:15 \n";
-        assert_eq!(parse_jobcomp(log, 1), Some(Completed { job_id: 1, state: "FAILED".into(), exit: Some(3), started: true }));
-        assert_eq!(parse_jobcomp(log, 2), Some(Completed { job_id: 2, state: "CANCELLED".into(), exit: Some(143), started: false }));
-        assert_eq!(parse_jobcomp(log, 3), None);
+        assert_eq!(parse_jobcomp(log, 1, 1001), Some(Completed { job_id: 1, state: "FAILED".into(), exit: Some(3), started: true }));
+        assert_eq!(parse_jobcomp(log, 2, 1001), Some(Completed { job_id: 2, state: "CANCELLED".into(), exit: Some(143), started: false }));
+        assert_eq!(parse_jobcomp(log, 3, 1001), None);
         let nodes = parse_nodes("NodeName=vm Arch=x86_64 CoresPerSocket=8 Gres=gpu:4 GresUsed=gpu:2(IDX:0-1) State=MIXED ThreadsPerCore=1\nNodeName=n2 Gres=gpu:h100:8(S:0-1) GresUsed=gpu:h100:0(IDX:N/A) State=IDLE\n");
         assert_eq!(nodes[0], Node { name: "vm".into(), state: "MIXED".into(), gpus: 4, gpu_type: None, gpus_used: vec![0, 1] });
         assert_eq!((nodes[1].gpus, nodes[1].gpu_type.as_deref(), nodes[1].gpus_used.len()), (8, Some("h100"), 0));
+    }
+
+    #[test]
+    fn a_hostile_job_name_in_squeue_does_not_break_tracking() {
+        // Slurm passes a name's bytes through unescaped: `sbatch --job-name=$'a\xffb'` by any user.
+        let mut j = br#"{"jobs":[{"job_id":1,"job_state":"RUNNING","name":"a"#.to_vec();
+        j.push(0xff);
+        j.extend_from_slice(br#"b","comment":"x","user_id":1007},{"job_id":2,"job_state":"PENDING","comment":"gantry:db:7:1","user_id":1001}]}"#);
+        let jobs = parse_squeue(&j).expect("one user's job name must not stop Gantry reading squeue");
+        assert_eq!(jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn only_the_owners_slurm_jobs_carry_a_marker() {
+        // (jobs in squeue, marker, owner uid, ids found): another user may put Gantry's marker in the
+        // comment of their own Slurm job; it is never adopted as the owner's attempt.
+        let sq = br#"{"jobs":[{"job_id":30,"job_state":"PENDING","comment":"gantry:db:7:1","user_id":1002},
+            {"job_id":31,"job_state":"PENDING","comment":"gantry:db:7:1","user_id":1001},
+            {"job_id":40,"job_state":"PENDING","comment":"gantry:db:array:g","user_id":1002,"array_job_id":40,"array_task_id":null},
+            {"job_id":41,"job_state":"PENDING","comment":"gantry:db:7:2","user_id":1002}]}"#;
+        let jobs = parse_squeue(sq).unwrap();
+        let rows: Vec<(&str, u32, Vec<u64>)> = vec![("gantry:db:7:1", 1001, vec![31]), ("gantry:db:7:2", 1001, vec![]), ("gantry:db:array:g", 1001, vec![]), ("gantry:db:array:g", 1002, vec![40])];
+        for (m, uid, want) in rows {
+            assert_eq!(marked(&jobs, m, uid), want, "{m} for {uid}");
+        }
+    }
+
+    #[test]
+    fn another_users_jobcomp_record_is_never_taken_for_the_owners() {
+        // A name may hold spaces and newlines: user b (1002) forges `JobId=7 ...` lines and array fields.
+        let real = "JobId=7 UserId=ann(1001) GroupId=ann(1001) Name=t JobState=FAILED StartTime=2026-11-30T16:39:45 ExitCode=3:0 \n";
+        let forged_line = "JobId=9 UserId=b(1002) GroupId=b(1002) Name=x\nJobId=7 UserId=ann(1001) Name=t JobState=COMPLETED StartTime=2026-11-30T16:39:45 ExitCode=0:0 \nJobState=CANCELLED ExitCode=0:0 \n";
+        let forged_fields = "JobId=9 UserId=b(1002) GroupId=b(1002) Name=x ArrayJobId=56 ArrayTaskId=2 JobState=COMPLETED StartTime=2026-11-30T16:39:45 ExitCode=0:0 \n";
+        let task = "JobId=58 UserId=ann(1001) Name=s JobState=FAILED StartTime=2026-11-30T16:14:11 ArrayJobId=56 ArrayTaskId=2 DerivedExitCode=0:0 ExitCode=4:0 \n";
+        // (log, job, task, owner uid, state found)
+        let rows: Vec<(String, u64, Option<u32>, u32, Option<&str>)> = vec![
+            (real.into(), 7, None, 1001, Some("FAILED")),
+            (real.into(), 7, None, 1002, None),
+            (format!("{real}{forged_line}"), 7, None, 1001, None),
+            (forged_fields.into(), 56, Some(2), 1001, None),
+            (format!("{task}{forged_fields}"), 56, Some(2), 1001, Some("FAILED")),
+        ];
+        for (log, id, t, uid, want) in rows {
+            assert_eq!(parse_jobcomp_of(&log, id, t, uid).map(|c| c.state), want.map(String::from), "{log:?} {id} {t:?} {uid}");
+        }
     }
 
     #[test]

@@ -516,7 +516,7 @@ impl Engine {
                     }
                     None => {
                         // Gone from squeue (it ended longer ago than MinJobAge): jobcomp has its end.
-                        let done = self.jobcomp_record(id, task).await;
+                        let done = self.jobcomp_record(id, task, job.owner_uid).await;
                         match done {
                             Some(c) => Some(sl::seen(&c.state, "", c.exit, running_since.is_some() || c.started, stop, job.timeout_ms)),
                             None => {
@@ -604,10 +604,10 @@ impl Engine {
     }
 
     /// The end of a job that left `squeue`, from the jobcomp/filetxt log.
-    async fn jobcomp_record(&self, id: u64, task: Option<u32>) -> Option<sl::Completed> {
+    async fn jobcomp_record(&self, id: u64, task: Option<u32>, uid: u32) -> Option<sl::Completed> {
         let path = self.slurm().jobcomp.read().unwrap().clone()?;
-        let text = tokio::fs::read_to_string(&path).await.ok()?;
-        sl::parse_jobcomp_of(&text, id, task)
+        let text = tokio::fs::read(&path).await.ok()?;
+        sl::parse_jobcomp_of(&String::from_utf8_lossy(&text), id, task, uid)
     }
 
     /// The last few KiB of a job's log.
@@ -705,12 +705,12 @@ impl Engine {
                 let found = loop {
                     match self.slurm().client.queue().await {
                         Ok(jobs) => {
-                            let single: Vec<u64> = jobs.iter().filter(|j| j.comment.as_deref() == Some(marker.as_str())).map(|j| j.job_id).collect();
+                            let single: Vec<u64> = sl::marked(&jobs, &marker, job.owner_uid);
                             if !single.is_empty() {
                                 break single;
                             }
                             let Some((am, index)) = &array else { break vec![] };
-                            let masters: Vec<u64> = jobs.iter().filter(|j| j.comment.as_deref() == Some(am.as_str())).filter_map(|j| sl::number(&j.array_job_id)).map(|m| m as u64).collect();
+                            let masters: Vec<u64> = sl::marked(&jobs, am, job.owner_uid);
                             if !masters.is_empty() {
                                 task = Some(*index);
                             }
