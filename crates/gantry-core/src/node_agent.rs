@@ -79,14 +79,16 @@ fn write_aside(tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 /// A node's samples, if its agent wrote them within [`FRESH_MS`] of `now` (a plain file, not followed
-/// through a link, at most 4 MiB).
+/// through a link, at most 4 MiB, owned by the user this engine runs as: agents run as root like the
+/// engine, so a file a user planted in a shared folder they can write is never read as a node's GPUs).
 pub fn read(dir: &Path, node: &str, now: i64) -> Option<NodeSamples> {
     use std::os::unix::fs::OpenOptionsExt;
     if node.is_empty() || node.contains('/') || node.starts_with('.') {
         return None;
     }
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(dir.join(format!("{node}.json"))).ok()?;
-    if !f.metadata().ok()?.file_type().is_file() {
+    let md = f.metadata().ok()?;
+    if !md.file_type().is_file() || std::os::unix::fs::MetadataExt::uid(&md) != nix::unistd::geteuid().as_raw() {
         return None;
     }
     let mut buf = vec![];
@@ -109,6 +111,12 @@ mod tests {
         assert_eq!(read(d.path(), "../n1", 1_000_000), None);
         std::os::unix::fs::symlink(d.path().join("n1.json"), d.path().join("n2.json")).unwrap();
         assert_eq!(read(d.path(), "n2", 1_000_000), None, "links are not followed");
+        // A user who can write the shared folder plants fake figures for a node: not read.
+        let s3 = NodeSamples { node: "n3".into(), at: 1_000_000, gpus: vec![] };
+        std::fs::write(d.path().join("n3.json"), serde_json::to_vec(&s3).unwrap()).unwrap();
+        assert_eq!(read(d.path(), "n3", 1_000_000), Some(s3));
+        std::os::unix::fs::chown(d.path().join("n3.json"), Some(nix::unistd::geteuid().as_raw() + 4242), None).unwrap();
+        assert_eq!(read(d.path(), "n3", 1_000_000), None, "a file another user owns");
     }
 
     #[test]
