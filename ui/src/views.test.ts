@@ -59,6 +59,14 @@ describe("history view", () => {
     const offsets = calls.filter((c) => c.name === "history").slice(before).map((c) => (c.args[0] as any).offset);
     expect(offsets).toEqual([600]);
     expect(v.el.querySelector("[data-testid=history-row-300]")).not.toBeNull(); // row index 700 is id 300
+    // A wheel notch keeps the rows still in view (the same elements: nothing rebuilt) and adds the new ones.
+    const kept = v.el.querySelector("[data-testid=history-row-300]");
+    scroller.scrollTop = 704 * ROW_H;
+    scroller.dispatchEvent(new Event("scroll"));
+    await settle(10);
+    expect(v.el.querySelector("[data-testid=history-row-300]")).toBe(kept);
+    const ids = [...v.el.querySelectorAll(".vt-row")].map((r) => Number(r.getAttribute("data-testid")!.split("-")[2]));
+    expect(ids).toEqual([...ids].sort((a, b) => b - a)); // still in order (ids descend with the row index)
     // A wheel scroll near the end of a loaded page fetches the next one ahead of time.
     scroller.scrollTop = 770 * ROW_H;
     scroller.dispatchEvent(new Event("scroll"));

@@ -100,22 +100,22 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
       h("div", {}, duration(r.started_at && r.finished_at ? r.finished_at - r.started_at : null)), h("div", {}, gh ? gh.toFixed(2) : "0"));
   }
 
-  /** Rows on screen by index: a scroll keeps the ones still in view and builds only the new ones. */
+  /** Rows on screen by index, in DOM order: a scroll removes the rows that left and adds the ones that
+   * came into view, and leaves the others alone (no rebuild, no re-insertion: less layout per frame). */
   let onScreen = new Map<number, HTMLElement>();
   function paint() {
     const s = visibleSlice(scroller.scrollTop, scroller.clientHeight || 480, ROW_H, total);
-    const next = new Map<number, HTMLElement>();
-    const els: HTMLElement[] = [];
-    for (let i = s.first; i <= s.last; i++) {
-      const old = onScreen.get(i);
-      const el = old && !(old.classList.contains("loading") && pager.row(i)) ? old : rowEl(i);
-      next.set(i, el);
-      els.push(el);
+    for (const [i, el] of onScreen) {
+      if (i < s.first || i > s.last || (el.classList.contains("loading") && pager.row(i))) { el.remove(); onScreen.delete(i); }
     }
-    onScreen = next;
+    let after: HTMLElement | null = null;
+    for (let i = s.last; i >= s.first; i--) {
+      let el = onScreen.get(i);
+      if (!el) { el = rowEl(i); inner.insertBefore(el, after); onScreen.set(i, el); }
+      after = el;
+    }
     inner.style.paddingTop = `${s.padTop}px`;
     inner.style.paddingBottom = `${s.padBottom}px`;
-    inner.replaceChildren(...els);
     return s;
   }
 
@@ -152,6 +152,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     renderHead();
     pager = new Pager((offset, limit) => backend.history({ ...q, offset, limit }));
     onScreen = new Map();
+    clear(inner);
     total = await backend.historyCount(q);
     if (g !== gen) return;
     count.textContent = `${total.toLocaleString()} run${total === 1 ? "" : "s"}`;
