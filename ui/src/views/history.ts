@@ -111,11 +111,11 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     let after: HTMLElement | null = null;
     for (let i = s.last; i >= s.first; i--) {
       let el = onScreen.get(i);
-      if (!el) { el = rowEl(i); inner.insertBefore(el, after); onScreen.set(i, el); }
+      if (!el) { el = rowEl(i); el.style.top = `${i * ROW_H}px`; inner.insertBefore(el, after); onScreen.set(i, el); }
       after = el;
     }
-    inner.style.paddingTop = `${s.padTop}px`;
-    inner.style.paddingBottom = `${s.padBottom}px`;
+    const height = `${total * ROW_H}px`;
+    if (inner.style.height !== height) inner.style.height = height;
     return s;
   }
 
