@@ -170,7 +170,8 @@ fn names_with_terminal_escapes_or_line_breaks_are_refused() {
     let out = alice.command("sh").arg("-c").arg(format!("printf 'image: {IMAGE}\\ngpus: 0\\n' > \"$0\"")).arg(inbox.join(bad)).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let error_file = inbox.join("rejected").join(format!("{bad}.error.txt"));
-    e.wait_until("the dropped file to be handled", || error_file.exists() || !inbox.join(bad).exists());
+    // The file is moved aside first and its error file written next: wait for the error file's text.
+    e.wait_until("the dropped file's error file", || std::fs::read_to_string(&error_file).is_ok_and(|r| r.contains("rename the file")));
     let report = std::fs::read_to_string(&error_file).unwrap_or_default();
     assert!(report.contains("control characters") && report.contains("rename the file"), "{report:?}\n{}", e.daemon_log());
     assert!(e.json_as(&alice, &["ls"]).as_array().unwrap().is_empty() && e.json_as(&alice, &["history"]).as_array().unwrap().is_empty());
