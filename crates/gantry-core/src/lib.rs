@@ -34,3 +34,4 @@ pub mod daemon;
 pub mod machine_lock;
 pub mod machines;
 pub mod sim;
+pub mod estimate;

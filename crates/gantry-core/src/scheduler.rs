@@ -117,6 +117,10 @@ pub struct Config {
     /// The lab's limit on GPUs one user's running jobs hold together: a job that would pass it waits.
     #[serde(default)]
     pub max_running_gpus_per_user: Option<u32>,
+    /// The recent mix of request shapes, for FGD packing (empty: best fit). Part of the pass's
+    /// input rather than a setting: the engine and the simulator fill it from recent submissions.
+    #[serde(default)]
+    pub shapes: Vec<Shape>,
 }
 
 fn explain_default() -> usize {
@@ -126,9 +130,34 @@ fn explain_default() -> usize {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Packing {
+    /// Fragmentation gradient descent (FGD, USENIX ATC'23) on one machine: the GPU where the
+    /// expected fragmentation, weighted by the recent mix of request shapes (`State::shapes`),
+    /// grows least; best fit among equals, and plain best fit when no mix is known.
     #[default]
+    Fgd,
     BestFit,
     WorstFit,
+}
+
+/// A request shape and its share of recent requests (for [`Packing::Fgd`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shape {
+    pub gpus: u32,
+    /// Declared memory per GPU; `None` = whole GPUs.
+    pub gpu_memory: Option<u64>,
+    pub weight: f64,
+}
+
+/// The recent mix of request shapes: counts per shape, normalized to weights summing to 1.
+pub fn shape_mix<'a>(shapes: impl IntoIterator<Item = (u32, Option<u64>)> + 'a) -> Vec<Shape> {
+    let mut counts: std::collections::BTreeMap<(u32, Option<u64>), f64> = std::collections::BTreeMap::new();
+    for s in shapes {
+        if s.0 > 0 {
+            *counts.entry(s).or_default() += 1.0;
+        }
+    }
+    let total: f64 = counts.values().sum();
+    counts.into_iter().map(|((gpus, gpu_memory), c)| Shape { gpus, gpu_memory, weight: c / total }).collect()
 }
 
 fn factor_default() -> f64 {
@@ -145,9 +174,10 @@ impl Default for Config {
             reserve_after_ms: 30 * 60 * 1000,
             reserve_factor: factor_default(),
             use_runtimes: true,
-            packing: Packing::BestFit,
+            packing: Packing::default(),
             explain_first: explain_default(),
             max_running_gpus_per_user: None,
+            shapes: vec![],
         }
     }
 }
@@ -414,7 +444,7 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus) };
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -499,11 +529,42 @@ pub fn plan(state: &State) -> Plan {
     out
 }
 
-struct Ctx {
+struct Ctx<'a> {
     now: i64,
     use_runtimes: bool,
     packing: Packing,
     topology: Topology,
+    shapes: &'a [Shape],
+}
+
+/// Free memory on each GPU for fragmentation purposes (0 where a job holds it whole or an outside
+/// process uses it), and whether it can take a whole-GPU job.
+fn frag_view(slots: &[Slot]) -> Vec<(u64, bool, u64)> {
+    slots
+        .iter()
+        .map(|s| if s.external || s.exclusive_by.is_some() { (0, false, s.total) } else { (s.free_for_shared(), s.is_empty(), s.total) })
+        .collect()
+}
+
+/// FGD's fragmentation of a machine for one request shape: the free GPU memory that cannot serve it.
+/// If the machine can host the shape, that is the free memory of GPUs too full for it; if it cannot,
+/// all its free memory. `gpus` = (free memory, takes a whole-GPU job, total).
+pub fn fragmentation(gpus: &[(u64, bool, u64)], shape: &Shape) -> u64 {
+    let serves = |g: &(u64, bool, u64)| match shape.gpu_memory {
+        None => g.1,
+        Some(m) => g.0 >= m,
+    };
+    let free: u64 = gpus.iter().map(|g| g.0).sum();
+    if gpus.iter().filter(|g| serves(g)).count() >= shape.gpus as usize {
+        gpus.iter().filter(|g| !serves(g)).map(|g| g.0).sum()
+    } else {
+        free
+    }
+}
+
+/// Expected fragmentation: weighted by each shape's share of recent requests.
+pub fn expected_fragmentation(gpus: &[(u64, bool, u64)], shapes: &[Shape]) -> f64 {
+    shapes.iter().map(|s| s.weight * fragmentation(gpus, s) as f64).sum()
 }
 
 fn push_wait(out: &mut Plan, job_id: i64, reason: String, reserved: Vec<u32>) {
@@ -528,6 +589,11 @@ fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> bool {
 fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<Vec<u32>, String> {
     let n = job.gpus as usize;
     let all = slots.len();
+    let every = slots;
+    let fgd = (ctx.packing == Packing::Fgd && !ctx.shapes.is_empty() && job.gpu_memory.is_some()).then(|| {
+        let view = frag_view(every);
+        (expected_fragmentation(&view, ctx.shapes), view)
+    });
     let slots: Vec<&Slot> = slots.iter().filter(|s| job.filter.eligible(&s.name, s.total)).collect();
     if job.filter.is_any() && n > all {
         return Err(format!("needs {n} GPUs, this machine has {all}"));
@@ -570,7 +636,23 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
                 if free >= m {
                     // Best fit: least free memory left first, keeping whole GPUs free for big jobs.
                     let left = free - m;
-                    candidates.push((if ctx.packing == Packing::BestFit { left } else { u64::MAX - left }, s.index));
+                    let key = match (&fgd, ctx.packing) {
+                        (Some((before, view)), _) => {
+                            // The growth of expected fragmentation if it goes here (in millionths of a
+                            // GPU), then best fit among equals.
+                            let mut after = view.clone();
+                            if let Some(i) = every.iter().position(|x| x.index == s.index) {
+                                after[i].0 = after[i].0.saturating_sub(m);
+                                after[i].1 = false;
+                            }
+                            let grow = (expected_fragmentation(&after, ctx.shapes) - before) / s.total.max(1) as f64;
+                            let grow = ((grow * 1e6).round() as i64 + (1 << 30)).clamp(0, (1 << 40) - 1) as u64;
+                            (grow << 24) | (left >> 20).min((1 << 24) - 1)
+                        }
+                        (None, Packing::WorstFit) => u64::MAX - left,
+                        (None, _) => left,
+                    };
+                    candidates.push((key, s.index));
                 } else {
                     reasons_push(&|| format!(
                         "GPU {} has {} free{}, needs {}",
