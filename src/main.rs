@@ -170,6 +170,12 @@ enum Cmd {
         /// A job reserves GPUs once it waited this many times the typical wait (gantry policy).
         #[arg(long, default_value_t = 3.0)]
         reserve_factor: f64,
+        /// Jobs asking for 2+ GPUs reserve once they waited this many times the typical wait.
+        #[arg(long)]
+        wide_reserve_factor: Option<f64>,
+        /// A 1-GPU job past the threshold: `age` (goes first) or `reserve` (holds a GPU).
+        #[arg(long, default_value = "age")]
+        narrow: String,
         /// Placement of shared (gpu_memory) jobs: fgd (least growth of fragmentation for the recent mix
         /// of request shapes), best-fit or worst-fit.
         #[arg(long, default_value = "fgd")]
@@ -617,8 +623,16 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 print_usage(&r);
             }
         }
-        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing, fair_share, estimates, seeds, protocol, nodes } => {
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, packing, fair_share, estimates, seeds, protocol, nodes } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
+            if let Some(w) = wide_reserve_factor {
+                sched.wide_reserve_factor = *w;
+            }
+            sched.age_narrow = match narrow.as_str() {
+                "age" => true,
+                "reserve" => false,
+                n => bail!("unknown --narrow {n:?}: age or reserve"),
+            };
             sched.packing = match packing.as_str() {
                 "fgd" => gantry_core::scheduler::Packing::Fgd,
                 "best-fit" => gantry_core::scheduler::Packing::BestFit,

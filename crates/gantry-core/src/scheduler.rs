@@ -107,6 +107,14 @@ pub struct Config {
     /// See `State::typical_wait_ms`.
     #[serde(default = "factor_default")]
     pub reserve_factor: f64,
+    /// Jobs asking for 2+ GPUs reserve once they waited this many times the typical wait (and at
+    /// least `reserve_after_ms`). Their wait is a drain, not a queue position: see docs/scheduling.md.
+    #[serde(default = "wide_factor_default")]
+    pub wide_reserve_factor: f64,
+    /// A 1-GPU job that waited past the threshold moves to the front of the queue (aging) instead
+    /// of reserving: it needs only the next GPU that frees, so holding GPUs idle for it buys nothing.
+    #[serde(default = "yes")]
+    pub age_narrow: bool,
     /// Pack shared jobs onto the GPU with the least (best fit) or most (worst fit) memory left.
     #[serde(default)]
     pub packing: Packing,
@@ -164,6 +172,10 @@ fn factor_default() -> f64 {
     3.0
 }
 
+fn wide_factor_default() -> f64 {
+    3.0
+}
+
 fn yes() -> bool {
     true
 }
@@ -173,6 +185,8 @@ impl Default for Config {
         Config {
             reserve_after_ms: 30 * 60 * 1000,
             reserve_factor: factor_default(),
+            wide_reserve_factor: wide_factor_default(),
+            age_narrow: true,
             use_runtimes: true,
             packing: Packing::default(),
             explain_first: explain_default(),
@@ -269,11 +283,14 @@ fn sorted(state: &State) -> Vec<&QueuedJob> {
             _ => (true, 0),
         }
     };
+    let aged = |q: &QueuedJob| state.config.age_narrow && q.gpus == 1 && overdue(state, q);
     let mut order: Vec<&QueuedJob> = state.queued.iter().collect();
     order.sort_by(|a, b| {
         b.priority
             .cmp(&a.priority)
             .then(a.user_usage.total_cmp(&b.user_usage))
+            .then(aged(b).cmp(&aged(a)))
+            .then(if aged(a) && aged(b) { a.submitted_at_ms.cmp(&b.submitted_at_ms) } else { std::cmp::Ordering::Equal })
             .then(key(a).cmp(&key(b)))
             .then(a.submitted_at_ms.cmp(&b.submitted_at_ms))
             .then(a.job_id.cmp(&b.job_id))
@@ -296,9 +313,15 @@ fn backlog_per_gpu(state: &State) -> i64 {
     ((queued + running) / state.gpus.len().max(1) as i128) as i64
 }
 
-fn reserve_threshold(state: &State) -> i64 {
-    let typical = state.typical_wait_ms.map(|t| (t as f64 * state.config.reserve_factor) as i64).unwrap_or(0);
+fn threshold(state: &State, factor: f64) -> i64 {
+    let typical = state.typical_wait_ms.map(|t| (t as f64 * factor) as i64).unwrap_or(0);
     state.config.reserve_after_ms.max(typical)
+}
+
+/// Has `q` waited long enough to reserve GPUs (2+ GPUs) or, with `age_narrow`, to go first (1 GPU)?
+fn overdue(state: &State, q: &QueuedJob) -> bool {
+    let factor = if q.gpus >= 2 { state.config.wide_reserve_factor } else { state.config.reserve_factor };
+    q.gpus > 0 && state.now_ms - q.submitted_at_ms >= threshold(state, factor)
 }
 
 /// The job that has waited longest past `reserve_after_ms` (it gets the one reservation), among
@@ -307,7 +330,7 @@ fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a QueuedJob> {
     state
         .queued
         .iter()
-        .filter(|q| q.gpus > 0 && state.now_ms - q.submitted_at_ms >= reserve_threshold(state))
+        .filter(|q| overdue(state, q) && (q.gpus >= 2 || !state.config.age_narrow))
         .filter(|q| caps.over(q).is_none())
         .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
         .min_by_key(|q| (q.submitted_at_ms, q.job_id))

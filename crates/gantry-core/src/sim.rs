@@ -213,6 +213,14 @@ pub struct Report {
     pub mean_wait_by_user: BTreeMap<String, f64>,
     /// Scheduler calls made (for speed reporting).
     pub plan_calls: usize,
+    /// Idle capacity while some job held a reservation, as a share of the waiting time (the part of
+    /// `1 - alloc_share_while_waiting` that reservations account for).
+    #[serde(default)]
+    pub idle_share_while_reserving: f64,
+    /// Mean over jobs asking for 4+ GPUs of how long the jobs running at their arrival still had to
+    /// run: what even a perfect drain for them costs without preemption.
+    #[serde(default)]
+    pub big_drain_bound_s: f64,
 }
 
 const MS: f64 = 1000.0;
@@ -252,11 +260,18 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut history = History::new();
     let mut cache: HashMap<usize, Option<Estimate>> = HashMap::new();
     let mut recent: std::collections::VecDeque<(u32, Option<u64>)> = Default::default();
+    let mut reserving = false;
+    let mut idle_reserved = 0.0f64;
+    let mut drain_bound: Vec<f64> = vec![];
     loop {
         // Admit arrivals and completions at `now`.
         let arrived = next_arrival;
         while next_arrival < n && arrival_ms(&jobs[next_arrival]) <= now {
             queued.push(next_arrival);
+            if jobs[next_arrival].gpus >= 4 {
+                // No schedule without preemption starts it before the jobs running now end.
+                drain_bound.push(running.iter().map(|r| r.0 - now).max().unwrap_or(0).max(0) as f64 / MS);
+            }
             recent.push_back((jobs[next_arrival].gpus, mem_of(&jobs[next_arrival])));
             if recent.len() > SHAPE_WINDOW {
                 recent.pop_front();
@@ -309,7 +324,11 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             };
             plan_calls += 1;
             let placements = match cfg.policy {
-                Policy::Gantry => scheduler::plan(&state).placements,
+                Policy::Gantry => {
+                    let p = scheduler::plan(&state);
+                    reserving = p.waiting.iter().any(|w| !w.reserved.is_empty());
+                    p.placements
+                }
                 Policy::Greedy => {
                     let mut s = state;
                     s.config.reserve_after_ms = i64::MAX;
@@ -375,6 +394,9 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             let dt = (next - now) as f64;
             waiting_time += dt;
             alloc_integral += dt * alloc_of(&running) / cfg.gpus as f64;
+            if reserving {
+                idle_reserved += dt * (1.0 - alloc_of(&running) / cfg.gpus as f64);
+            }
             for (_, j, g) in &running {
                 let a = jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64);
                 *user_integral.entry(jobs[*j].user.clone()).or_default() += dt * a;
@@ -382,7 +404,10 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         }
         now = next;
     }
-    report(trace, cfg, &start, waiting_time, alloc_integral, user_integral, plan_calls)
+    let mut r = report(trace, cfg, &start, waiting_time, alloc_integral, user_integral, plan_calls);
+    r.idle_share_while_reserving = if waiting_time > 0.0 { idle_reserved / waiting_time } else { 0.0 };
+    r.big_drain_bound_s = if drain_bound.is_empty() { 0.0 } else { drain_bound.iter().sum::<f64>() / drain_bound.len() as f64 };
+    r
 }
 
 fn queued_view(
@@ -657,6 +682,7 @@ fn report(
             user_integral.into_iter().map(|(u, s)| (u, if sum > 0.0 { s / sum } else { 0.0 })).collect()
         },
         plan_calls,
+        ..Default::default()
     }
 }
 
