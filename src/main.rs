@@ -176,6 +176,12 @@ enum Cmd {
         /// A 1-GPU job past the threshold: `age` (goes first) or `reserve` (holds a GPU).
         #[arg(long, default_value = "age")]
         narrow: String,
+        /// Reserve only when the GPUs are expected to drain within F x the typical wait.
+        #[arg(long)]
+        drain_limit: Option<f64>,
+        /// Wide jobs share one drain (`on`) or each drains for itself (`off`).
+        #[arg(long, default_value = "on")]
+        share_drains: String,
         /// Placement of shared (gpu_memory) jobs: fgd (least growth of fragmentation for the recent mix
         /// of request shapes), best-fit or worst-fit.
         #[arg(long, default_value = "fgd")]
@@ -623,10 +629,14 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 print_usage(&r);
             }
         }
-        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, packing, fair_share, estimates, seeds, protocol, nodes } => {
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, drain_limit, share_drains, packing, fair_share, estimates, seeds, protocol, nodes } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
             if let Some(w) = wide_reserve_factor {
                 sched.wide_reserve_factor = *w;
+            }
+            sched.share_drains = share_drains == "on";
+            if drain_limit.is_some() {
+                sched.drain_limit_factor = *drain_limit;
             }
             sched.age_narrow = match narrow.as_str() {
                 "age" => true,

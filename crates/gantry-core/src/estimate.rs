@@ -132,9 +132,9 @@ impl History {
 
     /// Remaining runtime of a job that has run `elapsed_ms` so far (0 for a queued job): the
     /// quantiles of `d - elapsed` over past runtimes `d > elapsed` of its most specific group with
-    /// enough of them. `None` only when nothing has completed yet.
+    /// enough of them. `None` until [`MIN_SAMPLES`] jobs have completed.
     pub fn estimate(&self, key: &JobKey, elapsed_ms: i64) -> Option<Estimate> {
-        if self.all.sorted.is_empty() {
+        if self.all.sorted.len() < MIN_SAMPLES {
             return None;
         }
         let elapsed = elapsed_ms.max(0);
@@ -167,6 +167,11 @@ mod tests {
     fn most_specific_group_with_enough_runs_wins() {
         let mut h = History::new();
         assert_eq!(h.estimate(&key("a", "x", 1), 0), None, "nothing completed yet");
+        for i in 0..MIN_SAMPLES as i64 - 1 {
+            h.record(&key("z", "z", 2), 1 + i);
+        }
+        assert_eq!(h.estimate(&key("a", "x", 1), 0), None, "too few runs to say anything");
+        let mut h = History::new();
         for i in 0..10 {
             h.record(&key("a", "train", 1), 1000 + i); // a's `train`: about 1 s
             h.record(&key("b", "sweep", 1), 100_000 + i); // b's `sweep`: about 100 s

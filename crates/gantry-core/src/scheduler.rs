@@ -115,6 +115,12 @@ pub struct Config {
     /// of reserving: it needs only the next GPU that frees, so holding GPUs idle for it buys nothing.
     #[serde(default = "yes")]
     pub age_narrow: bool,
+    /// Reserve only if the GPUs are expected to drain within this many times the typical wait.
+    #[serde(default)]
+    pub drain_limit_factor: Option<f64>,
+    /// Wide jobs share a drain: see `starving`.
+    #[serde(default = "yes")]
+    pub share_drains: bool,
     /// Pack shared jobs onto the GPU with the least (best fit) or most (worst fit) memory left.
     #[serde(default)]
     pub packing: Packing,
@@ -187,6 +193,8 @@ impl Default for Config {
             reserve_factor: factor_default(),
             wide_reserve_factor: wide_factor_default(),
             age_narrow: true,
+            drain_limit_factor: None,
+            share_drains: true,
             use_runtimes: true,
             packing: Packing::default(),
             explain_first: explain_default(),
@@ -327,10 +335,13 @@ fn overdue(state: &State, q: &QueuedJob) -> bool {
 /// The job that has waited longest past `reserve_after_ms` (it gets the one reservation), among
 /// those its owner's GPU cap lets start.
 fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a QueuedJob> {
+    // A drain is paid for once: while a job holding 2+ GPUs runs, the next wide job that its GPUs
+    // can serve queues for them as they free (so a burst of wide jobs shares one drain).
+    let widest_running = if state.config.share_drains { state.running.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0) } else { 0 };
     state
         .queued
         .iter()
-        .filter(|q| overdue(state, q) && (q.gpus >= 2 || !state.config.age_narrow))
+        .filter(|q| (overdue(state, q) || (q.gpus >= 2 && q.gpus <= widest_running)) && (q.gpus >= 2 || !state.config.age_narrow))
         .filter(|q| caps.over(q).is_none())
         .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
         .min_by_key(|q| (q.submitted_at_ms, q.job_id))
@@ -487,8 +498,21 @@ pub fn plan(state: &State) -> Plan {
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
-                let reserved = reserve(&mut slots, job, &ctx);
-                reserved_for = Some((job.job_id, reserved, reason));
+                let mut trial = slots.clone();
+                let reserved = reserve(&mut trial, job, &ctx);
+                let shadow = trial.iter().find_map(|s| s.reserved_by.filter(|r| r.0 == job.job_id).and_then(|r| r.1));
+                let limit = state.config.drain_limit_factor.map(|f| (state.typical_wait_ms.unwrap_or(0) as f64 * f) as i64);
+                match (limit, shadow) {
+                    (Some(limit), Some(sh)) if sh - state.now_ms > limit => {
+                        // Draining would idle GPUs for longer than it is worth: wait without a reservation.
+                        let reason = format!("{reason}; not reserving GPUs yet: they are expected to drain in {}", human_ms(sh - state.now_ms));
+                        reserved_for = Some((job.job_id, vec![], reason));
+                    }
+                    _ => {
+                        slots = trial;
+                        reserved_for = Some((job.job_id, reserved, reason));
+                    }
+                }
             }
         }
     }
@@ -1189,5 +1213,31 @@ mod estimate_tests {
         assert_eq!(e[&1], 0); // GPU 1 is free now
         assert_eq!(e[&3], 1_000); // GPU 0 frees at 1 s
         assert_eq!(e[&2], 61_000); // needs both: after job 3's assumed 60 s
+    }
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+
+    fn gpus(n: u32) -> Vec<GpuView> {
+        (0..n).map(|i| GpuView { index: i, memory_total: 32 * G, ..Default::default() }).collect()
+    }
+    fn q(id: i64, gpus: u32, rt: Option<i64>, at: i64) -> QueuedJob {
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
+    }
+    fn run(id: i64, gpu: u32, end: i64) -> RunningJob {
+        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default() }
+    }
+
+    #[test]
+    fn short_jobs_backfill_a_drain() {
+        let h = 3_600_000;
+        let running: Vec<RunningJob> = (0..7).map(|g| run(100 + g as i64, g, 1000 * h)).collect();
+        let s = State { now_ms: 100 * h, gpus: gpus(8), running, queued: vec![q(1, 8, Some(h), 0), q(2, 1, Some(h), 50 * h)], config: Config { reserve_after_ms: h, ..Config::default() }, typical_wait_ms: Some(10 * h), host: None };
+        let p = plan(&s);
+        assert_eq!(p.waiting[0].reserved.len(), 8, "{p:?}");
+        assert_eq!(p.placements, vec![Placement { job_id: 2, gpus: vec![7] }], "{p:?}");
     }
 }
