@@ -1035,8 +1035,10 @@ mod tests {
         s.now_ms = 20_000;
         let p = plan(&s);
         assert!(p.placements.is_empty(), "{p:?}");
-        assert_eq!(p.waiting[0].reserved, vec![0, 1]);
-        assert!(p.waiting[1].reason.contains("reserved for job 1"), "{}", p.waiting[1].reason);
+        let w = |id| p.waiting.iter().find(|w| w.job_id == id).unwrap();
+        assert_eq!(w(1).reserved, vec![0, 1]);
+        assert!(w(2).reason.contains("reserved for job 1"), "{}", w(2).reason);
+        assert!(w(2).reserved.is_empty(), "a 1-GPU job past the limit goes first but reserves nothing");
         // Before the limit, the small job backfills.
         s.now_ms = 5_000;
         assert_eq!(placed(&plan(&s)), vec![(2, vec![1])]);
