@@ -35,6 +35,11 @@ pub struct JobKey {
 }
 
 impl JobKey {
+    /// A queued job's key, as the engine knows it.
+    pub fn of_row(r: &crate::store::QueuedRow) -> JobKey {
+        JobKey { user: r.owner.clone(), name: r.name.clone(), image: r.image.clone(), gpus: r.gpus, gpu_memory: r.gpu_memory, cpus_milli: r.cpus_milli.unwrap_or(0), memory: r.memory.unwrap_or(0) }
+    }
+
     /// The groups a job belongs to, most specific first.
     fn groups(&self) -> [String; 3] {
         let shape = format!("{}|{:?}|{}|{}", self.gpus, self.gpu_memory, self.cpus_milli, self.memory);
@@ -119,6 +124,15 @@ pub struct History {
 impl History {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A history of these runs, oldest first.
+    pub fn from_runs(runs: &[(JobKey, i64)]) -> Self {
+        let mut h = History::new();
+        for (k, ms) in runs {
+            h.record(k, *ms);
+        }
+        h
     }
 
     /// Record a finished run (its wall time on the GPUs).
