@@ -878,7 +878,8 @@ fn print_queue(q: &[QueueEntryView]) {
         let j = &e.job;
         let status = match j.state {
             JobState::Queued => {
-                let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
+                let conf = e.eta_confidence.as_deref().map(|c| format!(", {}", esc(c))).unwrap_or_default();
+                let eta = e.estimated_start.map(|t| format!(" (starts ~{}{conf})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
                 format!("#{} {}{eta}", e.position.unwrap_or(0), esc(e.reason.as_deref().unwrap_or_default()))
             }
             _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),

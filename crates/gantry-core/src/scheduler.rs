@@ -115,7 +115,8 @@ pub struct Config {
     /// of reserving: it needs only the next GPU that frees, so holding GPUs idle for it buys nothing.
     #[serde(default = "yes")]
     pub age_narrow: bool,
-    /// Reserve only if the GPUs are expected to drain within this many times the typical wait.
+    /// Reserve only if the GPUs are expected to drain within this many times the typical wait or
+    /// the job's own wait so far, whichever is longer (a drain at most doubles what it waited).
     #[serde(default)]
     pub drain_limit_factor: Option<f64>,
     /// Wide jobs share a drain: see `starving`.
@@ -501,7 +502,8 @@ pub fn plan(state: &State) -> Plan {
                 let mut trial = slots.clone();
                 let reserved = reserve(&mut trial, job, &ctx);
                 let shadow = trial.iter().find_map(|s| s.reserved_by.filter(|r| r.0 == job.job_id).and_then(|r| r.1));
-                let limit = state.config.drain_limit_factor.map(|f| (state.typical_wait_ms.unwrap_or(0) as f64 * f) as i64);
+                let waited = state.now_ms - job.submitted_at_ms;
+                let limit = state.config.drain_limit_factor.map(|f| (state.typical_wait_ms.unwrap_or(0).max(waited) as f64 * f) as i64);
                 match (limit, shadow) {
                     (Some(limit), Some(sh)) if sh - state.now_ms > limit => {
                         // Draining would idle GPUs for longer than it is worth: wait without a reservation.
