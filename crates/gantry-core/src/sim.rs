@@ -227,6 +227,9 @@ pub struct Report {
     /// Idle capacity while only jobs asking for 2+ GPUs waited (drains no policy can fill).
     #[serde(default)]
     pub idle_share_only_wide_waiting: f64,
+    /// Each job's start (ms on the virtual clock), for tests.
+    #[serde(skip)]
+    pub starts_ms: Vec<Option<i64>>,
 }
 
 const MS: f64 = 1000.0;
@@ -443,6 +446,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         now = next;
     }
     let mut r = report(trace, cfg, &start, waiting_time, alloc_integral, user_integral, plan_calls);
+    r.starts_ms = start.clone();
     r.idle_share_while_reserving = if waiting_time > 0.0 { idle_reserved / waiting_time } else { 0.0 };
     r.idle_share_fragments = if waiting_time > 0.0 { idle_frag / waiting_time } else { 0.0 };
     r.idle_share_only_wide_waiting = if waiting_time > 0.0 { idle_wide / waiting_time } else { 0.0 };
@@ -730,6 +734,7 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::Config;
 
     fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
         let t = parse_trace(csv, gpus).unwrap();
@@ -825,6 +830,42 @@ mod tests {
         assert!(plain.mean_wait_by_user["ben"] > 9.0 * 3600.0, "without fair share ben waits for all of ana's jobs");
         assert!(fair.mean_wait_by_user["ben"] < 2.0 * 3600.0, "with fair share ben goes next: {:?}", fair.mean_wait_by_user);
         assert_eq!(plain.makespan_s, fair.makespan_s, "same work, same end");
+    }
+
+    #[test]
+    fn learned_estimates_never_see_the_jobs_own_duration() {
+        // 2 GPUs. Short "a" jobs teach the estimator; a long-running blocker keeps GPU 0 busy; job X
+        // (a 1-GPU "a" job) starts at some point. Whether X then runs 10 s or 10 hours must not change
+        // anything that happens before it ends: not its own start, not anyone else's.
+        let mut csv = String::from("submit_s,duration_s,gpus,gpu_memory,user,priority,name\n0,100000,1,,u,0,blocker\n");
+        for i in 0..20 {
+            csv += &format!("{},{},1,,u,0,a\n", 1 + i, 5 + i % 3);
+        }
+        csv += "80,2,2,,u,0,wide\n"; // needs both GPUs: waits for the drain, reserving
+        csv += "81,DUR,1,,u,0,a\n"; // job X
+        for i in 0..10 {
+            csv += &format!("{},7,1,,u,0,a\n", 82 + i);
+        }
+        let run = |dur: &str| {
+            let t = parse_trace(&csv.replace("DUR", dur), 2).unwrap();
+            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true };
+            cfg.scheduler.reserve_after_ms = 5_000;
+            cfg.scheduler.wide_reserve_factor = 0.0;
+            simulate(&t, &cfg)
+        };
+        let (short, long) = (run("10"), run("36000"));
+        let x = 22; // sorted by submit time: blocker, 20 "a", wide, X
+        let xs = short.starts_ms[x].expect("X starts");
+        assert_eq!(long.starts_ms[x], Some(xs), "X's own duration moved its start");
+        for (i, (a, b)) in short.starts_ms.iter().zip(&long.starts_ms).enumerate() {
+            if a.is_some_and(|a| a < xs + 10_000) {
+                assert_eq!(a, b, "job {i} started differently before X could have ended");
+            }
+        }
+        // And the estimates were in use: an oracle-free gantry differs from knowing nothing.
+        let t = parse_trace(&csv.replace("DUR", "10"), 2).unwrap();
+        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false };
+        assert_ne!(simulate(&t, &cfg).starts_ms, short.starts_ms, "learning changed nothing: the test would not catch a leak");
     }
 
     #[test]
