@@ -182,6 +182,13 @@ enum Cmd {
         /// Wide jobs share one drain (`on`) or each drains for itself (`off`).
         #[arg(long, default_value = "on")]
         share_drains: String,
+        /// Order (with runtimes): `sjf` (shortest work first) or `hrrn` (highest response ratio).
+        #[arg(long, default_value = "sjf")]
+        order: String,
+        /// Replay only the jobs after this fraction of the trace (by arrival), e.g. 0.5 = the second
+        /// half: a held-out split.
+        #[arg(long, default_value_t = 0.0)]
+        from_fraction: f64,
         /// Placement of shared (gpu_memory) jobs: fgd (least growth of fragmentation for the recent mix
         /// of request shapes), best-fit or worst-fit.
         #[arg(long, default_value = "fgd")]
@@ -629,12 +636,13 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 print_usage(&r);
             }
         }
-        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, drain_limit, share_drains, packing, fair_share, estimates, seeds, protocol, nodes } => {
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, drain_limit, share_drains, order, from_fraction, packing, fair_share, estimates, seeds, protocol, nodes } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
             if let Some(w) = wide_reserve_factor {
                 sched.wide_reserve_factor = *w;
             }
             sched.share_drains = share_drains == "on";
+            sched.hrrn = order == "hrrn";
             if drain_limit.is_some() {
                 sched.drain_limit_factor = *drain_limit;
             }
@@ -664,14 +672,14 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             } else if protocol != "queue" {
                 bail!("unknown protocol {protocol:?}: queue or fgd");
             } else if *seeds > 1 {
-                let runs = sim_seeds(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, *seeds)?;
+                let runs = sim_seeds(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, *seeds, *from_fraction)?;
                 if cli.json {
                     print_json(&runs)?;
                 } else {
                     print_seeds(&runs, *seeds);
                 }
             } else {
-                let reports = sim(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, 0)?;
+                let reports = sim(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, 0, *from_fraction)?;
                 if cli.json {
                     print_json(&reports)?;
                 } else {
@@ -1087,11 +1095,14 @@ fn sim(
     fair_share: Option<Duration>,
     learn: bool,
     seed: u64,
+    from_fraction: f64,
 ) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
     let (n, mem) = b.shape();
     let mut t = sim::load_trace(trace, n)?;
+    let skip = (t.jobs.len() as f64 * from_fraction.clamp(0.0, 1.0)) as usize;
+    t.jobs.drain(..skip);
     sim::perturb_arrivals(&mut t.jobs, seed);
     if let Some(l) = load {
         sim::rescale_load(&mut t.jobs, n, l);
@@ -1137,14 +1148,15 @@ fn sim_seeds(
     fair_share: Option<Duration>,
     learn: bool,
     seeds: u64,
+    from_fraction: f64,
 ) -> Result<Vec<SeedRow>> {
     let mut rows: Vec<SeedRow> = vec![];
     for seed in 0..seeds {
-        let mut reports = sim(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed)?;
+        let mut reports = sim(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction)?;
         // Waits are reported relative to strict FIFO on the same arrivals.
         let fifo = match reports.iter().find(|r| r.policy == "fifo") {
             Some(f) => f.mean_wait_s,
-            None => sim(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed)?[0].mean_wait_s,
+            None => sim(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction)?[0].mean_wait_s,
         };
         for r in reports.drain(..) {
             let row = match rows.iter_mut().position(|x| x.policy == r.policy) {

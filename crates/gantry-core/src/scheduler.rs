@@ -122,6 +122,9 @@ pub struct Config {
     /// Wide jobs share a drain: see `starving`.
     #[serde(default = "yes")]
     pub share_drains: bool,
+    /// With runtimes, order by response ratio (wait + work) / work instead of shortest work first.
+    #[serde(default)]
+    pub hrrn: bool,
     /// Pack shared jobs onto the GPU with the least (best fit) or most (worst fit) memory left.
     #[serde(default)]
     pub packing: Packing,
@@ -196,6 +199,7 @@ impl Default for Config {
             age_narrow: true,
             drain_limit_factor: None,
             share_drains: true,
+            hrrn: false,
             use_runtimes: true,
             packing: Packing::default(),
             explain_first: explain_default(),
@@ -287,6 +291,12 @@ fn sorted(state: &State) -> Vec<&QueuedJob> {
     let critical_from = if runtimes { backlog_per_gpu(state) as f64 * CRITICAL_FRACTION } else { f64::INFINITY };
     let key = |q: &QueuedJob| -> (bool, i128) {
         match q.expected_runtime_ms {
+            Some(rt) if runtimes && state.config.hrrn => {
+                // Highest response ratio next: (wait + work) / work, largest first.
+                let work = (rt.max(1) as f64) * q.gpus.max(1) as f64;
+                let wait = (state.now_ms - q.submitted_at_ms).max(0) as f64;
+                ((rt as f64) < critical_from, -(((wait + work) / work).min(1e15) * 1e3) as i128)
+            }
             Some(rt) if runtimes => ((rt as f64) < critical_from, rt as i128 * q.gpus.max(1) as i128),
             _ if runtimes => (true, i128::MAX),
             _ => (true, 0),

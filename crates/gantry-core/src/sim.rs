@@ -264,7 +264,6 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut sched = cfg.scheduler.clone();
     sched.explain_first = 0;
     let learn = cfg.learn_runtimes && !cfg.declared_runtimes && cfg.policy == Policy::Gantry;
-    let q_run: f64 = std::env::var("GANTRY_Q_RUN").ok().and_then(|v| v.parse().ok()).unwrap_or(0.5);
     // Jobs with the same key share estimates: compute each class's once per change of the history.
     let (class_of, class_keys) = classes(jobs, &mem_of);
     let mut history = History::new();
@@ -321,7 +320,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             Some(*end)
                         } else if learn {
                             let s = start[*j].unwrap_or(now);
-                            est(*j, now - s).map(|e| now + e.quantile(q_run))
+                            est(*j, now - s).map(|e| now + e.p50_ms)
                         } else {
                             None
                         },
@@ -338,20 +337,6 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                 Policy::Gantry => {
                     let p = scheduler::plan(&state);
                     reserving = p.waiting.iter().any(|w| !w.reserved.is_empty());
-                    if reserving && std::env::var("GANTRY_SIM_TRACE").is_ok() {
-                        let w = p.waiting.iter().find(|w| !w.reserved.is_empty()).unwrap();
-                        let ends: Vec<String> = state.running.iter().map(|r| format!("{}:{:?}:{:.1}h/{:.1}h", r.gpus[0], r.gpu_memory.map(|m| m >> 30), (r.expected_end_ms.unwrap_or(0) - now) as f64 / 3.6e6, (running.iter().find(|x| x.1 as i64 == r.job_id).unwrap().0 - now) as f64 / 3.6e6)).collect();
-                        let bf: Vec<String> = p.placements.iter().map(|pl| format!("{}@{:?} est {:.1}h real {:.1}h", pl.job_id, pl.gpus, state.queued.iter().find(|q| q.job_id == pl.job_id).and_then(|q| q.expected_runtime_ms).unwrap_or(-1) as f64 / 3.6e6, jobs[pl.job_id as usize].duration_s / 3600.0)).collect();
-                        if alloc_of(&running) < 7.0 {
-                            let mut s2 = state.clone();
-                            s2.config.explain_first = 5;
-                            let p2 = scheduler::plan(&s2);
-                            for w in p2.waiting.iter().take(if std::env::var("GANTRY_SIM_TRACE").as_deref() == Ok("all") { 100000 } else { 4 }) {
-                                eprintln!("   wait {} rt {:?}: {}", w.job_id, state.queued.iter().find(|q| q.job_id == w.job_id).and_then(|q| q.expected_runtime_ms), w.reason);
-                            }
-                        }
-                        eprintln!("t={:.2}d res job {} ({} gpus) on {:?} alloc {:.2} q {} | running {} | placed {}", now as f64 / 8.64e7, w.job_id, jobs[w.job_id as usize].gpus, w.reserved, alloc_of(&running), queued.len(), ends.join(" "), bf.join(", "));
-                    }
                     p.placements
                 }
                 Policy::Greedy => {
@@ -433,10 +418,6 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             idle_frag += dt * frag / cfg.gpus as f64;
             if queued.iter().all(|q| jobs[*q].gpus >= 2) {
                 idle_wide += dt * (1.0 - alloc_of(&running) / cfg.gpus as f64);
-                if std::env::var("GANTRY_SIM_WIDE").is_ok() && dt > 3.6e6 {
-                    let r: Vec<String> = running.iter().map(|(e, j, _)| format!("j{} arr {:.1}d start {:.1}d left {:.1}d", j, jobs[*j].submit_s / 86400.0, start[*j].unwrap_or(0) as f64 / 8.64e7, (*e - now) as f64 / 8.64e7)).collect();
-                    eprintln!("t={:.1}d for {:.1}d: {} wide waiting, alloc {:.2}; running {}", now as f64 / 8.64e7, dt / 8.64e7, queued.len(), alloc_of(&running), r.join("; "));
-                }
             }
             for (_, j, g) in &running {
                 let a = jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64);
@@ -463,7 +444,6 @@ fn queued_view(
     usage: &HashMap<String, f64>,
     mut learned: impl FnMut(usize) -> Option<Estimate>,
 ) -> Vec<QueuedJob> {
-    let cfg_q: f64 = std::env::var("GANTRY_Q_QUEUED").ok().and_then(|v| v.parse().ok()).unwrap_or(0.5);
     queued
         .iter()
         .map(|q| {
@@ -476,7 +456,7 @@ fn queued_view(
                 gpus: j.gpus,
                 gpu_memory: mem_of(j),
                 not_before_ms: None,
-                expected_runtime_ms: if cfg.declared_runtimes { Some((j.duration_s * MS) as i64) } else { learned(*q).map(|e| e.quantile(cfg_q)) },
+                expected_runtime_ms: if cfg.declared_runtimes { Some((j.duration_s * MS) as i64) } else { learned(*q).map(|e| e.p50_ms) },
                 user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
                 filter: Default::default(),
                 needs: Default::default(),
