@@ -307,9 +307,10 @@ fn sorted(state: &State) -> Vec<&QueuedJob> {
     order.sort_by(|a, b| {
         b.priority
             .cmp(&a.priority)
-            .then(a.user_usage.total_cmp(&b.user_usage))
+            // An overdue job goes first even past fair share, as its reservation did before aging.
             .then(aged(b).cmp(&aged(a)))
             .then(if aged(a) && aged(b) { a.submitted_at_ms.cmp(&b.submitted_at_ms) } else { std::cmp::Ordering::Equal })
+            .then(a.user_usage.total_cmp(&b.user_usage))
             .then(key(a).cmp(&key(b)))
             .then(a.submitted_at_ms.cmp(&b.submitted_at_ms))
             .then(a.job_id.cmp(&b.job_id))
