@@ -1256,3 +1256,93 @@ mod drain_tests {
         assert_eq!(p.placements, vec![Placement { job_id: 2, gpus: vec![7] }], "{p:?}");
     }
 }
+
+#[cfg(test)]
+mod fgd_and_reservation_tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+    const H: i64 = 3_600_000;
+
+    fn gpus(n: u32) -> Vec<GpuView> {
+        (0..n).map(|i| GpuView { index: i, memory_total: 32 * G, ..Default::default() }).collect()
+    }
+    fn q(id: i64, gpus: u32, mem: Option<u64>, at: i64, rt: Option<i64>) -> QueuedJob {
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
+    }
+    fn run(id: i64, gpus: &[u32], mem: Option<u64>, end: Option<i64>) -> RunningJob {
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default() }
+    }
+    fn state(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64) -> State {
+        State { now_ms: now, gpus: gpus(n), running, queued, config: Config { reserve_after_ms: H, ..Config::default() }, typical_wait_ms: Some(H), host: None }
+    }
+
+    #[test]
+    fn fragmentation_by_hand() {
+        // GPU 0: 16 GiB free (a shared job there), GPU 1: empty. Shapes: half 1x16 GiB, half whole GPUs.
+        let view = [(16 * G, false, 32 * G), (32 * G, true, 32 * G)];
+        let half = |m: Option<u64>| Shape { gpus: 1, gpu_memory: m, weight: 0.5 };
+        // 16 GiB jobs fit on both GPUs: no fragment. A whole-GPU job fits on GPU 1 only: GPU 0's 16 GiB is a fragment.
+        assert_eq!(fragmentation(&view, &half(Some(16 * G))), 0);
+        assert_eq!(fragmentation(&view, &half(None)), 16 * G);
+        assert_eq!(expected_fragmentation(&view, &[half(Some(16 * G)), half(None)]), 8.0 * G as f64);
+        // An 8 GiB job on GPU 1 leaves no empty GPU: a whole-GPU job fits nowhere, all 40 GiB free are fragments.
+        let after = [(16 * G, false, 32 * G), (24 * G, false, 32 * G)];
+        assert_eq!(fragmentation(&after, &half(None)), 40 * G);
+        // A 2-GPU whole shape on a machine with one empty GPU: cannot host it, everything free counts.
+        assert_eq!(fragmentation(&view, &Shape { gpus: 2, gpu_memory: None, weight: 1.0 }), 48 * G);
+    }
+
+    #[test]
+    fn fgd_keeps_room_for_the_common_shape_where_best_fit_does_not() {
+        // GPU 0 has 12 GiB free, GPU 1 has 9 GiB. A 4 GiB job arrives; recent requests are all 8 GiB.
+        // Best fit: GPU 1 (5 GiB left, too little for an 8 GiB job: +5 GiB of fragments). FGD: GPU 0
+        // (8 GiB left, still serves an 8 GiB job: no new fragment).
+        let running = vec![run(8, &[0], Some(20 * G), None), run(9, &[1], Some(23 * G), None)];
+        let mut s = state(2, running, vec![q(1, 1, Some(4 * G), 0, None)], 0);
+        s.config.shapes = vec![Shape { gpus: 1, gpu_memory: Some(8 * G), weight: 1.0 }];
+        s.config.packing = Packing::BestFit;
+        assert_eq!(plan(&s).placements[0].gpus, vec![1]);
+        s.config.packing = Packing::Fgd;
+        assert_eq!(plan(&s).placements[0].gpus, vec![0]);
+        // FGD with no known mix is best fit.
+        s.config.shapes.clear();
+        assert_eq!(plan(&s).placements[0].gpus, vec![1]);
+        assert_eq!(shape_mix([(1, Some(8 * G)), (1, Some(8 * G)), (2, None), (0, None)]), vec![Shape { gpus: 1, gpu_memory: Some(8 * G), weight: 2.0 / 3.0 }, Shape { gpus: 2, gpu_memory: None, weight: 1.0 / 3.0 }]);
+    }
+
+    #[test]
+    fn reservation_decisions() {
+        struct Case {
+            name: &'static str,
+            state: State,
+            /// (job, reserved GPUs) for every job that holds a reservation; placements.
+            reserved: Vec<(i64, Vec<u32>)>,
+            placed: Vec<i64>,
+        }
+        let busy = |end: i64| vec![run(9, &[0], None, Some(end))];
+        let shared = || vec![run(7, &[0, 1], None, Some(6 * H)), run(6, &[2], None, Some(100 * H))];
+        let limited = |mut s: State, f: f64| {
+            s.config.drain_limit_factor = Some(f);
+            s
+        };
+        let cases = vec![
+            Case { name: "a wide job past the threshold reserves; a short job backfills the free GPU", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(H))], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![2] },
+            Case { name: "a job that would outlast the drain may not backfill", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(20 * H))], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            Case { name: "unknown runtimes never backfill a drain", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, None)], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            Case { name: "a wide job before the threshold (3 x typical wait) reserves nothing", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 0, Some(50 * H))], 2 * H), reserved: vec![], placed: vec![2] },
+            Case { name: "an overdue 1-GPU job reserves nothing", state: state(2, vec![run(9, &[0], None, Some(10 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H))], 5 * H), reserved: vec![], placed: vec![] },
+            Case { name: "an overdue 1-GPU job goes before a younger shorter one", state: state(2, busy(10 * H), vec![q(1, 1, None, 0, Some(50 * H)), q(2, 1, None, 4 * H, Some(H))], 5 * H), reserved: vec![], placed: vec![1] },
+            Case { name: "drain limit: a drain expected to take longer than the job's wait is not started", state: limited(state(2, busy(100 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![], placed: vec![2] },
+            Case { name: "drain limit: a short drain is", state: limited(state(2, busy(8 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            // GPUs 0,1: a 2-GPU job ending at 6 h; GPU 2: a long job; GPU 3: free.
+            Case { name: "a wide job shares the drain of the wide job running: it reserves before its threshold", state: state(4, shared(), vec![q(1, 2, None, 5 * H, Some(H)), q(2, 1, None, 5 * H, Some(5 * H))], 5 * H), reserved: vec![(1, vec![0, 3])], placed: vec![] },
+            Case { name: "...and without shared drains it waits its turn", state: { let mut s = state(4, shared(), vec![q(1, 2, None, 5 * H, Some(H)), q(2, 1, None, 5 * H, Some(5 * H))], 5 * H); s.config.share_drains = false; s }, reserved: vec![], placed: vec![2] },
+        ];
+        for c in cases {
+            let p = plan(&c.state);
+            let reserved: Vec<(i64, Vec<u32>)> = p.waiting.iter().filter(|w| !w.reserved.is_empty()).map(|w| (w.job_id, w.reserved.clone())).collect();
+            let placed: Vec<i64> = p.placements.iter().map(|p| p.job_id).collect();
+            assert_eq!((reserved, placed), (c.reserved, c.placed), "{}", c.name);
+        }
+    }
+}
