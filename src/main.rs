@@ -174,11 +174,12 @@ enum Cmd {
         #[arg(long)]
         wide_reserve_factor: Option<f64>,
         /// A 1-GPU job past the threshold: `age` (goes first) or `reserve` (holds a GPU).
-        #[arg(long, default_value = "age")]
+        #[arg(long, default_value = "reserve")]
         narrow: String,
-        /// Reserve only when the GPUs are expected to drain within F x the typical wait.
-        #[arg(long)]
-        drain_limit: Option<f64>,
+        /// Reserve only when the GPUs are expected to drain within F x the longer of the typical wait
+        /// and the job's own wait (`none`: always reserve).
+        #[arg(long, default_value = "1")]
+        drain_limit: String,
         /// Wide jobs share one drain (`on`) or each drains for itself (`off`).
         #[arg(long, default_value = "on")]
         share_drains: String,
@@ -643,9 +644,10 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             }
             sched.share_drains = share_drains == "on";
             sched.hrrn = order == "hrrn";
-            if drain_limit.is_some() {
-                sched.drain_limit_factor = *drain_limit;
-            }
+            sched.drain_limit_factor = match drain_limit.as_str() {
+                "none" => None,
+                f => Some(f.parse().with_context(|| format!("--drain-limit {f:?}: a number or none"))?),
+            };
             sched.age_narrow = match narrow.as_str() {
                 "age" => true,
                 "reserve" => false,

@@ -112,12 +112,14 @@ pub struct Config {
     #[serde(default = "wide_factor_default")]
     pub wide_reserve_factor: f64,
     /// A 1-GPU job that waited past the threshold moves to the front of the queue (aging) instead
-    /// of reserving: it needs only the next GPU that frees, so holding GPUs idle for it buys nothing.
-    #[serde(default = "yes")]
+    /// of reserving. Off by default: on held-out loads it turns shortest-first into FIFO for every
+    /// old job and costs mean wait (docs/scheduling.md).
+    #[serde(default)]
     pub age_narrow: bool,
     /// Reserve only if the GPUs are expected to drain within this many times the typical wait or
-    /// the job's own wait so far, whichever is longer (a drain at most doubles what it waited).
-    #[serde(default)]
+    /// the job's own wait so far, whichever is longer: a reservation at most doubles what the job
+    /// has waited, so the GPU time it idles is bounded by its own wait (default 1).
+    #[serde(default = "drain_limit_default")]
     pub drain_limit_factor: Option<f64>,
     /// Wide jobs share a drain: see `starving`.
     #[serde(default = "yes")]
@@ -182,6 +184,10 @@ fn factor_default() -> f64 {
     3.0
 }
 
+fn drain_limit_default() -> Option<f64> {
+    Some(1.0)
+}
+
 fn wide_factor_default() -> f64 {
     3.0
 }
@@ -196,8 +202,8 @@ impl Default for Config {
             reserve_after_ms: 30 * 60 * 1000,
             reserve_factor: factor_default(),
             wide_reserve_factor: wide_factor_default(),
-            age_narrow: true,
-            drain_limit_factor: None,
+            age_narrow: false,
+            drain_limit_factor: Some(1.0),
             share_drains: true,
             hrrn: false,
             use_runtimes: true,
@@ -1051,7 +1057,7 @@ mod tests {
         let w = |id| p.waiting.iter().find(|w| w.job_id == id).unwrap();
         assert_eq!(w(1).reserved, vec![0, 1]);
         assert!(w(2).reason.contains("reserved for job 1"), "{}", w(2).reason);
-        assert!(w(2).reserved.is_empty(), "a 1-GPU job past the limit goes first but reserves nothing");
+        assert!(w(2).reserved.is_empty(), "only the oldest overdue job reserves");
         // Before the limit, the small job backfills.
         s.now_ms = 5_000;
         assert_eq!(placed(&plan(&s)), vec![(2, vec![1])]);
@@ -1250,7 +1256,7 @@ mod drain_tests {
     fn short_jobs_backfill_a_drain() {
         let h = 3_600_000;
         let running: Vec<RunningJob> = (0..7).map(|g| run(100 + g as i64, g, 1000 * h)).collect();
-        let s = State { now_ms: 100 * h, gpus: gpus(8), running, queued: vec![q(1, 8, Some(h), 0), q(2, 1, Some(h), 50 * h)], config: Config { reserve_after_ms: h, ..Config::default() }, typical_wait_ms: Some(10 * h), host: None };
+        let s = State { now_ms: 100 * h, gpus: gpus(8), running, queued: vec![q(1, 8, Some(h), 0), q(2, 1, Some(h), 50 * h)], config: Config { reserve_after_ms: h, drain_limit_factor: None, ..Config::default() }, typical_wait_ms: Some(10 * h), host: None };
         let p = plan(&s);
         assert_eq!(p.waiting[0].reserved.len(), 8, "{p:?}");
         assert_eq!(p.placements, vec![Placement { job_id: 2, gpus: vec![7] }], "{p:?}");
@@ -1273,7 +1279,8 @@ mod fgd_and_reservation_tests {
         RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default() }
     }
     fn state(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64) -> State {
-        State { now_ms: now, gpus: gpus(n), running, queued, config: Config { reserve_after_ms: H, ..Config::default() }, typical_wait_ms: Some(H), host: None }
+        // The mechanisms one at a time: aging on, no drain limit (the defaults are tested below).
+        State { now_ms: now, gpus: gpus(n), running, queued, config: Config { reserve_after_ms: H, age_narrow: true, drain_limit_factor: None, ..Config::default() }, typical_wait_ms: Some(H), host: None }
     }
 
     #[test]
@@ -1333,6 +1340,8 @@ mod fgd_and_reservation_tests {
             Case { name: "an overdue 1-GPU job reserves nothing", state: state(2, vec![run(9, &[0], None, Some(10 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H))], 5 * H), reserved: vec![], placed: vec![] },
             Case { name: "an overdue 1-GPU job goes before a younger shorter one", state: state(2, busy(10 * H), vec![q(1, 1, None, 0, Some(50 * H)), q(2, 1, None, 4 * H, Some(H))], 5 * H), reserved: vec![], placed: vec![1] },
             Case { name: "drain limit: a drain expected to take longer than the job's wait is not started", state: limited(state(2, busy(100 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![], placed: vec![2] },
+            Case { name: "defaults: an overdue 1-GPU job reserves the GPU that frees first, when it frees soon", state: { let mut s = state(2, vec![run(9, &[0], None, Some(7 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H)), q(2, 1, None, 4 * H, Some(H))], 5 * H); s.config.age_narrow = false; s.config.drain_limit_factor = Some(1.0); s }, reserved: vec![(1, vec![0])], placed: vec![] },
+            Case { name: "defaults: ...and not when that takes longer than it waited", state: { let mut s = state(2, vec![run(9, &[0], None, Some(70 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H))], 5 * H); s.config.age_narrow = false; s.config.drain_limit_factor = Some(1.0); s }, reserved: vec![], placed: vec![] },
             Case { name: "drain limit: a short drain is", state: limited(state(2, busy(8 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![(1, vec![0, 1])], placed: vec![] },
             // GPUs 0,1: a 2-GPU job ending at 6 h; GPU 2: a long job; GPU 3: free.
             Case { name: "a wide job shares the drain of the wide job running: it reserves before its threshold", state: state(4, shared(), vec![q(1, 2, None, 5 * H, Some(H)), q(2, 1, None, 5 * H, Some(5 * H))], 5 * H), reserved: vec![(1, vec![0, 3])], placed: vec![] },
