@@ -174,9 +174,47 @@ enum Cmd {
         /// A job reserves GPUs once it waited this many times the typical wait (gantry policy).
         #[arg(long, default_value_t = 3.0)]
         reserve_factor: f64,
-        /// Placement of shared (gpu_memory) jobs: best-fit or worst-fit.
-        #[arg(long, default_value = "best-fit")]
+        /// Jobs asking for 2+ GPUs reserve once they waited this many times the typical wait.
+        #[arg(long)]
+        wide_reserve_factor: Option<f64>,
+        /// A 1-GPU job past the threshold: `age` (goes first) or `reserve` (holds a GPU).
+        #[arg(long, default_value = "reserve")]
+        narrow: String,
+        /// Reserve only when the GPUs are expected to drain within F x the longer of the typical wait
+        /// and the job's own wait (`none`: always reserve).
+        #[arg(long, default_value = "1")]
+        drain_limit: String,
+        /// Wide jobs share one drain (`on`) or each drains for itself (`off`).
+        #[arg(long, default_value = "on")]
+        share_drains: String,
+        /// Order (with runtimes): `sjf` (shortest work first) or `hrrn` (highest response ratio).
+        #[arg(long, default_value = "sjf")]
+        order: String,
+        /// Replay only the jobs after this fraction of the trace (by arrival), e.g. 0.5 = the second
+        /// half: a held-out split.
+        #[arg(long, default_value_t = 0.0)]
+        from_fraction: f64,
+        /// Placement of shared (gpu_memory) jobs: fgd (least growth of fragmentation for the recent mix
+        /// of request shapes), best-fit or worst-fit.
+        #[arg(long, default_value = "fgd")]
         packing: String,
+        /// Without --runtimes, what the gantry policy knows of runtimes: `learned` (estimates from
+        /// the jobs completed so far, as the engine does) or `none`.
+        #[arg(long, default_value = "learned")]
+        estimates: String,
+        /// Repeat over N arrival perturbations (seed 0 = the trace as recorded) and report each
+        /// figure as mean ± 95% confidence interval.
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// `queue` (default: arrivals and completions on a virtual clock) or `fgd` (the FGD paper's:
+        /// arrivals only in shuffled order, a task that does not fit fails, stop once 130% of the
+        /// capacity was requested; reports the GPU allocation ratio).
+        #[arg(long, default_value = "queue")]
+        protocol: String,
+        /// With --protocol fgd: how many machines of --gpus (each task goes to the machine where the
+        /// packing rule scores it best).
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
         /// Fair share between users: decay GPU-hours with this half-life (e.g. `24h`); off by default.
         #[arg(long, value_parser = humantime::parse_duration)]
         fair_share: Option<Duration>,
@@ -612,18 +650,56 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 print_usage(&r);
             }
         }
-        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, packing, fair_share } => {
+        Cmd::Sim { trace, gpus, policy, load, runtimes, reserve_after, reserve_factor, wide_reserve_factor, narrow, drain_limit, share_drains, order, from_fraction, packing, fair_share, estimates, seeds, protocol, nodes } => {
             let mut sched = gantry_core::scheduler::Config { reserve_after_ms: reserve_after.as_millis() as i64, reserve_factor: *reserve_factor, ..Default::default() };
+            if let Some(w) = wide_reserve_factor {
+                sched.wide_reserve_factor = *w;
+            }
+            sched.share_drains = share_drains == "on";
+            sched.hrrn = order == "hrrn";
+            sched.drain_limit_factor = match drain_limit.as_str() {
+                "none" => None,
+                f => Some(f.parse().with_context(|| format!("--drain-limit {f:?}: a number or none"))?),
+            };
+            sched.age_narrow = match narrow.as_str() {
+                "age" => true,
+                "reserve" => false,
+                n => bail!("unknown --narrow {n:?}: age or reserve"),
+            };
             sched.packing = match packing.as_str() {
+                "fgd" => gantry_core::scheduler::Packing::Fgd,
                 "best-fit" => gantry_core::scheduler::Packing::BestFit,
                 "worst-fit" => gantry_core::scheduler::Packing::WorstFit,
-                p => bail!("unknown packing {p:?}: best-fit or worst-fit"),
+                p => bail!("unknown packing {p:?}: fgd, best-fit or worst-fit"),
             };
-            let reports = sim(trace, gpus, policy, *load, *runtimes, sched, *fair_share)?;
-            if cli.json {
-                print_json(&reports)?;
+            let learn = match estimates.as_str() {
+                "learned" => true,
+                "none" => false,
+                e => bail!("unknown estimates {e:?}: learned or none"),
+            };
+            if protocol == "fgd" {
+                let r = sim_fgd(trace, gpus, *nodes, sched, (*seeds).max(1))?;
+                if cli.json {
+                    print_json(&r)?;
+                } else {
+                    print_fgd(&r);
+                }
+            } else if protocol != "queue" {
+                bail!("unknown protocol {protocol:?}: queue or fgd");
+            } else if *seeds > 1 {
+                let runs = sim_seeds(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, *seeds, *from_fraction)?;
+                if cli.json {
+                    print_json(&runs)?;
+                } else {
+                    print_seeds(&runs, *seeds);
+                }
             } else {
-                print_sim(&reports);
+                let reports = sim(trace, gpus, policy, *load, *runtimes, sched, *fair_share, learn, 0, *from_fraction)?;
+                if cli.json {
+                    print_json(&reports)?;
+                } else {
+                    print_sim(&reports);
+                }
             }
         }
         Cmd::Inbox { action } => {
@@ -825,7 +901,8 @@ fn print_queue(q: &[QueueEntryView]) {
         let j = &e.job;
         let status = match j.state {
             JobState::Queued => {
-                let eta = e.estimated_start.map(|t| format!(" (starts ~{})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
+                let conf = e.eta_confidence.as_deref().map(|c| format!(", {}", esc(c))).unwrap_or_default();
+                let eta = e.estimated_start.map(|t| format!(" (starts ~{}{conf})", if t <= now_ms() { "now".into() } else { format!("in {}", human_delta(t - now_ms())) })).unwrap_or_default();
                 format!("#{} {}{eta}", e.position.unwrap_or(0), esc(e.reason.as_deref().unwrap_or_default()))
             }
             // Submitted to Slurm and waiting there: Slurm's reason.
@@ -1024,6 +1101,7 @@ fn print_history(rows: &[HistoryRow]) {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sim(
     trace: &Path,
     gpus: &str,
@@ -1032,11 +1110,17 @@ fn sim(
     runtimes: bool,
     sched: gantry_core::scheduler::Config,
     fair_share: Option<Duration>,
+    learn: bool,
+    seed: u64,
+    from_fraction: f64,
 ) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
     let (n, mem) = b.shape();
     let mut t = sim::load_trace(trace, n)?;
+    let skip = (t.jobs.len() as f64 * from_fraction.clamp(0.0, 1.0)) as usize;
+    t.jobs.drain(..skip);
+    sim::perturb_arrivals(&mut t.jobs, seed);
     if let Some(l) = load {
         sim::rescale_load(&mut t.jobs, n, l);
     }
@@ -1047,7 +1131,7 @@ fn sim(
     };
     let mut out = vec![];
     for p in policies {
-        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()) };
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn };
         out.push(sim::simulate(&t, &cfg));
         if p == Policy::Gantry && (runtimes || policy == "all") {
             cfg.declared_runtimes = true;
@@ -1055,6 +1139,126 @@ fn sim(
         }
     }
     Ok(out)
+}
+
+/// One row of `gantry sim --seeds`: a policy's figures over the seeds.
+#[derive(serde::Serialize)]
+struct SeedRow {
+    policy: String,
+    makespan_ratio: Vec<f64>,
+    alloc_share_while_waiting: Vec<f64>,
+    /// Mean wait over fifo's mean wait on the same seed.
+    wait_over_fifo: Vec<f64>,
+    big_over_one: Vec<f64>,
+    /// Per-user mean wait (s), per seed.
+    mean_wait_by_user: Vec<std::collections::BTreeMap<String, f64>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sim_seeds(
+    trace: &Path,
+    gpus: &str,
+    policy: &str,
+    load: Option<f64>,
+    runtimes: bool,
+    sched: gantry_core::scheduler::Config,
+    fair_share: Option<Duration>,
+    learn: bool,
+    seeds: u64,
+    from_fraction: f64,
+) -> Result<Vec<SeedRow>> {
+    let mut rows: Vec<SeedRow> = vec![];
+    for seed in 0..seeds {
+        let mut reports = sim(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction)?;
+        // Waits are reported relative to strict FIFO on the same arrivals.
+        let fifo = match reports.iter().find(|r| r.policy == "fifo") {
+            Some(f) => f.mean_wait_s,
+            None => sim(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction)?[0].mean_wait_s,
+        };
+        for r in reports.drain(..) {
+            let row = match rows.iter_mut().position(|x| x.policy == r.policy) {
+                Some(i) => &mut rows[i],
+                None => {
+                    rows.push(SeedRow { policy: r.policy.clone(), makespan_ratio: vec![], alloc_share_while_waiting: vec![], wait_over_fifo: vec![], big_over_one: vec![], mean_wait_by_user: vec![] });
+                    rows.last_mut().unwrap()
+                }
+            };
+            row.makespan_ratio.push(r.makespan_ratio);
+            row.alloc_share_while_waiting.push(r.alloc_share_while_waiting);
+            row.wait_over_fifo.push(if fifo > 0.0 { r.mean_wait_s / fifo } else { f64::NAN });
+            if let Some(b) = r.big_over_one() {
+                row.big_over_one.push(b);
+            }
+            row.mean_wait_by_user.push(r.mean_wait_by_user.clone());
+        }
+    }
+    Ok(rows)
+}
+
+fn print_seeds(rows: &[SeedRow], seeds: u64) {
+    use gantry_core::sim::mean_ci;
+    outln!("{seeds} seeds (arrival perturbations; seed 0 = as recorded); mean ± 95% CI");
+    outln!("{:<18} {:>16} {:>16} {:>16} {:>16}", "policy", "makespan/LB", "alloc/wait %", "wait/fifo", "wait 4+/1 GPU");
+    let f = |xs: &[f64], scale: f64, digits: usize| {
+        if xs.is_empty() {
+            "-".to_string()
+        } else {
+            let (m, c) = mean_ci(xs);
+            format!("{:.d$} ± {:.d$}", m * scale, c * scale, d = digits)
+        }
+    };
+    for r in rows {
+        outln!(
+            "{:<18} {:>16} {:>16} {:>16} {:>16}",
+            r.policy,
+            f(&r.makespan_ratio, 1.0, 3),
+            f(&r.alloc_share_while_waiting, 100.0, 1),
+            f(&r.wait_over_fifo, 1.0, 3),
+            f(&r.big_over_one, 1.0, 2)
+        );
+    }
+    let h = |s: f64| humantime::format_duration(Duration::from_secs(s as u64)).to_string().split(' ').take(2).collect::<Vec<_>>().join(" ");
+    for r in rows {
+        let users: std::collections::BTreeSet<&String> = r.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();
+        if users.len() > 1 {
+            let w: Vec<String> = users
+                .iter()
+                .map(|u| {
+                    let xs: Vec<f64> = r.mean_wait_by_user.iter().filter_map(|m| m.get(*u).copied()).collect();
+                    let (m, c) = mean_ci(&xs);
+                    format!("{} {} ± {}", esc(u), h(m), h(c))
+                })
+                .collect();
+            outln!("{:<18} mean wait: {}", r.policy, w.join(", "));
+        }
+    }
+}
+
+fn sim_fgd(trace: &Path, gpus: &str, nodes: u32, sched: gantry_core::scheduler::Config, seeds: u64) -> Result<Vec<gantry_core::sim::FgdReport>> {
+    let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
+    let (n, mem) = b.shape();
+    let t = gantry_core::sim::load_trace(trace, n)?;
+    let mut out = vec![];
+    for packing in [gantry_core::scheduler::Packing::Fgd, gantry_core::scheduler::Packing::BestFit, gantry_core::scheduler::Packing::WorstFit] {
+        let cfg = gantry_core::scheduler::Config { packing, ..sched.clone() };
+        out.push(gantry_core::sim::simulate_fgd(&t, n, mem, nodes, &cfg, seeds, 1.3));
+    }
+    Ok(out)
+}
+
+fn print_fgd(rs: &[gantry_core::sim::FgdReport]) {
+    use gantry_core::sim::mean_ci;
+    let Some(r0) = rs.first() else { return };
+    outln!(
+        "FGD protocol: {} machine(s) of {} GPUs, tasks in shuffled order, arrivals only, a task that does not fit fails; stop at {:.0}% of the GPU capacity requested; {} seeds, mean ± 95% CI",
+        r0.nodes, r0.gpus_per_node, r0.stop_at * 100.0, r0.alloc_ratio.len()
+    );
+    outln!("{:<12} {:>22} {:>16}", "packing", "GPU allocation ratio %", "failed tasks");
+    for r in rs {
+        let (m, c) = mean_ci(&r.alloc_ratio);
+        let (fm, fc) = mean_ci(&r.failed);
+        outln!("{:<12} {:>22} {:>16}", r.packing, format!("{:.1} ± {:.1}", m * 100.0, c * 100.0), format!("{fm:.1} ± {fc:.1}"));
+    }
 }
 
 fn print_sim(reports: &[gantry_core::sim::Report]) {

@@ -28,7 +28,7 @@ export interface Job {
   submitted_at: number; not_before: number | null; started_at: number | null; finished_at: number | null;
   exit_code: number | null; attempts: number; cancel_requested: boolean; message: string | null;
 }
-export interface QueueEntry { job: Job; gpus_assigned: number[]; position: number | null; reason: string | null; estimated_start?: number | null }
+export interface QueueEntry { job: Job; gpus_assigned: number[]; position: number | null; reason: string | null; estimated_start?: number | null; eta_confidence?: string | null }
 export interface Attempt {
   id: number; job_id: number; n: number; container_id: string | null; gpus: number[]; gpu_uuids: string[];
   started_at: number; ended_at: number | null; exit_code: number | null; reason: string | null; message: string | null;

@@ -201,6 +201,9 @@ pub struct QueueEntryView {
     pub reason: Option<String>,
     /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
     pub estimated_start: Option<i64>,
+    /// How sure `estimated_start` is (`p50`: even odds).
+    #[serde(default)]
+    pub eta_confidence: Option<String>,
 }
 
 /// `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
@@ -359,6 +362,7 @@ async fn queue(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<QueueE
         position: q.position,
         reason: q.reason,
         estimated_start: q.estimated_start,
+        eta_confidence: q.eta_confidence,
     };
     Ok(Json(e.queue()?.into_iter().map(view).collect()))
 }

@@ -43,6 +43,9 @@ pub const FULL_PASS_EVERY_MS: i64 = 10_000;
 pub const FOREIGN_IDLE_EVERY_MS: i64 = 5_000;
 /// Fair-share usage and typical waits change slowly: refresh every 30 s.
 pub const STATS_EVERY_MS: i64 = 30_000;
+/// The runtime estimator learns from this many most recent successful runs (each group keeps its
+/// last `estimate::WINDOW`); reread with the other stats.
+pub const HISTORY_RUNS: usize = 5000;
 /// Start estimates replay the queue (quadratic): every 5 s at most, and only for up to this many jobs.
 pub const ETA_EVERY_MS: i64 = 5_000;
 pub const ETA_MAX_QUEUE: usize = 500;

@@ -38,3 +38,4 @@ pub mod daemon;
 pub mod machine_lock;
 pub mod machines;
 pub mod sim;
+pub mod estimate;

@@ -22,6 +22,10 @@ pub struct QueueEntry {
     pub reason: Option<String>,
     /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
     pub estimated_start: Option<i64>,
+    /// What `estimated_start` is: `p50` (a replay of the queue with median runtimes, learned from
+    /// similar completed jobs or declared: about even odds of starting earlier or later).
+    #[serde(default)]
+    pub eta_confidence: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -107,6 +107,26 @@ pub struct Config {
     /// See `State::typical_wait_ms`.
     #[serde(default = "factor_default")]
     pub reserve_factor: f64,
+    /// Jobs asking for 2+ GPUs reserve once they waited this many times the typical wait (and at
+    /// least `reserve_after_ms`). Their wait is a drain, not a queue position: see docs/scheduling.md.
+    #[serde(default = "wide_factor_default")]
+    pub wide_reserve_factor: f64,
+    /// A 1-GPU job that waited past the threshold moves to the front of the queue (aging) instead
+    /// of reserving. Off by default: on held-out loads it turns shortest-first into FIFO for every
+    /// old job and costs mean wait (docs/scheduling.md).
+    #[serde(default)]
+    pub age_narrow: bool,
+    /// Reserve only if the GPUs are expected to drain within this many times the typical wait or
+    /// the job's own wait so far, whichever is longer: a reservation at most doubles what the job
+    /// has waited, so the GPU time it idles is bounded by its own wait (default 1).
+    #[serde(default = "drain_limit_default")]
+    pub drain_limit_factor: Option<f64>,
+    /// Wide jobs share a drain: see `starving`.
+    #[serde(default = "yes")]
+    pub share_drains: bool,
+    /// With runtimes, order by response ratio (wait + work) / work instead of shortest work first.
+    #[serde(default)]
+    pub hrrn: bool,
     /// Pack shared jobs onto the GPU with the least (best fit) or most (worst fit) memory left.
     #[serde(default)]
     pub packing: Packing,
@@ -117,6 +137,10 @@ pub struct Config {
     /// The lab's limit on GPUs one user's running jobs hold together: a job that would pass it waits.
     #[serde(default)]
     pub max_running_gpus_per_user: Option<u32>,
+    /// The recent mix of request shapes, for FGD packing (empty: best fit). Part of the pass's
+    /// input rather than a setting: the engine and the simulator fill it from recent submissions.
+    #[serde(default)]
+    pub shapes: Vec<Shape>,
 }
 
 fn explain_default() -> usize {
@@ -126,12 +150,45 @@ fn explain_default() -> usize {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Packing {
+    /// Fragmentation gradient descent (FGD, USENIX ATC'23) on one machine: the GPU where the
+    /// expected fragmentation, weighted by the recent mix of request shapes (`State::shapes`),
+    /// grows least; best fit among equals, and plain best fit when no mix is known.
     #[default]
+    Fgd,
     BestFit,
     WorstFit,
 }
 
+/// A request shape and its share of recent requests (for [`Packing::Fgd`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shape {
+    pub gpus: u32,
+    /// Declared memory per GPU; `None` = whole GPUs.
+    pub gpu_memory: Option<u64>,
+    pub weight: f64,
+}
+
+/// The recent mix of request shapes: counts per shape, normalized to weights summing to 1.
+pub fn shape_mix<'a>(shapes: impl IntoIterator<Item = (u32, Option<u64>)> + 'a) -> Vec<Shape> {
+    let mut counts: std::collections::BTreeMap<(u32, Option<u64>), f64> = std::collections::BTreeMap::new();
+    for s in shapes {
+        if s.0 > 0 {
+            *counts.entry(s).or_default() += 1.0;
+        }
+    }
+    let total: f64 = counts.values().sum();
+    counts.into_iter().map(|((gpus, gpu_memory), c)| Shape { gpus, gpu_memory, weight: c / total }).collect()
+}
+
 fn factor_default() -> f64 {
+    3.0
+}
+
+fn drain_limit_default() -> Option<f64> {
+    Some(1.0)
+}
+
+fn wide_factor_default() -> f64 {
     3.0
 }
 
@@ -144,10 +201,16 @@ impl Default for Config {
         Config {
             reserve_after_ms: 30 * 60 * 1000,
             reserve_factor: factor_default(),
+            wide_reserve_factor: wide_factor_default(),
+            age_narrow: false,
+            drain_limit_factor: Some(1.0),
+            share_drains: true,
+            hrrn: false,
             use_runtimes: true,
-            packing: Packing::BestFit,
+            packing: Packing::default(),
             explain_first: explain_default(),
             max_running_gpus_per_user: None,
+            shapes: vec![],
         }
     }
 }
@@ -247,15 +310,25 @@ fn sorted(state: &State) -> Vec<&QueuedJob> {
     let critical_from = if runtimes { backlog_per_gpu(state) as f64 * CRITICAL_FRACTION } else { f64::INFINITY };
     let key = |q: &QueuedJob| -> (bool, i128) {
         match q.expected_runtime_ms {
+            Some(rt) if runtimes && state.config.hrrn => {
+                // Highest response ratio next: (wait + work) / work, largest first.
+                let work = (rt.max(1) as f64) * q.gpus.max(1) as f64;
+                let wait = (state.now_ms - q.submitted_at_ms).max(0) as f64;
+                ((rt as f64) < critical_from, -(((wait + work) / work).min(1e15) * 1e3) as i128)
+            }
             Some(rt) if runtimes => ((rt as f64) < critical_from, rt as i128 * q.gpus.max(1) as i128),
             _ if runtimes => (true, i128::MAX),
             _ => (true, 0),
         }
     };
+    let aged = |q: &QueuedJob| state.config.age_narrow && q.gpus == 1 && overdue(state, q);
     let mut order: Vec<&QueuedJob> = state.queued.iter().collect();
     order.sort_by(|a, b| {
         b.priority
             .cmp(&a.priority)
+            // An overdue job goes first even past fair share, as its reservation did before aging.
+            .then(aged(b).cmp(&aged(a)))
+            .then(if aged(a) && aged(b) { a.submitted_at_ms.cmp(&b.submitted_at_ms) } else { std::cmp::Ordering::Equal })
             .then(a.user_usage.total_cmp(&b.user_usage))
             .then(key(a).cmp(&key(b)))
             .then(a.submitted_at_ms.cmp(&b.submitted_at_ms))
@@ -279,18 +352,27 @@ fn backlog_per_gpu(state: &State) -> i64 {
     ((queued + running) / state.gpus.len().max(1) as i128) as i64
 }
 
-fn reserve_threshold(state: &State) -> i64 {
-    let typical = state.typical_wait_ms.map(|t| (t as f64 * state.config.reserve_factor) as i64).unwrap_or(0);
+fn threshold(state: &State, factor: f64) -> i64 {
+    let typical = state.typical_wait_ms.map(|t| (t as f64 * factor) as i64).unwrap_or(0);
     state.config.reserve_after_ms.max(typical)
+}
+
+/// Has `q` waited long enough to reserve GPUs (2+ GPUs) or, with `age_narrow`, to go first (1 GPU)?
+fn overdue(state: &State, q: &QueuedJob) -> bool {
+    let factor = if q.gpus >= 2 { state.config.wide_reserve_factor } else { state.config.reserve_factor };
+    q.gpus > 0 && state.now_ms - q.submitted_at_ms >= threshold(state, factor)
 }
 
 /// The job that has waited longest past `reserve_after_ms` (it gets the one reservation), among
 /// those its owner's GPU cap lets start.
 fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a QueuedJob> {
+    // A drain is paid for once: while a job holding 2+ GPUs runs, the next wide job that its GPUs
+    // can serve queues for them as they free (so a burst of wide jobs shares one drain).
+    let widest_running = if state.config.share_drains { state.running.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0) } else { 0 };
     state
         .queued
         .iter()
-        .filter(|q| q.gpus > 0 && state.now_ms - q.submitted_at_ms >= reserve_threshold(state))
+        .filter(|q| (overdue(state, q) || (q.gpus >= 2 && q.gpus <= widest_running)) && (q.gpus >= 2 || !state.config.age_narrow))
         .filter(|q| caps.over(q).is_none())
         .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
         .min_by_key(|q| (q.submitted_at_ms, q.job_id))
@@ -427,7 +509,7 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus) };
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -447,8 +529,22 @@ pub fn plan(state: &State) -> Plan {
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
-                let reserved = reserve(&mut slots, job, &ctx);
-                reserved_for = Some((job.job_id, reserved, reason));
+                let mut trial = slots.clone();
+                let reserved = reserve(&mut trial, job, &ctx);
+                let shadow = trial.iter().find_map(|s| s.reserved_by.filter(|r| r.0 == job.job_id).and_then(|r| r.1));
+                let waited = state.now_ms - job.submitted_at_ms;
+                let limit = state.config.drain_limit_factor.map(|f| (state.typical_wait_ms.unwrap_or(0).max(waited) as f64 * f) as i64);
+                match (limit, shadow) {
+                    (Some(limit), Some(sh)) if sh - state.now_ms > limit => {
+                        // Draining would idle GPUs for longer than it is worth: wait without a reservation.
+                        let reason = format!("{reason}; not reserving GPUs yet: they are expected to drain in {}", human_ms(sh - state.now_ms));
+                        reserved_for = Some((job.job_id, vec![], reason));
+                    }
+                    _ => {
+                        slots = trial;
+                        reserved_for = Some((job.job_id, reserved, reason));
+                    }
+                }
             }
         }
     }
@@ -513,11 +609,42 @@ pub fn plan(state: &State) -> Plan {
     out
 }
 
-struct Ctx {
+struct Ctx<'a> {
     now: i64,
     use_runtimes: bool,
     packing: Packing,
     topology: Topology,
+    shapes: &'a [Shape],
+}
+
+/// Free memory on each GPU for fragmentation purposes (0 where a job holds it whole or an outside
+/// process uses it), and whether it can take a whole-GPU job.
+fn frag_view(slots: &[Slot]) -> Vec<(u64, bool, u64)> {
+    slots
+        .iter()
+        .map(|s| if s.external || s.exclusive_by.is_some() { (0, false, s.total) } else { (s.free_for_shared(), s.is_empty(), s.total) })
+        .collect()
+}
+
+/// FGD's fragmentation of a machine for one request shape: the free GPU memory that cannot serve it.
+/// If the machine can host the shape, that is the free memory of GPUs too full for it; if it cannot,
+/// all its free memory. `gpus` = (free memory, takes a whole-GPU job, total).
+pub fn fragmentation(gpus: &[(u64, bool, u64)], shape: &Shape) -> u64 {
+    let serves = |g: &(u64, bool, u64)| match shape.gpu_memory {
+        None => g.1,
+        Some(m) => g.0 >= m,
+    };
+    let free: u64 = gpus.iter().map(|g| g.0).sum();
+    if gpus.iter().filter(|g| serves(g)).count() >= shape.gpus as usize {
+        gpus.iter().filter(|g| !serves(g)).map(|g| g.0).sum()
+    } else {
+        free
+    }
+}
+
+/// Expected fragmentation: weighted by each shape's share of recent requests.
+pub fn expected_fragmentation(gpus: &[(u64, bool, u64)], shapes: &[Shape]) -> f64 {
+    shapes.iter().map(|s| s.weight * fragmentation(gpus, s) as f64).sum()
 }
 
 fn push_wait(out: &mut Plan, job_id: i64, reason: String, reserved: Vec<u32>) {
@@ -542,6 +669,11 @@ fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> bool {
 fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<Vec<u32>, String> {
     let n = job.gpus as usize;
     let all = slots.len();
+    let every = slots;
+    let fgd = (ctx.packing == Packing::Fgd && !ctx.shapes.is_empty() && job.gpu_memory.is_some()).then(|| {
+        let view = frag_view(every);
+        (expected_fragmentation(&view, ctx.shapes), view)
+    });
     let slots: Vec<&Slot> = slots.iter().filter(|s| job.filter.eligible(&s.name, s.total)).collect();
     if job.filter.is_any() && n > all {
         return Err(format!("needs {n} GPUs, this machine has {all}"));
@@ -584,7 +716,23 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
                 if free >= m {
                     // Best fit: least free memory left first, keeping whole GPUs free for big jobs.
                     let left = free - m;
-                    candidates.push((if ctx.packing == Packing::BestFit { left } else { u64::MAX - left }, s.index));
+                    let key = match (&fgd, ctx.packing) {
+                        (Some((before, view)), _) => {
+                            // The growth of expected fragmentation if it goes here (in millionths of a
+                            // GPU), then best fit among equals.
+                            let mut after = view.clone();
+                            if let Some(i) = every.iter().position(|x| x.index == s.index) {
+                                after[i].0 = after[i].0.saturating_sub(m);
+                                after[i].1 = false;
+                            }
+                            let grow = (expected_fragmentation(&after, ctx.shapes) - before) / s.total.max(1) as f64;
+                            let grow = ((grow * 1e6).round() as i64 + (1 << 30)).clamp(0, (1 << 40) - 1) as u64;
+                            (grow << 24) | (left >> 20).min((1 << 24) - 1)
+                        }
+                        (None, Packing::WorstFit) => u64::MAX - left,
+                        (None, _) => left,
+                    };
+                    candidates.push((key, s.index));
                 } else {
                     reasons_push(&|| format!(
                         "GPU {} has {} free{}, needs {}",
@@ -920,8 +1068,10 @@ mod tests {
         s.now_ms = 20_000;
         let p = plan(&s);
         assert!(p.placements.is_empty(), "{p:?}");
-        assert_eq!(p.waiting[0].reserved, vec![0, 1]);
-        assert!(p.waiting[1].reason.contains("reserved for job 1"), "{}", p.waiting[1].reason);
+        let w = |id| p.waiting.iter().find(|w| w.job_id == id).unwrap();
+        assert_eq!(w(1).reserved, vec![0, 1]);
+        assert!(w(2).reason.contains("reserved for job 1"), "{}", w(2).reason);
+        assert!(w(2).reserved.is_empty(), "only the oldest overdue job reserves");
         // Before the limit, the small job backfills.
         s.now_ms = 5_000;
         assert_eq!(placed(&plan(&s)), vec![(2, vec![1])]);
@@ -1098,5 +1248,124 @@ mod estimate_tests {
         assert_eq!(e[&1], 0); // GPU 1 is free now
         assert_eq!(e[&3], 1_000); // GPU 0 frees at 1 s
         assert_eq!(e[&2], 61_000); // needs both: after job 3's assumed 60 s
+    }
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+
+    fn gpus(n: u32) -> Vec<GpuView> {
+        (0..n).map(|i| GpuView { index: i, memory_total: 32 * G, ..Default::default() }).collect()
+    }
+    fn q(id: i64, gpus: u32, rt: Option<i64>, at: i64) -> QueuedJob {
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
+    }
+    fn run(id: i64, gpu: u32, end: i64) -> RunningJob {
+        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default() }
+    }
+
+    #[test]
+    fn short_jobs_backfill_a_drain() {
+        let h = 3_600_000;
+        let running: Vec<RunningJob> = (0..7).map(|g| run(100 + g as i64, g, 1000 * h)).collect();
+        let s = State { now_ms: 100 * h, gpus: gpus(8), running, queued: vec![q(1, 8, Some(h), 0), q(2, 1, Some(h), 50 * h)], config: Config { reserve_after_ms: h, drain_limit_factor: None, ..Config::default() }, typical_wait_ms: Some(10 * h), host: None };
+        let p = plan(&s);
+        assert_eq!(p.waiting[0].reserved.len(), 8, "{p:?}");
+        assert_eq!(p.placements, vec![Placement { job_id: 2, gpus: vec![7] }], "{p:?}");
+    }
+}
+
+#[cfg(test)]
+mod fgd_and_reservation_tests {
+    use super::*;
+    const G: u64 = 1 << 30;
+    const H: i64 = 3_600_000;
+
+    fn gpus(n: u32) -> Vec<GpuView> {
+        (0..n).map(|i| GpuView { index: i, memory_total: 32 * G, ..Default::default() }).collect()
+    }
+    fn q(id: i64, gpus: u32, mem: Option<u64>, at: i64, rt: Option<i64>) -> QueuedJob {
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
+    }
+    fn run(id: i64, gpus: &[u32], mem: Option<u64>, end: Option<i64>) -> RunningJob {
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default() }
+    }
+    fn state(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64) -> State {
+        // The mechanisms one at a time: aging on, no drain limit (the defaults are tested below).
+        State { now_ms: now, gpus: gpus(n), running, queued, config: Config { reserve_after_ms: H, age_narrow: true, drain_limit_factor: None, ..Config::default() }, typical_wait_ms: Some(H), host: None }
+    }
+
+    #[test]
+    fn fragmentation_by_hand() {
+        // GPU 0: 16 GiB free (a shared job there), GPU 1: empty. Shapes: half 1x16 GiB, half whole GPUs.
+        let view = [(16 * G, false, 32 * G), (32 * G, true, 32 * G)];
+        let half = |m: Option<u64>| Shape { gpus: 1, gpu_memory: m, weight: 0.5 };
+        // 16 GiB jobs fit on both GPUs: no fragment. A whole-GPU job fits on GPU 1 only: GPU 0's 16 GiB is a fragment.
+        assert_eq!(fragmentation(&view, &half(Some(16 * G))), 0);
+        assert_eq!(fragmentation(&view, &half(None)), 16 * G);
+        assert_eq!(expected_fragmentation(&view, &[half(Some(16 * G)), half(None)]), 8.0 * G as f64);
+        // An 8 GiB job on GPU 1 leaves no empty GPU: a whole-GPU job fits nowhere, all 40 GiB free are fragments.
+        let after = [(16 * G, false, 32 * G), (24 * G, false, 32 * G)];
+        assert_eq!(fragmentation(&after, &half(None)), 40 * G);
+        // A 2-GPU whole shape on a machine with one empty GPU: cannot host it, everything free counts.
+        assert_eq!(fragmentation(&view, &Shape { gpus: 2, gpu_memory: None, weight: 1.0 }), 48 * G);
+    }
+
+    #[test]
+    fn fgd_keeps_room_for_the_common_shape_where_best_fit_does_not() {
+        // GPU 0 has 12 GiB free, GPU 1 has 9 GiB. A 4 GiB job arrives; recent requests are all 8 GiB.
+        // Best fit: GPU 1 (5 GiB left, too little for an 8 GiB job: +5 GiB of fragments). FGD: GPU 0
+        // (8 GiB left, still serves an 8 GiB job: no new fragment).
+        let running = vec![run(8, &[0], Some(20 * G), None), run(9, &[1], Some(23 * G), None)];
+        let mut s = state(2, running, vec![q(1, 1, Some(4 * G), 0, None)], 0);
+        s.config.shapes = vec![Shape { gpus: 1, gpu_memory: Some(8 * G), weight: 1.0 }];
+        s.config.packing = Packing::BestFit;
+        assert_eq!(plan(&s).placements[0].gpus, vec![1]);
+        s.config.packing = Packing::Fgd;
+        assert_eq!(plan(&s).placements[0].gpus, vec![0]);
+        // FGD with no known mix is best fit.
+        s.config.shapes.clear();
+        assert_eq!(plan(&s).placements[0].gpus, vec![1]);
+        assert_eq!(shape_mix([(1, Some(8 * G)), (1, Some(8 * G)), (2, None), (0, None)]), vec![Shape { gpus: 1, gpu_memory: Some(8 * G), weight: 2.0 / 3.0 }, Shape { gpus: 2, gpu_memory: None, weight: 1.0 / 3.0 }]);
+    }
+
+    #[test]
+    fn reservation_decisions() {
+        struct Case {
+            name: &'static str,
+            state: State,
+            /// (job, reserved GPUs) for every job that holds a reservation; placements.
+            reserved: Vec<(i64, Vec<u32>)>,
+            placed: Vec<i64>,
+        }
+        let busy = |end: i64| vec![run(9, &[0], None, Some(end))];
+        let shared = || vec![run(7, &[0, 1], None, Some(6 * H)), run(6, &[2], None, Some(100 * H))];
+        let limited = |mut s: State, f: f64| {
+            s.config.drain_limit_factor = Some(f);
+            s
+        };
+        let cases = vec![
+            Case { name: "a wide job past the threshold reserves; a short job backfills the free GPU", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(H))], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![2] },
+            Case { name: "a job that would outlast the drain may not backfill", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(20 * H))], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            Case { name: "unknown runtimes never backfill a drain", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, None)], 5 * H), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            Case { name: "a wide job before the threshold (3 x typical wait) reserves nothing", state: state(2, busy(10 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 0, Some(50 * H))], 2 * H), reserved: vec![], placed: vec![2] },
+            Case { name: "an overdue 1-GPU job reserves nothing", state: state(2, vec![run(9, &[0], None, Some(10 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H))], 5 * H), reserved: vec![], placed: vec![] },
+            Case { name: "an overdue 1-GPU job goes before a younger shorter one", state: state(2, busy(10 * H), vec![q(1, 1, None, 0, Some(50 * H)), q(2, 1, None, 4 * H, Some(H))], 5 * H), reserved: vec![], placed: vec![1] },
+            Case { name: "drain limit: a drain expected to take longer than the job's wait is not started", state: limited(state(2, busy(100 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![], placed: vec![2] },
+            Case { name: "defaults: an overdue 1-GPU job reserves the GPU that frees first, when it frees soon", state: { let mut s = state(2, vec![run(9, &[0], None, Some(7 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H)), q(2, 1, None, 4 * H, Some(H))], 5 * H); s.config.age_narrow = false; s.config.drain_limit_factor = Some(1.0); s }, reserved: vec![(1, vec![0])], placed: vec![] },
+            Case { name: "defaults: ...and not when that takes longer than it waited", state: { let mut s = state(2, vec![run(9, &[0], None, Some(70 * H)), run(8, &[1], None, Some(20 * H))], vec![q(1, 1, None, 0, Some(H))], 5 * H); s.config.age_narrow = false; s.config.drain_limit_factor = Some(1.0); s }, reserved: vec![], placed: vec![] },
+            Case { name: "drain limit: a short drain is", state: limited(state(2, busy(8 * H), vec![q(1, 2, None, 0, Some(H)), q(2, 1, None, 5 * H, Some(500 * H))], 5 * H), 1.0), reserved: vec![(1, vec![0, 1])], placed: vec![] },
+            // GPUs 0,1: a 2-GPU job ending at 6 h; GPU 2: a long job; GPU 3: free.
+            Case { name: "a wide job shares the drain of the wide job running: it reserves before its threshold", state: state(4, shared(), vec![q(1, 2, None, 5 * H, Some(H)), q(2, 1, None, 5 * H, Some(5 * H))], 5 * H), reserved: vec![(1, vec![0, 3])], placed: vec![] },
+            Case { name: "...and without shared drains it waits its turn", state: { let mut s = state(4, shared(), vec![q(1, 2, None, 5 * H, Some(H)), q(2, 1, None, 5 * H, Some(5 * H))], 5 * H); s.config.share_drains = false; s }, reserved: vec![], placed: vec![2] },
+        ];
+        for c in cases {
+            let p = plan(&c.state);
+            let reserved: Vec<(i64, Vec<u32>)> = p.waiting.iter().filter(|w| !w.reserved.is_empty()).map(|w| (w.job_id, w.reserved.clone())).collect();
+            let placed: Vec<i64> = p.placements.iter().map(|p| p.job_id).collect();
+            assert_eq!((reserved, placed), (c.reserved, c.placed), "{}", c.name);
+        }
     }
 }

@@ -1080,6 +1080,33 @@ impl Store {
         Ok(v.map(|v| v as i64))
     }
 
+    /// The last `limit` successful runs as (what was known before they ran, wall time in ms): the
+    /// runtime estimator's input (see `estimate::History`).
+    pub fn recent_runtimes(&self, limit: usize) -> Result<Vec<(crate::estimate::JobKey, i64)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT owner, name, image, gpus, gpu_memory, json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), \
+             finished_at - started_at FROM jobs WHERE state = 'succeeded' AND started_at IS NOT NULL AND finished_at IS NOT NULL ORDER BY id DESC LIMIT ?1",
+        )?;
+        let mut v = st
+            .query_map([limit as i64], |r| {
+                Ok((
+                    crate::estimate::JobKey {
+                        user: r.get(0)?,
+                        name: r.get(1)?,
+                        image: r.get(2)?,
+                        gpus: r.get(3)?,
+                        gpu_memory: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+                        cpus_milli: r.get::<_, Option<i64>>(5)?.unwrap_or(0) as u64,
+                        memory: r.get::<_, Option<i64>>(6)?.unwrap_or(0) as u64,
+                    },
+                    r.get(7)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        v.reverse(); // oldest first, as they completed
+        Ok(v)
+    }
+
     /// Median duration (ms) of the last 20 successful runs with this name and image.
     pub fn typical_runtime(&self, name: &str, image: &str) -> Result<Option<i64>> {
         let mut st = self.conn.prepare_cached(

@@ -92,8 +92,8 @@ pub(crate) struct Stats {
     pub at: i64,
     pub usage: HashMap<String, f64>,
     pub typical_wait: Option<i64>,
-    /// Learned runtimes by name, then image (looked up without allocating: a pass asks for every queued job).
-    pub runtimes: HashMap<String, HashMap<String, Option<i64>>>,
+    /// Recent successful runs, for learned runtime estimates (`estimate::History`).
+    pub history: Arc<crate::estimate::History>,
 }
 
 pub struct Engine {

@@ -279,6 +279,7 @@ impl Engine {
                         _ => None,
                     },
                     estimated_start: if j.state == JobState::Queued { eta.get(&j.id).copied() } else { None },
+                    eta_confidence: (j.state == JobState::Queued && eta.contains_key(&j.id)).then(|| "p50".to_string()),
                     job: j,
                 }
             })

@@ -126,7 +126,7 @@ impl Engine {
             }
         };
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
-        for (p, needs) in placements {
+        for (p, needs, runtime) in placements {
             let job = match self.store().job(p.job_id) {
                 Ok(Some(j)) => j,
                 Ok(None) => continue,
@@ -156,9 +156,7 @@ impl Engine {
                     container_id: None,
                     cancel: cancel.clone(),
                     monitored: true,
-                    expected_end: self
-                        .expected_runtime(job.job.expected_runtime.map(|d| d.as_millis() as i64), &job.name, &job.image)
-                        .map(|r| now_ms() + r),
+                    expected_end: runtime.map(|r| now_ms() + r),
                     needs,
                 },
             );
@@ -178,7 +176,7 @@ impl Engine {
         gpus: Vec<scheduler::GpuView>,
         now: i64,
         no_starts: Option<String>,
-    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam)>, Vec<scheduler::GpuView>) {
+    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>) {
         let mut blocked = self.check_dependencies(&mut queued);
         // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
         queued.retain(|j| {
@@ -209,7 +207,7 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: j.gpu_memory,
                     not_before_ms: j.not_before,
-                    expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, &j.name, &j.image),
+                    expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, j),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
                     needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
@@ -242,26 +240,22 @@ impl Engine {
         // The old map is dropped outside the lock.
         let old = std::mem::replace(&mut *self.waiting.write().unwrap(), waiting);
         drop(old);
-        let needs: HashMap<i64, crate::scheduler::CpuRam> =
-            plan.placements.iter().filter_map(|p| state.queued.iter().find(|q| q.job_id == p.job_id).map(|q| (p.job_id, q.needs))).collect();
+        // Each placement with its CPU/RAM and its expected runtime (declared or learned).
         let placements = plan.placements.into_iter().map(|p| {
-            let n = needs.get(&p.job_id).copied().unwrap_or_default();
-            (p, n)
+            let q = state.queued.iter().find(|q| q.job_id == p.job_id);
+            (p, q.map(|q| q.needs).unwrap_or_default(), q.and_then(|q| q.expected_runtime_ms))
         });
         (placements.collect(), state.gpus)
     }
 
-    /// Declared runtime, else the median of this name+image's recent successful runs.
-    pub(super) fn expected_runtime(&self, declared: Option<i64>, name: &str, image: &str) -> Option<i64> {
+    /// Declared runtime, else the median learned from similar completed runs (`estimate::History`:
+    /// same owner+name+image+shape, else same shape, else same GPU count, else all).
+    pub(super) fn expected_runtime(&self, declared: Option<i64>, j: &QueuedRow) -> Option<i64> {
         if declared.is_some() {
             return declared;
         }
-        if let Some(v) = self.stats.lock().unwrap().runtimes.get(name).and_then(|m| m.get(image)) {
-            return *v;
-        }
-        let v = self.reader().typical_runtime(name, image).ok().flatten();
-        self.stats.lock().unwrap().runtimes.entry(name.to_string()).or_default().insert(image.to_string(), v);
-        v
+        let history = self.stats.lock().unwrap().history.clone();
+        history.estimate(&crate::estimate::JobKey::of_row(j), 0).map(|e| e.p50_ms)
     }
 
     /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
@@ -271,12 +265,17 @@ impl Engine {
             return;
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
-        let (rows, typical) = {
+        let (rows, typical, runs) = {
             let st = self.reader();
-            (st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(), st.typical_wait(now - 24 * 3_600_000).ok().flatten())
+            (
+                st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(),
+                st.typical_wait(now - 24 * 3_600_000).ok().flatten(),
+                st.recent_runtimes(crate::config::HISTORY_RUNS).unwrap_or_default(),
+            )
         };
         let usage = crate::store::decayed_usage(&rows, now, hl);
-        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, runtimes: HashMap::new() };
+        let history = Arc::new(crate::estimate::History::from_runs(&runs));
+        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history };
     }
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
