@@ -1082,6 +1082,13 @@ impl Store {
 
     /// The last `limit` successful runs as (what was known before they ran, wall time in ms): the
     /// runtime estimator's input (see `estimate::History`).
+    /// The request shapes (GPUs, memory per GPU) of the last `limit` jobs submitted: FGD packing's mix.
+    pub fn recent_shapes(&self, limit: usize) -> Result<Vec<(u32, Option<u64>)>> {
+        let mut st = self.conn.prepare_cached("SELECT gpus, gpu_memory FROM jobs ORDER BY id DESC LIMIT ?1")?;
+        let rows = st.query_map([limit as i64], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, Option<i64>>(1)?.map(|m| m as u64))))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
     pub fn recent_runtimes(&self, limit: usize) -> Result<Vec<(crate::estimate::JobKey, i64)>> {
         let mut st = self.conn.prepare_cached(
             "SELECT owner, name, image, gpus, gpu_memory, json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), \

@@ -94,6 +94,8 @@ pub(crate) struct Stats {
     pub typical_wait: Option<i64>,
     /// Recent successful runs, for learned runtime estimates (`estimate::History`).
     pub history: Arc<crate::estimate::History>,
+    /// The mix of the last `sim::SHAPE_WINDOW` submissions' shapes, for FGD packing (as in the sim).
+    pub shapes: Vec<crate::scheduler::Shape>,
 }
 
 pub struct Engine {

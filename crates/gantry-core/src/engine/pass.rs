@@ -189,9 +189,9 @@ impl Engine {
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
-        let (usage, typical_wait) = {
+        let (usage, typical_wait, shapes) = {
             let s = self.stats.lock().unwrap();
-            (s.usage.clone(), s.typical_wait)
+            (s.usage.clone(), s.typical_wait, s.shapes.clone())
         };
         let state = scheduler::State {
             now_ms: now,
@@ -216,6 +216,7 @@ impl Engine {
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
+                shapes,
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,
@@ -265,17 +266,19 @@ impl Engine {
             return;
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
-        let (rows, typical, runs) = {
+        let (rows, typical, runs, shapes) = {
             let st = self.reader();
             (
                 st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(),
                 st.typical_wait(now - 24 * 3_600_000).ok().flatten(),
                 st.recent_runtimes(crate::config::HISTORY_RUNS).unwrap_or_default(),
+                st.recent_shapes(crate::sim::SHAPE_WINDOW).unwrap_or_default(),
             )
         };
         let usage = crate::store::decayed_usage(&rows, now, hl);
         let history = Arc::new(crate::estimate::History::from_runs(&runs));
-        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history };
+        let shapes = scheduler::shape_mix(shapes);
+        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes };
     }
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
