@@ -50,8 +50,9 @@ fn wait_handled(e: &Engine, dir: &Path, name: &str) -> Option<String> {
 fn wait_verdict(e: &Engine, dir: &Path, name: &str) -> Result<String, String> {
     let find = || {
         let accepted = std::fs::read_dir(dir.join("accepted")).ok()?.flatten().map(|f| f.file_name().to_string_lossy().into_owned()).find(|f| f.ends_with(&format!("-{name}")));
-        let report = || std::fs::read_to_string(dir.join("rejected").join(format!("{name}.error.txt"))).unwrap_or_else(|_| "(no error file)".into());
-        accepted.map(Ok).or_else(|| dir.join("rejected").join(name).exists().then(|| Err(report())))
+        // A rejected file is moved aside first, then its error file appears (renamed in whole): wait for both.
+        let report = std::fs::read_to_string(dir.join("rejected").join(format!("{name}.error.txt")));
+        accepted.map(Ok).or_else(|| (dir.join("rejected").join(name).exists() && report.is_ok()).then(|| Err(report.unwrap_or_default())))
     };
     e.wait_until(&format!("{name} to be accepted or rejected"), || find().is_some());
     find().unwrap()
