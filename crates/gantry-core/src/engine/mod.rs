@@ -80,8 +80,11 @@ pub(crate) struct RunHandle {
     pub cancel: CancellationToken,
     /// A task follows this attempt (so recovery must not start a second one).
     pub monitored: bool,
-    /// Start + expected runtime, when known.
+    /// Start + declared runtime, when declared.
     pub expected_end: Option<i64>,
+    /// Without a declared runtime: its key and start, so each pass asks the learned history for the
+    /// remaining runtime given how long it has run (as the simulator does).
+    pub learn: Option<(crate::estimate::JobKey, i64)>,
     /// CPU and RAM it holds (its limits).
     pub needs: crate::scheduler::CpuRam,
 }

@@ -87,15 +87,16 @@ impl Engine {
             }
         }
         let store_problem = self.health.read().unwrap().store_problem.clone();
+        let now = now_ms();
+        let history = self.stats.lock().unwrap().history.clone();
         let running: Vec<RunningJob> = self
             .running
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs })
             .collect();
         let gpus = self.gpu_views();
-        let now = now_ms();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
         // or FULL_PASS_EVERY passed (reservations and backfill windows move with time, in minutes).
@@ -103,7 +104,10 @@ impl Engine {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             version.hash(&mut h);
-            serde_json::to_vec(&(&gpus, &running)).unwrap_or_default().hash(&mut h);
+            // Running jobs by what they hold; their expected ends move with the clock (learned ones
+            // each pass), which FULL_PASS_EVERY covers.
+            let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
+            serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
             (&store_problem, &docker_down, self.stats.lock().unwrap().at).hash(&mut h);
             h.finish()
         };
@@ -156,7 +160,8 @@ impl Engine {
                     container_id: None,
                     cancel: cancel.clone(),
                     monitored: true,
-                    expected_end: runtime.map(|r| now_ms() + r),
+                    expected_end: job.job.expected_runtime.and(runtime).map(|r| now_ms() + r),
+                    learn: job.job.expected_runtime.is_none().then(|| (crate::estimate::JobKey::of_job(&job), now_ms())),
                     needs,
                 },
             );
@@ -318,5 +323,51 @@ impl Engine {
             }
         }
         blocked
+    }
+}
+
+/// A running job without a declared runtime: now + the learned median of its remaining runtime, given
+/// how long it has run (`None` while the history is too thin).
+fn learned_end(history: &crate::estimate::History, h: &super::RunHandle, now: i64) -> Option<i64> {
+    let (key, started) = h.learn.as_ref()?;
+    history.estimate(key, (now - started).max(0)).map(|e| now + e.p50_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::{History, JobKey};
+
+    fn handle(learn: Option<(JobKey, i64)>, declared_end: Option<i64>) -> super::super::RunHandle {
+        super::super::RunHandle {
+            owner: "ada".into(),
+            gpus: vec![0],
+            gpu_memory: None,
+            container_id: None,
+            cancel: CancellationToken::new(),
+            monitored: true,
+            expected_end: declared_end,
+            learn,
+            needs: Default::default(),
+        }
+    }
+
+    /// The engine gives a running job without a declared runtime the learned median of what REMAINS,
+    /// given how long it has run (as the simulator does), and nothing while the history is thin.
+    #[test]
+    fn running_jobs_end_at_the_learned_remaining_median() {
+        let key = JobKey { user: "ada".into(), name: "train".into(), image: "img".into(), gpus: 1, gpu_memory: None, cpus_milli: 0, memory: 0 };
+        let mins = |m: i64| m * 60_000;
+        // Past runs of this job: 10, 20, ..., 100 minutes.
+        let runs: Vec<(JobKey, i64)> = (1..=10).map(|i| (key.clone(), mins(10 * i))).collect();
+        let history = History::from_runs(&runs);
+        let now = 1_000_000_000;
+        let fresh = learned_end(&history, &handle(Some((key.clone(), now)), None), now).unwrap();
+        let aged = learned_end(&history, &handle(Some((key.clone(), now - mins(25))), None), now).unwrap();
+        assert!(fresh - now >= mins(40) && fresh - now <= mins(60), "a fresh job: about the median run ({} min)", (fresh - now) / 60_000);
+        // After 25 min only the 8 runs longer than that count (30..100 min): their median less 25 min.
+        assert!(aged - now >= mins(30) && aged - now <= mins(45) && aged - now < fresh - now, "after 25 min: {} min left", (aged - now) / 60_000);
+        assert_eq!(learned_end(&History::from_runs(&runs[..3]), &handle(Some((key.clone(), now)), None), now), None, "3 runs are too few");
+        assert_eq!(learned_end(&history, &handle(None, Some(now + 5)), now), None, "a declared runtime is used as declared");
     }
 }

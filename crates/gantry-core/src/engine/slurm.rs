@@ -839,6 +839,7 @@ fn handle(job: &Job, cancel: CancellationToken) -> RunHandle {
         cancel,
         monitored: true,
         expected_end: None,
+        learn: None,
         needs: Default::default(),
     }
 }
