@@ -194,9 +194,9 @@ impl Engine {
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
-        let (usage, typical_wait, shapes) = {
+        let (usage, typical_wait, shapes, history) = {
             let s = self.stats.lock().unwrap();
-            (s.usage.clone(), s.typical_wait, s.shapes.clone())
+            (s.usage.clone(), s.typical_wait, s.shapes.clone(), s.history.clone())
         };
         let state = scheduler::State {
             now_ms: now,
@@ -212,7 +212,7 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: j.gpu_memory,
                     not_before_ms: j.not_before,
-                    expected_runtime_ms: self.expected_runtime(j.expected_runtime_ms, j),
+                    expected_runtime_ms: expected_runtime(&history, j),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
                     needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
@@ -252,16 +252,6 @@ impl Engine {
             (p, q.map(|q| q.needs).unwrap_or_default(), q.and_then(|q| q.expected_runtime_ms))
         });
         (placements.collect(), state.gpus)
-    }
-
-    /// Declared runtime, else the median learned from similar completed runs (`estimate::History`:
-    /// same owner+name+image+shape, else same shape, else same GPU count, else all).
-    pub(super) fn expected_runtime(&self, declared: Option<i64>, j: &QueuedRow) -> Option<i64> {
-        if declared.is_some() {
-            return declared;
-        }
-        let history = self.stats.lock().unwrap().history.clone();
-        history.estimate(&crate::estimate::JobKey::of_row(j), 0).map(|e| e.p50_ms)
     }
 
     /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
@@ -324,6 +314,12 @@ impl Engine {
         }
         blocked
     }
+}
+
+/// A queued job's declared runtime, else the median learned from similar completed runs
+/// (`estimate::History`: same owner+name+image+shape, else same shape, else same GPU count, else all).
+fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow) -> Option<i64> {
+    j.expected_runtime_ms.or_else(|| history.estimate(&crate::estimate::JobKey::of_row(j), 0).map(|e| e.p50_ms))
 }
 
 /// A running job without a declared runtime: now + the learned median of its remaining runtime, given
