@@ -11,7 +11,7 @@ use axum::extract::{ConnectInfo, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::net::{UnixListener, UnixStream};
@@ -19,11 +19,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::engine::submit::{Spec, Submission};
 use crate::engine::{Engine, EngineError};
 use crate::gpu::BackendKind;
 use crate::inbox::user_name;
-use crate::inbox::users::InboxInfo;
-use crate::spec::{Format, Origin, SpecError, ValidJob};
+use crate::inbox::users::{InboxInfo, Registry};
+use crate::spec::{SpecError, ValidJob};
 use crate::store::{Attempt, Event, HistoryFilter, Job, JobState, Owner};
 
 /// Who is calling, from SO_PEERCRED.
@@ -227,38 +228,14 @@ impl JobDetailView {
     }
 }
 
-/// Connection limits of the API. A connection is one file descriptor and one task in the engine.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// A request's head must arrive within this long after the connection opens (or goes idle);
-    /// otherwise the connection is closed, so half-sent requests cannot pin descriptors.
-    pub header_read_timeout: Duration,
-    /// Open connections per uid; more are closed at once with a 503.
-    pub per_uid: usize,
-    /// Open connections in all; more are closed at once with a 503.
-    pub total: usize,
-}
+pub use crate::config::ApiLimits as Limits;
 
-/// Every client sends its whole request head right after connecting; 10 s covers a heavily loaded
-/// machine and still recycles a slow-loris connection quickly (hyper's own default is 30 s).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// A CLI holds one connection at a time; the app holds a few (events, a log tail, polling). 64 is
-/// room for several apps, scripts and `logs -f` tails of one person, and 8 people's worth is `MAX_CONNECTIONS`.
-pub const MAX_CONNECTIONS_PER_UID: usize = 64;
-/// Half of the usual 1024 soft descriptor limit, so even if raising it fails the store, logs,
-/// Docker and the drop folder keep 500+ descriptors.
-pub const MAX_CONNECTIONS: usize = 512;
 /// On shutdown, requests in flight get this long; streams (`logs -f`, the app's events) never end
 /// on their own, so they are cut after it.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// After a failed accept (e.g. EMFILE), wait this long instead of spinning on the error.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-impl Default for Limits {
-    fn default() -> Self {
-        Limits { header_read_timeout: HEADER_READ_TIMEOUT, per_uid: MAX_CONNECTIONS_PER_UID, total: MAX_CONNECTIONS }
-    }
-}
 
 struct Failure(StatusCode, ApiError);
 
@@ -291,7 +268,7 @@ impl From<EngineError> for Failure {
 type E = State<Arc<Engine>>;
 type Res<T> = Result<Json<T>, Failure>;
 
-pub fn router(engine: Arc<Engine>) -> Router {
+pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/jobs", get(queue).post(submit))
@@ -313,10 +290,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/inbox", get(inbox).post(inbox_init))
         .route("/v1/events", get(events))
         .route("/v1/usage", get(usage))
+        .layer(Extension(inboxes))
         .with_state(engine)
 }
 
-async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusInfo> {
+async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusInfo> {
     let g = e.gpu_status();
     let h = e.health();
     Json(StatusInfo {
@@ -326,7 +304,7 @@ async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusIn
         gpu_note: g.note,
         gpu_library: g.library,
         gpu_count: g.gpus.len(),
-        inbox: e.inbox_info(p.uid).path,
+        inbox: inboxes.info(&e, p.uid).path,
         state_dir: e.cfg.paths.state_dir.clone(),
         system: e.cfg.paths.system_root.is_some(),
         docker_problem: h.docker_problem,
@@ -339,18 +317,14 @@ async fn status(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusIn
 }
 
 async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<SubmitRequest>) -> Res<Submitted> {
-    let format = Format::from_name(&r.file_name).ok_or_else(|| {
-        Failure(StatusCode::UNPROCESSABLE_ENTITY, ApiError {
-            error: format!("{:?} is not a job file: Gantry reads .yaml, .yml and .toml", r.file_name),
-            spec_error: None,
-        })
-    })?;
     let owner = owner_of(&p);
-    let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
     // Mounts are checked by helper processes that may wait on a slow file system: off the async workers.
-    let ids = tokio::task::spawn_blocking(move || e.submit_text(&r.text, format, &origin, &owner, &format!("api:{}", r.file_name)))
-        .await
-        .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
+    let ids = tokio::task::spawn_blocking(move || {
+        let spec = Spec::File { text: &r.text, file_name: &r.file_name, base_dir: r.base_dir.clone() };
+        e.submit(Submission { spec, owner: &owner, source: format!("api:{}", r.file_name), source_key: None })
+    })
+    .await
+    .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 
@@ -436,14 +410,7 @@ fn owner_of(p: &Peer) -> Owner {
 
 /// Check a spec without queueing it (the app's submit preview).
 async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec::ValidJob> {
-    let format = Format::from_name(&r.file_name).ok_or_else(|| {
-        Failure(StatusCode::UNPROCESSABLE_ENTITY, ApiError {
-            error: format!("{:?} is not a job file: Gantry reads .yaml, .yml and .toml", r.file_name),
-            spec_error: None,
-        })
-    })?;
-    let origin = Origin { file_name: Some(r.file_name.clone()), base_dir: r.base_dir.clone() };
-    Ok(Json(e.validate_text(&r.text, format, &origin)?))
+    Ok(Json(e.validate_file(&r.text, &r.file_name, r.base_dir)?))
 }
 
 /// Queue a copy of a job's spec. Only the job's owner (or an admin) may: the copy carries the spec's
@@ -454,18 +421,18 @@ async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlP
         return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can run it again", job.owner)));
     }
     let owner = owner_of(&p);
-    let ids = tokio::task::spawn_blocking(move || e.rerun(id, &owner)).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
+    let ids = tokio::task::spawn_blocking(move || e.submit(Submission { spec: Spec::Rerun(id), owner: &owner, source: format!("rerun:{id}"), source_key: None })).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 
 /// The caller's drop folder and whether the engine watches it.
-async fn inbox(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Json<InboxInfo> {
-    Json(e.inbox_info(p.uid))
+async fn inbox(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Json<InboxInfo> {
+    Json(inboxes.info(&e, p.uid))
 }
 
 /// `gantry inbox init`: the caller made their drop folder (as themselves); watch it from now on.
-async fn inbox_init(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<InboxInfo> {
-    let info = tokio::task::spawn_blocking(move || e.inbox_init(p.uid)).await.map_err(|err| EngineError::Fatal(format!("inbox init crashed: {err}")))??;
+async fn inbox_init(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Res<InboxInfo> {
+    let info = tokio::task::spawn_blocking(move || inboxes.register(&e, p.uid)).await.map_err(|err| EngineError::Fatal(format!("inbox init crashed: {err}")))??;
     Ok(Json(info))
 }
 
@@ -554,7 +521,7 @@ async fn events(State(e): E) -> Response {
 }
 
 /// Bind the socket (refusing if another engine answers on it) and serve until `shutdown`.
-pub async fn serve(engine: Arc<Engine>, socket: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, socket: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     if socket.exists() {
         if UnixStream::connect(socket).await.is_ok() {
             return Err(EngineError::AlreadyRunning(socket.to_path_buf()));
@@ -575,7 +542,7 @@ pub async fn serve(engine: Arc<Engine>, socket: &Path, shutdown: impl std::futur
     }
     info!("API listening on {}", socket.display());
     let limits = engine.cfg.api;
-    let app = router(engine);
+    let app = router(engine, inboxes);
     let admission = Arc::new(Admission { limits, open: Mutex::default() });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);

@@ -29,8 +29,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 
 pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     raise_fd_limit();
-    // Every drop folder's watcher; they stop with the engine.
-    let inbox = tokio::spawn(crate::inbox::users::run(engine.clone()));
+    // Every drop folder's watcher; they stop with the engine. The API reads the same registry.
+    let inboxes = Arc::new(crate::inbox::users::Registry::default());
+    let inbox = tokio::spawn(crate::inbox::users::run(engine.clone(), inboxes.clone()));
     let looped = {
         let e = engine.clone();
         tokio::spawn(async move {
@@ -41,7 +42,7 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
     };
     let stop = engine.clone();
     let socket = engine.cfg.paths.socket();
-    let served = crate::api::serve(engine.clone(), &socket, async move {
+    let served = crate::api::serve(engine.clone(), inboxes, &socket, async move {
         tokio::select! {
             _ = shutdown => {}
             _ = stop.stopped() => {}

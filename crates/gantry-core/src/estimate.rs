@@ -35,24 +35,6 @@ pub struct JobKey {
 }
 
 impl JobKey {
-    /// A started job's key (the same fields as [`JobKey::of_row`]).
-    pub fn of_job(j: &crate::store::Job) -> JobKey {
-        JobKey {
-            user: j.owner.clone(),
-            name: j.name.clone(),
-            image: j.image.clone(),
-            gpus: j.gpus,
-            gpu_memory: j.gpu_memory,
-            cpus_milli: j.job.limits.cpus_milli.unwrap_or(0),
-            memory: j.job.limits.memory.unwrap_or(0),
-        }
-    }
-
-    /// A queued job's key, as the engine knows it.
-    pub fn of_row(r: &crate::store::QueuedRow) -> JobKey {
-        JobKey { user: r.owner.clone(), name: r.name.clone(), image: r.image.clone(), gpus: r.gpus, gpu_memory: r.gpu_memory, cpus_milli: r.cpus_milli.unwrap_or(0), memory: r.memory.unwrap_or(0) }
-    }
-
     /// The groups a job belongs to, most specific first.
     fn groups(&self) -> [String; 3] {
         let shape = format!("{}|{:?}|{}|{}", self.gpus, self.gpu_memory, self.cpus_milli, self.memory);

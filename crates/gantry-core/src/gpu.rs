@@ -162,7 +162,7 @@ impl SimulatedBackend {
             if ty.as_ref().is_some_and(|t| t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || " ._".contains(c))) {
                 return Err(bad());
             }
-            let mem = crate::spec::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(bad)?;
+            let mem = crate::units::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(bad)?;
             if n == 0 {
                 return Err(bad());
             }

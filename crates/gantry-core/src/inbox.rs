@@ -43,8 +43,9 @@ use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{info, warn};
 
+use crate::engine::submit::{Spec, Submission};
 use crate::engine::{Engine, EngineError};
-use crate::spec::{self, Format, Origin, SpecError, MAX_SPEC_BYTES, TEMPLATE_NAMES};
+use crate::spec::{self, Format, SpecError, MAX_SPEC_BYTES, TEMPLATE_NAMES};
 use crate::store::Owner;
 
 pub const ACCEPTED: &str = "accepted";
@@ -603,31 +604,26 @@ impl Inbox {
             return Ok(id);
         }
         let source = format!("inbox:{}", f.path.join(name).display());
-        let result = match &f.template {
-            None => {
-                let Some(format) = Format::from_name(name) else {
-                    return Err(Stop::Reject(SpecError::new(
-                        format!("{name:?} is not a job file: Gantry reads .yaml, .yml and .toml"),
-                        "rename it to .yaml or .toml if it is a job spec, or drop it into a template folder",
-                    )));
-                };
-                spec::validate_text(&text, format, &Origin { file_name: Some(name.into()), base_dir: Some(f.path.clone()) })
-                    .map_err(EngineError::from)
-                    .and_then(|job| engine.check_mounts(&job, &owner, None).map(|_| job))
-                    .and_then(|job| engine.submit(&job, &owner, &source, Some(&key), |_, _| None))
-                    .map(|ids| ids[0])
-            }
-            Some(tdir) => {
-                let template = read_template(engine, f, fst.st_uid)?;
-                submit_from_template(engine, f, tdir, &template, name, &owner, &source, &key)
-            }
+        // A template folder's template is read for each file: it may have changed since the last one.
+        let template = match &f.template {
+            Some(folder) => Some((folder, read_template(engine, f, fst.st_uid)?)),
+            None => None,
         };
-        match result {
-            Ok(id) => Ok(id),
-            Err(EngineError::Spec(e)) => Err(Stop::Reject(e)),
-            // Not the file's fault (database trouble): leave it in place to retry later.
-            Err(e) => Err(Stop::Retry(format!("could not queue it: {e}"))),
-        }
+        let spec = match &template {
+            None => Spec::File { text: &text, file_name: name, base_dir: Some(f.path.clone()) },
+            Some((folder, template)) => Spec::Template { template, folder, file_name: name, base_dir: f.path.clone(), accepted_dir: f.path.join(ACCEPTED) },
+        };
+        finish(engine.submit(Submission { spec, owner: &owner, source, source_key: Some(key) }))
+    }
+}
+
+/// A submission's result as the drop folder acts on it: the file's own faults reject it.
+fn finish(result: Result<Vec<i64>, EngineError>) -> Result<i64, Stop> {
+    match result.map(|ids| ids[0]) {
+        Ok(id) => Ok(id),
+        Err(EngineError::Spec(e)) => Err(Stop::Reject(e)),
+        // Not the file's fault (database trouble): leave it in place to retry later.
+        Err(e) => Err(Stop::Retry(format!("could not queue it: {e}"))),
     }
 }
 
@@ -713,37 +709,6 @@ fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobS
     spec::parse_template(&text, Format::from_name(tname).unwrap_or(Format::Toml)).map_err(|e| {
         Stop::Reject(SpecError::new(format!("the template {} is invalid: {e}", tpath.display()), "fix the template; this file was not the problem and can be dropped again"))
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn submit_from_template(engine: &Engine, f: &Folder, tdir: &str, template: &spec::JobSpec, name: &str, owner: &Owner, source: &str, key: &str) -> Result<i64, EngineError> {
-    let accepted = f.path.join(ACCEPTED);
-    let origin = Origin { file_name: Some(name.into()), base_dir: Some(f.path.clone()) };
-    // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
-    let placeholder = accepted.join(format!("0-{name}")).to_string_lossy().into_owned();
-    let s = spec::instantiate_template(template, tdir, &placeholder, name);
-    let probe = spec::validate(s, &origin).map_err(|(e, _)| e)?;
-    engine.check_mounts(&probe, owner, Some(&placeholder))?;
-    let first = std::cell::Cell::new(None::<i64>);
-    let ids = engine.submit(&probe, owner, source, Some(key), |id, job| {
-        let first = match first.get() {
-            Some(f) => f,
-            None => {
-                first.set(Some(id));
-                id
-            }
-        };
-        let real = accepted.join(format!("{first}-{name}")).to_string_lossy().into_owned();
-        let mut j = job.clone();
-        for m in j.mounts.iter_mut().filter(|m| m.host == placeholder) {
-            m.host = real.clone();
-        }
-        for m in j.spec.mounts.iter_mut() {
-            *m = m.replace(&placeholder, &real);
-        }
-        Some(j)
-    })?;
-    Ok(ids[0])
 }
 
 fn stopped(s: Stop) -> Outcome {

@@ -1,5 +1,6 @@
 //! Gantry core: everything the engine and its clients share, with no GUI dependency.
 //!
+//! - [`units`] / [`defaults`]: pure leaves: unit parsing/formatting; every tunable with its reason
 //! - [`spec`]: the job spec (YAML/TOML), validation and JSON Schema
 //! - [`access`]: host paths checked as the submitter (mounts)
 //! - [`staging`]: checked mounts pinned for Docker (root engine)
@@ -17,6 +18,8 @@
 //! - [`machine_lock`]: one non-system engine per machine's GPUs
 //! - [`machines`]: the remote workstations the app can switch to
 
+pub mod units;
+pub mod defaults;
 pub mod spec;
 pub mod access;
 pub mod staging;

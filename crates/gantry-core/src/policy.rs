@@ -13,19 +13,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use crate::config;
+use crate::defaults as config;
 
 /// A duration as a lab config writes it: `30d`, `12h`, `90m`, `10s` (humantime would say `1month 9days ...`).
-pub fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0 => format!("{}ms", d.as_millis()),
-        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
-        _ if s.is_multiple_of(3600) => format!("{}h", s / 3600),
-        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
-        _ => format!("{s}s"),
-    }
-}
+pub use crate::units::duration_setting as human;
 
 /// The system engine's lab config.
 pub const SYSTEM_CONFIG: &str = "/etc/gantry/config.toml";
@@ -160,7 +151,7 @@ impl Policy {
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),
             ("jobs.reserve_after", d(Some(self.reserve_after))),
-            ("logs.cap", crate::spec::format_bytes(self.log_cap)),
+            ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
             ("history.keep", d(self.history_keep)),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
@@ -256,7 +247,7 @@ impl LabConfig {
     pub fn parse(text: &str, file: &Path) -> Result<LabConfig, PolicyError> {
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map(|s| crate::spec::line_col(text, s.start)).unwrap_or((0, 0));
+            let (line, column) = e.span().map(|s| crate::units::line_col(text, s.start)).unwrap_or((0, 0));
             let msg = e.message().trim().to_string();
             let hint = if msg.contains("unknown field") {
                 "remove or rename the key; the packaged /etc/gantry/config.toml documents every key"
@@ -469,7 +460,7 @@ struct Check<'a> {
 
 impl Check<'_> {
     fn fail(&mut self, span: Range<usize>, message: String, hint: impl Into<String>) {
-        let (line, column) = crate::spec::line_col(self.text, span.start);
+        let (line, column) = crate::units::line_col(self.text, span.start);
         self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message, hint: hint.into() });
     }
 
@@ -592,7 +583,7 @@ impl Check<'_> {
         }
         // [logs], [history]
         if let Some(c) = &raw.logs.cap {
-            match crate::spec::parse_bytes(c.get_ref()) {
+            match crate::units::parse_bytes(c.get_ref()) {
                 Some(b) if b >= 4096 => p.log_cap = b,
                 _ => self.fail(c.span(), format!("`cap` = {:?} is not a size of at least 4 KiB", c.get_ref()), "write e.g. \"64MiB\" or \"1GiB\""),
             }
@@ -678,7 +669,7 @@ impl Check<'_> {
             }
         }
         if let Some(m) = &raw.shard_memory {
-            match crate::spec::parse_bytes(m.get_ref()) {
+            match crate::units::parse_bytes(m.get_ref()) {
                 Some(b) if b >= 1 << 20 => s.shard_memory = Some(b),
                 _ => self.fail(m.span(), format!("slurm `shard_memory` = {:?} is not a size", m.get_ref()), "write the GPU memory one Slurm shard stands for, e.g. \"10GiB\""),
             }
@@ -694,7 +685,7 @@ impl Check<'_> {
         let mut c = crate::resources::Containers::default();
         let sizes = "write a size such as \"8GiB\"";
         if let Some(v) = &raw.shm_size {
-            match (v.get_ref().as_str(), crate::spec::parse_bytes(v.get_ref())) {
+            match (v.get_ref().as_str(), crate::units::parse_bytes(v.get_ref())) {
                 ("auto", _) => {}
                 (_, Some(b)) if b >= 1 << 20 => c.shm_size = Some(b),
                 (s, _) => self.fail(v.span(), format!("`shm_size` = {s:?} is not \"auto\" or a size of at least 1 MiB"), format!("{sizes}, or \"auto\" (half the job's memory limit)")),
@@ -702,7 +693,7 @@ impl Check<'_> {
         }
         for (key, v, out) in [("memlock", &raw.memlock, &mut c.memlock), ("stack", &raw.stack, &mut c.stack)] {
             if let Some(v) = v {
-                match crate::spec::parse_limit(v.get_ref()) {
+                match crate::units::parse_limit(v.get_ref()) {
                     Some(n) => *out = n,
                     None => self.fail(v.span(), format!("`{key}` = {:?} is not \"unlimited\" or a size", v.get_ref()), "write e.g. \"unlimited\" or \"64MiB\""),
                 }
@@ -743,7 +734,7 @@ impl Check<'_> {
         }
         let mut memory = |key: &str, v: &S<String>, none_ok: bool| -> Option<Amount> {
             let v = v.as_ref()?;
-            match (v.get_ref().as_str(), crate::spec::parse_bytes(v.get_ref())) {
+            match (v.get_ref().as_str(), crate::units::parse_bytes(v.get_ref())) {
                 ("auto", _) if none_ok => Some(Amount::Auto),
                 ("none", _) if none_ok => Some(Amount::Unlimited),
                 (_, Some(b)) if b >= crate::spec::MIN_MEMORY || (!none_ok) => Some(Amount::Is(b)),
@@ -763,7 +754,7 @@ impl Check<'_> {
 
     fn gpus(&mut self, v: &Spanned<toml::Value>) -> Option<GpuChoice> {
         let hint = "write gpus = \"all\", or a list of GPU indexes or UUIDs, e.g. [0, 1, 2, 3, 4, 5, 6]";
-        let (line, column) = crate::spec::line_col(self.text, v.span().start);
+        let (line, column) = crate::units::line_col(self.text, v.span().start);
         let list = match v.get_ref() {
             toml::Value::String(s) if s == "all" => return None,
             toml::Value::Array(a) if !a.is_empty() => a,

@@ -2,7 +2,7 @@
 //! start), each job's CPU and RAM (its spec's, else the lab's per-GPU share), and the container
 //! settings the executor applies (shm, ulimits, IPC, HOME).
 
-use crate::config;
+use crate::defaults as config;
 use crate::scheduler::CpuRam;
 use crate::spec::{format_bytes, Home, Ipc, SpecError, ValidJob};
 
@@ -23,7 +23,7 @@ impl Amount {
         match self {
             Amount::Auto => "auto".into(),
             Amount::Unlimited => "none".into(),
-            Amount::Is(v) if cpu => crate::scheduler::format_cpus(*v),
+            Amount::Is(v) if cpu => crate::units::format_cpus(*v),
             Amount::Is(v) => format_bytes(*v),
         }
     }
@@ -79,7 +79,7 @@ impl Containers {
             ("containers.memory_per_gpu", self.memory_per_gpu.show(false)),
             ("containers.cpu_only_cpus", self.cpu_only_cpus.show(true)),
             ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
-            ("containers.reserve_cpus", crate::scheduler::format_cpus(self.reserve_cpus_milli)),
+            ("containers.reserve_cpus", crate::units::format_cpus(self.reserve_cpus_milli)),
             ("containers.reserve_memory", format_bytes(self.reserve_memory)),
         ]
     }

@@ -10,12 +10,13 @@
 //! - ...but once a job has waited longer than `reserve_after_ms`, it reserves GPUs: later jobs may not
 //!   take them, so it starts as soon as they drain (no starvation).
 //! - Every job that does not start gets a human-readable reason.
-//! - A job with a [`GpuFilter`] (`gpu_type`, `min_gpu_memory`) only gets GPUs it accepts.
+//! - A job with a [`crate::spec::GpuFilter`] (`gpu_type`, `min_gpu_memory`) only gets GPUs it accepts.
 //! - Among equally good choices of several GPUs, the best-connected set wins (NVLink, same board,
 //!   same PCIe switch, ...) when NVML reports the topology.
 //! - CPU and RAM are counted like GPUs when the state carries the machine's capacity (`host`): a job
 //!   starts only when its `needs` fit beside the running jobs' (simulated traces carry none).
 
+pub use crate::spec::GpuFilter;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -88,14 +89,7 @@ pub struct CpuRam {
     pub memory: u64,
 }
 
-/// `16`, `0.5`: CPUs as people write them.
-pub fn format_cpus(milli: u64) -> String {
-    if milli.is_multiple_of(1000) {
-        (milli / 1000).to_string()
-    } else {
-        format!("{:.2}", milli as f64 / 1000.0).trim_end_matches('0').to_string()
-    }
-}
+pub use crate::units::format_cpus;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -452,7 +446,7 @@ impl<'a> Pool<'a> {
         let (pick, what, fmt): Measure = if cpu {
             (|c| c.cpus_milli, if n.cpus_milli == 1000 { "CPU" } else { "CPUs" }, format_cpus)
         } else {
-            (|c| c.memory, "of memory", crate::spec::format_bytes)
+            (|c| c.memory, "of memory", crate::units::format_bytes)
         };
         if pick(&n) > pick(&self.cap) {
             return Some(format!("needs {} {what}, this machine has {} for jobs", fmt(pick(&n)), fmt(pick(&self.cap))));
@@ -537,7 +531,7 @@ pub fn plan(state: &State) -> Plan {
                 match (limit, shadow) {
                     (Some(limit), Some(sh)) if sh - state.now_ms > limit => {
                         // Draining would idle GPUs for longer than it is worth: wait without a reservation.
-                        let reason = format!("{reason}; not reserving GPUs yet: they are expected to drain in {}", human_ms(sh - state.now_ms));
+                        let reason = format!("{reason}; not reserving GPUs yet: they are expected to drain in {}", crate::units::duration_ms(sh - state.now_ms));
                         reserved_for = Some((job.job_id, vec![], reason));
                     }
                     _ => {
@@ -555,7 +549,7 @@ pub fn plan(state: &State) -> Plan {
                 let reason = if reserved.is_empty() {
                     reason
                 } else {
-                    format!("{reason}; waited {}, so GPUs {} are reserved for it", human_ms(waited), list(&reserved))
+                    format!("{reason}; waited {}, so GPUs {} are reserved for it", crate::units::duration_ms(waited), list(&reserved))
                 };
                 push_wait(&mut out, job.job_id, reason, reserved);
             }
@@ -656,9 +650,6 @@ fn list(g: &[u32]) -> String {
     g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
-fn human_ms(ms: i64) -> String {
-    humantime::format_duration(std::time::Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
-}
 
 /// May `job` use a GPU reserved for another job? Only if it is known to end before that job starts.
 fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> bool {
@@ -737,9 +728,9 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
                     reasons_push(&|| format!(
                         "GPU {} has {} free{}, needs {}",
                         s.index,
-                        crate::spec::format_bytes(free),
-                        if s.outside_used > 0 { format!(" ({} used outside Gantry)", crate::spec::format_bytes(s.outside_used)) } else { String::new() },
-                        crate::spec::format_bytes(m)
+                        crate::units::format_bytes(free),
+                        if s.outside_used > 0 { format!(" ({} used outside Gantry)", crate::units::format_bytes(s.outside_used)) } else { String::new() },
+                        crate::units::format_bytes(m)
                     ));
                 }
             }
@@ -752,7 +743,7 @@ fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) -> Result<V
     } else {
         let what = match job.gpu_memory {
             None => format!("needs {n} free GPU{}", if n == 1 { "" } else { "s" }),
-            Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::spec::format_bytes(m)),
+            Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::units::format_bytes(m)),
         };
         let which = if job.filter.is_any() {
             String::new()
@@ -826,51 +817,6 @@ fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
 
 // ---- Choosing GPUs: which GPUs a job accepts, and how well a set of GPUs is connected ----
 
-/// Which GPUs a job accepts (`gpu_type`, `min_gpu_memory`). The default accepts every GPU.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuFilter {
-    /// Case-insensitive part of the GPU's name: `H100` matches "NVIDIA H100 80GB HBM3".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_type: Option<String>,
-    /// Least memory the GPU has in all (not: has free).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_memory: Option<u64>,
-}
-
-impl GpuFilter {
-    pub fn is_any(&self) -> bool {
-        self.gpu_type.is_none() && self.min_memory.is_none()
-    }
-
-    /// May the job use a GPU of this name and total memory?
-    pub fn eligible(&self, name: &str, memory_total: u64) -> bool {
-        self.gpu_type.as_ref().is_none_or(|t| name.to_lowercase().contains(&t.trim().to_lowercase()))
-            && self.min_memory.is_none_or(|m| memory_total >= m)
-    }
-
-    /// "an H100 with ≥ 40.0 GiB", "2 GPUs with ≥ 60.0 GiB", "2 A100s".
-    pub fn describe(&self, n: u32) -> String {
-        let what = match (&self.gpu_type, n) {
-            (Some(t), 1) => format!("{} {t}", article(t)),
-            (Some(t), _) => format!("{n} {t}s"),
-            (None, 1) => "a GPU".into(),
-            (None, _) => format!("{n} GPUs"),
-        };
-        match self.min_memory {
-            Some(m) => format!("{what} with ≥ {}", crate::spec::format_bytes(m)),
-            None => what,
-        }
-    }
-}
-
-/// "an H100", "an A100", "a Tesla": model numbers are read letter by letter.
-fn article(word: &str) -> &'static str {
-    let mut c = word.chars();
-    let (first, second) = (c.next().unwrap_or('x').to_ascii_uppercase(), c.next().unwrap_or(' '));
-    let spelled = second.is_ascii_digit() || word.chars().all(|c| !c.is_ascii_lowercase());
-    let vowel = if spelled { "AEFHILMNORSX".contains(first) } else { "AEIOU".contains(first) };
-    if vowel { "an" } else { "a" }
-}
 
 /// Links between GPUs (by index) as NVML reports them; empty when it reports none (simulated GPUs).
 #[derive(Debug, Clone, Default)]

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use schemars::JsonSchema;
+pub use crate::units::{format_bytes, line_col, parse_bytes, parse_limit};
 use serde::{Deserialize, Serialize};
 
 /// Largest spec file Gantry reads (drop folder and CLI alike).
@@ -317,12 +318,6 @@ fn locate_key(text: &str, key: &str) -> Option<usize> {
     .map(|i| i + 1)
 }
 
-pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map(|p| offset - p).unwrap_or(offset + 1);
-    (line, col)
-}
 
 fn hint_for(message: &str) -> String {
     if message.contains("unknown field") {
@@ -441,41 +436,7 @@ fn check_nesting(text: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// Parse `20GiB`, `512MiB`, `24G`, `1.5TiB`, `1000000` (bytes). Binary units throughout.
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return None,
-    };
-    if !num.is_finite() || num < 0.0 {
-        return None;
-    }
-    Some((num * mult as f64).round() as u64)
-}
 
-/// `25769803776` -> `24.0 GiB`.
-pub fn format_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
 
 /// Where the spec came from: used for defaults (name) and resolving relative mount paths.
 #[derive(Debug, Clone, Default)]
@@ -655,13 +616,6 @@ fn validate_limits(spec: &JobSpec) -> Result<Limits, (SpecError, &'static str)> 
     Ok(Limits { cpus_milli, memory, shm_size, memlock: limit(u.and_then(|u| u.memlock.as_ref()), "memlock")?, stack: limit(u.and_then(|u| u.stack.as_ref()), "stack")? })
 }
 
-/// `unlimited` (-1) or a size of at least 1 KiB, as a ulimit in bytes.
-pub fn parse_limit(s: &str) -> Option<i64> {
-    if s.trim().eq_ignore_ascii_case("unlimited") {
-        return Some(-1);
-    }
-    parse_bytes(s).filter(|b| *b >= 1024).and_then(|b| i64::try_from(b).ok())
-}
 
 /// Longest `gpu_type` (GPU names are short).
 pub const MAX_GPU_TYPE_CHARS: usize = 100;
@@ -693,14 +647,60 @@ fn check_gpu_choice(spec: &JobSpec) -> Result<(), (SpecError, &'static str)> {
 
 impl ValidJob {
     /// Which GPUs the job accepts (fields checked by [`validate`]).
-    pub fn gpu_filter(&self) -> crate::scheduler::GpuFilter {
+    pub fn gpu_filter(&self) -> GpuFilter {
         gpu_filter(self.spec.gpu_type.as_deref(), self.spec.min_gpu_memory.as_deref())
     }
 }
 
+/// Which GPUs a job accepts (`gpu_type`, `min_gpu_memory`). The default accepts every GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFilter {
+    /// Case-insensitive part of the GPU's name: `H100` matches "NVIDIA H100 80GB HBM3".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Least memory the GPU has in all (not: has free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_memory: Option<u64>,
+}
+
+impl GpuFilter {
+    pub fn is_any(&self) -> bool {
+        self.gpu_type.is_none() && self.min_memory.is_none()
+    }
+
+    /// May the job use a GPU of this name and total memory?
+    pub fn eligible(&self, name: &str, memory_total: u64) -> bool {
+        self.gpu_type.as_ref().is_none_or(|t| name.to_lowercase().contains(&t.trim().to_lowercase()))
+            && self.min_memory.is_none_or(|m| memory_total >= m)
+    }
+
+    /// "an H100 with ≥ 40.0 GiB", "2 GPUs with ≥ 60.0 GiB", "2 A100s".
+    pub fn describe(&self, n: u32) -> String {
+        let what = match (&self.gpu_type, n) {
+            (Some(t), 1) => format!("{} {t}", article(t)),
+            (Some(t), _) => format!("{n} {t}s"),
+            (None, 1) => "a GPU".into(),
+            (None, _) => format!("{n} GPUs"),
+        };
+        match self.min_memory {
+            Some(m) => format!("{what} with ≥ {}", format_bytes(m)),
+            None => what,
+        }
+    }
+}
+
+/// "an H100", "an A100", "a Tesla": model numbers are read letter by letter.
+fn article(word: &str) -> &'static str {
+    let mut c = word.chars();
+    let (first, second) = (c.next().unwrap_or('x').to_ascii_uppercase(), c.next().unwrap_or(' '));
+    let spelled = second.is_ascii_digit() || word.chars().all(|c| !c.is_ascii_lowercase());
+    let vowel = if spelled { "AEFHILMNORSX".contains(first) } else { "AEIOU".contains(first) };
+    if vowel { "an" } else { "a" }
+}
+
 /// The filter of a stored job's `gpu_type` and `min_gpu_memory`.
-pub fn gpu_filter(gpu_type: Option<&str>, min_gpu_memory: Option<&str>) -> crate::scheduler::GpuFilter {
-    crate::scheduler::GpuFilter { gpu_type: gpu_type.map(|t| t.trim().to_string()), min_memory: min_gpu_memory.and_then(parse_bytes) }
+pub fn gpu_filter(gpu_type: Option<&str>, min_gpu_memory: Option<&str>) -> GpuFilter {
+    GpuFilter { gpu_type: gpu_type.map(|t| t.trim().to_string()), min_memory: min_gpu_memory.and_then(parse_bytes) }
 }
 
 /// Characters a name may not show: controls, and the marks that reorder text on screen.

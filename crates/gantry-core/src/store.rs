@@ -237,6 +237,28 @@ pub struct Ending {
     pub not_before: Option<i64>,
 }
 
+impl Job {
+    /// The key the runtime estimator groups this job by (the same fields as [`QueuedRow::key`]).
+    pub fn key(&self) -> crate::estimate::JobKey {
+        crate::estimate::JobKey {
+            user: self.owner.clone(),
+            name: self.name.clone(),
+            image: self.image.clone(),
+            gpus: self.gpus,
+            gpu_memory: self.gpu_memory,
+            cpus_milli: self.job.limits.cpus_milli.unwrap_or(0),
+            memory: self.job.limits.memory.unwrap_or(0),
+        }
+    }
+}
+
+impl QueuedRow {
+    /// A queued job's estimator key, as the engine knows it.
+    pub fn key(&self) -> crate::estimate::JobKey {
+        crate::estimate::JobKey { user: self.owner.clone(), name: self.name.clone(), image: self.image.clone(), gpus: self.gpus, gpu_memory: self.gpu_memory, cpus_milli: self.cpus_milli.unwrap_or(0), memory: self.memory.unwrap_or(0) }
+    }
+}
+
 pub struct Store {
     conn: Connection,
     /// The queue in memory, when this connection keeps it (see [`Store::track_queue`]).
@@ -339,7 +361,7 @@ pub struct QueuedRow {
     /// Held by `gantry hold`: stays queued, never starts.
     pub held: bool,
     /// Which GPUs it accepts (`gpu_type`, `min_gpu_memory` of its spec).
-    pub gpu_filter: crate::scheduler::GpuFilter,
+    pub gpu_filter: crate::spec::GpuFilter,
     /// The spec's `cpus` (thousandths) and `memory`; `None`: the lab's default.
     pub cpus_milli: Option<u64>,
     pub memory: Option<u64>,

@@ -23,6 +23,7 @@ mod pass;
 pub mod reconcile;
 mod sampler;
 mod slurm;
+pub mod submit;
 mod supervisor;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -146,8 +147,6 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
-    /// Users' drop folders and their watchers (system engine).
-    pub(crate) inboxes: crate::inbox::users::Registry,
     /// `backend = "slurm"`: Slurm places and runs the jobs (see [`slurm`]).
     slurm: Option<slurm::SlurmRun>,
     _lock: std::fs::File,
@@ -307,7 +306,6 @@ impl Engine {
             events,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
-            inboxes: Default::default(),
             slurm: (cfg_backend == crate::slurm::BackendChoice::Slurm).then(|| slurm::SlurmRun::new(slurm_settings)),
             _lock: lock,
         });

@@ -3,39 +3,12 @@
 use std::collections::HashMap;
 use std::io::{Seek, SeekFrom, Write};
 
-use tracing::info;
-
 use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, GpuUser, JobDetail, QueueEntry};
-use crate::spec::{self, Format, Origin, SpecError, ValidJob};
-use crate::policy::Policy;
+use crate::spec::{self, SpecError, ValidJob};
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
 
 impl Engine {
-    /// Validate and queue one spec. `origin` resolves relative mounts and the default name.
-    pub fn submit_text(&self, text: &str, format: Format, origin: &Origin, owner: &Owner, source: &str) -> Result<Vec<i64>, EngineError> {
-        let job = spec::validate_text(text, format, origin)?;
-        self.check_mounts(&job, owner, None)?;
-        self.submit(&job, owner, source, None, |_, _| None)
-    }
-
-    /// Everything `submit_text` checks, without queueing.
-    pub fn validate_text(&self, text: &str, format: Format, origin: &Origin) -> Result<ValidJob, EngineError> {
-        let job = spec::validate_text(text, format, origin)?;
-        self.check_fits(&job)?;
-        Ok(job)
-    }
-
-    /// Queue the same spec again ("Run again"). Only its owner (or root) may: the spec holds their
-    /// environment, and it would run with their mounts.
-    pub fn rerun(&self, id: i64, caller: &Owner) -> Result<Vec<i64>, EngineError> {
-        let old = self.owned(id, caller.uid)?;
-        // An admin's rerun is the owner's job again: it runs as them, with their mounts checked as them.
-        let owner = if caller.uid != old.owner_uid { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { caller.clone() };
-        self.check_mounts(&old.job, &owner, None)?;
-        self.submit(&old.job, &owner, &format!("rerun:{id}"), None, |_, _| None)
-    }
-
     /// Users who ran `gantry inbox init` (the system engine watches their drop folders).
     pub(crate) fn registered_inboxes(&self) -> Result<Vec<u32>, EngineError> {
         Ok(self.reader().user_inboxes()?)
@@ -43,16 +16,6 @@ impl Engine {
 
     pub(crate) fn register_inbox(&self, uid: u32) -> Result<(), EngineError> {
         Ok(self.store().add_user_inbox(uid)?)
-    }
-
-    /// `uid`'s drop folder and whether it is watched.
-    pub fn inbox_info(&self, uid: u32) -> crate::inbox::users::InboxInfo {
-        self.inboxes.info(self, uid)
-    }
-
-    /// `gantry inbox init` as `uid`: watch the drop folder they made (system engine). Blocking.
-    pub fn inbox_init(self: &std::sync::Arc<Self>, uid: u32) -> Result<crate::inbox::users::InboxInfo, EngineError> {
-        self.inboxes.register(self, uid)
     }
 
     pub fn history_count(&self, f: &HistoryFilter) -> Result<i64, EngineError> {
@@ -65,86 +28,6 @@ impl Engine {
 
     pub fn gpu_minutes(&self, gpu: u32, from: i64, to: i64) -> Result<Vec<(i64, f64, i64)>, EngineError> {
         Ok(self.reader().gpu_minutes(gpu, from)?.into_iter().filter(|m| m.0 < to).collect())
-    }
-
-    /// Queue a job (a `matrix` expands into one job per combination). Returns the new job ids.
-    /// `finalize` may rewrite each job once its id is known (template mounts).
-    pub fn submit(
-        &self,
-        job: &ValidJob,
-        owner: &Owner,
-        source: &str,
-        source_key: Option<&str>,
-        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
-    ) -> Result<Vec<i64>, EngineError> {
-        self.check_fits(job)?;
-        let policy = self.policy();
-        let job = self.apply_limits(job, owner, &policy)?;
-        let job = self.resolve_after(&job, owner)?;
-        let jobs = spec::expand(&job);
-        let mut st = self.store();
-        if !policy.is_admin(owner.uid) {
-            let queued = st.queued_count(owner.uid)?;
-            if queued + jobs.len() > policy.max_queued_per_user {
-                return Err(EngineError::Refused(format!(
-                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user{}. \
-                     Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
-                    jobs.len(),
-                    policy.max_queued_per_user,
-                    self.set_in("limits.max_queued_jobs"),
-                )));
-            }
-        }
-        // Mark the ids before they exist: a failed mark then refuses the submit, never answers "failed"
-        // for jobs that were queued (a gap in ids is harmless).
-        self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
-        let mut ids = vec![];
-        for (i, j) in jobs.iter().enumerate() {
-            let id = st.insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
-            info!(job = id, owner = %owner.name, "queued {}", j.name);
-            ids.push(id);
-        }
-        drop(st);
-        for id in &ids {
-            self.notify_job(*id, JobState::Queued);
-        }
-        self.wake.notify_one();
-        Ok(ids)
-    }
-
-    /// The lab's limits on a job about to be queued: the priority range (wider for admins), the GPUs
-    /// one user may hold, and the timeouts (a job without one gets `default_timeout`).
-    fn apply_limits(&self, job: &ValidJob, owner: &Owner, policy: &Policy) -> Result<ValidJob, EngineError> {
-        let (lo, hi) = policy.priority_range(owner.uid);
-        if !(lo..=hi).contains(&job.spec.priority) {
-            return Err(SpecError::new(
-                format!("priority {} is outside the range you may use ({lo}..{hi}){}", job.spec.priority, self.set_in(if policy.is_admin(owner.uid) { "limits.admin_priority" } else { "limits.priority" })),
-                format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
-            )
-            .into());
-        }
-        if let Some(cap) = policy.max_running_gpus.filter(|c| job.gpus > *c) {
-            return Err(SpecError::new(
-                format!("the job asks for {} GPUs; the lab limit is {cap} GPUs per user{}", job.gpus, self.set_in("limits.max_running_gpus")),
-                format!("ask for at most {cap} GPUs"),
-            )
-            .into());
-        }
-        policy.containers.check(job, &|k| self.set_in(k))?;
-        let mut job = job.clone();
-        if job.timeout.is_none() {
-            job.timeout = policy.default_timeout;
-        }
-        if let (Some(t), Some(max)) = (job.timeout, policy.max_timeout) {
-            if t > max {
-                return Err(SpecError::new(
-                    format!("`timeout` {} is longer than the lab's limit of {}{}", crate::policy::human(t), crate::policy::human(max), self.set_in("limits.max_timeout")),
-                    format!("use a `timeout` of at most {}", crate::policy::human(max)),
-                )
-                .into());
-            }
-        }
-        Ok(job)
     }
 
     /// " (limits.x in FILE)": where a lab limit comes from, for error messages.
@@ -162,33 +45,11 @@ impl Engine {
 
     /// Keep the highest job id handed out outside the database too (fixed width, rewritten in place, so
     /// it needs no new disk blocks): ids never restart even if the database loses its WAL.
-    fn mark_job_id(&self, id: i64) -> Result<(), EngineError> {
+    pub(super) fn mark_job_id(&self, id: i64) -> Result<(), EngineError> {
         let mut f = self.id_mark.lock().unwrap();
         f.seek(SeekFrom::Start(0))?;
         f.write_all(format!("{id:>20}\n").as_bytes())?;
         Ok(())
-    }
-
-    /// Turn `after: [name]` into job ids (the owner's latest job of that name); check ids exist.
-    fn resolve_after(&self, job: &ValidJob, owner: &Owner) -> Result<ValidJob, EngineError> {
-        let mut job = job.clone();
-        let st = self.store();
-        for a in job.spec.after.iter_mut() {
-            match a {
-                spec::IdOrName::Id(id) => {
-                    if st.state_of(*id)?.is_none() {
-                        return Err(SpecError::new(format!("`after` refers to job {id}, which does not exist"), "check the id with `gantry ls` or `gantry history`").into());
-                    }
-                }
-                spec::IdOrName::Name(n) => match st.latest_by_name(owner.uid, n)? {
-                    Some(id) => *a = spec::IdOrName::Id(id),
-                    None => {
-                        return Err(SpecError::new(format!("`after` refers to {n:?}, but you have no job with that name"), "submit that job first, or use its id").into())
-                    }
-                },
-            }
-        }
-        Ok(job)
     }
 
     /// Reject jobs this machine can never run.

@@ -161,7 +161,7 @@ impl Engine {
                     cancel: cancel.clone(),
                     monitored: true,
                     expected_end: job.job.expected_runtime.and(runtime).map(|r| now_ms() + r),
-                    learn: job.job.expected_runtime.is_none().then(|| (crate::estimate::JobKey::of_job(&job), now_ms())),
+                    learn: job.job.expected_runtime.is_none().then(|| (job.key(), now_ms())),
                     needs,
                 },
             );
@@ -319,7 +319,7 @@ impl Engine {
 /// A queued job's declared runtime, else the median learned from similar completed runs
 /// (`estimate::History`: same owner+name+image+shape, else same shape, else same GPU count, else all).
 fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow) -> Option<i64> {
-    j.expected_runtime_ms.or_else(|| history.estimate(&crate::estimate::JobKey::of_row(j), 0).map(|e| e.p50_ms))
+    j.expected_runtime_ms.or_else(|| history.estimate(&j.key(), 0).map(|e| e.p50_ms))
 }
 
 /// A running job without a declared runtime: now + the learned median of its remaining runtime, given

@@ -98,7 +98,7 @@ impl Engine {
                     cancel: CancellationToken::new(),
                     monitored: false,
                     expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
-                    learn: j.job.expected_runtime.is_none().then(|| (crate::estimate::JobKey::of_job(j), a.started_at)),
+                    learn: j.job.expected_runtime.is_none().then(|| (j.key(), a.started_at)),
                     needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
                 });
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{Config, Engine, Paths};
 use crate::executor::fake::{FakeExecutor, Script};
-use crate::spec::{validate_text, Format, Origin};
+use super::submit::{Spec, Submission};
 use crate::store::{EndReason, JobState, Owner};
 
 fn cfg(dir: &std::path::Path) -> Config {
@@ -21,9 +21,13 @@ fn alice() -> Owner {
     Owner { uid: 1000, gid: 1000, name: "alice".into() }
 }
 
+/// A spec file's text, submitted by `owner` as the API does.
+fn file<'a>(yaml: &'a str, owner: &'a Owner) -> Submission<'a> {
+    Submission { spec: Spec::File { text: yaml, file_name: "test.yaml", base_dir: None }, owner, source: "test".into(), source_key: None }
+}
+
 fn submit(e: &Engine, yaml: &str) -> i64 {
-    let j = validate_text(yaml, Format::Yaml, &Origin::default()).unwrap();
-    e.submit(&j, &alice(), "test", None, |_, _| None).unwrap()[0]
+    e.submit(file(yaml, &alice())).unwrap()[0]
 }
 
 async fn wait_state(e: &Engine, id: i64, want: impl Fn(JobState) -> bool) -> JobState {
@@ -142,18 +146,17 @@ async fn priority_and_queue_length_are_bounded_for_users() {
     let mut c = cfg(dir.path());
     c.lab.policy.max_queued_per_user = 3;
     let e = Engine::open_with(c, fake.clone()).unwrap();
-    let j = |t: &str| validate_text(t, Format::Yaml, &Origin::default()).unwrap();
-    let err = e.submit(&j("image: a\npriority: 2147483647\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
+    let err = e.submit(file("image: a\npriority: 2147483647\n", &alice())).unwrap_err().to_string();
     assert!(err.contains("outside the range you may use (-10..10)"), "{err}");
     let root = Owner { uid: 0, gid: 0, name: "root".into() };
-    assert!(e.submit(&j("image: a\npriority: 100\n"), &root, "t", None, |_, _| None).is_ok(), "admins may go further");
+    assert!(e.submit(file("image: a\npriority: 100\n", &root)).is_ok(), "admins may go further");
     // The engine is not running: jobs stay queued.
     for _ in 0..3 {
-        e.submit(&j("image: a\n"), &alice(), "t", None, |_, _| None).unwrap();
+        e.submit(file("image: a\n", &alice())).unwrap();
     }
-    let err = e.submit(&j("image: a\n"), &alice(), "t", None, |_, _| None).unwrap_err().to_string();
+    let err = e.submit(file("image: a\n", &alice())).unwrap_err().to_string();
     assert!(err.contains("limit of 3 queued jobs per user"), "{err}");
-    assert!(e.submit(&j("image: a\n"), &Owner { uid: 1001, gid: 1001, name: "bob".into() }, "t", None, |_, _| None).is_ok(), "bob is not affected");
+    assert!(e.submit(file("image: a\n", &Owner { uid: 1001, gid: 1001, name: "bob".into() })).is_ok(), "bob is not affected");
     let id = e.queue().unwrap()[1].job.id;
     assert!(e.set_priority(id, 11, 1000).unwrap_err().to_string().contains("-10..10"));
     assert!(e.set_priority(id, 10, 1000).unwrap());

@@ -52,7 +52,8 @@ struct Watched {
     task: JoinHandle<()>,
 }
 
-/// The watchers of users' drop folders (the engine holds one).
+/// The watchers of users' drop folders: made by the daemon, shared by the watchers and the API (the
+/// engine never holds it: the inbox submits through the engine, not the other way round).
 #[derive(Default)]
 pub struct Registry {
     watched: Mutex<HashMap<u32, Watched>>,
@@ -82,7 +83,7 @@ pub fn check_inbox_path(p: &Path) -> Result<(), String> {
 }
 
 /// Serve every drop folder until the engine stops.
-pub async fn run(engine: Arc<Engine>) {
+pub async fn run(engine: Arc<Engine>, inboxes: Arc<Registry>) {
     let main = {
         let (e, dir) = (engine.clone(), engine.cfg.paths.inbox.clone());
         tokio::spawn(async move {
@@ -95,7 +96,7 @@ pub async fn run(engine: Arc<Engine>) {
             }
         })
     };
-    *lock(&engine.inboxes.main) = Some(main);
+    *lock(&inboxes.main) = Some(main);
     if engine.cfg.paths.system_root.is_some() {
         if let Err(e) = check_inbox_path(&engine.cfg.inbox_path) {
             error!("users' drop folders are not served: {e}");
@@ -104,7 +105,8 @@ pub async fn run(engine: Arc<Engine>) {
         } else {
             loop {
                 let e = engine.clone();
-                let _ = tokio::task::spawn_blocking(move || e.inboxes.scan(&e)).await;
+                let reg = inboxes.clone();
+                let _ = tokio::task::spawn_blocking(move || reg.scan(&e)).await;
                 tokio::select! {
                     _ = tokio::time::sleep(USER_INBOX_RESCAN) => {}
                     _ = engine.stopped() => break,
@@ -113,10 +115,10 @@ pub async fn run(engine: Arc<Engine>) {
         }
     }
     engine.stopped().await;
-    for (_, w) in lock(&engine.inboxes.watched).drain() {
+    for (_, w) in lock(&inboxes.watched).drain() {
         w.task.abort();
     }
-    if let Some(m) = lock(&engine.inboxes.main).take() {
+    if let Some(m) = lock(&inboxes.main).take() {
         m.abort();
     }
 }

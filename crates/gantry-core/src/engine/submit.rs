@@ -1,0 +1,201 @@
+//! The one submission pipeline: the API (CLI and app), the drop folder, templates and "Run again" all
+//! queue a job through [`Engine::submit`], so each check and each message exists once.
+//!
+//! Steps, in order: parse the spec (by file name) → validate → check the submitter's mounts as the
+//! submitter → "can this machine ever run it" → the lab's limits (priority range, GPUs per user,
+//! timeouts, container settings) → `after:` names to ids → the per-user queue bound → insert (a
+//! `matrix` expands into one row per combination) → wake the loop.
+
+use std::path::PathBuf;
+
+use tracing::info;
+
+use super::{Engine, EngineError};
+use crate::policy::Policy;
+use crate::spec::{self, Format, JobSpec, Origin, SpecError, ValidJob};
+use crate::store::{JobState, Owner};
+
+/// What is being submitted.
+pub enum Spec<'a> {
+    /// A spec file's text; its name picks the format and the default job name, `base_dir` resolves
+    /// relative mounts.
+    File { text: &'a str, file_name: &'a str, base_dir: Option<PathBuf> },
+    /// A config file dropped into a template folder: the template's job, with the config mounted from
+    /// `accepted_dir/<first job id>-<file_name>` (where the drop folder moves it once queued).
+    Template { template: &'a JobSpec, folder: &'a str, file_name: &'a str, base_dir: PathBuf, accepted_dir: PathBuf },
+    /// A previous job's spec again ("Run again", `gantry rerun`). Only its owner or an admin may; it
+    /// runs as its owner, with the mounts checked as them.
+    Rerun(i64),
+}
+
+/// A submission: what, by whom, and where it came from.
+pub struct Submission<'a> {
+    pub spec: Spec<'a>,
+    pub owner: &'a Owner,
+    /// Shown in history (`api:NAME`, `inbox:PATH`, `rerun:ID`).
+    pub source: String,
+    /// The drop folder's identity of the file (dev, inode, size, mtime): a file queued just before a
+    /// crash is not queued again.
+    pub source_key: Option<String>,
+}
+
+/// The format of a spec file, from its name.
+pub fn format_of(file_name: &str) -> Result<Format, SpecError> {
+    Format::from_name(file_name).ok_or_else(|| {
+        SpecError::new(
+            format!("{file_name:?} is not a job file: Gantry reads .yaml, .yml and .toml"),
+            "rename it to .yaml or .toml if it is a job spec, or drop it into a template folder",
+        )
+    })
+}
+
+impl Engine {
+    /// Queue a job (a `matrix` expands into one job per combination). Returns the new job ids.
+    pub fn submit(&self, s: Submission<'_>) -> Result<Vec<i64>, EngineError> {
+        match s.spec {
+            Spec::File { text, file_name, base_dir } => {
+                let job = spec::validate_text(text, format_of(file_name)?, &Origin { file_name: Some(file_name.into()), base_dir })?;
+                self.check_mounts(&job, s.owner, None)?;
+                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), |_, _| None)
+            }
+            Spec::Template { template, folder, file_name, base_dir, accepted_dir } => {
+                let origin = Origin { file_name: Some(file_name.into()), base_dir: Some(base_dir) };
+                // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
+                let placeholder = accepted_dir.join(format!("0-{file_name}")).to_string_lossy().into_owned();
+                let job = spec::validate(spec::instantiate_template(template, folder, &placeholder, file_name), &origin).map_err(|(e, _)| e)?;
+                // The config file is checked by the drop folder (it is the dropper's own file).
+                self.check_mounts(&job, s.owner, Some(&placeholder))?;
+                let first = std::cell::Cell::new(None::<i64>);
+                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), |id, job| {
+                    let first = match first.get() {
+                        Some(f) => f,
+                        None => {
+                            first.set(Some(id));
+                            id
+                        }
+                    };
+                    let real = accepted_dir.join(format!("{first}-{file_name}")).to_string_lossy().into_owned();
+                    let mut j = job.clone();
+                    for m in j.mounts.iter_mut().filter(|m| m.host == placeholder) {
+                        m.host = real.clone();
+                    }
+                    for m in j.spec.mounts.iter_mut() {
+                        *m = m.replace(&placeholder, &real);
+                    }
+                    Some(j)
+                })
+            }
+            Spec::Rerun(id) => {
+                let old = self.owned(id, s.owner.uid)?;
+                // An admin's rerun is the owner's job again: it runs as them, with their mounts checked as them.
+                let owner = if s.owner.uid != old.owner_uid { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { s.owner.clone() };
+                self.check_mounts(&old.job, &owner, None)?;
+                self.queue_job(&old.job, &owner, &s.source, s.source_key.as_deref(), |_, _| None)
+            }
+        }
+    }
+
+    /// Everything a submission of this file checks that does not depend on who submits it, without
+    /// queueing (the app's preview).
+    pub fn validate_file(&self, text: &str, file_name: &str, base_dir: Option<PathBuf>) -> Result<ValidJob, EngineError> {
+        let job = spec::validate_text(text, format_of(file_name)?, &Origin { file_name: Some(file_name.into()), base_dir })?;
+        self.check_fits(&job)?;
+        Ok(job)
+    }
+
+    /// The steps after validation and the mount check. `finalize` may rewrite each job once its id is
+    /// known (template mounts).
+    fn queue_job(&self, job: &ValidJob, owner: &Owner, source: &str, source_key: Option<&str>, finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>) -> Result<Vec<i64>, EngineError> {
+        self.check_fits(job)?;
+        let policy = self.policy();
+        let job = self.apply_limits(job, owner, &policy)?;
+        let job = self.resolve_after(&job, owner)?;
+        let jobs = spec::expand(&job);
+        let mut st = self.store();
+        if !policy.is_admin(owner.uid) {
+            let queued = st.queued_count(owner.uid)?;
+            if queued + jobs.len() > policy.max_queued_per_user {
+                return Err(EngineError::Refused(format!(
+                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user{}. \
+                     Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
+                    jobs.len(),
+                    policy.max_queued_per_user,
+                    self.set_in("limits.max_queued_jobs"),
+                )));
+            }
+        }
+        // Mark the ids before they exist: a failed mark then refuses the submit, never answers "failed"
+        // for jobs that were queued (a gap in ids is harmless).
+        self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
+        let mut ids = vec![];
+        for (i, j) in jobs.iter().enumerate() {
+            let id = st.insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
+            info!(job = id, owner = %owner.name, "queued {}", j.name);
+            ids.push(id);
+        }
+        drop(st);
+        for id in &ids {
+            self.notify_job(*id, JobState::Queued);
+        }
+        self.wake.notify_one();
+        Ok(ids)
+    }
+
+    /// The lab's limits on a job about to be queued: the priority range (wider for admins), the GPUs
+    /// one user may hold, and the timeouts (a job without one gets `default_timeout`).
+    fn apply_limits(&self, job: &ValidJob, owner: &Owner, policy: &Policy) -> Result<ValidJob, EngineError> {
+        let (lo, hi) = policy.priority_range(owner.uid);
+        if !(lo..=hi).contains(&job.spec.priority) {
+            return Err(SpecError::new(
+                format!("priority {} is outside the range you may use ({lo}..{hi}){}", job.spec.priority, self.set_in(if policy.is_admin(owner.uid) { "limits.admin_priority" } else { "limits.priority" })),
+                format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
+            )
+            .into());
+        }
+        if let Some(cap) = policy.max_running_gpus.filter(|c| job.gpus > *c) {
+            return Err(SpecError::new(
+                format!("the job asks for {} GPUs; the lab limit is {cap} GPUs per user{}", job.gpus, self.set_in("limits.max_running_gpus")),
+                format!("ask for at most {cap} GPUs"),
+            )
+            .into());
+        }
+        policy.containers.check(job, &|k| self.set_in(k))?;
+        let mut job = job.clone();
+        if job.timeout.is_none() {
+            job.timeout = policy.default_timeout;
+        }
+        if let (Some(t), Some(max)) = (job.timeout, policy.max_timeout) {
+            if t > max {
+                use crate::units::duration_setting as setting;
+                return Err(SpecError::new(
+                    format!("`timeout` {} is longer than the lab's limit of {}{}", setting(t), setting(max), self.set_in("limits.max_timeout")),
+                    format!("use a `timeout` of at most {}", setting(max)),
+                )
+                .into());
+            }
+        }
+        Ok(job)
+    }
+
+    /// Turn `after: [name]` into job ids (the owner's latest job of that name); check ids exist.
+    fn resolve_after(&self, job: &ValidJob, owner: &Owner) -> Result<ValidJob, EngineError> {
+        let mut job = job.clone();
+        let st = self.store();
+        for a in job.spec.after.iter_mut() {
+            match a {
+                spec::IdOrName::Id(id) => {
+                    if st.state_of(*id)?.is_none() {
+                        return Err(SpecError::new(format!("`after` refers to job {id}, which does not exist"), "check the id with `gantry ls` or `gantry history`").into());
+                    }
+                }
+                spec::IdOrName::Name(n) => match st.latest_by_name(owner.uid, n)? {
+                    Some(id) => *a = spec::IdOrName::Id(id),
+                    None => {
+                        return Err(SpecError::new(format!("`after` refers to {n:?}, but you have no job with that name"), "submit that job first, or use its id").into())
+                    }
+                },
+            }
+        }
+        Ok(job)
+    }
+}

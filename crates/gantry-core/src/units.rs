@@ -1,0 +1,111 @@
+//! Units: parsing and formatting of bytes, CPUs, durations and text positions. One formatter per
+//! unit and purpose; pure, imports nothing from the crate (a leaf every other module may use).
+
+use std::time::Duration;
+
+/// Parse `20GiB`, `512MiB`, `24G`, `1.5TiB`, `1000000` (bytes). Binary units throughout.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let num: f64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if !num.is_finite() || num < 0.0 {
+        return None;
+    }
+    Some((num * mult as f64).round() as u64)
+}
+
+/// `25769803776` -> `24.0 GiB`.
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// `unlimited` (-1) or a size of at least 1 KiB, as a ulimit in bytes.
+pub fn parse_limit(s: &str) -> Option<i64> {
+    if s.trim().eq_ignore_ascii_case("unlimited") {
+        return Some(-1);
+    }
+    parse_bytes(s).filter(|b| *b >= 1024).and_then(|b| i64::try_from(b).ok())
+}
+
+/// `16`, `0.5`: CPUs as people write them.
+pub fn format_cpus(milli: u64) -> String {
+    if milli.is_multiple_of(1000) {
+        (milli / 1000).to_string()
+    } else {
+        format!("{:.2}", milli as f64 / 1000.0).trim_end_matches('0').to_string()
+    }
+}
+
+/// 1-based line and column of a byte offset in `text` (for error messages).
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map(|p| offset - p).unwrap_or(offset + 1);
+    (line, col)
+}
+
+/// A duration for people, to the second: `2h 3m 4s` (reasons, ETAs, notes in logs).
+pub fn duration_ms(ms: i64) -> String {
+    humantime::format_duration(Duration::from_secs((ms / 1000).max(0) as u64)).to_string()
+}
+
+/// A duration for a table column: its two largest parts (`2h 3m`).
+pub fn duration_brief_ms(ms: i64) -> String {
+    duration_ms(ms).split(' ').take(2).collect::<Vec<_>>().join(" ")
+}
+
+/// A duration as the lab config writes it (`10m`, `1d`, `90s`, `500ms`): the largest whole unit.
+pub fn duration_setting(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_per_purpose() {
+        assert_eq!(duration_ms(3_723_400), "1h 2m 3s");
+        assert_eq!(duration_ms(-5), "0s");
+        assert_eq!(duration_brief_ms(3_723_400), "1h 2m");
+        assert_eq!(duration_setting(Duration::from_secs(86_400)), "1d");
+        assert_eq!(duration_setting(Duration::from_secs(90)), "90s");
+        assert_eq!(duration_setting(Duration::from_millis(500)), "500ms");
+    }
+
+    #[test]
+    fn bytes_round_trip_and_cpus() {
+        assert_eq!(parse_bytes("1.5GiB"), Some(3 << 29));
+        assert_eq!(format_bytes(24 << 30), "24.0 GiB");
+        assert_eq!(parse_limit("unlimited"), Some(-1));
+        assert_eq!(format_cpus(1500), "1.5");
+        assert_eq!(line_col("a\nbc", 3), (2, 2));
+    }
+}
