@@ -1,0 +1,575 @@
+//! The job spec: one job per file, YAML or TOML, strictly checked.
+//!
+//! Parsing never panics and every error says where (line/column when known) and how to fix it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+pub use crate::units::{format_bytes, line_col, parse_bytes, parse_limit};
+use serde::{Deserialize, Serialize};
+
+mod parse;
+mod validate;
+mod matrix;
+mod mount;
+mod template;
+pub use parse::*;
+pub use validate::*;
+pub use matrix::*;
+pub(crate) use mount::*;
+pub use template::*;
+
+/// Largest spec file Gantry reads (drop folder and CLI alike).
+pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
+
+/// The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Command {
+    /// A single string, run with `/bin/sh -c`.
+    Shell(String),
+    /// Program and arguments, run as is.
+    Exec(Vec<String>),
+}
+
+impl Command {
+    /// The argv handed to Docker.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+            Command::Exec(v) => v.clone(),
+        }
+    }
+    pub fn map(&self, f: impl Fn(&str) -> String) -> Command {
+        match self {
+            Command::Shell(s) => Command::Shell(f(s)),
+            Command::Exec(v) => Command::Exec(v.iter().map(|s| f(s)).collect()),
+        }
+    }
+    fn mentions(&self, needle: &str) -> bool {
+        match self {
+            Command::Shell(s) => s.contains(needle),
+            Command::Exec(v) => v.iter().any(|s| s.contains(needle)),
+        }
+    }
+}
+
+/// A job as written by a researcher. Unknown fields are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Gantry job spec")]
+pub struct JobSpec {
+    /// Short name shown in the queue and history. Defaults to the file name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+    pub image: String,
+    /// Command: a list (exec form) or a string run with `/bin/sh -c`. Defaults to the image's CMD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Command>,
+    /// Working directory inside the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Bind mounts, `host:container` or `host:container:ro`. Host paths are absolute or relative to the spec file;
+    /// each must exist and be readable (for read-write mounts, writable) by the submitter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<String>,
+    /// Number of GPUs (0 allowed). Default 1.
+    #[serde(default = "default_gpus")]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus: i64,
+    /// GPU memory needed on each GPU, e.g. `20GiB`. When set, the job may share a GPU with others whose
+    /// declared memory fits; when absent, the job gets whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub gpu_memory: Option<String>,
+    /// Only GPUs whose name contains this (any case), e.g. `H100` matches "NVIDIA H100 80GB HBM3".
+    /// `gantry gpus` lists the names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Only GPUs with at least this much memory in all, e.g. `40GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub min_gpu_memory: Option<String>,
+    /// Higher runs first. Default 0.
+    #[serde(default)]
+    pub priority: i32,
+    /// Wall-clock limit, e.g. `24h`, `90m`. The job is stopped (SIGTERM, then SIGKILL) when it passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// How often to retry after a failure (not after cancel). Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub retries: i64,
+    /// How long the job is expected to run (`2h`). Lets the scheduler backfill and estimate start times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_runtime: Option<String>,
+    /// Start only after these jobs succeeded: job ids, or names of your earlier jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<IdOrName>,
+    /// Job array: one job per combination of values, e.g. `{lr: [0.1, 0.01], bs: [32, 64]}` makes 4
+    /// jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub matrix: BTreeMap<String, Vec<Scalar>>,
+    // Container settings for deep learning; each defaults to the lab config's `[containers]`.
+    /// CPUs the job may use, e.g. `8` or `0.5`. Default: the lab's share per GPU (`cpus_per_gpu`), or
+    /// `cpu_only_cpus` for a CPU-only job. The scheduler starts the job only when this many are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 1024))]
+    pub cpus: Option<f64>,
+    /// RAM limit, e.g. `64GiB` (swap is not added on top). Default: the lab's share per GPU
+    /// (`memory_per_gpu`), or `cpu_only_memory` for a CPU-only job. Counted by the scheduler like CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub memory: Option<String>,
+    /// Size of `/dev/shm` (PyTorch DataLoader workers pass batches through it), e.g. `16GiB`.
+    /// Default: half the job's memory limit (8 GiB without one); Docker's own is 64 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|B)?\s*$"))]
+    pub shm_size: Option<String>,
+    /// `private` (default) or `host`: share the host's IPC namespace (only where the lab config allows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<Ipc>,
+    /// Where `$HOME` points: `tmpfs` (an empty, writable folder for this job) or `mount` (your home
+    /// folder, read-write; only where the lab config enables it). Default: the lab's `home`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<Home>,
+    /// Resource limits. Default: `memlock: unlimited`, `stack: 64MiB` (NVIDIA's advice for PyTorch/NCCL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulimits: Option<Ulimits>,
+}
+
+/// `ipc` in a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Ipc {
+    Private,
+    Host,
+}
+
+/// `home` in a spec and in the lab config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Home {
+    Tmpfs,
+    Mount,
+}
+
+/// `ulimits` in a spec: each `unlimited` or a size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ulimits {
+    /// Locked memory (RDMA and pinned-memory transfers need it), e.g. `unlimited`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memlock: Option<String>,
+    /// Stack size of each thread, e.g. `64MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+}
+
+/// The container settings a spec asked for, parsed (`None`: the lab's default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPUs in thousandths.
+    pub cpus_milli: Option<u64>,
+    pub memory: Option<u64>,
+    pub shm_size: Option<u64>,
+    /// Bytes; -1 is unlimited (Docker's and the kernel's convention).
+    pub memlock: Option<i64>,
+    pub stack: Option<i64>,
+}
+
+/// Docker refuses a memory limit below 6 MiB.
+pub const MIN_MEMORY: u64 = 6 << 20;
+
+/// A job reference in `after`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum IdOrName {
+    Id(i64),
+    Name(String),
+}
+
+/// A matrix value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Scalar {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Int(i) => write!(f, "{i}"),
+            Scalar::Float(x) => write!(f, "{x}"),
+            Scalar::Bool(b) => write!(f, "{b}"),
+            Scalar::Str(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+fn default_gpus() -> i64 {
+    1
+}
+
+/// A spec that passed every check, with sizes and durations parsed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidJob {
+    pub name: String,
+    pub spec: JobSpec,
+    pub gpus: u32,
+    /// Declared memory per GPU in bytes; `None` means whole GPUs.
+    pub gpu_memory: Option<u64>,
+    pub timeout: Option<Duration>,
+    pub retries: u32,
+    pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub expected_runtime: Option<Duration>,
+    /// CPU, RAM, shm and ulimits the spec set (the engine fills in the lab's defaults).
+    #[serde(default)]
+    pub limits: Limits,
+    /// Set on each job a `matrix` expanded into: its place among its siblings (the Slurm backend
+    /// submits them together as one job array).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix_part: Option<MatrixPart>,
+}
+
+/// One job of a `matrix` expansion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatrixPart {
+    /// Unique per expansion.
+    pub group: String,
+    pub index: u32,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub host: String,
+    pub container: String,
+    pub read_only: bool,
+}
+
+/// Which syntax a spec is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Toml,
+}
+
+impl Format {
+    /// From a file name; `None` when the extension is not one Gantry reads.
+    pub fn from_name(name: &str) -> Option<Format> {
+        let lower = name.to_ascii_lowercase();
+        if lower.ends_with(".yaml") || lower.ends_with(".yml") {
+            Some(Format::Yaml)
+        } else if lower.ends_with(".toml") {
+            Some(Format::Toml)
+        } else {
+            None
+        }
+    }
+}
+
+/// A spec problem: what, where, and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub struct SpecError {
+    pub message: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub hint: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: ")?,
+            (Some(l), None) => write!(f, "line {l}: ")?,
+            _ => {}
+        }
+        write!(f, "{}", self.message)?;
+        if !self.hint.is_empty() {
+            write!(f, "\n  fix: {}", self.hint)?;
+        }
+        Ok(())
+    }
+}
+
+impl SpecError {
+    pub fn new(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        SpecError { message: message.into(), line: None, column: None, hint: hint.into() }
+    }
+    fn at_key(mut self, text: &str, key: &str) -> Self {
+        if let Some(line) = locate_key(text, key) {
+            self.line = Some(line);
+        }
+        self
+    }
+}
+
+/// JSON Schema of the spec, for editors.
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(JobSpec)).expect("schema serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_yaml(t: &str) -> ValidJob {
+        validate_text(t, Format::Yaml, &Origin { file_name: Some("x.yaml".into()), base_dir: Some("/home/a".into()) }).unwrap()
+    }
+    fn err_yaml(t: &str) -> SpecError {
+        validate_text(t, Format::Yaml, &Origin::default()).unwrap_err()
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let j = ok_yaml("\u{feff}image: busybox\ncommand: [echo, hi]\n");
+        assert_eq!(j.spec.image, "busybox");
+        let t = parse("\u{feff}image = \"busybox\"\n", Format::Toml).unwrap();
+        assert_eq!(t.image, "busybox");
+        let e = parse_template("\u{feff}image = \"busybox\"\n", Format::Toml).unwrap_err();
+        assert!(e.message.contains("{config}"), "{e}");
+    }
+
+    #[test]
+    fn full_yaml_spec_parses() {
+        let j = ok_yaml(
+            "name: resnet\nimage: paddle:2.6\ncommand: [python, train.py]\nworkdir: /w\nenv: {A: '1'}\n\
+             mounts: ['/data:/data:ro', 'out:/out']\ngpus: 2\ngpu_memory: 20GiB\npriority: 5\ntimeout: 24h\nretries: 2\n",
+        );
+        assert_eq!(j.name, "resnet");
+        assert_eq!(j.gpus, 2);
+        assert_eq!(j.gpu_memory, Some(20 << 30));
+        assert_eq!(j.timeout, Some(Duration::from_secs(86400)));
+        assert_eq!(j.retries, 2);
+        assert_eq!(j.mounts[0], Mount { host: "/data".into(), container: "/data".into(), read_only: true });
+        assert_eq!(j.mounts[1].host, "/home/a/out");
+        // Relative paths are resolved against the spec's folder, `..` included; `access` then checks them as the user.
+        assert_eq!(ok_yaml("image: a\nmounts: ['../../../../etc:/etc2']\n").mounts[0].host, "/etc");
+        // Only whole components match the deny-list.
+        assert_eq!(ok_yaml("image: a\nmounts: ['/run/dockerd-data:/d']\n").mounts[0].host, "/run/dockerd-data");
+        assert_eq!(j.spec.command.unwrap().argv(), vec!["python", "train.py"]);
+    }
+
+    #[test]
+    fn gpu_type_and_min_gpu_memory_make_a_filter() {
+        let j = ok_yaml("image: a\ngpus: 2\ngpu_type: ' h100 '\nmin_gpu_memory: 40GiB\n");
+        let f = j.gpu_filter();
+        assert_eq!((f.gpu_type.as_deref(), f.min_memory), (Some("h100"), Some(40 << 30)));
+        assert!(f.eligible("NVIDIA H100 80GB HBM3", 80 << 30));
+        assert!(!f.eligible("NVIDIA H100 PCIe", 32 << 30), "too little memory");
+        assert!(!f.eligible("NVIDIA A100-SXM4-80GB", 80 << 30), "another card");
+        assert!(ok_yaml("image: a\n").gpu_filter().is_any());
+    }
+
+    #[test]
+    fn toml_spec_and_defaults() {
+        let j = validate_text("image = \"busybox\"\ncommand = \"echo hi\"\n", Format::Toml, &Origin { file_name: Some("exp1.toml".into()), base_dir: None }).unwrap();
+        assert_eq!(j.name, "exp1");
+        assert_eq!(j.gpus, 1);
+        assert_eq!(j.gpu_memory, None);
+        assert_eq!(j.spec.command.unwrap().argv(), vec!["/bin/sh", "-c", "echo hi"]);
+    }
+
+    #[test]
+    fn unknown_field_points_at_line() {
+        let e = err_yaml("image: a\ngpu: 2\n");
+        assert!(e.message.contains("unknown field `gpu`"), "{e}");
+        assert_eq!(e.line, Some(2));
+        assert!(e.hint.contains("gantry schema"));
+    }
+
+    #[test]
+    fn unknown_field_suggests_the_nearest_known_one() {
+        let e = err_yaml("image: a\ngpu: 2\n");
+        assert!(e.hint.starts_with("did you mean `gpus`?"), "{e}");
+        assert!(e.to_string().contains("did you mean `gpus`?"), "{e}");
+        let e = validate_text("image = \"a\"\ntimout = \"1h\"\n", Format::Toml, &Origin::default()).unwrap_err();
+        assert!(e.hint.starts_with("did you mean `timeout`?"), "{e}");
+        // Nothing close: no guess.
+        let e = err_yaml("image: a\nbanana: 2\n");
+        assert!(!e.hint.contains("did you mean"), "{e}");
+        assert_eq!(edit_distance("gpu", "gpus"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(suggest_field("unknown field `x`, expected `a` or `b`"), None);
+    }
+
+    #[test]
+    fn toml_unknown_field_has_line() {
+        let e = validate_text("image = \"a\"\n\nbogus = 1\n", Format::Toml, &Origin::default()).unwrap_err();
+        assert!(e.message.contains("unknown field"), "{e}");
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn bad_yaml_syntax_has_position() {
+        let e = err_yaml("image: a\ncommand: [unclosed\n");
+        assert!(e.line.is_some(), "{e:?}");
+    }
+
+    #[test]
+    fn value_errors_are_clear() {
+        let cases = [
+            ("image: a\ngpus: -1\n", "must be 0 or more", Some(2)),
+            ("gpus: 1\n", "missing field `image`", Some(1)),
+            ("image: ''\n", "`image` is empty", Some(1)),
+            ("image: a\ngpu_memory: lots\n", "not a memory size", Some(2)),
+            ("image: a\ntimeout: forever\n", "not a duration", Some(2)),
+            ("image: a\nmounts: ['/var/run/docker.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/a/../var/run/docker.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/run/containerd/containerd.sock:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/var/run/docker:/d']\n", "container engine", Some(2)),
+            ("image: a\nmounts: ['/:/host']\n", "whole host file system", Some(2)),
+            ("image: a\nmounts: ['/data/..:/host:ro']\n", "whole host file system", Some(2)),
+            ("image: a\nmounts: ['rel:/d']\n", "relative", Some(2)),
+            ("image: a\nmounts: ['/a:b']\n", "not absolute", Some(2)),
+            ("image: a\ngpus: 0\ngpu_memory: 1GiB\n", "`gpus` is 0", Some(3)),
+            ("image: a\ncommand: []\n", "empty list", Some(2)),
+            ("image: a\nworkdir: w\n", "not an absolute path", Some(2)),
+            ("image: a\nretries: -3\n", "between 0 and 100", Some(2)),
+            ("image: a\ngpu_type: ' '\n", "`gpu_type` is empty", Some(2)),
+            ("image: a\ngpus: 0\ngpu_type: H100\n", "`gpus` is 0", Some(3)),
+            ("image: a\ngpu_type: \"H\\e100\"\n", "not a GPU name", Some(2)),
+            ("image: a\nmin_gpu_memory: big\n", "not a memory size", Some(2)),
+            ("image: a\ngpus: 0\nmin_gpu_memory: 40GiB\n", "`gpus` is 0", Some(3)),
+        ];
+        for (text, want, line) in cases {
+            let e = err_yaml(text);
+            assert!(e.message.contains(want), "{text:?}: {e}");
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(!e.hint.is_empty());
+        }
+    }
+
+    #[test]
+    fn deep_nesting_huge_durations_and_empty_names_are_handled() {
+        let deep = format!("image: a\nenv: {{X: {}1{}}}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let e = err_yaml(&deep);
+        assert!(e.message.contains("more than 32 levels"), "{e}");
+        assert!(ok_yaml("image: a\ncommand: \"echo '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['\"\n").spec.image == "a", "brackets in strings are text");
+        assert!(err_yaml("image: a\ntimeout: 300000000years\n").message.contains("longer than a year"));
+        assert!(err_yaml("image: a\nexpected_runtime: 400d\n").message.contains("longer than a year"));
+        let j = validate_text("image: a\n", Format::Yaml, &Origin { file_name: Some(".yaml".into()), base_dir: None }).unwrap();
+        assert_eq!(j.name, "job");
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("20GiB"), Some(20 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1.5G"), Some(3 << 29));
+        assert_eq!(parse_bytes("100"), Some(100));
+        assert_eq!(parse_bytes("GiB"), None);
+        assert_eq!(parse_bytes("5XB"), None);
+        assert_eq!(format_bytes(24 << 30), "24.0 GiB");
+    }
+
+    #[test]
+    fn template_substitutes_config() {
+        let t = parse_template("image = \"paddle\"\ncommand = \"python tools/train.py -c {config}\"\ngpus = 1\n", Format::Toml).unwrap();
+        let s = instantiate_template(&t, "paddle-train", "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml", "exp.yaml");
+        assert_eq!(s.name.as_deref(), Some("paddle-train:exp"));
+        assert_eq!(s.command.unwrap().argv()[2], "python tools/train.py -c /gantry/config/exp.yaml");
+        assert_eq!(s.mounts, vec!["/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml:/gantry/config/exp.yaml:ro"]);
+        assert!(parse_template("image = \"p\"\ncommand = \"python x.py\"\n", Format::Toml).unwrap_err().message.contains("{config}"));
+    }
+
+    #[test]
+    fn matrix_expands_into_one_job_per_combination() {
+        let j = ok_yaml("name: sweep\nimage: a\ncommand: python train.py --lr {lr} --bs {bs}\nmatrix: {lr: [0.1, 0.01], bs: [32, 64]}\nafter: [12, prep]\nexpected_runtime: 2h\n");
+        assert_eq!(j.expected_runtime, Some(Duration::from_secs(7200)));
+        assert_eq!(j.spec.after, vec![IdOrName::Id(12), IdOrName::Name("prep".into())]);
+        let jobs = expand(&j);
+        assert_eq!(jobs.len(), 4);
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["sweep[bs=32,lr=0.1]", "sweep[bs=32,lr=0.01]", "sweep[bs=64,lr=0.1]", "sweep[bs=64,lr=0.01]"]);
+        assert_eq!(jobs[1].spec.command.as_ref().unwrap().argv()[2], "python train.py --lr 0.01 --bs 32");
+        assert_eq!(jobs[1].spec.env.get("LR").map(String::as_str), Some("0.01"));
+        assert!(jobs.iter().all(|j| j.spec.matrix.is_empty()));
+        assert_eq!(expand(&ok_yaml("image: a\n")).len(), 1);
+        assert!(err_yaml("image: a\nmatrix: {lr: []}\n").message.contains("no values"));
+        assert!(err_yaml("image: a\nexpected_runtime: soon\n").message.contains("not a duration"));
+    }
+
+    #[test]
+    fn sizes_users_could_abuse_are_bounded() {
+        let keys: Vec<String> = (0..64).map(|i| format!("k{i}: [0, 1]")).collect();
+        let e = err_yaml(&format!("image: a\nmatrix: {{{}}}\n", keys.join(", ")));
+        assert!(e.message.contains("more than 1000 jobs"), "{e}");
+        let vals: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        let e = err_yaml(&format!("image: a\nenv: {{B: {}}}\nmatrix: {{i: [{}]}}\n", "x".repeat(20_000), vals.join(",")));
+        assert!(e.message.contains("1000 jobs of this spec") && e.message.contains("the limit is 16.0 MiB"), "{e}");
+        assert_eq!(e.line, Some(3));
+        let mounts: Vec<String> = (0..101).map(|i| format!("'/d:/m{i}'")).collect();
+        assert!(err_yaml(&format!("image: a\nmounts: [{}]\n", mounts.join(","))).message.contains("the limit is 100"));
+        let after: Vec<String> = (1..=101).map(|i| i.to_string()).collect();
+        assert!(err_yaml(&format!("image: a\nafter: [{}]\n", after.join(","))).message.contains("the limit is 100"));
+        let j = ok_yaml(&format!("name: s\nimage: a\nmatrix: {{v: ['{}', b]}}\n", "é".repeat(500)));
+        let names: Vec<String> = expand(&j).into_iter().map(|j| j.name).collect();
+        assert_eq!(names[0].chars().count(), 200);
+        assert!(names[0].starts_with("s[v=éé") && names[0].ends_with("…]"), "{}", names[0]);
+        assert_eq!(names[1], "s[v=b]");
+        for bad in [r#""a\e[2Jb""#, r#""line\nbreak""#, r#""abc\u202Egpj.exe""#] {
+            let e = err_yaml(&format!("image: a\nname: {bad}\n"));
+            assert!(e.message.contains("control characters"), "{e}");
+            assert_eq!(e.line, Some(2));
+        }
+        let j = ok_yaml("name: s\nimage: a\nmatrix: {v: [\"\\e[2J\"]}\n");
+        assert_eq!(expand(&j)[0].name, "s[v=\\u{1b}[2J]");
+        assert_eq!(expand(&j)[0].spec.env["V"], "\u{1b}[2J", "the value itself is the job's business");
+    }
+
+    #[test]
+    fn schema_lists_fields() {
+        let s = json_schema();
+        let props = s["properties"].as_object().unwrap();
+        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "gpu_type", "min_gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"] {
+            assert!(props.contains_key(f), "{f}");
+        }
+        assert_eq!(s["additionalProperties"], serde_json::json!(false));
+    }
+
+    #[test]
+    fn container_settings_parse_and_are_checked() {
+        let j = ok_yaml("image: a\ncpus: 0.5\nmemory: 64GiB\nshm_size: 16GiB\nipc: host\nhome: mount\nulimits: {memlock: unlimited, stack: 64MiB}\n");
+        assert_eq!(j.limits, Limits { cpus_milli: Some(500), memory: Some(64 << 30), shm_size: Some(16 << 30), memlock: Some(-1), stack: Some(64 << 20) });
+        assert_eq!((j.spec.ipc, j.spec.home), (Some(Ipc::Host), Some(Home::Mount)));
+        let t = validate_text("image = \"a\"\ncpus = 8\n[ulimits]\nstack = \"8MiB\"\n", Format::Toml, &Origin::default()).unwrap();
+        assert_eq!((t.limits.cpus_milli, t.limits.stack, t.limits.memory), (Some(8000), Some(8 << 20), None));
+        assert_eq!(ok_yaml("image: a\n").limits, Limits::default());
+        let cases = [
+            ("image: a\ncpus: 0\n", "`cpus` is 0; it must be from 0.01 to 1024", 2),
+            ("image: a\ncpus: 5000\n", "from 0.01 to 1024", 2),
+            ("image: a\nmemory: lots\n", "`memory` \"lots\" is not a size of at least 6.0 MiB", 2),
+            ("image: a\nmemory: 1KiB\n", "at least 6.0 MiB", 2),
+            ("image: a\nshm_size: 0\n", "`shm_size` \"0\" is not a size", 2),
+            ("image: a\nmemory: 1GiB\nshm_size: 2GiB\n", "`shm_size` (2.0 GiB) is larger than `memory` (1.0 GiB)", 3),
+            ("image: a\nipc: shareable\n", "unknown variant `shareable`, expected `private` or `host`", 2),
+            ("image: a\nhome: nfs\n", "unknown variant `nfs`", 2),
+            ("image: a\nulimits:\n  stack: big\n", "ulimit `stack` \"big\" is not `unlimited` or a size", 2),
+            ("image: a\nulimits: {nofile: 10}\n", "unknown field `nofile`", 2),
+        ];
+        for (text, want, line) in cases {
+            let e = err_yaml(text);
+            assert!(e.message.contains(want), "{text:?}: {e}");
+            assert_eq!(e.line, Some(line), "{text:?}: {e}");
+            assert!(!e.hint.is_empty());
+        }
+        let s = json_schema();
+        for f in ["cpus", "memory", "shm_size", "ipc", "home", "ulimits"] {
+            assert!(s["properties"].as_object().unwrap().contains_key(f), "{f} missing from the schema");
+        }
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("\"host\"") && text.contains("\"tmpfs\"") && text.contains("memlock"), "{text}");
+    }
+}
