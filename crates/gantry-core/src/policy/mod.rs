@@ -1,0 +1,397 @@
+//! The lab policy: `/etc/gantry/config.toml` for the system engine, `daemon --config FILE` (or
+//! `GANTRY_CONFIG`) for any other. Every key is optional; the defaults are the constants in
+//! [`crate::config`]. The file is checked before the engine starts, and again on every reload
+//! (SIGHUP): each problem names the file, line and column, and how to fix it. A reload that fails
+//! keeps the policy in force.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::defaults as config;
+
+/// A duration as a lab config writes it: `30d`, `12h`, `90m`, `10s` (humantime would say `1month 9days ...`).
+pub use crate::units::duration_setting as human;
+
+mod parse;
+pub use parse::*;
+
+/// The system engine's lab config.
+pub const SYSTEM_CONFIG: &str = "/etc/gantry/config.toml";
+/// A lab config is a page of settings; anything this large is not one.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Whether users see other users' specs (command, env, mounts) and output, or only their queue rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeeOthers {
+    Queue,
+    All,
+}
+
+/// A GPU named in `gpus`: its index or its UUID (UUIDs survive a reordering of the cards).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuRef {
+    Index(u32),
+    Uuid(String),
+}
+
+impl fmt::Display for GpuRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuRef::Index(i) => write!(f, "{i}"),
+            GpuRef::Uuid(u) => write!(f, "{u:?}"),
+        }
+    }
+}
+
+/// The settings that apply live (a reload changes them at once).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub admins: Vec<String>,
+    pub admin_group: Option<String>,
+    pub see_others: SeeOthers,
+    pub user_priority: (i32, i32),
+    pub admin_priority: (i32, i32),
+    pub max_queued_per_user: usize,
+    /// GPUs one user's running jobs may hold together (`None`: no limit).
+    pub max_running_gpus: Option<u32>,
+    /// Given to jobs that set no `timeout`.
+    pub default_timeout: Option<Duration>,
+    pub max_timeout: Option<Duration>,
+    pub fair_share_half_life: Duration,
+    pub stop_grace: Duration,
+    pub retry_backoff: Duration,
+    pub reserve_after: Duration,
+    pub log_cap: u64,
+    /// Log files of jobs that ended longer ago are deleted (`None`: kept).
+    pub log_keep: Option<Duration>,
+    /// Finished jobs that ended longer ago are deleted from history (`None`: kept).
+    pub history_keep: Option<Duration>,
+    /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
+    pub containers: crate::resources::Containers,
+    /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
+    /// and the group's gid (users whose primary group it is are admins too).
+    admin_uids: BTreeSet<u32>,
+    admin_gid: Option<u32>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            admins: vec!["root".into()],
+            admin_group: None,
+            see_others: SeeOthers::Queue,
+            user_priority: config::USER_PRIORITY,
+            admin_priority: config::ADMIN_PRIORITY,
+            max_queued_per_user: config::MAX_QUEUED_PER_USER,
+            max_running_gpus: None,
+            default_timeout: None,
+            max_timeout: None,
+            fair_share_half_life: config::FAIR_SHARE_HALF_LIFE,
+            stop_grace: config::STOP_GRACE,
+            retry_backoff: config::RETRY_BACKOFF,
+            reserve_after: config::RESERVE_AFTER,
+            log_cap: config::LOG_CAP,
+            log_keep: None,
+            history_keep: None,
+            containers: Default::default(),
+            admin_uids: BTreeSet::new(),
+            admin_gid: None,
+        }
+    }
+}
+
+impl Policy {
+    /// root, the listed admins and the members of `admin_group`. Admins get the admin priority range
+    /// and may act on (and read) other users' jobs; never root's file access.
+    pub fn is_admin(&self, uid: u32) -> bool {
+        uid == 0
+            || self.admin_uids.contains(&uid)
+            || self.admin_gid.is_some_and(|g| nix::unistd::User::from_uid(uid.into()).ok().flatten().is_some_and(|u| u.gid.as_raw() == g))
+    }
+
+    /// The priority range a caller may use.
+    pub fn priority_range(&self, uid: u32) -> (i32, i32) {
+        if self.is_admin(uid) {
+            self.admin_priority
+        } else {
+            self.user_priority
+        }
+    }
+
+    /// The one place that decides whether `caller` may see the private parts of a job owned by
+    /// `owner`: its spec (command, env, mounts, workdir), its free-text messages and its output.
+    pub fn may_see_private(&self, caller: u32, owner: u32) -> bool {
+        caller == owner || self.sees_everyones(caller)
+    }
+
+    /// Whether `caller` may see every user's private parts (admins; everyone with `see_others = "all"`).
+    pub fn sees_everyones(&self, caller: u32) -> bool {
+        self.see_others == SeeOthers::All || self.is_admin(caller)
+    }
+
+    /// Each setting as `key = value`, for the reload log.
+    fn entries(&self) -> Vec<(&'static str, String)> {
+        let d = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "none".into());
+        let r = |(lo, hi): (i32, i32)| format!("[{lo}, {hi}]");
+        let mut v = vec![
+            ("access.admins", format!("{:?}", self.admins)),
+            ("access.admin_group", format!("{:?}", self.admin_group)),
+            ("access.see_others", format!("{:?}", self.see_others).to_lowercase()),
+            ("limits.priority", r(self.user_priority)),
+            ("limits.admin_priority", r(self.admin_priority)),
+            ("limits.max_queued_jobs", self.max_queued_per_user.to_string()),
+            ("limits.max_running_gpus", self.max_running_gpus.map(|n| n.to_string()).unwrap_or_else(|| "none".into())),
+            ("limits.default_timeout", d(self.default_timeout)),
+            ("limits.max_timeout", d(self.max_timeout)),
+            ("fair_share.half_life", d(Some(self.fair_share_half_life))),
+            ("jobs.stop_grace", d(Some(self.stop_grace))),
+            ("jobs.retry_backoff", d(Some(self.retry_backoff))),
+            ("jobs.reserve_after", d(Some(self.reserve_after))),
+            ("logs.cap", crate::units::format_bytes(self.log_cap)),
+            ("logs.keep", d(self.log_keep)),
+            ("history.keep", d(self.history_keep)),
+            ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
+        ];
+        v.extend(self.containers.entries());
+        v
+    }
+
+    /// What differs from `old`, as `key: old -> new` lines.
+    pub fn changes_from(&self, old: &Policy) -> Vec<String> {
+        old.entries().into_iter().zip(self.entries()).filter(|(a, b)| a.1 != b.1).map(|(a, b)| format!("{}: {} -> {}", a.0, a.1, b.1)).collect()
+    }
+}
+
+/// `gpus = [...]`: the GPUs Gantry may use, checked against the machine when the engine starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuChoice {
+    pub gpus: Vec<GpuRef>,
+    file: PathBuf,
+    line: usize,
+    column: usize,
+}
+
+impl GpuChoice {
+    /// The indexes of the chosen GPUs on this machine, or where the file names a GPU it lacks.
+    pub fn resolve(&self, inventory: &[(u32, String)]) -> Result<BTreeSet<u32>, PolicyError> {
+        let have = || {
+            inventory.iter().map(|(i, u)| format!("{i} ({u})")).collect::<Vec<_>>().join(", ")
+        };
+        let mut out = BTreeSet::new();
+        for g in &self.gpus {
+            let found = inventory.iter().find(|(i, u)| match g {
+                GpuRef::Index(n) => i == n,
+                GpuRef::Uuid(s) => u.eq_ignore_ascii_case(s),
+            });
+            match found {
+                Some((i, _)) => out.insert(*i),
+                None => {
+                    return Err(PolicyError::at(
+                        &self.file,
+                        self.line,
+                        self.column,
+                        format!("`gpus` names GPU {g}, which this machine does not have"),
+                        format!("use indexes or UUIDs of this machine's GPUs: {}; or write gpus = \"all\"", have()),
+                    ))
+                }
+            };
+        }
+        Ok(out)
+    }
+}
+
+/// Everything a lab config says: the live [`Policy`] and the settings that need a restart.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LabConfig {
+    /// The file read (`None`: built-in defaults).
+    pub file: Option<PathBuf>,
+    pub policy: Policy,
+    /// `None`: every GPU.
+    pub gpus: Option<GpuChoice>,
+    pub simulate: Option<String>,
+    pub inbox_group: Option<String>,
+    pub inbox_path: Option<PathBuf>,
+    pub templates_dir: Option<PathBuf>,
+    /// `backend`: Docker on this machine (default) or Slurm.
+    pub backend: crate::slurm::BackendChoice,
+    /// `[slurm]`: used when `backend = "slurm"`.
+    pub slurm: crate::slurm::Settings,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn parse(t: &str) -> Result<LabConfig, PolicyError> {
+        LabConfig::parse(t, Path::new("/etc/gantry/config.toml"))
+    }
+    fn err(t: &str) -> String {
+        parse(t).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_documented_example_parses_and_an_empty_file_is_the_defaults() {
+        let full = r#"
+gpus = [0, 1, "GPU-5160a7ed-0000-4000-8000-000000000002"]
+[access]
+admins = ["root"]
+admin_group = "root"
+see_others = "all"
+[limits]
+priority = [-5, 5]
+admin_priority = [-100, 100]
+max_queued_jobs = 10
+max_running_gpus = 4
+default_timeout = "7d"
+max_timeout = "30d"
+[fair_share]
+half_life = "12h"
+[jobs]
+stop_grace = "20s"
+retry_backoff = "5s"
+reserve_after = "1h"
+[logs]
+cap = "1GiB"
+keep = "90d"
+[history]
+keep = "365d"
+[inbox]
+group = "gantry"
+path = "Gantry/inbox"
+templates = "/etc/gantry/templates"
+"#;
+        let c = parse(full).unwrap();
+        let p = &c.policy;
+        assert_eq!((p.user_priority, p.admin_priority, p.max_queued_per_user, p.max_running_gpus), ((-5, 5), (-100, 100), 10, Some(4)));
+        assert_eq!(p.default_timeout, Some(Duration::from_secs(7 * 86400)));
+        assert_eq!((p.log_cap, p.see_others, p.admin_gid), (1 << 30, SeeOthers::All, Some(0)));
+        assert_eq!(p.log_keep, Some(Duration::from_secs(90 * 86400)));
+        assert_eq!(c.gpus.as_ref().unwrap().gpus.len(), 3);
+        assert_eq!((c.inbox_path.as_deref(), c.inbox_group.as_deref()), (Some(Path::new("Gantry/inbox")), Some("gantry")));
+        let d = parse("").unwrap();
+        assert_eq!(d.policy, Policy::default());
+        assert_eq!(d.gpus, None);
+        assert_eq!(parse("gpus = \"all\"\n").unwrap().gpus, None);
+    }
+
+    #[test]
+    fn problems_name_the_file_line_and_column_and_how_to_fix() {
+        let cases: &[(&str, &str)] = &[
+            ("[limits]\nmax_queud_jobs = 3\n", "config.toml:2:1: unknown field `max_queud_jobs`"),
+            ("[limits]\npriority = [10, -10]\n", "config.toml:2:12: `priority` = [10, -10]: the lowest value is above the highest; swap them: [-10, 10]"),
+            ("[limits]\ndefault_timeout = \"40d\"\nmax_timeout = \"30d\"\n", "config.toml:2:19: `default_timeout` (40d) is longer than `max_timeout` (30d)"),
+            ("[access]\nadmins = [\"root\", \"nosuchuser-x\"]\n", "config.toml:2:19: `admins` names \"nosuchuser-x\", which is not a user"),
+            ("[access]\nadmin_group = \"nosuchgroup-x\"\n", "config.toml:2:15: `admin_group` = \"nosuchgroup-x\" is not a group"),
+            ("[access]\nsee_others = \"some\"\n", "`see_others` = \"some\" is not a choice"),
+            ("[logs]\ncap = \"lots\"\n", "config.toml:2:7: `cap` = \"lots\" is not a size"),
+            ("[jobs]\nstop_grace = \"soon\"\n", "`stop_grace` = \"soon\" is not a duration"),
+            ("gpus = [0, 0]\n", "GPU 0 twice"),
+            ("gpus = \"some\"\n", "config.toml:1:8: `gpus` = \"some\" is not \"all\""),
+            ("[limits]\nmax_running_gpus = 0\n", "`max_running_gpus` = 0 is out of range"),
+            ("[limits]\nmax_queued_jobs = \"many\"\n", "config.toml:2:19: invalid type: string \"many\", expected i64"),
+            ("[inbox]\npath = \"../x\"\n", "not a plain path"),
+            ("simulate = \"sim:lots\"\n", "invalid simulated GPU spec"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        // Every problem is reported, not just the first.
+        let e = parse("[limits]\npriority = [1, 0]\nadmin_priority = [1, 0]\n").unwrap_err();
+        assert_eq!(e.problems.iter().map(|p| p.line).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn containers_table_parses_and_explains_its_mistakes() {
+        use crate::resources::{Amount, Containers};
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\n").unwrap().policy.containers;
+        assert_eq!(
+            c,
+            Containers {
+                shm_size: Some(16 << 30),
+                memlock: -1,
+                stack: 32 << 20,
+                allow_ipc_host: true,
+                home: crate::spec::Home::Mount,
+                cpus_per_gpu: Amount::Is(8000),
+                memory_per_gpu: Amount::Is(64 << 30),
+                cpu_only_cpus: Amount::Is(500),
+                cpu_only_memory: Amount::Unlimited,
+                reserve_cpus_milli: 2000,
+                reserve_memory: 4 << 30,
+            }
+        );
+        assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());
+        let cases: &[(&str, &str)] = &[
+            ("[containers]\nshm = \"1GiB\"\n", "config.toml:2:1: unknown field `shm`"),
+            ("[containers]\nshm_size = \"lots\"\n", "config.toml:2:12: `shm_size` = \"lots\" is not \"auto\" or a size"),
+            ("[containers]\nmemlock = \"-1\"\n", "`memlock` = \"-1\" is not \"unlimited\" or a size"),
+            ("[containers]\nhome = \"nfs\"\n", "`home` = \"nfs\" is not a choice; write \"tmpfs\""),
+            ("[containers]\ncpus_per_gpu = 0\n", "config.toml:2:16: `cpus_per_gpu` = 0 is not a number of CPUs from 0.01 to 1024"),
+            ("[containers]\ncpus_per_gpu = \"many\"\n", "is not a number of CPUs"),
+            ("[containers]\nmemory_per_gpu = \"1KiB\"\n", "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB"),
+            ("[containers]\nreserve_cpus = \"auto\"\n", "`reserve_cpus` = \"auto\" is not a number of CPUs from 0 to 1024"),
+            ("[containers]\nallow_ipc_host = \"yes\"\n", "config.toml:2:18: invalid type: string \"yes\", expected a boolean"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[containers]\nallow_ipc_host = true\n").unwrap().policy.changes_from(&Policy::default());
+        assert_eq!(changed, vec!["containers.allow_ipc_host: false -> true"]);
+    }
+
+    #[test]
+    fn gpus_resolve_against_the_machine_by_index_or_uuid() {
+        let inv: Vec<(u32, String)> = (0..4).map(|i| (i, format!("GPU-{i}"))).collect();
+        let c = parse("\n\ngpus = [0, \"GPU-3\"]\n").unwrap();
+        assert_eq!(c.gpus.as_ref().unwrap().resolve(&inv).unwrap(), BTreeSet::from([0, 3]));
+        let c = parse("gpus = [0, 7]\n").unwrap();
+        let e = c.gpus.unwrap().resolve(&inv).unwrap_err().to_string();
+        assert!(e.starts_with("/etc/gantry/config.toml:1:8: `gpus` names GPU 7, which this machine does not have"), "{e}");
+        assert!(e.contains("0 (GPU-0), 1 (GPU-1)"), "{e}");
+    }
+
+    #[test]
+    fn admins_and_what_they_may_do() {
+        let p = Policy::default();
+        assert!(p.is_admin(0) && !p.is_admin(4242));
+        assert_eq!((p.priority_range(0), p.priority_range(4242)), (config::ADMIN_PRIORITY, config::USER_PRIORITY));
+        assert!(p.may_see_private(4242, 4242) && p.may_see_private(0, 4242) && !p.may_see_private(4243, 4242));
+        let all = Policy { see_others: SeeOthers::All, ..Policy::default() };
+        assert!(all.may_see_private(4243, 4242));
+        // The root group's members (gid 0 is root's primary group) are admins.
+        let g = parse("[access]\nadmin_group = \"root\"\n").unwrap().policy;
+        assert_eq!(g.admin_gid, Some(0));
+        let changes = g.changes_from(&p);
+        assert!(changes.iter().any(|c| c.starts_with("access.admin_group: None -> Some(\"root\")")), "{changes:?}");
+    }
+
+    /// The packaged /etc/gantry/config.toml is valid as shipped, and every key it documents (the
+    /// commented `#key = value` lines) is one the engine reads, with a valid example value.
+    #[test]
+    fn the_packaged_config_is_valid_and_documents_only_real_keys() {
+        let shipped = include_str!("../../../../packaging/config.toml").replace("\"gantry-admins\"", "\"root\"");
+        let path = Path::new("/etc/gantry/config.toml");
+        LabConfig::parse(&shipped, path).unwrap_or_else(|e| panic!("as shipped: {e}"));
+        let mut documented = 0;
+        let all: String = shipped
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(kv) if kv.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')) => {
+                    documented += 1;
+                    format!("{kv}\n")
+                }
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        assert!(documented >= 19, "only {documented} documented keys found");
+        LabConfig::parse(&all, path).unwrap_or_else(|e| panic!("with every documented key set: {e}"));
+    }
+}
