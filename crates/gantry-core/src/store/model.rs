@@ -1,0 +1,342 @@
+//! The stored model: job states, jobs, attempts, events, history rows, and how rows map to them.
+
+use rusqlite::Row;
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::spec::ValidJob;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::TimedOut => "timed_out",
+        }
+    }
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut)
+    }
+}
+
+/// Why an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    Exited,
+    Oom,
+    Timeout,
+    Cancelled,
+    Lost,
+    EngineError,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Exited => "exited",
+            EndReason::Oom => "oom",
+            EndReason::Timeout => "timeout",
+            EndReason::Cancelled => "cancelled",
+            EndReason::Lost => "lost",
+            EndReason::EngineError => "engine_error",
+        }
+    }
+    pub(super) fn parse(s: &str) -> Option<EndReason> {
+        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub retries: u32,
+    pub timeout_ms: Option<i64>,
+    pub job: ValidJob,
+    pub state: JobState,
+    pub source: String,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub attempts: u32,
+    pub cancel_requested: bool,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub id: i64,
+    pub job_id: i64,
+    pub n: u32,
+    pub container_id: Option<String>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub reason: Option<EndReason>,
+    pub message: Option<String>,
+    /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<u64>,
+    /// Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_array_task: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub job_id: i64,
+    pub at: i64,
+    pub from: Option<String>,
+    pub to: String,
+    pub message: Option<String>,
+}
+
+/// Who submits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HistoryFilter {
+    pub user: Option<String>,
+    pub status: Option<JobState>,
+    /// Finished at or after (ms).
+    pub since: Option<i64>,
+    pub limit: Option<u32>,
+    pub offset: Option<u32>,
+    /// Substring of name or image.
+    pub text: Option<String>,
+    /// Image name (exact).
+    pub image: Option<String>,
+    /// Finished before (ms).
+    pub until: Option<i64>,
+    /// Sort key: finished (default), started, duration, gpu_hours, name, owner, exit_code, id.
+    pub sort: Option<String>,
+    /// Ascending instead of descending.
+    pub asc: Option<bool>,
+}
+
+/// A run on the GPU timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineRun {
+    pub job_id: i64,
+    pub name: String,
+    pub owner: String,
+    pub gpus: Vec<u32>,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub reason: Option<EndReason>,
+}
+
+/// One completed run for `history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryRow {
+    pub id: i64,
+    pub name: String,
+    pub owner: String,
+    pub image: String,
+    pub status: JobState,
+    pub exit_code: Option<i64>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub submitted_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub attempts: u32,
+}
+
+/// What ends an attempt and what happens to the job next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    pub exit_code: Option<i64>,
+    pub reason: EndReason,
+    pub message: Option<String>,
+    /// Final state, or `Queued` (with `not_before`) to retry.
+    pub next: JobState,
+    pub not_before: Option<i64>,
+}
+
+impl Job {
+    /// The key the runtime estimator groups this job by (the same fields as [`QueuedRow::key`]).
+    pub fn key(&self) -> crate::estimate::JobKey {
+        crate::estimate::JobKey {
+            user: self.owner.clone(),
+            name: self.name.clone(),
+            image: self.image.clone(),
+            gpus: self.gpus,
+            gpu_memory: self.gpu_memory,
+            cpus_milli: self.job.limits.cpus_milli.unwrap_or(0),
+            memory: self.job.limits.memory.unwrap_or(0),
+        }
+    }
+}
+
+impl QueuedRow {
+    /// A queued job's estimator key, as the engine knows it.
+    pub fn key(&self) -> crate::estimate::JobKey {
+        crate::estimate::JobKey { user: self.owner.clone(), name: self.name.clone(), image: self.image.clone(), gpus: self.gpus, gpu_memory: self.gpu_memory, cpus_milli: self.cpus_milli.unwrap_or(0), memory: self.memory.unwrap_or(0) }
+    }
+}
+
+
+pub(super) const JOB_COLS: &str = "id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
+    spec_json, state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message";
+
+/// `%text%` for LIKE, with LIKE's wildcards in `text` taken literally.
+pub(super) fn like_pattern(t: &str) -> String {
+    format!("%{}%", t.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
+}
+
+pub(super) fn after_json(j: &ValidJob) -> Result<Option<String>> {
+    let ids: Vec<i64> = j.spec.after.iter().filter_map(|a| if let crate::spec::IdOrName::Id(i) = a { Some(*i) } else { None }).collect();
+    Ok(if ids.is_empty() { None } else { Some(serde_json::to_string(&ids)?) })
+}
+
+/// What the scheduler needs of a queued job, without parsing its spec.
+#[derive(Debug, Clone)]
+pub struct QueuedRow {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub expected_runtime_ms: Option<i64>,
+    pub after: Vec<i64>,
+    /// Held by `gantry hold`: stays queued, never starts.
+    pub held: bool,
+    /// Which GPUs it accepts (`gpu_type`, `min_gpu_memory` of its spec).
+    pub gpu_filter: crate::spec::GpuFilter,
+    /// The spec's `cpus` (thousandths) and `memory`; `None`: the lab's default.
+    pub cpus_milli: Option<u64>,
+    pub memory: Option<u64>,
+}
+
+pub(super) fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
+    let state: String = r.get(12)?;
+    let spec_json: String = r.get(11)?;
+    let job = serde_json::from_str(&spec_json)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(11, rusqlite::types::Type::Text, Box::new(e)))?;
+    Ok(Job {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            owner_uid: r.get(2)?,
+            owner_gid: r.get(3)?,
+            owner: r.get(4)?,
+            image: r.get(5)?,
+            gpus: r.get(6)?,
+            gpu_memory: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+            priority: r.get(8)?,
+            retries: r.get(9)?,
+            timeout_ms: r.get(10)?,
+            job,
+            state: JobState::parse(&state).unwrap_or(JobState::Failed),
+            source: r.get(13)?,
+            submitted_at: r.get(14)?,
+            not_before: r.get(15)?,
+            started_at: r.get(16)?,
+            finished_at: r.get(17)?,
+            exit_code: r.get(18)?,
+            attempts: r.get(19)?,
+            cancel_requested: r.get::<_, i64>(20)? != 0,
+            message: r.get(21)?,
+    })
+}
+
+pub(super) fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
+    let gpus: String = r.get(4)?;
+    let uuids: String = r.get(5)?;
+    Ok(Attempt {
+        id: r.get(0)?,
+        job_id: r.get(1)?,
+        n: r.get(2)?,
+        container_id: r.get(3)?,
+        gpus: serde_json::from_str(&gpus).unwrap_or_default(),
+        gpu_uuids: serde_json::from_str(&uuids).unwrap_or_default(),
+        started_at: r.get(6)?,
+        ended_at: r.get(7)?,
+        exit_code: r.get(8)?,
+        reason: r.get::<_, Option<String>>(9)?.and_then(|s| EndReason::parse(&s)),
+        message: r.get(10)?,
+        slurm_job_id: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
+        slurm_array_task: r.get::<_, Option<i64>>(12)?.map(|v| v as u32),
+    })
+}
+
+pub(super) const QUEUED_SELECT: &str = "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
+     json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
+     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid \
+     FROM jobs WHERE state = 'queued'";
+
+pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
+    let after: Option<String> = r.get(10)?;
+    Ok(QueuedRow {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        owner_uid: r.get(16)?,
+        owner: r.get(2)?,
+        image: r.get(3)?,
+        gpus: r.get(4)?,
+        gpu_memory: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+        priority: r.get(6)?,
+        submitted_at: r.get(7)?,
+        not_before: r.get(8)?,
+        expected_runtime_ms: r.get(9)?,
+        after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
+        held: r.get(11)?,
+        gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
+        cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
+        memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
+    })
+}
+
+pub(super) const ATTEMPT_COLS: &str = "id, job_id, n, container_id, gpus, gpu_uuids, started_at, ended_at, exit_code, reason, message, slurm_job_id, slurm_array_task";
