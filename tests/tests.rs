@@ -242,6 +242,22 @@ fn template_folder_turns_each_config_into_a_job() {
 }
 
 #[test]
+fn config_files_with_spaces_parentheses_and_colons_run_through_a_string_command_template() {
+    let e = Engine::start(&[]);
+    let t = e.inbox().join("sweep");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("gantry.toml"), format!("image = \"{IMAGE}\"\ncommand = \"cat {{config}}\"\ngpus = 0\n")).unwrap();
+    for (name, body) in [("my run.yaml", "a: 1\n"), ("lr01 (1).yaml", "b: 2\n"), ("lr=0.1:bs=32.yaml", "c: 3\n")] {
+        e.drop_bytes(&format!("sweep/{name}"), body.as_bytes());
+        let moved = e.wait_for_file("sweep/accepted", &format!("-{name}"));
+        let id: i64 = moved.split('-').next().unwrap().parse().unwrap();
+        let j = e.wait_final(id);
+        assert_eq!(j["job"]["state"], "succeeded", "{name}: {j}");
+        assert!(e.logs(id).contains(body.trim()), "{name}: the job read its config: {}", e.logs(id));
+    }
+}
+
+#[test]
 fn jobs_run_as_their_submitter_and_only_the_owner_may_cancel() {
     let e = Engine::start(&[]);
     let f = e.write_spec("mine.yaml", &format!("image: {IMAGE}\ncommand: 'id -u; id -g; cat /proc/self/status | grep -E \"^(CapEff|NoNewPrivs)\"; sleep 30'\ngpus: 0\n"));

@@ -271,7 +271,7 @@ fn check(text: &str, origin: &Origin) -> Vec<Problem> {
         }
         if let Ok(t) = spec::parse_template(text, format) {
             let inst = spec::instantiate_template(&t, "tmpl", "/home/u/Gantry/inbox/tmpl/accepted/1-x.yaml", "x.yaml");
-            if let Ok(job) = spec::validate(inst, origin) {
+            if let Ok(job) = spec::validate(inst.spec, origin) {
                 check_valid(&job, &mut bad);
             }
         }

@@ -20,6 +20,7 @@
 
 pub mod units;
 pub mod defaults;
+pub mod shell;
 pub mod spec;
 pub mod access;
 pub mod staging;

@@ -62,7 +62,9 @@ impl Engine {
                 let origin = Origin { file_name: Some(file_name.into()), base_dir: Some(base_dir) };
                 // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
                 let placeholder = accepted_dir.join(format!("0-{file_name}")).to_string_lossy().into_owned();
-                let job = spec::validate(spec::instantiate_template(template, folder, &placeholder, file_name), &origin).map_err(|(e, _)| e)?;
+                let instance = spec::instantiate_template(template, folder, &placeholder, file_name);
+                let mut job = spec::validate(instance.spec, &origin).map_err(|(e, _)| e)?;
+                job.mounts.push(instance.config);
                 // The config file is checked by the drop folder (it is the dropper's own file).
                 self.check_mounts(&job, s.owner, Some(&placeholder))?;
                 let first = std::cell::Cell::new(None::<i64>);
@@ -78,9 +80,6 @@ impl Engine {
                     let mut j = job.clone();
                     for m in j.mounts.iter_mut().filter(|m| m.host == placeholder) {
                         m.host = real.clone();
-                    }
-                    for m in j.spec.mounts.iter_mut() {
-                        *m = m.replace(&placeholder, &real);
                     }
                     Some(j)
                 })

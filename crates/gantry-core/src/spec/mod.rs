@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 mod parse;
 mod validate;
+mod de;
 mod matrix;
 mod mount;
 mod template;
@@ -25,7 +26,8 @@ pub use template::*;
 pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
 
 /// The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+// Deserialize: by hand in `de.rs` (what is wrong, at which item), accepting what this serializes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Command {
     /// A single string, run with `/bin/sh -c`.
@@ -188,7 +190,7 @@ pub struct Limits {
 pub const MIN_MEMORY: u64 = 6 << 20;
 
 /// A job reference in `after`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum IdOrName {
     Id(i64),
@@ -196,7 +198,7 @@ pub enum IdOrName {
 }
 
 /// A matrix value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Scalar {
     Int(i64),
@@ -477,10 +479,18 @@ mod tests {
     #[test]
     fn template_substitutes_config() {
         let t = parse_template("image = \"paddle\"\ncommand = \"python tools/train.py -c {config}\"\ngpus = 1\n", Format::Toml).unwrap();
-        let s = instantiate_template(&t, "paddle-train", "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml", "exp.yaml");
-        assert_eq!(s.name.as_deref(), Some("paddle-train:exp"));
-        assert_eq!(s.command.unwrap().argv()[2], "python tools/train.py -c /gantry/config/exp.yaml");
-        assert_eq!(s.mounts, vec!["/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml:/gantry/config/exp.yaml:ro"]);
+        let i = instantiate_template(&t, "paddle-train", "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml", "exp.yaml");
+        assert_eq!(i.spec.name.as_deref(), Some("paddle-train:exp"));
+        assert_eq!(i.spec.command.unwrap().argv()[2], "python tools/train.py -c /gantry/config/exp.yaml");
+        assert_eq!(i.config, Mount { host: "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml".into(), container: "/gantry/config/exp.yaml".into(), read_only: true });
+        // Names a shell or a mount string would split stay one argument, one mount.
+        for name in ["my run.yaml", "lr01 (1).yaml", "lr=0.1:bs=32.yaml"] {
+            let i = instantiate_template(&t, "paddle-train", &format!("/in/accepted/7-{name}"), name);
+            let cmd = i.spec.command.unwrap().argv()[2].clone();
+            let out = std::process::Command::new("/bin/sh").arg("-c").arg(cmd.replace("python tools/train.py -c", "printf %s")).output().unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), format!("/gantry/config/{name}"));
+            assert!(i.spec.mounts.is_empty() && i.config.container == format!("/gantry/config/{name}"));
+        }
         assert!(parse_template("image = \"p\"\ncommand = \"python x.py\"\n", Format::Toml).unwrap_err().message.contains("{config}"));
     }
 

@@ -21,13 +21,25 @@ pub fn parse_template(text: &str, format: Format) -> Result<JobSpec, SpecError> 
     }
 }
 
+/// A template's job for one dropped config file, and that file's mount.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub spec: JobSpec,
+    /// Structured, not a `host:container` string: a file may be named `lr=0.1:bs=32.yaml`.
+    pub config: Mount,
+}
+
 /// Instantiate a template for one dropped config file at `host_path` (its final, accepted location).
-pub fn instantiate_template(template: &JobSpec, template_dir_name: &str, host_path: &str, file_name: &str) -> JobSpec {
+/// `{config}` becomes the path the job sees; in a string command it is one shell word (quoted when
+/// the file's name needs it: `my run (1).yaml`).
+pub fn instantiate_template(template: &JobSpec, template_dir_name: &str, host_path: &str, file_name: &str) -> Instance {
     let inside = format!("{TEMPLATE_CONFIG_DIR}/{file_name}");
     let mut spec = template.clone();
-    spec.command = template.command.as_ref().map(|c| c.map(|s| s.replace("{config}", &inside)));
-    spec.mounts.push(format!("{host_path}:{inside}:ro"));
+    spec.command = template.command.as_ref().map(|c| match c {
+        Command::Shell(s) => Command::Shell(s.replace("{config}", &crate::shell::word(&inside))),
+        Command::Exec(v) => Command::Exec(v.iter().map(|a| a.replace("{config}", &inside)).collect()),
+    });
     let stem = file_name.rsplit_once('.').map(|(a, _)| a).unwrap_or(file_name);
     spec.name = Some(format!("{}:{stem}", template.name.clone().unwrap_or_else(|| template_dir_name.to_string())));
-    spec
+    Instance { spec, config: Mount { host: host_path.to_string(), container: inside, read_only: true } }
 }
