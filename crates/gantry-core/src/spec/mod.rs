@@ -477,6 +477,15 @@ mod tests {
     }
 
     #[test]
+    fn nvidia_runtime_variables_are_refused_in_env() {
+        for k in ["NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_NVSWITCH", "NVIDIA_IMEX_CHANNELS", "NVIDIA_MIG_CONFIG_DEVICES", "nvidia_visible_devices"] {
+            let e = validate_text(&format!("image: a\nenv: {{{k}: all}}\n"), Format::Yaml, &Origin::default()).unwrap_err();
+            assert!(e.message.contains(k) && e.line == Some(2), "{k}: {e}");
+        }
+        assert!(validate_text("image: a\nenv: {CUDA_VISIBLE_DEVICES: '5', MY_NVIDIA_HOME: x}\n", Format::Yaml, &Origin::default()).is_ok());
+    }
+
+    #[test]
     fn template_substitutes_config() {
         let t = parse_template("image = \"paddle\"\ncommand = \"python tools/train.py -c {config}\"\ngpus = 1\n", Format::Toml).unwrap();
         let i = instantiate_template(&t, "paddle-train", "/home/a/Gantry/inbox/paddle-train/accepted/7-exp.yaml", "exp.yaml");

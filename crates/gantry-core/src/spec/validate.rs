@@ -79,6 +79,15 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return err(format!("environment variable name {k:?} is invalid"), "names are letters, digits and `_`", "env");
         }
+        // The NVIDIA container runtime reads these from the container's environment (capabilities,
+        // NVSwitch and IMEX channels, MIG configuration): the GPUs a job gets are Gantry's to set.
+        if k.to_ascii_uppercase().starts_with("NVIDIA_") {
+            return err(
+                format!("`env` sets {k}, which the NVIDIA container runtime would act on"),
+                "remove it: Gantry gives the job its GPUs (`gpus`, `gpu_memory`, `gpu_type`) and sets NVIDIA_VISIBLE_DEVICES itself",
+                "env",
+            );
+        }
     }
     if spec.mounts.len() > MAX_MOUNTS {
         return err(format!("the job has {} `mounts`; the limit is {MAX_MOUNTS}", spec.mounts.len()), "mount a few parent folders instead of many single paths", "mounts");
