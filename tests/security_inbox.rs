@@ -228,3 +228,36 @@ fn a_file_dropped_while_the_engine_is_out_of_file_descriptors_is_queued_later() 
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
     assert!(e.logs(id).contains("fed"));
 }
+
+#[test]
+fn a_file_dropped_into_a_setgid_folder_does_not_hand_its_dropper_the_folders_group() {
+    let bob = user("gantry-sgid-bob");
+    let _g = USERADD.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = Command::new("groupadd").arg("-f").arg("gantry-sgid-lab").output();
+    drop(_g);
+    let lab = String::from_utf8(Command::new("getent").args(["group", "gantry-sgid-lab"]).output().unwrap().stdout).unwrap();
+    let lab_gid: u32 = lab.split(':').nth(2).unwrap().parse().unwrap();
+    // A lab-only dataset.
+    let data = tempfile::Builder::new().prefix("gantry-sgid-data-").tempdir_in("/tmp").unwrap().keep();
+    std::fs::write(data.join("secret.txt"), "lab only\n").unwrap();
+    chown(&data, 0, lab_gid);
+    chmod(&data, 0o750);
+    chown(&data.join("secret.txt"), 0, lab_gid);
+    chmod(&data.join("secret.txt"), 0o640);
+    // bob's drop folder, set up by an admin in the lab's group and setgid (bob himself is not in the lab).
+    let inbox = tempfile::Builder::new().prefix("gantry-sgid-inbox-").tempdir_in("/tmp").unwrap().keep();
+    chown(&inbox, bob.uid, lab_gid);
+    chmod(&inbox, 0o2775);
+    let e = Engine::start(&["--inbox", inbox.to_str().unwrap()]);
+    let spec = format!("image: {IMAGE}\ngpus: 0\ncommand: cat /data/secret.txt\nmounts: ['{}:/data:ro']\n", data.display());
+    // The file takes the folder's group (checked before it is renamed in, so the engine sees it whole).
+    run_as(&bob, &format!("cd {}; printf '%b' \"{}\" > .x.tmp; test \"$(stat -c %g .x.tmp)\" = {lab_gid}; mv .x.tmp read.yaml", inbox.display(), spec.replace('\n', "\\n")));
+    match wait_verdict(&e, &inbox, "read.yaml") {
+        Err(report) => assert!(report.contains("/data") || report.contains(&data.display().to_string()), "refused for the mount: {report}"),
+        Ok(accepted) => {
+            let id: i64 = accepted.split('-').next().unwrap().parse().unwrap();
+            let j = e.wait_final(id);
+            panic!("bob's job ran with the lab's group ({}): {}", j["job"]["state"], e.logs(id));
+        }
+    }
+}

@@ -405,7 +405,8 @@ async fn gpu_minutes(State(e): E, UrlPath(index): UrlPath<u32>, Query(r): Query<
 }
 
 fn owner_of(p: &Peer) -> Owner {
-    Owner { uid: p.uid, gid: p.gid, name: user_name(p.uid) }
+    // The user's own primary group, not the connecting process's (a setgid program's group is not theirs).
+    Owner { uid: p.uid, gid: crate::access::primary_gid(p.uid, p.gid), name: user_name(p.uid) }
 }
 
 /// Check a spec without queueing it (the app's submit preview).

@@ -77,9 +77,7 @@ enum Stop {
 }
 
 /// Look up a user name for a uid, falling back to the number.
-pub fn user_name(uid: u32) -> String {
-    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string())
-}
+pub use crate::access::user_name;
 
 /// Errors that say nothing about the file: the engine is short of descriptors, memory or disk, or the
 /// disk or network file system hiccupped. EIO counts: a bad sector is not the user's mistake, and
@@ -597,7 +595,8 @@ impl Inbox {
         if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) {
             return Err(Stop::Retry("it was replaced while being read".into()));
         }
-        let owner = Owner { uid: fst.st_uid, gid: fst.st_gid, name: user_name(fst.st_uid) };
+        // Jobs run with the owner's own groups: in a setgid folder the file's group is the folder's.
+        let owner = Owner { uid: fst.st_uid, gid: crate::access::primary_gid(fst.st_uid, fst.st_gid), name: user_name(fst.st_uid) };
         let key = format!("{}:{}:{}:{}", fst.st_dev, fst.st_ino, fst.st_size, fst.st_mtime_nsec + fst.st_mtime * 1_000_000_000);
         if let Some(id) = engine.source_known(&key) {
             // Queued before a crash, not yet moved: finish the move, do not queue it twice.

@@ -202,6 +202,18 @@ fn blocked_at(host: &Path, denied_at: usize) -> Option<String> {
     prefix.parent().map(|p| format!("on {} (no permission to enter it)", p.display()))
 }
 
+/// A user's name (their uid as text when the user database does not know it).
+pub fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string())
+}
+
+/// The group a user's jobs run with: their primary group from the user database, never a group the
+/// request or file happens to carry (a file made in a setgid folder has the folder's group; a process
+/// may run a setgid program). `fallback` only for a uid the user database does not know.
+pub fn primary_gid(uid: u32, fallback: u32) -> u32 {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map_or(fallback, |u| u.gid.as_raw())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
