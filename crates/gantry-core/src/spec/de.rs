@@ -209,4 +209,20 @@ mod tests {
             assert_eq!(back, s);
         }
     }
+
+    /// A billion-laughs spec: each level repeats the one before ten times (10^8 strings if expanded),
+    /// all inside `command`. The either-or fields no longer buffer what they read (serde's untagged
+    /// enums did, so the whole expansion was built in memory): it is refused at its first item.
+    #[test]
+    fn an_alias_bomb_is_refused_without_being_expanded() {
+        for field in ["command", "after"] {
+            let mut s = format!("image: a\n{field}:\n  - &a0 [\"{}\"]\n", "x".repeat(100));
+            for i in 1..9 {
+                s += &format!("  - &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(","));
+            }
+            s += "  - *a8\n";
+            let e = parse(&s, Format::Yaml).unwrap_err().to_string();
+            assert!(e.contains("is a list"), "{field}: {e}");
+        }
+    }
 }
