@@ -91,6 +91,9 @@ pub struct Orphan {
 pub struct Health {
     /// The state database cannot be written: nothing starts until it can.
     pub store_problem: Option<String>,
-    pub docker_problem: Option<String>,
+    /// The backend that runs the jobs (Docker, Slurm) cannot be reached: queued jobs wait. Called
+    /// `docker_problem` before 0.2 (still read under that name for one release).
+    #[serde(alias = "docker_problem")]
+    pub backend_problem: Option<String>,
     pub orphans: Vec<Orphan>,
 }

@@ -160,6 +160,58 @@ pub struct Attempt {
     pub slurm_array_task: Option<u32>,
 }
 
+/// What runs an attempt, typed: a container of the Docker backend, or a Slurm job (or one task of a
+/// Slurm job array). Encoded in the attempt's columns and decoded back only here ([`Attempt::run_ref`],
+/// [`Store::set_run`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RunRef {
+    Container(String),
+    Slurm { id: u64, task: Option<u32> },
+}
+
+impl RunRef {
+    /// The container id, for a container.
+    pub fn container(&self) -> Option<&str> {
+        match self {
+            RunRef::Container(c) => Some(c),
+            RunRef::Slurm { .. } => None,
+        }
+    }
+
+    /// The text form an older build kept in memory for a Slurm attempt (`slurm:ID` or `slurm:ID_TASK`),
+    /// should it ever be found in the `container_id` column.
+    fn from_text(text: &str) -> RunRef {
+        let slurm = text.strip_prefix("slurm:").and_then(|t| match t.split_once('_') {
+            Some((i, k)) => Some(RunRef::Slurm { id: i.parse().ok()?, task: Some(k.parse().ok()?) }),
+            None => Some(RunRef::Slurm { id: t.parse().ok()?, task: None }),
+        });
+        slurm.unwrap_or_else(|| RunRef::Container(text.to_string()))
+    }
+}
+
+/// How its backend names it: a container id, or Slurm's `ID` / `ID_TASK` (what `scancel` and
+/// `--dependency` take).
+impl std::fmt::Display for RunRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunRef::Container(c) => f.write_str(c),
+            RunRef::Slurm { id, task: None } => write!(f, "{id}"),
+            RunRef::Slurm { id, task: Some(t) } => write!(f, "{id}_{t}"),
+        }
+    }
+}
+
+impl Attempt {
+    /// What runs this attempt, once recorded: `None` while it is being created or submitted.
+    pub fn run_ref(&self) -> Option<RunRef> {
+        match (self.slurm_job_id, &self.container_id) {
+            (Some(id), _) => Some(RunRef::Slurm { id, task: self.slurm_array_task }),
+            (None, Some(c)) => Some(RunRef::from_text(c)),
+            (None, None) => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub job_id: i64,
@@ -241,6 +293,8 @@ pub struct Store {
     conn: Connection,
     /// The queue in memory, when this connection keeps it (see [`Store::track_queue`]).
     queue: Option<SharedQueue>,
+    /// What "now" is for the timestamps this store writes: the engine's clock.
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 /// The queued jobs in memory, kept up to date by the store's own transitions, so neither a submit
@@ -465,7 +519,16 @@ impl Store {
         }
         // Refresh the query planner's statistics when they are stale (cheap when they are not).
         conn.execute_batch("PRAGMA optimize=0x10002;")?;
-        Ok(Store { conn, queue: None })
+        Ok(Store { conn, queue: None, clock: crate::clock::system() })
+    }
+
+    /// Timestamps written from now on read `clock` (the engine's: paused tokio time in its tests).
+    pub fn set_clock(&mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) {
+        self.clock = clock;
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     fn event(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
@@ -483,7 +546,7 @@ impl Store {
         source_key: Option<&str>,
         finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<i64> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         tx.prepare_cached(
             "INSERT INTO jobs (name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
@@ -556,7 +619,7 @@ impl Store {
     }
 
     pub fn add_user_inbox(&mut self, uid: u32) -> Result<()> {
-        self.conn.execute("INSERT OR IGNORE INTO user_inboxes (uid, registered_at) VALUES (?1, ?2)", params![uid, now_ms()])?;
+        self.conn.execute("INSERT OR IGNORE INTO user_inboxes (uid, registered_at) VALUES (?1, ?2)", params![uid, self.now()])?;
         Ok(())
     }
 
@@ -681,7 +744,7 @@ impl Store {
 
     /// [`Store::begin_attempt`], with a note on the placement in its event ("GPUs 0,1: NVLink").
     pub fn begin_attempt_noted(&mut self, job_id: i64, gpus: &[u32], uuids: &[String], note: Option<&str>) -> Result<Option<Attempt>> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let changed = tx.execute(
             "UPDATE jobs SET state = 'starting', attempts = attempts + 1, not_before = NULL, started_at = COALESCE(started_at, ?2) \
@@ -706,14 +769,15 @@ impl Store {
         Ok(Some(a))
     }
 
-    pub fn set_container(&mut self, attempt_id: i64, container_id: &str) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, container_id])?;
-        Ok(())
-    }
-
-    /// The Slurm job id of a submitted attempt (recorded right after `sbatch` answers).
-    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64, array_task: Option<u32>) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, slurm_job_id as i64, array_task])?;
+    /// Record what runs an attempt: its container (right after create), or its Slurm id (right after
+    /// `sbatch` answers). The other form's columns stay empty. Read back by [`Attempt::run_ref`].
+    pub fn set_run(&mut self, attempt_id: i64, run: &RunRef) -> Result<()> {
+        match run {
+            RunRef::Container(c) => self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, c])?,
+            RunRef::Slurm { id, task } => {
+                self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, *id as i64, task])?
+            }
+        };
         Ok(())
     }
 
@@ -735,7 +799,7 @@ impl Store {
 
     /// starting -> running.
     pub fn set_running(&mut self, job_id: i64) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'starting'", [job_id])?;
         if n == 1 {
@@ -747,7 +811,7 @@ impl Store {
 
     /// Close the open attempt and move the job to its next state, atomically.
     pub fn end_attempt(&mut self, job_id: i64, attempt_id: i64, end: &Ending) -> Result<()> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let closed = tx.execute(
             "UPDATE attempts SET ended_at = ?2, exit_code = ?3, reason = ?4, message = ?5 WHERE id = ?1 AND ended_at IS NULL",
@@ -777,7 +841,7 @@ impl Store {
     /// Ask to cancel. A queued job is cancelled at once; a starting/running one is flagged for the
     /// executor. Returns the state before, or `None` when the job does not exist.
     pub fn request_cancel(&mut self, job_id: i64) -> Result<Option<JobState>> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
         let Some(st) = st.and_then(|s| JobState::parse(&s)) else { return Ok(None) };
@@ -805,7 +869,7 @@ impl Store {
     /// Hold or release a queued job, with an event naming who did it. Returns false (and changes
     /// nothing) when the job is not queued or already in that state.
     pub fn set_held(&mut self, job_id: i64, held: bool, by: &str) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET held = ?2 WHERE id = ?1 AND state = 'queued' AND held != ?2", params![job_id, held])?;
         if n == 1 {
@@ -1006,7 +1070,7 @@ impl Store {
 
     /// queued -> failed without an attempt (e.g. a dependency failed).
     pub fn fail_queued(&mut self, id: i64, message: &str) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET state = 'failed', finished_at = ?2, message = ?3 WHERE id = ?1 AND state = 'queued'", params![id, now, message])?;
         if n == 1 {
@@ -1272,6 +1336,33 @@ mod tests {
         let h = s.history(&HistoryFilter::default()).unwrap();
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].gpu_uuids, vec!["GPU-x"]);
+    }
+
+    /// A run handle is written into the attempt's columns and read back as it was, for both backends;
+    /// a row that holds the older text form `slurm:ID_TASK` in `container_id` reads as a Slurm run.
+    #[test]
+    fn run_refs_round_trip_through_the_attempts_columns() {
+        let mut s = Store::open_in_memory().unwrap();
+        let rows = [RunRef::Container("3f2a9c0d1e".into()), RunRef::Slurm { id: 42, task: None }, RunRef::Slurm { id: 56, task: Some(3) }];
+        for run in rows {
+            let id = s.insert_job(&vj("image: a\ngpus: 0\n"), &owner(), "cli", None, |_, _| None).unwrap();
+            let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+            assert_eq!(a.run_ref(), None, "nothing recorded yet");
+            s.set_run(a.id, &run).unwrap();
+            let back = s.open_attempt(id).unwrap().unwrap();
+            assert_eq!(back.run_ref(), Some(run.clone()), "{run:?}");
+            // The wire form (Attempt's JSON) keeps its fields: a container id, or Slurm's id and task.
+            match &run {
+                RunRef::Container(c) => assert_eq!((back.container_id.as_deref(), back.slurm_job_id), (Some(c.as_str()), None)),
+                RunRef::Slurm { id, task } => assert_eq!((back.container_id.as_deref(), back.slurm_job_id, back.slurm_array_task), (None, Some(*id), *task)),
+            }
+        }
+        let id = s.insert_job(&vj("image: a\ngpus: 0\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+        s.conn.execute("UPDATE attempts SET container_id = 'slurm:77_1' WHERE id = ?1", [a.id]).unwrap();
+        assert_eq!(s.open_attempt(id).unwrap().unwrap().run_ref(), Some(RunRef::Slurm { id: 77, task: Some(1) }));
+        assert_eq!(RunRef::Slurm { id: 77, task: Some(1) }.to_string(), "77_1");
+        assert_eq!(RunRef::Slurm { id: 77, task: None }.to_string(), "77");
     }
 
     #[test]
