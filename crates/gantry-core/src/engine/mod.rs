@@ -12,6 +12,7 @@
 //!    (pure) exactly once. What the attempt leaves (a container) is removed only after its end is
 //!    committed.
 //! 4. [`sampler`]: GPUs at 1 Hz, per-minute aggregates to SQLite.
+//!
 //! [`ops`] is the API facade. Time is read through one [`Clock`] (tokio's paused time in tests).
 //!
 //! Invariants: the database is the source of truth; the in-memory `running` map mirrors its open
@@ -142,7 +143,7 @@ pub struct Engine {
     waiting: RwLock<HashMap<i64, crate::scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
     eta_at: std::sync::atomic::AtomicI64,
-    /// The last planning pass: a hash of its inputs and when it ran (see `schedule_once`).
+    /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
     last_pass: Mutex<Option<(u64, i64)>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
@@ -215,12 +216,9 @@ impl Engine {
         Self::open_on(cfg, on, crate::clock::system())
     }
 
-    /// [`Engine::open`] with this executor for the Docker backend (the lab config still chooses).
+    /// [`Engine::open`] with this executor for the Docker backend.
     pub fn open_with(cfg: Config, exec: Arc<dyn Executor>) -> Result<Arc<Engine>, EngineError> {
-        let on = match cfg.lab.backend {
-            crate::slurm::BackendChoice::Slurm => RunOn::Slurm(Arc::new(crate::slurm::Slurm)),
-            crate::slurm::BackendChoice::Docker => RunOn::Docker(exec),
-        };
+        let on = if cfg.lab.backend == crate::slurm::BackendChoice::Slurm { RunOn::Slurm(Arc::new(crate::slurm::Slurm)) } else { RunOn::Docker(exec) };
         Self::open_on(cfg, on, crate::clock::system())
     }
 

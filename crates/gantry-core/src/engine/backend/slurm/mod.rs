@@ -97,7 +97,7 @@ async fn tracker(e: Arc<Engine>, s: Arc<Shared>) {
                 h.backend_problem = Some(msg);
             }
         }
-        if n % 5 == 0 {
+        if n.is_multiple_of(5) {
             match s.client.nodes().await {
                 Ok(nodes) => *s.nodes.write().unwrap() = nodes,
                 Err(err) => warn!("cannot list Slurm's nodes: {err}"),
