@@ -25,7 +25,7 @@ mod lab;
 mod limits;
 mod ops;
 mod pass;
-pub mod reconcile;
+mod reconcile;
 mod sampler;
 mod supervisor;
 
