@@ -764,7 +764,7 @@ async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 if let Some(p) = s.store_problem {
                     outln!("ERROR: {}", esc(&p));
                 }
-                if let Some(p) = s.docker_problem {
+                if let Some(p) = s.backend_problem {
                     outln!("WARNING: {}", esc(&p));
                 }
                 for o in &s.orphans {

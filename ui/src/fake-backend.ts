@@ -50,7 +50,7 @@ export function fakeBackend(over: Partial<Backend> = {}) {
   const rec = <T>(name: string, v: T) => (...args: unknown[]) => { calls.push({ name, args }); return Promise.resolve(v); };
   const b: Backend = {
     engine: rec("engine", { kind: "embedded", label: "Engine in this app (simulated GPUs 2x24GiB)", socket: "/s/gantry.sock", problem: null } as EngineInfo),
-    status: rec("status", { version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s", docker_problem: null, engine_id: "e" }),
+    status: rec("status", { version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s", backend_problem: null, engine_id: "e" }),
     whoami: rec("whoami", { uid: 1000, name: "ada" }),
     queue: rec("queue", [] as QueueEntry[]),
     job: rec("job", undefined as any),

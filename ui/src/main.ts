@@ -45,14 +45,14 @@ export async function mount(root: HTMLElement, backend: Backend) {
     h("a", { href: `#/${k}`, role: "tab", "data-tab": k, "data-testid": `tab-${k}`, title: `${label} (${i + 1})` }, label)));
   const sim = simBanner(status);
   const banner = sim ? h("div", { class: "banner sim", "data-testid": "sim-banner", role: "status" }, sim) : null;
-  const docker = status.docker_problem ? h("div", { class: "banner warn" }, status.docker_problem) : null;
+  const outage = status.backend_problem ? h("div", { class: "banner warn", "data-testid": "backend-banner" }, status.backend_problem) : null;
   const store = status.store_problem ? h("div", { class: "banner warn", role: "alert" }, status.store_problem) : null;
   const main = h("main", {});
   const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
   root.replaceChildren(
     h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
       machine, which, h("span", { class: "muted", "data-testid": "me" }, me.name)),
-    lost, banner ?? "", store ?? "", docker ?? "", main, overlay);
+    lost, banner ?? "", store ?? "", outage ?? "", main, overlay);
 
   const submit = submitView(backend, go);
   let current: View | null = null;

@@ -12,7 +12,7 @@ export interface EngineInfo {
 }
 export interface Status {
   version: string; pid: number; gpu_backend: "nvml" | "simulated"; gpu_note: string | null;
-  gpu_count: number; inbox: string; state_dir: string; docker_problem: string | null; store_problem?: string | null; engine_id: string;
+  gpu_count: number; inbox: string; state_dir: string; backend_problem: string | null; store_problem?: string | null; engine_id: string;
 }
 export interface WhoAmI { uid: number; name: string }
 

@@ -185,6 +185,15 @@ describe("GPU holders and the app shell", () => {
     expect(location.hash).toBe("#/submit");
     expect(calls.some((c) => c.name === "previewPaths")).toBe(true);
   });
+  it("shows the backend's own outage: a Slurm outage is not called a Docker one", async () => {
+    const problem = "Slurm is not reachable: squeue --json: Unable to contact slurm controller";
+    const { b } = fakeBackend({ status: () => Promise.resolve({ version: "0", pid: 1, gpu_backend: "nvml", gpu_note: null, gpu_count: 8, inbox: "/i", state_dir: "/s", backend_problem: problem, engine_id: "e" }) });
+    const root = document.createElement("div");
+    await mount(root, b);
+    const banner = root.querySelector("[data-testid=backend-banner]")!;
+    expect(banner.textContent).toBe(problem);
+    expect(banner.textContent).not.toContain("Docker");
+  });
   it("says why GPUs are simulated in words, and does not claim a missing driver when they were asked for", () => {
     expect(simBanner({ gpu_backend: "simulated", gpu_note: "no NVIDIA driver found (libnvidia-ml.so.1 missing)" }))
       .toBe("Simulated GPUs: no NVIDIA driver found (libnvidia-ml.so.1 missing). Jobs run in real Docker containers; GPU numbers are made up.");

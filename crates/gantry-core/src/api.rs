@@ -76,7 +76,9 @@ pub struct StatusInfo {
     /// The caller's drop folder (under the system engine, the one in their home).
     pub inbox: PathBuf,
     pub state_dir: PathBuf,
-    pub docker_problem: Option<String>,
+    /// The backend that runs the jobs (Docker, Slurm) cannot be reached (`docker_problem` before 0.2).
+    #[serde(alias = "docker_problem")]
+    pub backend_problem: Option<String>,
     /// The state database cannot be written: nothing starts until it can.
     #[serde(default)]
     pub store_problem: Option<String>,
@@ -307,7 +309,7 @@ async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, Conne
         inbox: inboxes.info(&e, p.uid).path,
         state_dir: e.cfg.paths.state_dir.clone(),
         system: e.cfg.paths.system_root.is_some(),
-        docker_problem: h.docker_problem,
+        backend_problem: h.backend_problem,
         store_problem: h.store_problem,
         orphans: h.orphans,
         engine_id: e.engine_id.clone(),

@@ -43,3 +43,5 @@ pub mod machine_lock;
 pub mod machines;
 pub mod sim;
 pub mod estimate;
+pub mod outcome;
+pub mod clock;

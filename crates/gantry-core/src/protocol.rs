@@ -91,6 +91,23 @@ pub struct Orphan {
 pub struct Health {
     /// The state database cannot be written: nothing starts until it can.
     pub store_problem: Option<String>,
-    pub docker_problem: Option<String>,
+    /// The backend that runs the jobs (Docker, Slurm) cannot be reached: queued jobs wait. Called
+    /// `docker_problem` before 0.2 (still read under that name for one release).
+    #[serde(alias = "docker_problem")]
+    pub backend_problem: Option<String>,
     pub orphans: Vec<Orphan>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine from before the rename still reports its outage to a new client (and back).
+    #[test]
+    fn health_reads_the_old_docker_problem_name() {
+        let h: Health = serde_json::from_str(r#"{"store_problem":null,"docker_problem":"Docker is away","orphans":[]}"#).unwrap();
+        assert_eq!(h.backend_problem.as_deref(), Some("Docker is away"));
+        let h: Health = serde_json::from_str(r#"{"store_problem":null,"backend_problem":"Slurm is not reachable","orphans":[]}"#).unwrap();
+        assert_eq!(h.backend_problem.as_deref(), Some("Slurm is not reachable"));
+    }
 }

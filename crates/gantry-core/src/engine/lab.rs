@@ -8,7 +8,7 @@ use tracing::{error, info, warn};
 use super::{Engine, EngineError};
 use crate::config::FAIR_SHARE_REACH;
 use crate::policy::{LabConfig, Policy, PolicyError};
-use crate::store::{now_ms, UsageReport};
+use crate::store::UsageReport;
 
 impl Engine {
     /// The policy in force now.
@@ -61,7 +61,7 @@ impl Engine {
         loop {
             tick.tick().await;
             let e = self.clone();
-            match tokio::task::spawn_blocking(move || e.prune(now_ms())).await {
+            match tokio::task::spawn_blocking(move || { let now = e.now(); e.prune(now) }).await {
                 // A delete that cannot be written is a database that cannot be written: the same
                 // stop-starting-work as any other failed write (the next pass's probe lifts it).
                 Ok(Err(EngineError::Store(err))) => self.store_failed("retention", &err),
@@ -85,7 +85,7 @@ impl Engine {
                 logs += gone.iter().filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok()).count();
                 jobs += gone.len();
                 if let (Some(a), Some(b)) = (gone.first(), gone.last()) {
-                    info!("retention: deleted {} finished jobs ({a}..{b}) that ended more than {} ago (history.keep)", gone.len(), crate::policy::human(keep));
+                    info!("retention: deleted {} finished jobs ({a}..{b}) that ended more than {} ago (history.keep)", gone.len(), crate::units::duration_setting(keep));
                 }
             }
         }
@@ -93,7 +93,7 @@ impl Engine {
             let ids = self.reader().ended_before(now.saturating_sub(ms(keep)))?;
             let n = ids.iter().filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok()).count();
             if n > 0 {
-                info!("retention: deleted the log files of {n} jobs that ended more than {} ago (logs.keep)", crate::policy::human(keep));
+                info!("retention: deleted the log files of {n} jobs that ended more than {} ago (logs.keep)", crate::units::duration_setting(keep));
             }
             logs += n;
         }
@@ -102,7 +102,7 @@ impl Engine {
 
     /// Per user since `since` (ms): GPU-hours, jobs finished, mean wait, and fair-share usage.
     pub fn usage(&self, since: i64) -> Result<UsageReport, EngineError> {
-        let now = now_ms();
+        let now = self.now();
         let hl = self.policy().fair_share_half_life.as_millis() as i64;
         let st = self.reader();
         // Attempts for the decayed figure reach back 5 half-lives, like the scheduler's.

@@ -1,28 +1,32 @@
-//! The engine: ties the store, GPU sampler, scheduler, executor and drop folder together.
+//! The engine: ties the store, GPU sampler, scheduler, backend and drop folder together.
 //!
-//! The main loop runs in named phases (pueue's task handler is the model):
-//! 1. [`reconcile`]: on start (and when Docker comes back), every open attempt is matched with the
-//!    containers found; a pure function decides reattach / record / requeue / lost / orphan.
-//! 2. [`pass`]: a scheduling pass reads the queue and runs `scheduler::plan`, then claims each placement
-//!    with a compare-and-set in SQLite (queued -> starting), so a job never starts twice.
-//! 3. [`supervisor`]: one owned task per attempt launches, follows logs, enforces timeout and cancel, and
-//!    records the end through [`outcome`] (pure) exactly once. A container is removed only after its end
-//!    is committed.
+//! The main loop runs in named phases (pueue's task handler is the model), the same for every
+//! [`backend::Backend`] (Docker on this machine, or a Slurm cluster):
+//! 1. [`reconcile`]: on start (and when the backend comes back), every open attempt is matched with
+//!    what the backend has; a pure table per backend decides follow / record / requeue / lost.
+//! 2. [`pass`]: the backend places what starts now (Docker: `scheduler::plan` on this machine's
+//!    GPUs; Slurm: every ready job), and each start is claimed with a compare-and-set in SQLite
+//!    (queued -> starting), so a job never starts twice.
+//! 3. [`supervisor`]: one owned task per attempt launches it, follows it (output, timeout, cancel)
+//!    through the backend's [`backend::Watch`], and records its end through [`crate::outcome`]
+//!    (pure) exactly once. What the attempt leaves (a container) is removed only after its end is
+//!    committed.
 //! 4. [`sampler`]: GPUs at 1 Hz, per-minute aggregates to SQLite.
-//! [`ops`] is the API facade.
+//!
+//! [`ops`] is the API facade. Time is read through one [`Clock`] (tokio's paused time in tests).
 //!
 //! Invariants: the database is the source of truth; the in-memory `running` map mirrors its open
 //! attempts. When the database cannot be written, nothing new starts and the problem is reported
 //! until a write succeeds again.
 
+pub(crate) mod backend;
+mod joblog;
 mod lab;
 mod limits;
 mod ops;
-pub mod outcome;
 mod pass;
-pub mod reconcile;
+mod reconcile;
 mod sampler;
-mod slurm;
 pub mod submit;
 mod supervisor;
 
@@ -36,11 +40,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::clock::Clock;
 use crate::executor::{DockerExecutor, ExecError, Executor};
 use crate::gpu::{BackendKind, GpuBackend, GpuSample};
+use crate::slurm::SlurmClient;
 use crate::spec::SpecError;
-use crate::store::{now_ms, JobState, Store, StoreError};
+use crate::store::{JobState, RunRef, Store, StoreError};
 
+pub(crate) use joblog::append_log;
+pub use joblog::strip_stamps;
 pub use crate::config::{Config, Paths};
 pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, JobDetail, Orphan, QueueEntry};
 
@@ -77,7 +85,8 @@ pub(crate) struct RunHandle {
     pub owner: String,
     pub gpus: Vec<u32>,
     pub gpu_memory: Option<u64>,
-    pub container_id: Option<String>,
+    /// What runs it, once recorded (a container, a Slurm job).
+    pub run: Option<RunRef>,
     pub cancel: CancellationToken,
     /// A task follows this attempt (so recovery must not start a second one).
     pub monitored: bool,
@@ -117,8 +126,12 @@ pub struct Engine {
     queue: crate::store::SharedQueue,
     /// A second connection for long reads (scheduling pass, history), so they never hold up writes.
     reader: Mutex<Store>,
-    exec: Arc<dyn Executor>,
-    backend: Mutex<Box<dyn GpuBackend>>,
+    /// What runs the jobs: Docker here, or Slurm (see [`backend`]).
+    backend: Arc<dyn backend::Backend>,
+    /// The engine's "now" (see [`crate::clock`]).
+    clock: Arc<dyn Clock>,
+    /// This machine's GPUs (NVML, or simulated).
+    gpu: Mutex<Box<dyn GpuBackend>>,
     backend_kind: BackendKind,
     backend_note: Option<String>,
     /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
@@ -131,15 +144,11 @@ pub struct Engine {
     waiting: RwLock<HashMap<i64, crate::scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
     eta_at: std::sync::atomic::AtomicI64,
-    /// The last planning pass: a hash of its inputs and when it ran (see `schedule_once`).
+    /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
     last_pass: Mutex<Option<(u64, i64)>>,
-    /// When other containers' GPUs were last listed (ms).
-    foreign_at: std::sync::atomic::AtomicI64,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     health: RwLock<Health>,
-    /// Running containers of other engines (or anyone's `docker run --gpus`) and the GPUs they hold.
-    foreign: RwLock<Vec<crate::executor::ForeignGpuUse>>,
     /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
     id_mark: Mutex<std::fs::File>,
     wake: Notify,
@@ -147,9 +156,14 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
-    /// `backend = "slurm"`: Slurm places and runs the jobs (see [`slurm`]).
-    slurm: Option<slurm::SlurmRun>,
     _lock: std::fs::File,
+}
+
+/// What runs the jobs: containers on this machine through an [`Executor`], or a Slurm cluster
+/// through a [`SlurmClient`]. Tests hand in fakes of either.
+pub enum RunOn {
+    Docker(Arc<dyn Executor>),
+    Slurm(Arc<dyn SlurmClient>),
 }
 
 fn lock_state_dir(dir: &Path) -> Result<std::fs::File, EngineError> {
@@ -191,18 +205,31 @@ fn max_logged_job_id(logs: &Path) -> i64 {
 }
 
 impl Engine {
-    /// Open the store, GPU backend and Docker; nothing runs until [`Engine::run`].
+    /// Open the store, GPUs and the backend the lab config names (Docker unless `backend = "slurm"`);
+    /// nothing runs until [`Engine::run`].
     pub fn open(cfg: Config) -> Result<Arc<Engine>, EngineError> {
-        let exec = DockerExecutor::connect()?;
-        Self::open_with(cfg, Arc::new(exec))
+        let on = match cfg.lab.backend {
+            crate::slurm::BackendChoice::Slurm => RunOn::Slurm(Arc::new(crate::slurm::Slurm)),
+            crate::slurm::BackendChoice::Docker => RunOn::Docker(Arc::new(DockerExecutor::connect()?)),
+        };
+        Self::open_on(cfg, on, crate::clock::system())
     }
 
+    /// [`Engine::open`] with this executor for the Docker backend.
     pub fn open_with(cfg: Config, exec: Arc<dyn Executor>) -> Result<Arc<Engine>, EngineError> {
+        let on = if cfg.lab.backend == crate::slurm::BackendChoice::Slurm { RunOn::Slurm(Arc::new(crate::slurm::Slurm)) } else { RunOn::Docker(exec) };
+        Self::open_on(cfg, on, crate::clock::system())
+    }
+
+    /// The engine on `on`, reading time from `clock`.
+    pub fn open_on(cfg: Config, on: RunOn, clock: Arc<dyn Clock>) -> Result<Arc<Engine>, EngineError> {
         prepare_state_dir(&cfg.paths)?;
         let lock = lock_state_dir(&cfg.paths.state_dir)?;
         let mut store = Store::open(&cfg.paths.db())?;
+        store.set_clock(clock.clone());
         let queue = store.track_queue()?;
-        let reader = Store::open(&cfg.paths.db())?;
+        let mut reader = Store::open(&cfg.paths.db())?;
+        reader.set_clock(clock.clone());
         let db_uid = store.meta("db_uid")?.ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
         // The engine id is kept in the database and, like the id high-water mark, in the logs dir: a
         // database that lost its WAL must still recognize (and report) its engine's containers.
@@ -235,14 +262,14 @@ impl Engine {
             error!("the database knows job ids up to {have}, but ids up to {floor} were handed out: it lost commits (cut or lost WAL?). New jobs continue after {floor}");
             store.raise_job_ids_above(floor)?;
         }
-        let crate::gpu::Opened { mut backend, note, library } = crate::gpu::open(cfg.gpus.as_deref())?;
-        let kind = backend.kind();
+        let crate::gpu::Opened { backend: mut gpu, note, library } = crate::gpu::open(cfg.gpus.as_deref())?;
+        let kind = gpu.kind();
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
             Some(choice) => {
                 // Devices, and the physical GPUs of MIG instances: `gpus = [0]` keeps GPU 0's instances.
                 let mut inventory: Vec<(u32, String)> = vec![];
-                for g in backend.sample()? {
+                for g in gpu.sample()? {
                     if let Some(p) = g.mig_parent.filter(|p| !inventory.iter().any(|i| i.0 == p.index)) {
                         inventory.push((p.index, p.uuid));
                     }
@@ -265,16 +292,19 @@ impl Engine {
         let cap = machine.for_jobs(&cfg.policy().containers);
         info!(
             "CPU and RAM for jobs: {} CPUs, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
-            crate::scheduler::format_cpus(cap.cpus_milli),
-            crate::spec::format_bytes(cap.memory),
-            crate::scheduler::format_cpus(machine.total.cpus_milli),
-            crate::spec::format_bytes(machine.total.memory)
+            crate::units::format_cpus(cap.cpus_milli),
+            crate::units::format_bytes(cap.memory),
+            crate::units::format_cpus(machine.total.cpus_milli),
+            crate::units::format_bytes(machine.total.memory)
         );
         if let Some(m) = machine.memlock_max {
-            warn!("containers may not lock unlimited memory on this host (no CAP_SYS_RESOURCE): jobs get memlock = {} at most", crate::spec::format_bytes(m as u64));
+            warn!("containers may not lock unlimited memory on this host (no CAP_SYS_RESOURCE): jobs get memlock = {} at most", crate::units::format_bytes(m as u64));
         }
         let (events, _) = broadcast::channel(1024);
-        let (cfg_backend, slurm_settings) = (cfg.lab.backend, cfg.lab.slurm.clone());
+        let backend: Arc<dyn backend::Backend> = match on {
+            RunOn::Docker(exec) => Arc::new(backend::docker::DockerBackend::new(exec)),
+            RunOn::Slurm(client) => Arc::new(backend::slurm::SlurmBackend::new(client, cfg.lab.slurm.clone())),
+        };
         let e = Arc::new(Engine {
             policy: RwLock::new(Arc::new(cfg.policy())),
             usable,
@@ -284,8 +314,9 @@ impl Engine {
             store: Mutex::new(store),
             queue,
             reader: Mutex::new(reader),
-            exec,
-            backend: Mutex::new(backend),
+            backend,
+            clock,
+            gpu: Mutex::new(gpu),
             backend_kind: kind,
             backend_note: note,
             backend_library: library,
@@ -296,17 +327,14 @@ impl Engine {
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),
-            foreign_at: std::sync::atomic::AtomicI64::new(0),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),
-            foreign: RwLock::new(vec![]),
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),
             events,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
-            slurm: (cfg_backend == crate::slurm::BackendChoice::Slurm).then(|| slurm::SlurmRun::new(slurm_settings)),
             _lock: lock,
         });
         e.sample_gpus();
@@ -360,16 +388,27 @@ impl Engine {
         self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The engine's "now" (ms since the epoch).
+    fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Sleep until the engine's clock reads `at_ms`.
+    async fn sleep_until_ms(&self, at_ms: i64) {
+        tokio::time::sleep(std::time::Duration::from_millis((at_ms - self.now()).max(0) as u64)).await
+    }
+
     fn notify_job(&self, job_id: i64, state: JobState) {
-        let _ = self.events.send(EngineEvent::Job { job_id, state, at: now_ms() });
+        let _ = self.events.send(EngineEvent::Job { job_id, state, at: self.now() });
     }
 
     pub fn health(&self) -> Health {
         self.health.read().unwrap().clone()
     }
 
-    pub fn docker_problem(&self) -> Option<String> {
-        self.health.read().unwrap().docker_problem.clone()
+    /// Why the backend (Docker, Slurm) cannot be reached, when it cannot.
+    pub fn backend_problem(&self) -> Option<String> {
+        self.health.read().unwrap().backend_problem.clone()
     }
 
     /// A state write failed: stop starting work and say why (cleared by the next successful write).
@@ -389,17 +428,11 @@ impl Engine {
         }
     }
 
-    /// Run until shutdown: recovery, then sampler and scheduling passes.
-    /// Returns an error when the engine cannot trust its state (it then stops loudly).
+    /// Run until shutdown: reconcile, then the sampler and a pass on every tick or wake-up (each
+    /// start supervised by its own task). Returns an error when the engine cannot trust its state (it
+    /// then stops loudly).
     pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
-        if self.slurm.is_some() {
-            return self.run_slurm().await;
-        }
-        // Before anything launches: pinned mounts whose container no longer exists are released.
-        match self.exec.list_ours(&self.engine_id).await {
-            Ok(found) => self.staging().sweep(&found.into_iter().map(|f| f.name).collect()),
-            Err(e) => warn!("cannot look for stale pinned mounts yet: {e}"),
-        }
+        let own = self.backend.start(&self).await;
         self.clone().recover().await?;
         let sampler = tokio::spawn(self.clone().sampler_loop());
         let pruner = tokio::spawn(self.clone().prune_loop());
@@ -412,18 +445,21 @@ impl Engine {
                 _ = tick.tick() => {},
             }
             let t0 = tokio::time::Instant::now();
-            self.clone().schedule_once().await;
-            tracing::debug!(took_ms = t0.elapsed().as_secs_f64() * 1e3, queued = self.queue.lock().unwrap().len(), "scheduling pass");
+            self.clone().pass().await;
+            tracing::debug!(took_ms = t0.elapsed().as_secs_f64() * 1e3, queued = self.queue.lock().unwrap().len(), "pass");
             // Coalesce bursts (hundreds of submits), and follow a long pass (a very deep queue) by an
             // equal pause so it never takes over the engine.
             tokio::time::sleep(t0.elapsed().max(crate::config::PASS_MIN_GAP)).await;
         }
         sampler.abort();
         pruner.abort();
-        // Supervisors see the shutdown and return, leaving containers running.
+        for t in own {
+            t.abort();
+        }
+        // Supervisors see the shutdown and return, leaving what runs running.
         self.tasks.close();
         self.tasks.wait().await;
-        info!("engine stopped; running containers keep running and are reattached on next start");
+        info!("engine stopped; {}", self.backend.left_running());
         Ok(())
     }
 }
@@ -452,42 +488,6 @@ pub(crate) fn gpu_list(g: &[u32]) -> String {
         "no GPU".into()
     } else {
         format!("GPU {}", g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))
-    }
-}
-
-pub(crate) fn human(ms: i64) -> String {
-    humantime::format_duration(std::time::Duration::from_secs((ms / 1000).max(0) as u64)).to_string()
-}
-
-/// A job's output as users read it. The engine stores each line with Docker's timestamp in front (where
-/// to resume after a restart); that prefix is dropped. Gantry's own `[gantry …]` lines are kept whole.
-pub fn strip_stamps(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    for line in data.split_inclusive(|c| *c == b'\n') {
-        out.extend_from_slice(&line[stamp_len(line)..]);
-    }
-    out
-}
-
-/// Length of a leading `2026-01-02T03:04:05.123456789Z ` (0 if the line has none).
-fn stamp_len(line: &[u8]) -> usize {
-    if !line.first().is_some_and(u8::is_ascii_digit) {
-        return 0;
-    }
-    let Some(sp) = line.iter().take(40).position(|c| *c == b' ') else { return 0 };
-    match std::str::from_utf8(&line[..sp]).ok().map(humantime::parse_rfc3339) {
-        Some(Ok(_)) => sp + 1,
-        _ => 0,
-    }
-}
-
-/// Gantry's own lines in a job log start with `[gantry`, never with a digit, so they are never taken
-/// for Docker's timestamped output when finding where to resume.
-pub(crate) fn append_log(path: &Path, line: &str) {
-    use std::io::Write;
-    let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
-        let _ = writeln!(f, "[gantry {ts}] {line}");
     }
 }
 

@@ -1,10 +1,9 @@
 //! The API facade: what clients may ask of the engine.
 
-use std::collections::HashMap;
 use std::io::{Seek, SeekFrom, Write};
 
 use crate::access::{self, Cred, Forbidden};
-use super::{Engine, EngineError, GpuStatus, GpuUser, JobDetail, QueueEntry};
+use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
 use crate::spec::{self, SpecError, ValidJob};
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
 
@@ -52,53 +51,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Reject jobs this machine can never run.
+    /// Reject jobs the backend can never run (this machine's GPUs; what Slurm can be asked for).
     pub fn check_fits(&self, job: &ValidJob) -> Result<(), SpecError> {
-        if let Some(s) = &self.slurm {
-            // Slurm knows the cluster; what it cannot do at all is refused now, with the reason.
-            let sub = crate::slurm::Submission {
-                job,
-                marker: String::new(),
-                uid: 0,
-                gid: 0,
-                home: "/".into(),
-                output: "/".into(),
-                priority_range: self.policy().user_priority,
-                after: vec![],
-                mounts: vec![],
-            };
-            return crate::slurm::sbatch_args(&sub, &s.settings).map(|_| ()).map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""));
-        }
-        let gpus: Vec<crate::gpu::GpuSample> = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).cloned().collect();
-        let filter = job.gpu_filter();
-        if job.gpus > 0 && !filter.is_any() {
-            let fit = gpus.iter().filter(|g| filter.eligible(&g.name, g.memory_total)).count();
-            if fit < job.gpus as usize {
-                let listed = gpus.iter().map(|g| format!("GPU {} {} ({})", g.index, g.name, spec::format_bytes(g.memory_total))).collect::<Vec<_>>().join("; ");
-                return Err(SpecError::new(
-                    format!("the job asks for {}, this machine has {fit} such GPU{} for Gantry jobs: {listed}", filter.describe(job.gpus), if fit == 1 { "" } else { "s" }),
-                    "change `gpu_type` (part of a name above, any case) or `min_gpu_memory`, or ask for fewer GPUs",
-                ));
-            }
-        }
-        if job.gpus as usize > gpus.len() {
-            let kept = self.reserved_gpus();
-            let why = if kept.is_empty() { String::new() } else { format!(" (GPU {} kept for interactive use{})", kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","), self.set_in("gpus")) };
-            return Err(SpecError::new(
-                format!("the job asks for {} GPUs, this machine has {} for Gantry jobs{why}", job.gpus, gpus.len()),
-                format!("ask for at most {} GPUs", gpus.len()),
-            ));
-        }
-        if let Some(m) = job.gpu_memory {
-            let max = gpus.iter().map(|g| g.memory_total).max().unwrap_or(0);
-            if m > max {
-                return Err(SpecError::new(
-                    format!("the job asks for {} per GPU, the largest GPU here has {}", spec::format_bytes(m), spec::format_bytes(max)),
-                    "lower `gpu_memory`, or leave it out to get whole GPUs",
-                ));
-            }
-        }
-        Ok(())
+        self.backend.check_fits(self, job)
     }
 
     /// Check a job's mounts with its owner's permissions (all but `skip`, a path that exists only once
@@ -202,76 +157,9 @@ impl Engine {
         Ok(ok)
     }
 
+    /// The GPUs view: the backend's GPUs and who holds each one.
     pub fn gpu_status(&self) -> GpuStatus {
-        // (job, GPUs, container) of every running job: a snapshot, so no lock is held across the store.
-        let running: Vec<(i64, Vec<u32>, Option<String>)> =
-            self.running.lock().unwrap().iter().map(|(id, h)| (*id, h.gpus.clone(), h.container_id.clone())).collect();
-        let mut holders: HashMap<u32, Vec<i64>> = HashMap::new();
-        for (id, gpus, _) in &running {
-            for g in gpus {
-                holders.entry(*g).or_default().push(*id);
-            }
-        }
-        let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
-        holders.sort();
-        if self.slurm.is_some() {
-            let (gpus, holders, users) = self.slurm_gpus();
-            let note = Some(format!("Slurm cluster: {} GPUs on its nodes (scontrol show node); allocated ones are listed as in use", gpus.len()));
-            return GpuStatus { backend: self.backend_kind, note, gpus, holders, users, library: None, reserved: vec![] };
-        }
-        let gpus = self.latest.read().unwrap().clone();
-        let users = self.gpu_users(&gpus, &running);
-        GpuStatus { backend: self.backend_kind, note: self.backend_note.clone(), gpus, holders, users, library: self.backend_library.clone(), reserved: self.reserved_gpus() }
-    }
-
-    /// Who is on each GPU: this engine's jobs (by their containers), then every other process, then
-    /// containers outside this engine that hold a GPU but run nothing on it yet.
-    fn gpu_users(&self, gpus: &[crate::gpu::GpuSample], running: &[(i64, Vec<u32>, Option<String>)]) -> Vec<GpuUser> {
-        // Names of containers outside this engine: other engines' jobs, `docker run --gpus`, orphans.
-        let mut names: HashMap<String, String> = self.foreign.read().unwrap().iter().map(|f| (f.container_id.clone(), f.name.clone())).collect();
-        names.extend(self.health.read().unwrap().orphans.iter().map(|o| (o.container_id.clone(), o.name.clone())));
-        let foreign = self.foreign.read().unwrap().clone();
-        let mut jobs: HashMap<i64, Option<Job>> = HashMap::new();
-        let mut out = vec![];
-        for g in gpus {
-            for (id, _, cid) in running.iter().filter(|(_, on, _)| on.contains(&g.index)) {
-                let job = jobs.entry(*id).or_insert_with(|| self.reader().job(*id).ok().flatten());
-                let mine: Vec<_> = g.processes.iter().filter(|p| p.container_id.is_some() && p.container_id == *cid).collect();
-                // Known only when NVML lists the job's processes, each with its memory.
-                let used_memory = if mine.is_empty() { None } else { mine.iter().try_fold(0, |acc, p| p.used_memory.map(|m| acc + m)) };
-                out.push(GpuUser {
-                    gpu: g.index,
-                    job_id: Some(*id),
-                    job_name: job.as_ref().map(|j| j.name.clone()),
-                    user: job.as_ref().map(|j| j.owner.clone()),
-                    pid: None,
-                    command: None,
-                    container: None,
-                    used_memory,
-                    since: job.as_ref().and_then(|j| j.started_at),
-                });
-            }
-            let ours = |c: &Option<String>| c.is_some() && running.iter().any(|(_, _, r)| r == c);
-            for p in g.processes.iter().filter(|p| !ours(&p.container_id)) {
-                out.push(GpuUser {
-                    gpu: g.index,
-                    job_id: None,
-                    job_name: None,
-                    user: p.uid.map(crate::inbox::user_name),
-                    pid: Some(p.pid),
-                    command: p.command.clone(),
-                    container: p.container_id.as_ref().map(|c| names.get(c).cloned().unwrap_or_else(|| c[..12.min(c.len())].to_string())),
-                    used_memory: p.used_memory,
-                    since: None,
-                });
-            }
-            for f in foreign.iter().filter(|f| super::sampler::held_by(&f.gpus, g)) {
-                if !g.processes.iter().any(|p| p.container_id.as_deref() == Some(f.container_id.as_str())) {
-                    out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None });
-                }
-            }
-        }
-        out
+        self.backend.gpu_status(self)
     }
 
     /// May Gantry jobs use this GPU (lab config `gpus`; a MIG instance also when its physical GPU is

@@ -1,93 +1,117 @@
-//! One scheduling pass: read the queue, plan, claim each placement with a compare-and-set, and hand
-//! the attempt to its supervisor.
+//! The pass (phase 2 of the loop): the backend says what starts now ([`Backend::place`]); each
+//! start is claimed with a compare-and-set in SQLite (queued -> starting) and handed to its
+//! supervisor. The Docker backend places with [`Engine::plan_local`]: `scheduler::plan` on this
+//! machine's GPUs.
+//!
+//! [`Backend::place`]: super::backend::Backend::place
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::error;
 
+use super::backend::{Dispatch, Placed, Start};
 use super::{Engine, RunHandle, Stats};
-use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FOREIGN_IDLE_EVERY_MS, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
+use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
 use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
-use crate::store::{now_ms, JobState, QueuedRow};
+use crate::store::{Attempt, JobState, QueuedRow};
 
 impl Engine {
-    /// One scheduling pass. Cheap when nothing it reads has changed (it then plans nothing); otherwise
-    /// the planning runs on a blocking thread, so a deep queue never holds up the API.
-    pub async fn schedule_once(self: Arc<Self>) {
+    /// One pass, whatever the backend: the queue is current, a failed database is probed, the
+    /// backend places, and what it places starts.
+    pub async fn pass(self: Arc<Self>) {
         if self.queue.lock().unwrap().is_stale() {
             if let Err(e) = self.store().track_queue() {
                 error!("cannot read the queue: {e}");
                 return;
             }
         }
-        let (version, empty) = {
-            let q = self.queue.lock().unwrap();
-            (q.version(), q.is_empty())
-        };
-        if empty {
-            self.waiting.write().unwrap().clear();
-            *self.last_pass.lock().unwrap() = None;
-            // Nothing to place, but `gantry gpus` still names other containers on the GPUs: every
-            // FOREIGN_IDLE_EVERY_MS is enough for that (an idle engine then asks Docker 5x less). Docker
-            // trouble is reported by passes that have work; here a failed list keeps the last one.
-            let now = now_ms();
-            if now - self.foreign_at.load(Ordering::Relaxed) >= FOREIGN_IDLE_EVERY_MS {
-                self.foreign_at.store(now, Ordering::Relaxed);
-                if let Ok(f) = self.exec.foreign_gpu_users(&self.engine_id).await {
-                    *self.foreign.write().unwrap() = f;
-                }
-            }
-            return;
-        }
-        self.refresh_stats();
-        let docker_down = match self.exec.ping().await {
-            Ok(()) => {
-                if self.health.write().unwrap().docker_problem.take().is_some() {
-                    info!("Docker engine is back");
-                    let e = self.clone();
-                    self.tasks.spawn(async move {
-                        if let Err(err) = e.clone().recover().await {
-                            e.fatal(err);
-                        }
-                    });
-                }
-                None
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                let mut h = self.health.write().unwrap();
-                if h.docker_problem.is_none() {
-                    warn!("{msg}");
-                }
-                h.docker_problem = Some(msg.clone());
-                Some(msg)
-            }
-        };
         // A failed write stops all starts; only a write that succeeds clears it. When the failing write was
         // a start (so nothing else writes), probe with a tiny write each pass.
         if self.health.read().unwrap().store_problem.is_some() {
-            let probe = self.store().set_meta("write_probe", &now_ms().to_string());
+            let probe = self.store().set_meta("write_probe", &self.now().to_string());
             match probe {
                 Ok(()) => self.store_ok(),
                 Err(e) => self.store_failed("probing the database", &e),
             }
         }
-        // Never two engines on the same GPUs: what others' containers hold counts as busy. A failed list
-        // keeps the last one (Docker trouble is reported above).
-        if docker_down.is_none() {
-            match self.exec.foreign_gpu_users(&self.engine_id).await {
-                Ok(f) => {
-                    self.foreign_at.store(now_ms(), Ordering::Relaxed);
-                    *self.foreign.write().unwrap() = f
+        let placed = self.backend.place(&self).await;
+        self.dispatch(placed);
+    }
+
+    /// Claim each start and hand it to a supervisor. A database that fails stops the pass.
+    fn dispatch(self: &Arc<Self>, placed: Vec<Dispatch>) {
+        for d in placed {
+            match d {
+                Dispatch::One(s) => {
+                    let Some(claimed) = self.claim(&s) else { return };
+                    let Some((attempt, cancel)) = claimed else { continue }; // cancelled or taken meanwhile
+                    self.supervise(s.job.id, self.clone().run_attempt(s.job, attempt, s.placed, cancel));
                 }
-                Err(e) => warn!("cannot list other containers' GPUs: {e}"),
+                Dispatch::Together(starts) => {
+                    let Some(placed) = starts.first().map(|s| s.placed.clone()) else { continue };
+                    let mut parts = vec![];
+                    for s in starts {
+                        let Some(claimed) = self.claim(&s) else { return };
+                        if let Some((attempt, cancel)) = claimed {
+                            parts.push((s.job, attempt, cancel));
+                        }
+                    }
+                    if parts.len() == 1 {
+                        let (job, attempt, cancel) = parts.pop().unwrap();
+                        self.supervise(job.id, self.clone().run_attempt(job, attempt, placed, cancel));
+                    } else if let Some(first) = parts.first().map(|p| p.0.id) {
+                        self.supervise(first, self.clone().run_together(parts, placed));
+                    }
+                }
             }
         }
+    }
+
+    /// queued -> starting with a new attempt, and its handle in `running`. `None`: the database
+    /// failed (stop the pass); `Some(None)`: the job is no longer queued.
+    fn claim(&self, s: &Start) -> Option<Option<(Attempt, CancellationToken)>> {
+        let job = &s.job;
+        let begun = self.store().begin_attempt_noted(job.id, &s.gpus, &s.gpu_uuids, s.note.as_deref());
+        match begun {
+            Ok(Some(a)) => {
+                let cancel = CancellationToken::new();
+                let now = self.now();
+                self.running.lock().unwrap().insert(
+                    job.id,
+                    RunHandle {
+                        owner: job.owner.clone(),
+                        gpus: s.gpus.clone(),
+                        gpu_memory: job.gpu_memory,
+                        run: None,
+                        cancel: cancel.clone(),
+                        monitored: true,
+                        expected_end: job.job.expected_runtime.and(s.runtime).map(|r| now + r),
+                        learn: job.job.expected_runtime.is_none().then(|| (job.key(), now)),
+                        needs: s.placed.needs,
+                    },
+                );
+                self.notify_job(job.id, JobState::Starting);
+                Some(Some((a, cancel)))
+            }
+            Ok(None) => Some(None),
+            Err(e) => {
+                self.store_failed(&format!("starting job {}", job.id), &e);
+                None
+            }
+        }
+    }
+
+    /// Place on this machine's GPUs (`gpus`, as the backend sees them) with `scheduler::plan`. Cheap
+    /// when nothing it reads has changed (it then places nothing); otherwise the planning runs on a
+    /// blocking thread, so a deep queue never holds up the API. `down`: why the backend cannot start
+    /// anything now (then nothing starts and that is every job's reason).
+    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>) -> Vec<Dispatch> {
+        let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
-        let now = now_ms();
+        let now = self.now();
         let history = self.stats.lock().unwrap().history.clone();
         let running: Vec<RunningJob> = self
             .running
@@ -96,7 +120,6 @@ impl Engine {
             .iter()
             .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs })
             .collect();
-        let gpus = self.gpu_views();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
         // or FULL_PASS_EVERY passed (reservations and backfill windows move with time, in minutes).
@@ -108,66 +131,44 @@ impl Engine {
             // each pass), which FULL_PASS_EVERY covers.
             let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
             serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
-            (&store_problem, &docker_down, self.stats.lock().unwrap().at).hash(&mut h);
+            (&store_problem, &down, self.stats.lock().unwrap().at).hash(&mut h);
             h.finish()
         };
         if let Some((last, at)) = *self.last_pass.lock().unwrap() {
             let clock = now - at >= FULL_PASS_EVERY_MS || self.queue.lock().unwrap().retry_due(at, now);
             if last == inputs && !clock {
-                return;
+                return vec![];
             }
         }
         *self.last_pass.lock().unwrap() = Some((inputs, now));
         let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         let me = self.clone();
-        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(docker_down))).await;
+        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down))).await;
         let (placements, gpus) = match planned {
             Ok(p) => p,
             Err(e) => {
                 error!("the scheduling pass failed: {e}");
                 *self.last_pass.lock().unwrap() = None;
-                return;
+                return vec![];
             }
         };
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
+        let mut starts = vec![];
         for (p, needs, runtime) in placements {
             let job = match self.store().job(p.job_id) {
                 Ok(Some(j)) => j,
                 Ok(None) => continue,
                 Err(e) => {
                     error!("cannot read job {}: {e}", p.job_id);
-                    return;
+                    break;
                 }
             };
             let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
-            let total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
+            let gpu_total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
             let note = scheduler::topology_note(&gpus, &p.gpus);
-            let attempt = match self.store().begin_attempt_noted(job.id, &p.gpus, &gpu_uuids, note.as_deref()) {
-                Ok(Some(a)) => a,
-                Ok(None) => continue, // cancelled or taken meanwhile
-                Err(e) => {
-                    self.store_failed(&format!("starting job {}", job.id), &e);
-                    return;
-                }
-            };
-            let cancel = CancellationToken::new();
-            self.running.lock().unwrap().insert(
-                job.id,
-                RunHandle {
-                    owner: job.owner.clone(),
-                    gpus: p.gpus.clone(),
-                    gpu_memory: job.gpu_memory,
-                    container_id: None,
-                    cancel: cancel.clone(),
-                    monitored: true,
-                    expected_end: job.job.expected_runtime.and(runtime).map(|r| now_ms() + r),
-                    learn: job.job.expected_runtime.is_none().then(|| (job.key(), now_ms())),
-                    needs,
-                },
-            );
-            self.notify_job(job.id, JobState::Starting);
-            self.supervise(job.id, self.clone().launch(job, attempt, total, needs, cancel));
+            starts.push(Dispatch::One(Start { job, gpus: p.gpus, gpu_uuids, note, runtime, placed: Placed { gpu_total, needs, after: vec![] } }));
         }
+        starts
     }
 
     /// The CPU-heavy part of a pass (blocking; it reads the store only for dependencies and learned
@@ -255,8 +256,8 @@ impl Engine {
     }
 
     /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
-    fn refresh_stats(&self) {
-        let now = now_ms();
+    pub(super) fn refresh_stats(&self) {
+        let now = self.now();
         if now - self.stats.lock().unwrap().at < STATS_EVERY_MS {
             return;
         }
@@ -339,7 +340,7 @@ mod tests {
             owner: "ada".into(),
             gpus: vec![0],
             gpu_memory: None,
-            container_id: None,
+            run: None,
             cancel: CancellationToken::new(),
             monitored: true,
             expected_end: declared_end,

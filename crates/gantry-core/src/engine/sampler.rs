@@ -9,8 +9,6 @@ use tracing::warn;
 use super::Engine;
 use crate::gpu::{GpuSample, SimLoad};
 use crate::protocol::EngineEvent;
-use crate::scheduler::GpuView;
-use crate::store::now_ms;
 
 /// An hour of samples at 1 Hz.
 const RECENT_SAMPLES: usize = 3600;
@@ -23,7 +21,7 @@ impl Engine {
         loop {
             tick.tick().await;
             let samples = self.sample_gpus();
-            let now = now_ms();
+            let now = self.now();
             let m = now - now.rem_euclid(60_000);
             if let Some((start, acc)) = &minute {
                 if *start != m {
@@ -51,22 +49,15 @@ impl Engine {
 
     /// Read the GPUs once (the simulated backend first learns what Gantry runs).
     pub(super) fn sample_gpus(&self) -> Vec<GpuSample> {
-        let load = self.sim_load();
-        // The Slurm backend: the cluster's GPUs (live where a node agent runs), not this machine's.
-        let samples = if self.is_slurm() {
-            self.slurm_gpus().0
-        } else {
-            let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
-            b.set_load(&load);
-            match b.sample() {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!("GPU sampling failed: {e}");
-                    return self.latest.read().unwrap().clone();
-                }
+        // This machine's GPUs (Docker), or the cluster's (Slurm: live where a node agent runs).
+        let samples = match self.backend.sample(self) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("GPU sampling failed: {e}");
+                return self.latest.read().unwrap().clone();
             }
         };
-        let now = now_ms();
+        let now = self.now();
         {
             let mut r = self.recent.lock().unwrap();
             r.push_back((now, samples.iter().map(|g| (g.utilization, g.memory_used)).collect()));
@@ -78,7 +69,8 @@ impl Engine {
         samples
     }
 
-    fn sim_load(&self) -> Vec<SimLoad> {
+    /// What Gantry runs on each GPU, for the simulated GPUs' figures.
+    pub(super) fn sim_load(&self) -> Vec<SimLoad> {
         let mut load: HashMap<u32, SimLoad> = HashMap::new();
         for h in self.running.lock().unwrap().values() {
             for g in &h.gpus {
@@ -98,52 +90,5 @@ impl Engine {
     /// Last hour of 1 Hz samples.
     pub fn recent_samples(&self, since_ms: i64) -> Vec<(i64, Vec<(u32, u64)>)> {
         self.recent.lock().unwrap().iter().filter(|(t, _)| *t >= since_ms).cloned().collect()
-    }
-
-    /// GPUs as the scheduler sees them: processes outside our containers, running containers we do not
-    /// know (orphans from a lost database), and other engines' or anyone's GPU containers make a GPU busy.
-    pub(super) fn gpu_views(&self) -> Vec<GpuView> {
-        let ours: Vec<String> = self.running.lock().unwrap().values().filter_map(|h| h.container_id.clone()).collect();
-        let orphaned: Vec<u32> = self.health.read().unwrap().orphans.iter().filter(|o| o.running).flat_map(|o| o.gpus.clone()).collect();
-        let foreign = self.foreign.read().unwrap();
-        self.latest
-            .read()
-            .unwrap()
-            .iter()
-            .filter(|g| self.usable(g))
-            .map(|g| GpuView {
-                index: g.index,
-                memory_total: g.memory_total,
-                memory_used: g.memory_used,
-                outside_used: outside_used(g, &ours),
-                name: g.name.clone(),
-                links: g.links.clone(),
-                external_busy: orphaned.contains(&g.index)
-                    || foreign.iter().any(|f| held_by(&f.gpus, g))
-                    || g.processes.iter().any(|p| match &p.container_id {
-                        Some(c) => !ours.iter().any(|o| o == c),
-                        None => true,
-                    }),
-            })
-            .collect()
-    }
-}
-
-/// Does a container's GPU set include this device? Docker's indexes are NVML's, and a container
-/// given a whole GPU holds its MIG instances too.
-pub(super) fn held_by(set: &crate::executor::GpuSet, g: &GpuSample) -> bool {
-    match &g.mig_parent {
-        Some(p) => set.holds(p.index, &g.uuid) || set.holds(p.index, &p.uuid),
-        None => set.holds(g.index, &g.uuid),
-    }
-}
-
-/// Measured memory that this engine's jobs do not use. Unknown (0: the scheduler then falls back to
-/// the measured total) when one of our processes does not report its memory.
-fn outside_used(g: &GpuSample, ours: &[String]) -> u64 {
-    let mine = g.processes.iter().filter(|p| p.container_id.as_ref().is_some_and(|c| ours.contains(c)));
-    match mine.map(|p| p.used_memory).sum::<Option<u64>>() {
-        Some(m) => g.memory_used.saturating_sub(m),
-        None => 0,
     }
 }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Config, Engine, Paths};
+use super::{Config, Engine, Paths, RunOn};
+use crate::clock::TokioClock;
 use crate::executor::fake::{FakeExecutor, Script};
 use super::submit::{Spec, Submission};
 use crate::store::{EndReason, JobState, Owner};
@@ -45,8 +46,10 @@ async fn final_state(e: &Engine, id: i64) -> JobState {
     wait_state(e, id, |s| s.is_final()).await
 }
 
+/// An engine on the fake executor whose clock is tokio's (paused in most tests, so its "now" moves
+/// exactly with the timers).
 fn start(dir: &std::path::Path, fake: &Arc<FakeExecutor>) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
-    let e = Engine::open_with(cfg(dir), fake.clone()).unwrap();
+    let e = Engine::open_on(cfg(dir), RunOn::Docker(fake.clone()), Arc::new(TokioClock::new())).unwrap();
     let h = tokio::spawn({
         let e = e.clone();
         async move { e.run().await.unwrap() }
@@ -65,8 +68,10 @@ async fn failures_retry_with_backoff_then_fail() {
     let d = e.job_detail(id).unwrap();
     assert_eq!(d.attempts.len(), 3, "1 run + 2 retries");
     assert!(d.attempts.iter().all(|a| a.exit_code == Some(3)));
-    // Backoff doubles: attempt 3 starts at least 1 s + 2 s after attempt 1 ended.
-    assert!(d.attempts[2].started_at - d.attempts[0].ended_at.unwrap() >= 0);
+    // Backoff doubles: attempt 3 starts at least 1 s + 2 s after attempt 1 ended (plus attempt 2's
+    // own 1 s run), on the engine's clock, which follows paused time.
+    let gap = d.attempts[2].started_at - d.attempts[0].ended_at.unwrap();
+    assert!(gap >= 3_000, "attempt 3 started {gap} ms after attempt 1 ended; backoff is 1 s, then 2 s");
     assert_eq!(fake.live(), 0, "every container is removed once its end is recorded");
 }
 

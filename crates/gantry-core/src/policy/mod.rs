@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::defaults as config;
 
-/// A duration as a lab config writes it: `30d`, `12h`, `90m`, `10s` (humantime would say `1month 9days ...`).
-pub use crate::units::duration_setting as human;
+use crate::units::duration_setting as human;
 
 mod parse;
 pub use parse::*;

@@ -52,6 +52,8 @@ pub struct Store {
     conn: Connection,
     /// The queue in memory, when this connection keeps it (see [`Store::track_queue`]).
     queue: Option<SharedQueue>,
+    /// What "now" is for the timestamps this store writes: the engine's clock.
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 pub fn now_ms() -> i64 {
@@ -98,7 +100,16 @@ impl Store {
         }
         // Refresh the query planner's statistics when they are stale (cheap when they are not).
         conn.execute_batch("PRAGMA optimize=0x10002;")?;
-        Ok(Store { conn, queue: None })
+        Ok(Store { conn, queue: None, clock: crate::clock::system() })
+    }
+
+    /// Timestamps written from now on read `clock` (the engine's: paused tokio time in its tests).
+    pub fn set_clock(&mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) {
+        self.clock = clock;
+    }
+
+    pub(super) fn now(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     fn event(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
@@ -145,7 +156,7 @@ impl Store {
     }
 
     pub fn add_user_inbox(&mut self, uid: u32) -> Result<()> {
-        self.conn.execute("INSERT OR IGNORE INTO user_inboxes (uid, registered_at) VALUES (?1, ?2)", params![uid, now_ms()])?;
+        self.conn.execute("INSERT OR IGNORE INTO user_inboxes (uid, registered_at) VALUES (?1, ?2)", params![uid, self.now()])?;
         Ok(())
     }
 
@@ -188,6 +199,33 @@ mod tests {
         let h = s.history(&HistoryFilter::default()).unwrap();
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].gpu_uuids, vec!["GPU-x"]);
+    }
+
+    /// A run handle is written into the attempt's columns and read back as it was, for both backends;
+    /// a row that holds the older text form `slurm:ID_TASK` in `container_id` reads as a Slurm run.
+    #[test]
+    fn run_refs_round_trip_through_the_attempts_columns() {
+        let mut s = Store::open_in_memory().unwrap();
+        let rows = [RunRef::Container("3f2a9c0d1e".into()), RunRef::Slurm { id: 42, task: None }, RunRef::Slurm { id: 56, task: Some(3) }];
+        for run in rows {
+            let id = s.insert_job(&vj("image: a\ngpus: 0\n"), &owner(), "cli", None, |_, _| None).unwrap();
+            let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+            assert_eq!(a.run_ref(), None, "nothing recorded yet");
+            s.set_run(a.id, &run).unwrap();
+            let back = s.open_attempt(id).unwrap().unwrap();
+            assert_eq!(back.run_ref(), Some(run.clone()), "{run:?}");
+            // The wire form (Attempt's JSON) keeps its fields: a container id, or Slurm's id and task.
+            match &run {
+                RunRef::Container(c) => assert_eq!((back.container_id.as_deref(), back.slurm_job_id), (Some(c.as_str()), None)),
+                RunRef::Slurm { id, task } => assert_eq!((back.container_id.as_deref(), back.slurm_job_id, back.slurm_array_task), (None, Some(*id), *task)),
+            }
+        }
+        let id = s.insert_job(&vj("image: a\ngpus: 0\n"), &owner(), "cli", None, |_, _| None).unwrap();
+        let a = s.begin_attempt(id, &[], &[]).unwrap().unwrap();
+        s.conn.execute("UPDATE attempts SET container_id = 'slurm:77_1' WHERE id = ?1", [a.id]).unwrap();
+        assert_eq!(s.open_attempt(id).unwrap().unwrap().run_ref(), Some(RunRef::Slurm { id: 77, task: Some(1) }));
+        assert_eq!(RunRef::Slurm { id: 77, task: Some(1) }.to_string(), "77_1");
+        assert_eq!(RunRef::Slurm { id: 77, task: None }.to_string(), "77");
     }
 
     #[test]

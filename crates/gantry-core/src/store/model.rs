@@ -124,6 +124,58 @@ pub struct Attempt {
     pub slurm_array_task: Option<u32>,
 }
 
+/// What runs an attempt, typed: a container of the Docker backend, or a Slurm job (or one task of a
+/// Slurm job array). Encoded in the attempt's columns and decoded back only here ([`Attempt::run_ref`],
+/// [`Store::set_run`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RunRef {
+    Container(String),
+    Slurm { id: u64, task: Option<u32> },
+}
+
+impl RunRef {
+    /// The container id, for a container.
+    pub fn container(&self) -> Option<&str> {
+        match self {
+            RunRef::Container(c) => Some(c),
+            RunRef::Slurm { .. } => None,
+        }
+    }
+
+    /// The text form an older build kept in memory for a Slurm attempt (`slurm:ID` or `slurm:ID_TASK`),
+    /// should it ever be found in the `container_id` column.
+    fn from_text(text: &str) -> RunRef {
+        let slurm = text.strip_prefix("slurm:").and_then(|t| match t.split_once('_') {
+            Some((i, k)) => Some(RunRef::Slurm { id: i.parse().ok()?, task: Some(k.parse().ok()?) }),
+            None => Some(RunRef::Slurm { id: t.parse().ok()?, task: None }),
+        });
+        slurm.unwrap_or_else(|| RunRef::Container(text.to_string()))
+    }
+}
+
+/// How its backend names it: a container id, or Slurm's `ID` / `ID_TASK` (what `scancel` and
+/// `--dependency` take).
+impl std::fmt::Display for RunRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunRef::Container(c) => f.write_str(c),
+            RunRef::Slurm { id, task: None } => write!(f, "{id}"),
+            RunRef::Slurm { id, task: Some(t) } => write!(f, "{id}_{t}"),
+        }
+    }
+}
+
+impl Attempt {
+    /// What runs this attempt, once recorded: `None` while it is being created or submitted.
+    pub fn run_ref(&self) -> Option<RunRef> {
+        match (self.slurm_job_id, &self.container_id) {
+            (Some(id), _) => Some(RunRef::Slurm { id, task: self.slurm_array_task }),
+            (None, Some(c)) => Some(RunRef::from_text(c)),
+            (None, None) => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub job_id: i64,

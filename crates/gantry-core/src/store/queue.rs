@@ -77,7 +77,7 @@ impl Store {
         source_key: Option<&str>,
         finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<i64> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         tx.prepare_cached(
             "INSERT INTO jobs (name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
@@ -233,7 +233,7 @@ impl Store {
 
     /// [`Store::begin_attempt`], with a note on the placement in its event ("GPUs 0,1: NVLink").
     pub fn begin_attempt_noted(&mut self, job_id: i64, gpus: &[u32], uuids: &[String], note: Option<&str>) -> Result<Option<Attempt>> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let changed = tx.execute(
             "UPDATE jobs SET state = 'starting', attempts = attempts + 1, not_before = NULL, started_at = COALESCE(started_at, ?2) \
@@ -258,14 +258,15 @@ impl Store {
         Ok(Some(a))
     }
 
-    pub fn set_container(&mut self, attempt_id: i64, container_id: &str) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, container_id])?;
-        Ok(())
-    }
-
-    /// The Slurm job id of a submitted attempt (recorded right after `sbatch` answers).
-    pub fn set_slurm_job_id(&mut self, attempt_id: i64, slurm_job_id: u64, array_task: Option<u32>) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, slurm_job_id as i64, array_task])?;
+    /// Record what runs an attempt: its container (right after create), or its Slurm id (right after
+    /// `sbatch` answers). The other form's columns stay empty. Read back by [`Attempt::run_ref`].
+    pub fn set_run(&mut self, attempt_id: i64, run: &RunRef) -> Result<()> {
+        match run {
+            RunRef::Container(c) => self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, c])?,
+            RunRef::Slurm { id, task } => {
+                self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, *id as i64, task])?
+            }
+        };
         Ok(())
     }
 
@@ -287,7 +288,7 @@ impl Store {
 
     /// starting -> running.
     pub fn set_running(&mut self, job_id: i64) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'starting'", [job_id])?;
         if n == 1 {
@@ -299,7 +300,7 @@ impl Store {
 
     /// Close the open attempt and move the job to its next state, atomically.
     pub fn end_attempt(&mut self, job_id: i64, attempt_id: i64, end: &Ending) -> Result<()> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let closed = tx.execute(
             "UPDATE attempts SET ended_at = ?2, exit_code = ?3, reason = ?4, message = ?5 WHERE id = ?1 AND ended_at IS NULL",
@@ -329,7 +330,7 @@ impl Store {
     /// Ask to cancel. A queued job is cancelled at once; a starting/running one is flagged for the
     /// executor. Returns the state before, or `None` when the job does not exist.
     pub fn request_cancel(&mut self, job_id: i64) -> Result<Option<JobState>> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
         let Some(st) = st.and_then(|s| JobState::parse(&s)) else { return Ok(None) };
@@ -357,7 +358,7 @@ impl Store {
     /// Hold or release a queued job, with an event naming who did it. Returns false (and changes
     /// nothing) when the job is not queued or already in that state.
     pub fn set_held(&mut self, job_id: i64, held: bool, by: &str) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET held = ?2 WHERE id = ?1 AND state = 'queued' AND held != ?2", params![job_id, held])?;
         if n == 1 {
@@ -385,7 +386,7 @@ impl Store {
 
     /// queued -> failed without an attempt (e.g. a dependency failed).
     pub fn fail_queued(&mut self, id: i64, message: &str) -> Result<bool> {
-        let now = now_ms();
+        let now = self.now();
         let tx = self.conn.transaction()?;
         let n = tx.execute("UPDATE jobs SET state = 'failed', finished_at = ?2, message = ?3 WHERE id = ?1 AND state = 'queued'", params![id, now, message])?;
         if n == 1 {

@@ -1,6 +1,17 @@
-//! How an attempt ended -> what the job becomes. Pure: tested by a table.
+//! How an attempt ended -> what the job becomes. Pure: tested by a table. Backend-neutral: the
+//! engine and both backends (Docker, Slurm) speak it.
 
+use crate::units::duration_ms;
 use crate::store::{EndReason, Ending, JobState};
+
+/// Why Gantry stopped an attempt itself (whichever backend runs it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Its owner (or an admin) cancelled it.
+    Cancel,
+    /// Its `timeout` passed.
+    Timeout,
+}
 
 /// How an attempt ended, as the supervisor or recovery saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +39,7 @@ pub enum How {
 
 /// What the outcome depends on besides `How`.
 #[derive(Debug, Clone, Copy)]
-pub struct Policy {
+pub struct RetryPolicy {
     pub retries: u32,
     /// This attempt's number (1-based).
     pub attempt_n: u32,
@@ -38,7 +49,7 @@ pub struct Policy {
     pub now_ms: i64,
 }
 
-pub fn outcome(how: &How, p: &Policy) -> Ending {
+pub fn outcome(how: &How, p: &RetryPolicy) -> Ending {
     let end = |code, reason, message: String, next| Ending { exit_code: code, reason, message: Some(message), next, not_before: None };
     // A failure: retry with exponential backoff while retries remain (never after cancel or timeout).
     let failure = |code: Option<i64>, reason: EndReason, what: String| {
@@ -47,7 +58,7 @@ pub fn outcome(how: &How, p: &Policy) -> Ending {
             Ending {
                 exit_code: code,
                 reason,
-                message: Some(format!("{what}; retry {} of {} in {}", p.attempt_n, p.retries, super::human(delay))),
+                message: Some(format!("{what}; retry {} of {} in {}", p.attempt_n, p.retries, duration_ms(delay))),
                 next: JobState::Queued,
                 not_before: Some(p.now_ms + delay),
             }
@@ -67,7 +78,7 @@ pub fn outcome(how: &How, p: &Policy) -> Ending {
             if *oom { EndReason::Oom } else { EndReason::Exited },
             format!("exited with code {code}{} while the engine was down", if *oom { " (out of memory)" } else { "" }),
         ),
-        How::TimedOut { code, timeout_ms } => end(*code, EndReason::Timeout, format!("stopped after the {} timeout", super::human(*timeout_ms)), JobState::TimedOut),
+        How::TimedOut { code, timeout_ms } => end(*code, EndReason::Timeout, format!("stopped after the {} timeout", duration_ms(*timeout_ms)), JobState::TimedOut),
         How::Cancelled { code } => end(*code, EndReason::Cancelled, "cancelled".into(), JobState::Cancelled),
         How::CancelledBeforeStart => end(None, EndReason::Cancelled, "cancelled before it started".into(), JobState::Cancelled),
         How::Lost(why) => failure(None, EndReason::Lost, why.clone()),
@@ -90,10 +101,10 @@ mod tests {
 
     #[test]
     fn outcome_table() {
-        let p = |n, retries| Policy { retries, attempt_n: n, backoff_ms: 10_000, backoff_max_ms: 600_000, transient_retry_ms: 5_000, now_ms: 1_000_000 };
+        let p = |n, retries| RetryPolicy { retries, attempt_n: n, backoff_ms: 10_000, backoff_max_ms: 600_000, transient_retry_ms: 5_000, now_ms: 1_000_000 };
         use JobState::*;
         // (how, policy, next state, exit code, reason, not_before, message contains)
-        let rows: Vec<(How, Policy, JobState, Option<i64>, EndReason, Option<i64>, &str)> = vec![
+        let rows: Vec<(How, RetryPolicy, JobState, Option<i64>, EndReason, Option<i64>, &str)> = vec![
             (How::Exited { code: 0, oom: false }, p(1, 0), Succeeded, Some(0), EndReason::Exited, None, ""),
             (How::Exited { code: 3, oom: false }, p(1, 0), Failed, Some(3), EndReason::Exited, None, "exited with code 3"),
             (How::Exited { code: 3, oom: false }, p(1, 2), Queued, Some(3), EndReason::Exited, Some(1_010_000), "retry 1 of 2 in 10s"),

@@ -1,0 +1,258 @@
+//! The Docker backend: Gantry places jobs on this machine's GPUs (`scheduler::plan`) and runs each
+//! attempt as a container through an [`Executor`] (bollard, or `FakeExecutor` in tests).
+
+mod gpus;
+mod logs;
+mod reconcile;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{Backend, Dispatch, Launched, Open, Placed, Resumed, Since, Watch};
+use crate::access::{self, Cred};
+use crate::config::FOREIGN_IDLE_EVERY_MS;
+use crate::engine::{append_log, gpu_list, Engine, EngineError};
+use crate::executor::{ExecError, Executor, ForeignGpuUse, GpuBinding, Launch};
+use crate::gpu::{BackendKind, GpuError, GpuSample};
+use crate::outcome::How;
+use crate::protocol::GpuStatus;
+use crate::spec::{SpecError, ValidJob};
+use crate::store::{Attempt, Job, JobState, RunRef};
+
+
+pub(crate) struct DockerBackend {
+    exec: Arc<dyn Executor>,
+    /// Running containers of other engines (or anyone's `docker run --gpus`) and the GPUs they hold.
+    foreign: RwLock<Vec<ForeignGpuUse>>,
+    /// When they were last listed (ms).
+    foreign_at: AtomicI64,
+}
+
+impl DockerBackend {
+    pub fn new(exec: Arc<dyn Executor>) -> DockerBackend {
+        DockerBackend { exec, foreign: RwLock::new(vec![]), foreign_at: AtomicI64::new(0) }
+    }
+
+    /// Is Docker reachable? Its problem goes to `Health::backend_problem`; when it comes back, open
+    /// attempts are reconciled again (their containers may have changed meanwhile).
+    async fn ping(&self, e: &Arc<Engine>) -> Option<String> {
+        match self.exec.ping().await {
+            Ok(()) => {
+                if e.health.write().unwrap().backend_problem.take().is_some() {
+                    info!("Docker engine is back");
+                    let e2 = e.clone();
+                    e.tasks.spawn(async move {
+                        if let Err(err) = e2.clone().recover().await {
+                            e2.fatal(err);
+                        }
+                    });
+                }
+                None
+            }
+            Err(err) => {
+                let msg = err.to_string();
+                let mut h = e.health.write().unwrap();
+                if h.backend_problem.is_none() {
+                    warn!("{msg}");
+                }
+                h.backend_problem = Some(msg.clone());
+                Some(msg)
+            }
+        }
+    }
+
+    /// Never two engines on the same GPUs: what others' containers hold counts as busy. A failed
+    /// list keeps the last one (`quiet`: Docker trouble is reported elsewhere).
+    async fn list_foreign(&self, e: &Engine, quiet: bool) {
+        match self.exec.foreign_gpu_users(&e.engine_id).await {
+            Ok(f) => {
+                self.foreign_at.store(e.now(), Ordering::Relaxed);
+                *self.foreign.write().unwrap() = f
+            }
+            Err(err) if !quiet => warn!("cannot list other containers' GPUs: {err}"),
+            Err(_) => {}
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "Docker"
+    }
+
+    async fn start(&self, e: &Arc<Engine>) -> Vec<JoinHandle<()>> {
+        // Before anything launches: pinned mounts whose container no longer exists are released.
+        match self.exec.list_ours(&e.engine_id).await {
+            Ok(found) => e.staging().sweep(&found.into_iter().map(|f| f.name).collect()),
+            Err(err) => warn!("cannot look for stale pinned mounts yet: {err}"),
+        }
+        vec![]
+    }
+
+    async fn reconcile(&self, e: &Arc<Engine>, open: &[Open<'_>]) -> Result<Vec<(i64, Resumed)>, EngineError> {
+        reconcile::reconcile_containers(self, e, open).await
+    }
+
+    async fn find(&self, _e: &Arc<Engine>, _job: &Job, _attempt: &Attempt) -> Option<Resumed> {
+        // The table decides every Docker attempt from the containers found (by name when no id is
+        // recorded): one it did not find never started.
+        Some(Resumed::End { how: How::NeverStarted, run: None })
+    }
+
+    async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch> {
+        if e.queue.lock().unwrap().is_empty() {
+            e.waiting.write().unwrap().clear();
+            *e.last_pass.lock().unwrap() = None;
+            // Nothing to place, but `gantry gpus` still names other containers on the GPUs: every
+            // FOREIGN_IDLE_EVERY_MS is enough for that (an idle engine then asks Docker 5x less). Docker
+            // trouble is reported by passes that have work; here a failed list keeps the last one.
+            if e.now() - self.foreign_at.load(Ordering::Relaxed) >= FOREIGN_IDLE_EVERY_MS {
+                self.foreign_at.store(e.now(), Ordering::Relaxed);
+                self.list_foreign(e, true).await;
+            }
+            return vec![];
+        }
+        e.refresh_stats();
+        let down = self.ping(e).await;
+        if down.is_none() {
+            self.list_foreign(e, false).await;
+        }
+        let gpus = self.gpu_views(e);
+        e.plan_local(gpus, down).await
+    }
+
+    async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
+        let log = e.log_of(job.id);
+        append_log(&log, &format!("attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)));
+        let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
+        let mut created: Option<String> = None;
+        let started = async {
+            self.exec.ensure_image(&job.image).await?;
+            // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
+            let policy = e.policy();
+            policy.containers.check(&job.job, &|k| e.set_in(k))?;
+            let home = Engine::home_of(job.owner_uid);
+            // The owner's home as HOME is a mount like any other: checked as them, pinned below.
+            let mut mounts = job.job.mounts.clone();
+            mounts.extend(policy.containers.home_mount(&job.job, home.as_deref()));
+            // Paths change while a job waits: check the mounts as the owner again, right before create.
+            let cred = Cred::of_user(job.owner_uid, job.owner_gid);
+            let checked = access::check_mounts_async(cred.clone(), mounts, job.job.spec.workdir.clone(), e.forbidden()).await?;
+            // Docker gets paths the owner cannot swap: the checked files, pinned (released in `release`).
+            let name = e.container_name(job.id, attempt.n);
+            let mounts = e.staging().stage(&name, checked)?;
+            let l = Launch {
+                engine_id: &e.engine_id,
+                db_uid: &e.db_uid,
+                name,
+                job_id: job.id,
+                attempt_id: attempt.id,
+                attempt_n: attempt.n,
+                job: &job.job,
+                uid: job.owner_uid,
+                gid: job.owner_gid,
+                groups: cred.groups,
+                mounts,
+                gpus: attempt.gpus.clone(),
+                gpu_uuids: attempt.gpu_uuids.clone(),
+                gpu_total_memory: placed.gpu_total,
+                binding,
+                container: policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref()),
+            };
+            let cid = self.exec.create(&l).await?;
+            created = Some(cid.clone());
+            let run = RunRef::Container(cid.clone());
+            // If this write fails the container is still found by its name at recovery.
+            let recorded = e.store().set_run(attempt.id, &run);
+            if let Err(err) = recorded {
+                e.store_failed(&format!("recording the container of job {}", job.id), &err);
+            }
+            if let Some(h) = e.running.lock().unwrap().get_mut(&job.id) {
+                h.run = Some(run);
+            }
+            let claim: Vec<(u32, String)> = attempt.gpus.iter().copied().zip(attempt.gpu_uuids.iter().cloned()).collect();
+            if let Some(other) = self.exec.gpu_taken(&cid, &e.engine_id, &claim).await? {
+                return Err(EngineError::Exec(ExecError::GpuTaken(format!(
+                    "{} was taken at the same moment by container {other}, outside this engine; trying again shortly",
+                    gpu_list(&attempt.gpus)
+                ))));
+            }
+            let cancel_requested = e.store().job(job.id).ok().flatten().is_some_and(|j| j.cancel_requested);
+            if cancel.is_cancelled() || cancel_requested {
+                return Ok((cid, false));
+            }
+            self.exec.start(&cid).await?;
+            Ok::<_, EngineError>((cid, true))
+        }
+        .await;
+        match started {
+            Ok((cid, true)) => {
+                let marked = e.store().set_running(job.id);
+                match marked {
+                    Ok(_) => e.store_ok(),
+                    Err(err) => e.store_failed(&format!("marking job {} running", job.id), &err),
+                }
+                e.notify_job(job.id, JobState::Running);
+                info!(job = job.id, container = %&cid[..12.min(cid.len())], "job running");
+                Launched::Started { run: RunRef::Container(cid), at: e.now() }
+            }
+            Ok((cid, false)) => Launched::Ended { how: How::CancelledBeforeStart, run: Some(RunRef::Container(cid)) },
+            Err(err) => {
+                append_log(&log, &format!("could not start: {err}"));
+                warn!(job = job.id, "could not start: {err}");
+                let how = match &err {
+                    EngineError::Spec(s) => How::Refused(s.to_string()),
+                    EngineError::Exec(x) => How::StartFailed { message: err.to_string(), transient: x.is_transient() },
+                    _ => How::StartFailed { message: err.to_string(), transient: false },
+                };
+                Launched::Ended { how, run: created.map(RunRef::Container) }
+            }
+        }
+    }
+
+    fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
+        Box::new(logs::DockerWatch::new(self.exec.clone(), e.clone(), job, attempt, run.container().unwrap_or_default(), since))
+    }
+
+    async fn abort(&self, e: &Engine, job: &Job, run: &RunRef) {
+        let Some(cid) = run.container() else { return };
+        if let Err(err) = self.exec.stop(cid, e.policy().stop_grace).await {
+            warn!(job = job.id, "could not stop the container of a crashed supervisor: {err}");
+        }
+    }
+
+    async fn release(&self, e: &Engine, job_id: i64, attempt: &Attempt, run: Option<&RunRef>) {
+        if let Some(cid) = run.and_then(RunRef::container) {
+            // If this fails, recovery removes it later.
+            if let Err(err) = self.exec.remove(cid).await {
+                warn!(job = job_id, "could not remove container {cid}: {err}");
+            }
+        }
+        // The attempt never starts again: its pinned mounts can go (a running container keeps its own copy).
+        e.release_staging(&e.container_name(job_id, attempt.n));
+    }
+
+    fn sample(&self, e: &Engine) -> Result<Vec<GpuSample>, GpuError> {
+        let load = e.sim_load();
+        let mut b = e.gpu.lock().unwrap_or_else(|p| p.into_inner());
+        b.set_load(&load);
+        b.sample()
+    }
+
+    fn gpu_status(&self, e: &Engine) -> GpuStatus {
+        self.status(e)
+    }
+
+    fn check_fits(&self, e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
+        gpus::check_fits(e, job)
+    }
+
+    fn left_running(&self) -> &'static str {
+        "running containers keep running and are reattached on next start"
+    }
+}
