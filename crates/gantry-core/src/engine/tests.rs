@@ -245,3 +245,14 @@ async fn a_retry_starts_when_its_backoff_ends_though_nothing_else_changes() {
     let gap = d.attempts[1].started_at - d.attempts[0].ended_at.unwrap();
     assert!((1000..4000).contains(&gap), "the retry started {gap} ms after the failure; the backoff is 1 s");
 }
+
+#[tokio::test(start_paused = true)]
+async fn cpus_and_memory_the_machine_can_never_give_are_refused_at_submit() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open_with(cfg(dir.path()), FakeExecutor::new()).unwrap();
+    let err = e.submit(file("image: a\ngpus: 0\ncpus: 1000\n", &alice())).unwrap_err().to_string();
+    assert!(err.contains("asks for 1000 CPUs, this machine has") && err.contains("at most `cpus:"), "{err}");
+    let err = e.submit(file("image: a\ngpus: 0\nmemory: 1000TiB\n", &alice())).unwrap_err().to_string();
+    assert!(err.contains("of memory, this machine has"), "{err}");
+    assert!(e.submit(file("image: a\ngpus: 0\ncpus: 0.5\nmemory: 64MiB\n", &alice())).is_ok(), "what fits is queued");
+}

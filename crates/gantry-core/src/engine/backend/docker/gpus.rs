@@ -1,6 +1,7 @@
 //! This machine's GPUs as the Docker backend sees them: for the scheduler (what is busy outside
 //! Gantry), for the GPUs view (who is on each one), and for "does this job fit" at submit.
 
+use crate::units;
 use std::collections::HashMap;
 
 use super::DockerBackend;
@@ -128,6 +129,21 @@ pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
         return Err(SpecError::new(
             format!("the job asks for {} GPUs, this machine has {} for Gantry jobs{why}", job.gpus, gpus.len()),
             format!("ask for at most {} GPUs", gpus.len()),
+        ));
+    }
+    // CPUs and RAM this machine can never give: refused now, like GPUs, instead of waiting forever.
+    let cap = e.machine.for_jobs(&e.policy().containers);
+    let reserve = format!("the machine's {} CPUs and {}, less the lab's reserve for the OS and Docker{}", units::format_cpus(e.machine.total.cpus_milli), units::format_bytes(e.machine.total.memory), e.set_in("containers.reserve_cpus"));
+    if let Some(c) = job.limits.cpus_milli.filter(|c| *c > cap.cpus_milli) {
+        return Err(SpecError::new(
+            format!("the job asks for {} CPUs, this machine has {} for jobs ({reserve})", units::format_cpus(c), units::format_cpus(cap.cpus_milli)),
+            format!("ask for at most `cpus: {}`", units::format_cpus(cap.cpus_milli)),
+        ));
+    }
+    if let Some(m) = job.limits.memory.filter(|m| *m > cap.memory) {
+        return Err(SpecError::new(
+            format!("the job asks for {} of memory, this machine has {} for jobs ({reserve})", units::format_bytes(m), units::format_bytes(cap.memory)),
+            format!("ask for at most `memory: {}`", units::format_bytes(cap.memory)),
         ));
     }
     if let Some(m) = job.gpu_memory {
