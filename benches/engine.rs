@@ -12,9 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gantry_core::api::{SubmitRequest, Submitted};
 use gantry_core::client::Client;
-use gantry_core::engine::EngineEvent;
+use gantry_core::protocol::{EngineEvent, SubmitRequest};
 use gantry_core::executor::{DockerExecutor, Executor, GpuBinding, Launch};
 use gantry_core::spec::{validate_text, Format, Origin};
 use gantry_core::store::{HistoryFilter, JobState, Owner, Store};
@@ -137,15 +136,10 @@ async fn dispatch(n: usize) -> (f64, f64) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(i64, JobState, Instant)>();
     let c2 = client.clone();
     tokio::spawn(async move {
-        let mut buf = Vec::new();
         let _ = c2
-            .stream("/v1/events", |chunk| {
-                buf.extend_from_slice(chunk);
-                while let Some(p) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=p).collect();
-                    if let Ok(EngineEvent::Job { job_id, state, .. }) = serde_json::from_slice(&line) {
-                        let _ = tx.send((job_id, state, Instant::now()));
-                    }
+            .events(|ev| {
+                if let EngineEvent::Job { job_id, state, .. } = ev {
+                    let _ = tx.send((job_id, state, Instant::now()));
                 }
                 true
             })
@@ -225,7 +219,7 @@ async fn submit_cost(queued: usize, n: usize) -> (f64, f64) {
     let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None };
     let t0 = Instant::now();
     for _ in 0..n {
-        let _: Submitted = client.post("/v1/jobs", &req).await.unwrap();
+        client.submit(&req).await.unwrap();
     }
     (t0.elapsed().as_secs_f64() / n as f64, ready)
 }

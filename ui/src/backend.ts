@@ -1,12 +1,13 @@
 // The only module that touches @tauri-apps/*. Views receive a `Backend` and never import Tauri, so
-// tests hand them a fake one.
+// tests hand them a fake one. Each `invoke` names one Tauri command of src-tauri/src/lib.rs (same
+// name, same arguments); the types are generated from the Rust ones (types.ts).
 
 import { Channel, invoke } from "@tauri-apps/api/core";
 import { listen } from "@tauri-apps/api/event";
 import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
-  EngineInfo, GpuStatus, HistoryQuery, HistoryRow, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
+  EngineInfo, EngineEvent, GpuMinute, GpuStatus, HistoryQuery, HistoryRow, JobChanged, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
   SubmitResult, TimelineRun, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent,
 } from "./types";
 
@@ -23,7 +24,7 @@ export interface Backend {
   rerun(id: number): Promise<number>;
   gpus(): Promise<GpuStatus>;
   gpuRecent(since: number): Promise<RecentSample[]>;
-  gpuMinutes(index: number, from: number, to: number): Promise<[number, number, number][]>;
+  gpuMinutes(index: number, from: number, to: number): Promise<GpuMinute[]>;
   history(q: HistoryQuery): Promise<HistoryRow[]>;
   historyCount(q: HistoryQuery): Promise<number>;
   timeline(from: number, to: number): Promise<TimelineRun[]>;
@@ -31,7 +32,7 @@ export interface Backend {
   logs(id: number): Promise<string>;
   followLogs(id: number, onChunk: (text: string) => void): Unsubscribe;
   watchGpus(onSample: (at: number, gpus: GpuSample[]) => void): Unsubscribe;
-  onJobChanged(cb: (ev: { job_id: number; state: JobState; at: number }) => void): Promise<Unsubscribe>;
+  onJobChanged(cb: (ev: JobChanged) => void): Promise<Unsubscribe>;
   previewPaths(paths: string[]): Promise<Preview[]>;
   submitPaths(paths: string[]): Promise<SubmitResult[]>;
   pickFiles(): Promise<string[]>;
@@ -80,13 +81,13 @@ export const tauriBackend: Backend = {
   },
   watchGpus(onSample) {
     let live = true;
-    const ch = new Channel<{ at: number; gpus: GpuSample[] }>();
+    const ch = new Channel<Extract<EngineEvent, { kind: "gpus" }>>();
     ch.onmessage = (m) => { if (live) onSample(m.at, m.gpus); };
     invoke("watch_gpus", { onSample: ch }).catch(() => {});
     // Also end the engine stream behind the channel: it would otherwise keep sending to a dead view.
     return () => { live = false; invoke("unwatch", { id: ch.id }).catch(() => {}); };
   },
-  onJobChanged: (cb) => listen<{ job_id: number; state: JobState; at: number }>("job-changed", (e) => cb(e.payload)),
+  onJobChanged: (cb) => listen<JobChanged>("job-changed", (e) => cb(e.payload)),
   previewPaths: (paths) => invoke("preview_paths", { paths }),
   submitPaths: (paths) => invoke("submit_paths", { paths }),
   async pickFiles() {

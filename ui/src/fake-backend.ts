@@ -1,6 +1,22 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, QueueEntry, UsageReport } from "./types";
+import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, Status, UsageReport, ValidJob } from "./types";
+
+/** An engine's status: two simulated GPUs, no problems. */
+export function engineStatus(over: Partial<Status> = {}): Status {
+  return {
+    version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_library: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s",
+    backend_problem: null, store_problem: null, orphans: [], engine_id: "e", reserved_gpus: [], config_file: null, system: false, ...over,
+  };
+}
+
+/** A checked spec as the engine returns it, with nothing but `spec` set beyond the defaults. */
+export function validJob(name: string, spec: Partial<JobSpec> = {}): ValidJob {
+  return {
+    name, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0, ...spec }, gpus: spec.gpus ?? 1, gpu_memory: null, timeout: null, retries: 0, mounts: [],
+    expected_runtime: null, limits: { cpus_milli: null, memory: null, shm_size: null, memlock: null, stack: null },
+  };
+}
 
 export function gpu(index: number, over: Partial<GpuSample> = {}): GpuSample {
   return { index, uuid: `GPU-${index}`, name: "Simulated GPU", memory_total: 24 << 30, memory_used: 0, utilization: 0, temperature_c: 40, power_w: 60, processes: [], ...over };
@@ -27,12 +43,12 @@ export function usageReport(over: Partial<UsageReport> = {}): UsageReport {
 export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: Partial<QueueEntry> = {}): QueueEntry {
   return {
     job: {
-      id, name: `job${id}`, owner_uid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0, retries: 0,
-      timeout_ms: null, job: { name: `job${id}`, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0 }, gpus: 1, gpu_memory: null, retries: 0 }, spec_hidden: false,
+      id, name: `job${id}`, owner_uid: 1000, owner_gid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0, retries: 0,
+      timeout_ms: null, job: validJob(`job${id}`), spec_hidden: false,
       state: "queued", source: "cli", submitted_at: Date.now() - 60_000, not_before: null, started_at: null, finished_at: null,
       exit_code: null, attempts: 0, cancel_requested: false, message: null, ...over,
     },
-    gpus_assigned: [], position: 1, reason: "needs 1 free GPU, 0 available", ...extra,
+    gpus_assigned: [], position: 1, reason: "needs 1 free GPU, 0 available", estimated_start: null, eta_confidence: null, ...extra,
   };
 }
 
@@ -50,7 +66,7 @@ export function fakeBackend(over: Partial<Backend> = {}) {
   const rec = <T>(name: string, v: T) => (...args: unknown[]) => { calls.push({ name, args }); return Promise.resolve(v); };
   const b: Backend = {
     engine: rec("engine", { kind: "embedded", label: "Engine in this app (simulated GPUs 2x24GiB)", socket: "/s/gantry.sock", problem: null } as EngineInfo),
-    status: rec("status", { version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s", backend_problem: null, engine_id: "e" }),
+    status: rec("status", engineStatus()),
     whoami: rec("whoami", { uid: 1000, name: "ada" }),
     queue: rec("queue", [] as QueueEntry[]),
     job: rec("job", undefined as any),

@@ -40,7 +40,7 @@ export function stateLabel(s: string): string {
   return s === "timed_out" ? "timed out" : s;
 }
 
-export function commandText(c: string | string[] | undefined): string {
-  if (c === undefined) return "(image default)";
+export function commandText(c: string | string[] | null | undefined): string {
+  if (c === undefined || c === null) return "(image default)";
   return Array.isArray(c) ? c.map((a) => (/\s/.test(a) ? JSON.stringify(a) : a)).join(" ") : c;
 }

@@ -1,79 +1,472 @@
-// Shapes of the engine API (gantry-core), as the app receives them.
+// Generated from the Rust protocol types (crates/gantry-core/src/protocol) by ts-rs: do not edit.
+// Refresh: GANTRY_WRITE_TS=1 cargo test --workspace --lib types_ts
 
 export type JobState = "queued" | "starting" | "running" | "succeeded" | "failed" | "cancelled" | "timed_out";
 export const FINAL_STATES: JobState[] = ["succeeded", "failed", "cancelled", "timed_out"];
-
-/** Which engine the app talks to (from gantry-core's `EngineRef::view`). */
-export interface EngineInfo {
-  kind: "system" | "user" | "state_dir" | "embedded" | "holder" | "blocked" | "remote";
-  label: string; socket: string | null;
-  /** Why there is no engine (`blocked`: another user's engine holds this machine's GPUs). */
-  problem: string | null;
-}
-export interface Status {
-  version: string; pid: number; gpu_backend: "nvml" | "simulated"; gpu_note: string | null;
-  gpu_count: number; inbox: string; state_dir: string; backend_problem: string | null; store_problem?: string | null; engine_id: string;
-}
-export interface WhoAmI { uid: number; name: string }
-
-export interface JobSpec {
-  name?: string; image: string; command?: string | string[]; workdir?: string; env?: Record<string, string>;
-  mounts?: string[]; gpus: number; gpu_memory?: string; priority: number; timeout?: string; retries: number;
-}
-export interface ValidJob { name: string; spec: JobSpec; gpus: number; gpu_memory: number | null; retries: number }
-/** `job` (the spec) and `message` are null, with `spec_hidden`, for other users' jobs (owner and root only). */
-export interface Job {
-  id: number; name: string; owner_uid: number; owner: string; image: string; gpus: number; gpu_memory: number | null;
-  priority: number; retries: number; timeout_ms: number | null; job: ValidJob | null; spec_hidden: boolean; state: JobState; source: string;
-  submitted_at: number; not_before: number | null; started_at: number | null; finished_at: number | null;
-  exit_code: number | null; attempts: number; cancel_requested: boolean; message: string | null;
-}
-export interface QueueEntry { job: Job; gpus_assigned: number[]; position: number | null; reason: string | null; estimated_start?: number | null; eta_confidence?: string | null }
-export interface Attempt {
-  id: number; job_id: number; n: number; container_id: string | null; gpus: number[]; gpu_uuids: string[];
-  started_at: number; ended_at: number | null; exit_code: number | null; reason: string | null; message: string | null;
-}
-export interface JobEvent { job_id: number; at: number; from: string | null; to: string; message: string | null }
-export interface JobDetail { job: Job; attempts: Attempt[]; events: JobEvent[]; reason: string | null }
-
-export interface GpuProcess { pid: number; used_memory: number | null; container_id: string | null }
-export interface GpuSample {
-  index: number; uuid: string; name: string; memory_total: number; memory_used: number; utilization: number;
-  temperature_c: number | null; power_w: number | null; processes: GpuProcess[];
-}
-/** One user of a GPU (gantry-core `GpuUser`): a job of this engine (`job_id`), or anything outside Gantry
- * (a process: `pid`, `user`, `command`, `container` when it runs in one; or a container alone). */
-export interface GpuUser {
-  gpu: number; job_id: number | null; job_name: string | null; user: string | null; pid: number | null;
-  command: string | null; container: string | null; used_memory: number | null; since: number | null;
-}
-/** `users` and `reserved` come only from the `gpus` command, not from the live samples. */
-export interface GpuStatus {
-  backend: "nvml" | "simulated"; note: string | null; gpus: GpuSample[]; holders: [number, number[]][];
-  reserved: number[]; users: GpuUser[]; library: string | null;
-}
-/** [ms, per GPU [util %, memory used bytes]] */
-export type RecentSample = [number, [number, number][]];
-
-export interface HistoryRow {
-  id: number; name: string; owner: string; image: string; status: JobState; exit_code: number | null;
-  gpus: number[]; gpu_uuids: string[]; submitted_at: number; started_at: number | null; finished_at: number | null; attempts: number;
-}
-export interface HistoryQuery {
-  user?: string; status?: string; image?: string; text?: string; since?: number; until?: number;
-  sort?: string; asc?: boolean; limit?: number; offset?: number;
-}
-export interface TimelineRun { job_id: number; name: string; owner: string; gpus: number[]; start: number; end: number | null; reason: string | null }
-
-export interface SpecError { message: string; line: number | null; column: number | null; hint: string }
-export interface Preview { path: string; file_name: string; job: ValidJob | null; error: string | null; spec_error: SpecError | null }
-/** Rust `Result<i64, String>` as serialized by serde. */
-export type SubmitResult = { Ok: number[] } | { Err: string };
-
-/** gantry-core `UsageReport`: per user over [since_ms, until_ms), as `gantry usage` prints it. */
-export interface UserUsage { user: string; gpu_hours: number; jobs_finished: number; mean_wait_ms: number | null; fair_share_usage: number }
-export interface UsageReport { since_ms: number; until_ms: number; fair_share_half_life_ms: number; users: UserUsage[] }
-/** The machine switcher: `current` is the remote host in use (null: this computer). */
-export interface Machines { current: string | null; saved: string[]; ssh_config: string[] }
-/** A remote workstation's connection went away (`ok: false`, retried after `retry_in_s`) or came back. */
-export interface ConnectionEvent { host: string; ok: boolean; error?: string; retry_in_s?: number }
+/**
+ * How the app found the engine it talks to (`client::EngineRef`).
+ */
+export type EngineKind = "system" | "user" | "state_dir" | "embedded" | "holder" | "blocked" | "remote";
+/**
+ * Which engine the app talks to (from gantry-core's `EngineRef::view`).
+ */
+export type EngineInfo = { kind: EngineKind, 
+/**
+ * One line for the header.
+ */
+label: string, socket: string | null, 
+/**
+ * Why there is no engine (`blocked`: another user's engine holds this machine's GPUs), with what to do.
+ */
+problem: string | null, };
+/**
+ * The machine switcher: `current` is the remote host in use (`None`: this computer).
+ */
+export type Machines = { current: string | null, 
+/**
+ * Saved by the user (connected once), most recent first.
+ */
+saved: Array<string>, 
+/**
+ * From `~/.ssh/config`, not saved yet.
+ */
+ssh_config: Array<string>, };
+/**
+ * The app's `connection` event: a remote workstation's connection went away (`ok: false`, retried
+ * after `retry_in_s`) or came back.
+ */
+export type ConnectionEvent = { host: string, ok: boolean, error?: string | null, retry_in_s?: number | null, };
+/**
+ * Where the GPU figures come from: the NVIDIA driver, or simulated GPUs (always said so).
+ */
+export type BackendKind = "nvml" | "simulated";
+/**
+ * A container labelled for this engine that its database does not know (e.g. after a lost WAL).
+ * Reported, never adopted under a new job; its GPUs count as busy.
+ */
+export type Orphan = { container_id: string, name: string, job_id: number, running: boolean, gpus: Array<number>, };
+/**
+ * `GET /v1/status`.
+ */
+export type Status = { version: string, pid: number, gpu_backend: BackendKind, gpu_note: string | null, 
+/**
+ * The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
+ */
+gpu_library: string | null, gpu_count: number, 
+/**
+ * The caller's drop folder (under the system engine, the one in their home).
+ */
+inbox: string, state_dir: string, 
+/**
+ * The backend that runs the jobs (Docker, Slurm) cannot be reached (`docker_problem` before 0.2).
+ */
+backend_problem: string | null, 
+/**
+ * The state database cannot be written: nothing starts until it can.
+ */
+store_problem: string | null, 
+/**
+ * Containers labelled for this engine that its database does not know (never adopted).
+ */
+orphans: Array<Orphan>, 
+/**
+ * Value of the `dev.gantry.engine` label on this engine's containers.
+ */
+engine_id: string, 
+/**
+ * GPUs the lab config keeps for interactive use (never scheduled on).
+ */
+reserved_gpus: Array<number>, 
+/**
+ * The lab config the engine read (`None`: built-in defaults).
+ */
+config_file: string | null, 
+/**
+ * The machine's engine (`gantry daemon --system`), for every user.
+ */
+system: boolean, };
+/**
+ * `GET /v1/whoami`: the caller, from the socket's peer credentials.
+ */
+export type WhoAmI = { uid: number, name: string, };
+/**
+ * The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
+ */
+export type Command = string | Array<string>;
+/**
+ * `ipc` in a spec.
+ */
+export type Ipc = "private" | "host";
+/**
+ * `home` in a spec and in the lab config.
+ */
+export type Home = "tmpfs" | "mount";
+/**
+ * `ulimits` in a spec: each `unlimited` or a size.
+ */
+export type Ulimits = { 
+/**
+ * Locked memory (RDMA and pinned-memory transfers need it), e.g. `unlimited`.
+ */
+memlock?: string | null, 
+/**
+ * Stack size of each thread, e.g. `64MiB`.
+ */
+stack?: string | null, };
+/**
+ * A job reference in `after`.
+ */
+export type IdOrName = number | string;
+/**
+ * A matrix value.
+ */
+export type Scalar = number | number | boolean | string;
+/**
+ * A job as written by a researcher. Unknown fields are errors.
+ */
+export type JobSpec = { 
+/**
+ * Short name shown in the queue and history. Defaults to the file name.
+ */
+name?: string | null, 
+/**
+ * Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+ */
+image: string, 
+/**
+ * Command: a list (exec form) or a string run with `/bin/sh -c`. Defaults to the image's CMD.
+ */
+command?: Command | null, 
+/**
+ * Working directory inside the container.
+ */
+workdir?: string | null, 
+/**
+ * Extra environment variables.
+ */
+env?: { [key in string]: string }, 
+/**
+ * Bind mounts, `host:container` or `host:container:ro`. Host paths are absolute or relative to the spec file;
+ * each must exist and be readable (for read-write mounts, writable) by the submitter.
+ */
+mounts?: Array<string>, 
+/**
+ * Number of GPUs (0 allowed). Default 1.
+ */
+gpus: number, 
+/**
+ * GPU memory needed on each GPU, e.g. `20GiB`. When set, the job may share a GPU with others whose
+ * declared memory fits; when absent, the job gets whole GPUs.
+ */
+gpu_memory?: string | null, 
+/**
+ * Only GPUs whose name contains this (any case), e.g. `H100` matches "NVIDIA H100 80GB HBM3".
+ * `gantry gpus` lists the names.
+ */
+gpu_type?: string | null, 
+/**
+ * Only GPUs with at least this much memory in all, e.g. `40GiB`.
+ */
+min_gpu_memory?: string | null, 
+/**
+ * Higher runs first. Default 0.
+ */
+priority: number, 
+/**
+ * Wall-clock limit, e.g. `24h`, `90m`. The job is stopped (SIGTERM, then SIGKILL) when it passes.
+ */
+timeout?: string | null, 
+/**
+ * How often to retry after a failure (not after cancel). Default 0.
+ */
+retries: number, 
+/**
+ * How long the job is expected to run (`2h`). Lets the scheduler backfill and estimate start times.
+ */
+expected_runtime?: string | null, 
+/**
+ * Start only after these jobs succeeded: job ids, or names of your earlier jobs.
+ */
+after?: Array<IdOrName>, 
+/**
+ * Job array: one job per combination of values, e.g. `{lr: [0.1, 0.01], bs: [32, 64]}` makes 4
+ * jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
+ */
+matrix?: { [key in string]: Array<Scalar> }, 
+/**
+ * CPUs the job may use, e.g. `8` or `0.5`. Default: the lab's share per GPU (`cpus_per_gpu`), or
+ * `cpu_only_cpus` for a CPU-only job. The scheduler starts the job only when this many are free.
+ */
+cpus?: number | null, 
+/**
+ * RAM limit, e.g. `64GiB` (swap is not added on top). Default: the lab's share per GPU
+ * (`memory_per_gpu`), or `cpu_only_memory` for a CPU-only job. Counted by the scheduler like CPUs.
+ */
+memory?: string | null, 
+/**
+ * Size of `/dev/shm` (PyTorch DataLoader workers pass batches through it), e.g. `16GiB`.
+ * Default: half the job's memory limit (8 GiB without one); Docker's own is 64 MiB.
+ */
+shm_size?: string | null, 
+/**
+ * `private` (default) or `host`: share the host's IPC namespace (only where the lab config allows it).
+ */
+ipc?: Ipc | null, 
+/**
+ * Where `$HOME` points: `tmpfs` (an empty, writable folder for this job) or `mount` (your home
+ * folder, read-write; only where the lab config enables it). Default: the lab's `home`.
+ */
+home?: Home | null, 
+/**
+ * Resource limits. Default: `memlock: unlimited`, `stack: 64MiB` (NVIDIA's advice for PyTorch/NCCL).
+ */
+ulimits?: Ulimits | null, };
+/**
+ * The container settings a spec asked for, parsed (`None`: the lab's default).
+ */
+export type Limits = { 
+/**
+ * CPUs in thousandths.
+ */
+cpus_milli: number | null, memory: number | null, shm_size: number | null, 
+/**
+ * Bytes; -1 is unlimited (Docker's and the kernel's convention).
+ */
+memlock: number | null, stack: number | null, };
+/**
+ * One job of a `matrix` expansion.
+ */
+export type MatrixPart = { 
+/**
+ * Unique per expansion.
+ */
+group: string, index: number, count: number, };
+export type Mount = { host: string, container: string, read_only: boolean, };
+/**
+ * A spec that passed every check, with sizes and durations parsed.
+ */
+export type ValidJob = { name: string, spec: JobSpec, gpus: number, 
+/**
+ * Declared memory per GPU in bytes; `None` means whole GPUs.
+ */
+gpu_memory: number | null, timeout: { secs: number, nanos: number } | null, retries: number, mounts: Array<Mount>, expected_runtime: { secs: number, nanos: number } | null, 
+/**
+ * CPU, RAM, shm and ulimits the spec set (the engine fills in the lab's defaults).
+ */
+limits: Limits, 
+/**
+ * Set on each job a `matrix` expanded into: its place among its siblings (the Slurm backend
+ * submits them together as one job array).
+ */
+matrix_part?: MatrixPart | null, };
+/**
+ * A spec problem: what, where, and how to fix it.
+ */
+export type SpecError = { message: string, line: number | null, column: number | null, hint: string, };
+/**
+ * A spec file checked by the engine without queueing it (the app's preview).
+ */
+export type Preview = { path: string, file_name: string, job: ValidJob | null, error: string | null, spec_error: SpecError | null, };
+/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */
+export type SubmitResult = { Ok : Array<number> } | { Err : string };
+/**
+ * A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
+ * workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
+ * are `None` with `spec_hidden: true` unless the caller may see the owner's private parts (the
+ * owner, root and the lab's admins).
+ */
+export type Job = { id: number, name: string, owner_uid: number, owner_gid: number, owner: string, image: string, gpus: number, gpu_memory: number | null, priority: number, retries: number, timeout_ms: number | null, job: ValidJob | null, spec_hidden: boolean, state: JobState, source: string, submitted_at: number, not_before: number | null, started_at: number | null, finished_at: number | null, exit_code: number | null, attempts: number, cancel_requested: boolean, message: string | null, };
+/**
+ * `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
+ */
+export type QueueEntry = { job: Job, gpus_assigned: Array<number>, position: number | null, reason: string | null, 
+/**
+ * Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+ */
+estimated_start: number | null, 
+/**
+ * How sure `estimated_start` is (`p50`: even odds).
+ */
+eta_confidence: string | null, };
+/**
+ * Why an attempt ended.
+ */
+export type EndReason = "exited" | "oom" | "timeout" | "cancelled" | "lost" | "engine_error";
+export type Attempt = { id: number, job_id: number, n: number, container_id: string | null, gpus: Array<number>, gpu_uuids: Array<string>, started_at: number, ended_at: number | null, exit_code: number | null, reason: EndReason | null, message: string | null, 
+/**
+ * The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
+ */
+slurm_job_id?: number | null, 
+/**
+ * Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
+ */
+slurm_array_task?: number | null, };
+/**
+ * A state change of a job.
+ */
+export type JobEvent = { job_id: number, at: number, from: string | null, to: string, message: string | null, };
+/**
+ * `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
+ */
+export type JobDetail = { job: Job, attempts: Array<Attempt>, events: Array<JobEvent>, reason: string | null, };
+/**
+ * The app's `job-changed` event: [`EngineEvent::Job`] without its tag.
+ */
+export type JobChanged = { job_id: number, state: JobState, at: number, };
+export type GpuProcess = { pid: number, used_memory: number | null, 
+/**
+ * Docker container id (64 hex) when the process lives in a container.
+ */
+container_id: string | null, 
+/**
+ * Owner (uid of /proc/PID), when the process is still there.
+ */
+uid: number | null, 
+/**
+ * Command line (/proc/PID/cmdline, arguments joined by spaces, at most `gpu::COMMAND_MAX` chars).
+ */
+command: string | null, };
+/**
+ * The physical GPU a MIG instance belongs to.
+ */
+export type MigParent = { 
+/**
+ * The physical GPU's NVML index (as `nvidia-smi` numbers it).
+ */
+index: number, uuid: string, name: string, };
+/**
+ * How two GPUs are connected, closest first: NVLink, then NVML's common-ancestor levels.
+ */
+export type Link = "nvlink" | "same_board" | "pcie_switch" | "pcie_switches" | "host_bridge" | "numa_node" | "system";
+export type GpuLink = { 
+/**
+ * The other GPU's index.
+ */
+peer: number, link: Link, };
+export type GpuSample = { index: number, uuid: string, name: string, memory_total: number, memory_used: number, utilization: number, temperature_c: number | null, power_w: number | null, processes: Array<GpuProcess>, 
+/**
+ * Set when this device is a MIG instance: the physical GPU it is carved from.
+ */
+mig_parent?: MigParent | null, 
+/**
+ * How this GPU connects to each other GPU, when NVML reports a topology.
+ */
+links?: Array<GpuLink>, };
+/**
+ * One user of a GPU. A job of this engine has `job_id` (its processes on the GPU folded into one
+ * row); anything else is outside Gantry: a process (`pid`, `user`, `command`, and `container` when it
+ * runs in one), or a container that holds the GPU with no process on it yet (`container` only).
+ */
+export type GpuUser = { gpu: number, job_id: number | null, job_name: string | null, 
+/**
+ * The job's owner, or the process's user.
+ */
+user: string | null, pid: number | null, command: string | null, 
+/**
+ * Container name (or short id) of a process or container outside this engine's jobs.
+ */
+container: string | null, 
+/**
+ * GPU memory it uses, when NVML reports it.
+ */
+used_memory: number | null, 
+/**
+ * When the job started (ms).
+ */
+since: number | null, };
+/**
+ * `users` and `reserved` come only from the `gpus` command, not from the live samples.
+ */
+export type GpuStatus = { backend: BackendKind, 
+/**
+ * Why NVML is not used, when it is not.
+ */
+note: string | null, gpus: Array<GpuSample>, 
+/**
+ * Which Gantry jobs hold which GPU.
+ */
+holders: Array<[number, Array<number>]>, 
+/**
+ * GPUs the lab config keeps for interactive use: Gantry never places jobs on them.
+ */
+reserved: Array<number>, 
+/**
+ * Everything on each GPU: this engine's jobs, and every process or container outside them.
+ */
+users: Array<GpuUser>, 
+/**
+ * The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`, e.g. a test double).
+ */
+library: string | null, };
+/**
+ * One second of `GET /v1/gpus/recent`: `[ms, per GPU [util %, memory used bytes]]`.
+ */
+export type RecentSample = [number, Array<[number, number]>];
+/**
+ * One minute of `GET /v1/gpus/{index}/minutes`: `[minute (ms), mean util %, mean memory used bytes]`.
+ */
+export type GpuMinute = [number, number, number];
+/**
+ * `GET /v1/events`, one per line: state changes and GPU samples.
+ */
+export type EngineEvent = { "kind": "job", job_id: number, state: JobState, at: number, } | { "kind": "gpus", at: number, gpus: Array<GpuSample>, };
+/**
+ * One completed run for `history`.
+ */
+export type HistoryRow = { id: number, name: string, owner: string, image: string, status: JobState, exit_code: number | null, gpus: Array<number>, gpu_uuids: Array<string>, submitted_at: number, started_at: number | null, finished_at: number | null, attempts: number, };
+/**
+ * `GET /v1/history` and `/v1/history/count`: which finished runs, in what order, which page.
+ */
+export type HistoryQuery = { user?: string, status?: JobState, 
+/**
+ * Finished at or after (ms).
+ */
+since?: number, limit?: number, offset?: number, 
+/**
+ * Substring of name or image.
+ */
+text?: string, 
+/**
+ * Image name (exact).
+ */
+image?: string, 
+/**
+ * Finished before (ms).
+ */
+until?: number, 
+/**
+ * Sort key: finished (default), started, duration, gpu_hours, name, owner, exit_code, id.
+ */
+sort?: string, 
+/**
+ * Ascending instead of descending.
+ */
+asc?: boolean, };
+/**
+ * A run on the GPU timeline.
+ */
+export type TimelineRun = { job_id: number, name: string, owner: string, gpus: Array<number>, start: number, end: number | null, reason: EndReason | null, };
+/**
+ * One user's figures in `gantry usage`.
+ */
+export type UserUsage = { user: string, 
+/**
+ * GPU count x run time of attempts, clipped to the window.
+ */
+gpu_hours: number, 
+/**
+ * Jobs that ended in the window (as `gantry history --since` lists them).
+ */
+jobs_finished: number, 
+/**
+ * Mean time from submit to first start of jobs first started in the window.
+ */
+mean_wait_ms: number | null, 
+/**
+ * Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
+ */
+fair_share_usage: number, };
+/**
+ * `gantry usage`: per user, over [since_ms, until_ms).
+ */
+export type UsageReport = { since_ms: number, until_ms: number, fair_share_half_life_ms: number, users: Array<UserUsage>, };

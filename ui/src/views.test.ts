@@ -1,6 +1,6 @@
 import { describe, expect, it, vi } from "vitest";
 vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }));
-import { entry, fakeBackend, gpu, gpuUser, settle, usageReport } from "./fake-backend";
+import { entry, fakeBackend, gpu, gpuUser, engineStatus, settle, usageReport, validJob } from "./fake-backend";
 import { clock, gpusView, holderLine, holdersOf } from "./views/gpus";
 import { fairShareLine, usageRows, usageView } from "./views/usage";
 import { gpuList, historyView, ROW_H } from "./views/history";
@@ -103,7 +103,7 @@ describe("history view", () => {
 
 describe("submit view", () => {
   const previews: Preview[] = [
-    { path: "/a/ok.yaml", file_name: "ok.yaml", job: { name: "ok", spec: { image: "img", gpus: 1, priority: 0, retries: 0, command: ["python", "train.py"] }, gpus: 1, gpu_memory: null, retries: 0 }, error: null, spec_error: null },
+    { path: "/a/ok.yaml", file_name: "ok.yaml", job: validJob("ok", { image: "img", command: ["python", "train.py"] }), error: null, spec_error: null },
     { path: "/a/bad.yaml", file_name: "bad.yaml", job: null, error: "line 2", spec_error: { message: "unknown field `gpu`", line: 2, column: 1, hint: "remove it" } },
   ];
   it("previews each file with errors and line numbers, then submits only valid ones", async () => {
@@ -187,7 +187,7 @@ describe("GPU holders and the app shell", () => {
   });
   it("shows the backend's own outage: a Slurm outage is not called a Docker one", async () => {
     const problem = "Slurm is not reachable: squeue --json: Unable to contact slurm controller";
-    const { b } = fakeBackend({ status: () => Promise.resolve({ version: "0", pid: 1, gpu_backend: "nvml", gpu_note: null, gpu_count: 8, inbox: "/i", state_dir: "/s", backend_problem: problem, engine_id: "e" }) });
+    const { b } = fakeBackend({ status: () => Promise.resolve(engineStatus({ gpu_backend: "nvml", gpu_count: 8, inbox: "/i", backend_problem: problem })) });
     const root = document.createElement("div");
     await mount(root, b);
     const banner = root.querySelector("[data-testid=backend-banner]")!;

@@ -2,7 +2,7 @@
 //! credentials (uid/gid), never something the client claims.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +13,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::{Deserialize, Serialize};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -21,11 +20,18 @@ use tracing::{debug, info, warn};
 
 use crate::engine::submit::{Spec, Submission};
 use crate::engine::{Engine, EngineError};
-use crate::gpu::BackendKind;
 use crate::inbox::user_name;
-use crate::inbox::users::{InboxInfo, Registry};
-use crate::spec::{SpecError, ValidJob};
-use crate::store::{Attempt, Event, HistoryFilter, Job, JobState, Owner};
+use crate::inbox::users::Registry;
+use crate::protocol::routes::{
+    CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
+    VALIDATE, WHOAMI,
+};
+use crate::protocol::{
+    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest,
+    QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
+};
+use crate::spec::ValidJob;
+use crate::store::{Job, Owner};
 
 /// Who is calling, from SO_PEERCRED.
 #[derive(Debug, Clone, Copy)]
@@ -63,120 +69,8 @@ impl Viewer {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StatusInfo {
-    pub version: String,
-    pub pid: u32,
-    pub gpu_backend: BackendKind,
-    pub gpu_note: Option<String>,
-    /// The NVML library loaded instead of the driver's (`GANTRY_NVML_LIB`).
-    #[serde(default)]
-    pub gpu_library: Option<String>,
-    pub gpu_count: usize,
-    /// The caller's drop folder (under the system engine, the one in their home).
-    pub inbox: PathBuf,
-    pub state_dir: PathBuf,
-    /// The backend that runs the jobs (Docker, Slurm) cannot be reached (`docker_problem` before 0.2).
-    #[serde(alias = "docker_problem")]
-    pub backend_problem: Option<String>,
-    /// The state database cannot be written: nothing starts until it can.
-    #[serde(default)]
-    pub store_problem: Option<String>,
-    /// Containers labelled for this engine that its database does not know (never adopted).
-    #[serde(default)]
-    pub orphans: Vec<crate::protocol::Orphan>,
-    /// Value of the `dev.gantry.engine` label on this engine's containers.
-    pub engine_id: String,
-    /// GPUs the lab config keeps for interactive use (never scheduled on).
-    #[serde(default)]
-    pub reserved_gpus: Vec<u32>,
-    /// The lab config the engine read (`None`: built-in defaults).
-    #[serde(default)]
-    pub config_file: Option<PathBuf>,
-    /// The machine's engine (`gantry daemon --system`), for every user.
-    #[serde(default)]
-    pub system: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SubmitRequest {
-    pub text: String,
-    /// File name, for the format (`.yaml`/`.toml`) and the default job name.
-    pub file_name: String,
-    /// Directory relative mount paths are resolved against.
-    pub base_dir: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Submitted {
-    /// The first (or only) job.
-    pub job_id: i64,
-    /// Every job created (a `matrix` makes several).
-    #[serde(default)]
-    pub job_ids: Vec<i64>,
-}
-
-impl Submitted {
-    fn of(ids: Vec<i64>) -> Self {
-        Submitted { job_id: ids.first().copied().unwrap_or(0), job_ids: ids }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PriorityRequest {
-    pub priority: i32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiError {
-    pub error: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec_error: Option<SpecError>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WhoAmI {
-    pub uid: u32,
-    pub name: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct Range {
-    pub from: i64,
-    pub to: i64,
-}
-
-/// A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
-/// workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
-/// are `None` with `spec_hidden: true` unless [`Viewer::may_see_private`] allows the caller.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobView {
-    pub id: i64,
-    pub name: String,
-    pub owner_uid: u32,
-    pub owner_gid: u32,
-    pub owner: String,
-    pub image: String,
-    pub gpus: u32,
-    pub gpu_memory: Option<u64>,
-    pub priority: i32,
-    pub retries: u32,
-    pub timeout_ms: Option<i64>,
-    pub job: Option<ValidJob>,
-    pub spec_hidden: bool,
-    pub state: JobState,
-    pub source: String,
-    pub submitted_at: i64,
-    pub not_before: Option<i64>,
-    pub started_at: Option<i64>,
-    pub finished_at: Option<i64>,
-    pub exit_code: Option<i64>,
-    pub attempts: u32,
-    pub cancel_requested: bool,
-    pub message: Option<String>,
-}
-
 impl JobView {
+    /// `j` as `viewer` may see it.
     pub fn new(j: Job, viewer: Viewer) -> JobView {
         // Destructured field by field: a new `Job` field does not compile until someone decides
         // whether it is public.
@@ -193,29 +87,6 @@ impl JobView {
             message: message.filter(|_| shown),
         }
     }
-}
-
-/// `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueueEntryView {
-    pub job: JobView,
-    pub gpus_assigned: Vec<u32>,
-    pub position: Option<usize>,
-    pub reason: Option<String>,
-    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
-    pub estimated_start: Option<i64>,
-    /// How sure `estimated_start` is (`p50`: even odds).
-    #[serde(default)]
-    pub eta_confidence: Option<String>,
-}
-
-/// `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobDetailView {
-    pub job: JobView,
-    pub attempts: Vec<Attempt>,
-    pub events: Vec<Event>,
-    pub reason: Option<String>,
 }
 
 impl JobDetailView {
@@ -272,26 +143,26 @@ type Res<T> = Result<Json<T>, Failure>;
 
 pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
     Router::new()
-        .route("/v1/status", get(status))
-        .route("/v1/jobs", get(queue).post(submit))
-        .route("/v1/jobs/{id}", get(job))
-        .route("/v1/jobs/{id}/cancel", post(cancel))
-        .route("/v1/jobs/{id}/priority", post(priority))
-        .route("/v1/jobs/{id}/hold", post(hold))
-        .route("/v1/jobs/{id}/release", post(release))
-        .route("/v1/jobs/{id}/logs", get(logs))
-        .route("/v1/gpus", get(gpus))
-        .route("/v1/history", get(history))
-        .route("/v1/history/count", get(history_count))
-        .route("/v1/timeline", get(timeline))
-        .route("/v1/gpus/recent", get(gpus_recent))
-        .route("/v1/gpus/{index}/minutes", get(gpu_minutes))
-        .route("/v1/validate", post(validate))
-        .route("/v1/jobs/{id}/rerun", post(rerun))
-        .route("/v1/whoami", get(whoami))
-        .route("/v1/inbox", get(inbox).post(inbox_init))
-        .route("/v1/events", get(events))
-        .route("/v1/usage", get(usage))
+        .route(STATUS, get(status))
+        .route(JOBS, get(queue).post(submit))
+        .route(JOB, get(job))
+        .route(CANCEL, post(cancel))
+        .route(PRIORITY, post(priority))
+        .route(HOLD, post(hold))
+        .route(RELEASE, post(release))
+        .route(LOGS, get(logs))
+        .route(GPUS, get(gpus))
+        .route(HISTORY, get(history))
+        .route(HISTORY_COUNT, get(history_count))
+        .route(TIMELINE, get(timeline))
+        .route(GPUS_RECENT, get(gpus_recent))
+        .route(GPU_MINUTES, get(gpu_minutes))
+        .route(VALIDATE, post(validate))
+        .route(RERUN, post(rerun))
+        .route(WHOAMI, get(whoami))
+        .route(INBOX, get(inbox).post(inbox_init))
+        .route(EVENTS, get(events))
+        .route(USAGE, get(usage))
         .layer(Extension(inboxes))
         .with_state(engine)
 }
@@ -364,11 +235,11 @@ async fn release(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): Ur
     Ok(Json(e.hold(id, false, p.uid)?))
 }
 
-async fn gpus(State(e): E) -> Json<crate::engine::GpuStatus> {
+async fn gpus(State(e): E) -> Json<GpuStatus> {
     Json(e.gpu_status())
 }
 
-async fn history(State(e): E, Query(f): Query<HistoryFilter>) -> Res<Vec<crate::store::HistoryRow>> {
+async fn history(State(e): E, Query(f): Query<HistoryFilter>) -> Res<Vec<HistoryRow>> {
     Ok(Json(e.history(&f)?))
 }
 
@@ -376,34 +247,23 @@ async fn history_count(State(e): E, Query(f): Query<HistoryFilter>) -> Res<i64> 
     Ok(Json(e.history_count(&f)?))
 }
 
-async fn timeline(State(e): E, Query(r): Query<Range>) -> Res<Vec<crate::store::TimelineRun>> {
+async fn timeline(State(e): E, Query(r): Query<Range>) -> Res<Vec<TimelineRun>> {
     Ok(Json(e.timeline(r.from, r.to)?))
-}
-
-#[derive(Deserialize)]
-struct Since {
-    #[serde(default)]
-    since: i64,
-}
-
-#[derive(Deserialize)]
-struct UsageQuery {
-    since_ms: i64,
 }
 
 /// Per-user GPU-hours, jobs, mean wait and fair-share usage: everyone may see them (they are the
 /// numbers fair share orders the queue by).
-async fn usage(State(e): E, Query(q): Query<UsageQuery>) -> Res<crate::store::UsageReport> {
+async fn usage(State(e): E, Query(q): Query<UsageQuery>) -> Res<UsageReport> {
     Ok(Json(e.usage(q.since_ms)?))
 }
 
 /// 1 Hz samples of the last hour: `[ms, [[util, mem_used], ...]]`.
-async fn gpus_recent(State(e): E, Query(q): Query<Since>) -> Json<Vec<(i64, Vec<(u32, u64)>)>> {
-    Json(e.recent_samples(q.since))
+async fn gpus_recent(State(e): E, Query(q): Query<Since>) -> Json<Vec<RecentSample>> {
+    Json(e.recent_samples(q.since).into_iter().map(|(at, gpus)| RecentSample(at, gpus)).collect())
 }
 
-async fn gpu_minutes(State(e): E, UrlPath(index): UrlPath<u32>, Query(r): Query<Range>) -> Res<Vec<(i64, f64, i64)>> {
-    Ok(Json(e.gpu_minutes(index, r.from, r.to)?))
+async fn gpu_minutes(State(e): E, UrlPath(index): UrlPath<u32>, Query(r): Query<Range>) -> Res<Vec<GpuMinute>> {
+    Ok(Json(e.gpu_minutes(index, r.from, r.to)?.into_iter().map(|(at, util, mem)| GpuMinute(at, util, mem)).collect()))
 }
 
 fn owner_of(p: &Peer) -> Owner {
@@ -412,7 +272,7 @@ fn owner_of(p: &Peer) -> Owner {
 }
 
 /// Check a spec without queueing it (the app's submit preview).
-async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<crate::spec::ValidJob> {
+async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<ValidJob> {
     Ok(Json(e.validate_file(&r.text, &r.file_name, r.base_dir)?))
 }
 
@@ -441,12 +301,6 @@ async fn inbox_init(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, C
 
 async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {
     Json(WhoAmI { uid: p.uid, name: user_name(p.uid) })
-}
-
-#[derive(Deserialize)]
-struct LogQuery {
-    #[serde(default)]
-    follow: bool,
 }
 
 /// The job's log file; with `follow`, keep streaming until the job has ended.

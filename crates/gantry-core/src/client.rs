@@ -13,9 +13,14 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 
-use crate::api::{ApiError, SubmitRequest, Submitted};
 use crate::config::Paths;
 use crate::machine_lock::{Holder, LockError};
+use crate::protocol::routes::{self, fill, with_query};
+use crate::protocol::{
+    ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, LogQuery,
+    Preview, PriorityRequest, QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
+    WhoAmI,
+};
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,16 +41,6 @@ pub enum ClientError {
     /// `gantry proxy`) wrote on stderr.
     #[error("cannot reach the Gantry engine on {host} through ssh: {message}")]
     Remote { host: String, message: String },
-}
-
-/// A spec file checked by the engine without queueing it (the app's preview).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Preview {
-    pub path: PathBuf,
-    pub file_name: String,
-    pub job: Option<ValidJob>,
-    pub error: Option<String>,
-    pub spec_error: Option<SpecError>,
 }
 
 /// Read a spec file the way every client does: size-capped UTF-8, relative mounts resolved
@@ -270,18 +265,18 @@ impl Client {
         .await
     }
 
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.json("GET", path, None).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
         let b = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.json("POST", path, Some(b)).await
     }
 
     /// Stream a response body chunk by chunk (logs with follow, events). Only the start of the
     /// answer is bounded by the timeout: a stream may stay quiet for as long as the job runs.
-    pub async fn stream(&self, path: &str, mut on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
+    async fn stream(&self, path: &str, mut on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
         let mut body = self.bounded(self.send("GET", path, None)).await?.into_body();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -294,15 +289,80 @@ impl Client {
         Ok(())
     }
 
-    /// Queue one spec file; returns the job ids (several for a `matrix`).
-    /// Per-user usage since `since_ms` (`GET /v1/usage`): GPU-hours, jobs, mean wait, fair share.
-    pub async fn usage(&self, since_ms: i64) -> Result<crate::store::UsageReport, ClientError> {
-        self.get(&format!("/v1/usage?since_ms={since_ms}")).await
+    async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        Ok(self.bytes("GET", path, None).await?.to_vec())
     }
 
+    // One method per route of `protocol::routes`, in its order.
+
+    /// The engine's version, GPUs, drop folder and health.
+    pub async fn status(&self) -> Result<StatusInfo, ClientError> {
+        self.get(routes::STATUS).await
+    }
+
+    /// The caller, as the engine sees them (peer credentials).
+    pub async fn whoami(&self) -> Result<WhoAmI, ClientError> {
+        self.get(routes::WHOAMI).await
+    }
+
+    /// Running and queued jobs, with why each queued one waits.
+    pub async fn queue(&self) -> Result<Vec<QueueEntryView>, ClientError> {
+        self.get(routes::JOBS).await
+    }
+
+    /// Queue one spec (its text); [`Client::submit_file`] reads a file first.
+    pub async fn submit(&self, req: &SubmitRequest) -> Result<Submitted, ClientError> {
+        self.post(routes::JOBS, req).await
+    }
+
+    /// Queue one spec file; returns the job ids (several for a `matrix`).
     pub async fn submit_file(&self, path: &Path) -> Result<Vec<i64>, ClientError> {
         let req = self.spec_request(path)?;
-        Ok(self.post::<_, Submitted>("/v1/jobs", &req).await?.job_ids)
+        Ok(self.submit(&req).await?.job_ids)
+    }
+
+    pub async fn job(&self, id: i64) -> Result<JobDetailView, ClientError> {
+        self.get(&fill(routes::JOB, id)).await
+    }
+
+    /// Cancel a job; returns the state it was in.
+    pub async fn cancel(&self, id: i64) -> Result<JobState, ClientError> {
+        self.post(&fill(routes::CANCEL, id), &()).await
+    }
+
+    /// `false` when the job is no longer queued (only queued jobs change priority).
+    pub async fn set_priority(&self, id: i64, priority: i32) -> Result<bool, ClientError> {
+        self.post(&fill(routes::PRIORITY, id), &PriorityRequest { priority }).await
+    }
+
+    /// `true` when the job was queued and not held yet.
+    pub async fn hold(&self, id: i64) -> Result<bool, ClientError> {
+        self.post(&fill(routes::HOLD, id), &()).await
+    }
+
+    /// `true` when the job was held.
+    pub async fn release(&self, id: i64) -> Result<bool, ClientError> {
+        self.post(&fill(routes::RELEASE, id), &()).await
+    }
+
+    /// Queue a copy of one of the caller's jobs.
+    pub async fn rerun(&self, id: i64) -> Result<Submitted, ClientError> {
+        self.post(&fill(routes::RERUN, id), &()).await
+    }
+
+    /// The job's output so far.
+    pub async fn logs(&self, id: i64) -> Result<Vec<u8>, ClientError> {
+        self.raw(&fill(routes::LOGS, id)).await
+    }
+
+    /// The job's output as it is written, until the job ends or `on_chunk` returns false.
+    pub async fn follow_logs(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
+        self.stream(&with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?, on_chunk).await
+    }
+
+    /// Check a spec without queueing it.
+    pub async fn validate(&self, req: &SubmitRequest) -> Result<ValidJob, ClientError> {
+        self.post(routes::VALIDATE, req).await
     }
 
     /// Check one spec file without queueing it.
@@ -311,7 +371,7 @@ impl Client {
         let mut p = Preview { path: path.to_path_buf(), file_name, job: None, error: None, spec_error: None };
         match self.spec_request(path) {
             Err(e) => p.error = Some(e.to_string()),
-            Ok(req) => match self.post::<_, ValidJob>("/v1/validate", &req).await {
+            Ok(req) => match self.validate(&req).await {
                 Ok(j) => p.job = Some(j),
                 Err(ClientError::Api { message, spec_error, .. }) => {
                     p.error = Some(message);
@@ -323,6 +383,58 @@ impl Client {
         Ok(p)
     }
 
+    /// GPUs, their load and who holds them.
+    pub async fn gpus(&self) -> Result<GpuStatus, ClientError> {
+        self.get(routes::GPUS).await
+    }
+
+    /// 1 Hz samples since `since` (ms), at most the last hour.
+    pub async fn gpus_recent(&self, since: i64) -> Result<Vec<RecentSample>, ClientError> {
+        self.get(&with_query(routes::GPUS_RECENT, &Since { since })?).await
+    }
+
+    /// Per-minute figures of GPU `index` in [from, to) (ms).
+    pub async fn gpu_minutes(&self, index: u32, from: i64, to: i64) -> Result<Vec<GpuMinute>, ClientError> {
+        self.get(&with_query(&fill(routes::GPU_MINUTES, index), &Range { from, to })?).await
+    }
+
+    /// Finished runs matching `filter`, one page.
+    pub async fn history(&self, filter: &HistoryFilter) -> Result<Vec<HistoryRow>, ClientError> {
+        self.get(&with_query(routes::HISTORY, filter)?).await
+    }
+
+    /// How many finished runs match `filter` (its page ignored).
+    pub async fn history_count(&self, filter: &HistoryFilter) -> Result<i64, ClientError> {
+        self.get(&with_query(routes::HISTORY_COUNT, filter)?).await
+    }
+
+    /// Runs on the GPU timeline in [from, to) (ms).
+    pub async fn timeline(&self, from: i64, to: i64) -> Result<Vec<TimelineRun>, ClientError> {
+        self.get(&with_query(routes::TIMELINE, &Range { from, to })?).await
+    }
+
+    /// Per-user usage since `since_ms`: GPU-hours, jobs, mean wait, fair share.
+    pub async fn usage(&self, since_ms: i64) -> Result<UsageReport, ClientError> {
+        self.get(&with_query(routes::USAGE, &UsageQuery { since_ms })?).await
+    }
+
+    /// The caller's drop folder and whether the engine watches it.
+    pub async fn inbox(&self) -> Result<InboxInfo, ClientError> {
+        self.get(routes::INBOX).await
+    }
+
+    /// Have the engine watch the drop folder the caller just made (`gantry inbox init`).
+    pub async fn inbox_init(&self) -> Result<InboxInfo, ClientError> {
+        self.post(routes::INBOX, &()).await
+    }
+
+    /// The engine's events (state changes, GPU samples) as they happen, until `on_event` returns
+    /// false or the connection ends. A line that does not parse (a newer engine's kind) is skipped.
+    pub async fn events(&self, mut on_event: impl FnMut(EngineEvent) -> bool) -> Result<(), ClientError> {
+        let mut buf = Vec::new();
+        self.stream(routes::EVENTS, |chunk| for_each_line(&mut buf, chunk, &mut on_event)).await
+    }
+
     /// [`read_spec_file`], for this engine: a remote one gets the text alone, since this computer's
     /// folders mean nothing on the workstation (the engine then refuses relative mounts, saying why).
     pub fn spec_request(&self, path: &Path) -> Result<SubmitRequest, ClientError> {
@@ -332,9 +444,25 @@ impl Client {
             Target::Ssh { .. } => SubmitRequest { base_dir: None, ..req },
         })
     }
+}
 
-    pub async fn raw(&self, path: &str) -> Result<Vec<u8>, ClientError> {
-        Ok(self.bytes("GET", path, None).await?.to_vec())
+/// Split a byte stream into newline-delimited JSON values; `f` returns false to stop.
+fn for_each_line<T: DeserializeOwned>(buf: &mut Vec<u8>, chunk: &[u8], f: &mut impl FnMut(T) -> bool) -> bool {
+    buf.extend_from_slice(chunk);
+    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=pos).collect();
+        if let Ok(v) = serde_json::from_slice::<T>(&line) {
+            if !f(v) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+impl From<serde_urlencoded::ser::Error> for ClientError {
+    fn from(e: serde_urlencoded::ser::Error) -> Self {
+        ClientError::Protocol(format!("cannot write the query: {e}"))
     }
 }
 
@@ -408,18 +536,6 @@ pub enum EngineRef {
     Remote { host: String },
 }
 
-/// [`EngineRef`] for the UI.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct EngineView {
-    /// "system", "user", "state_dir", "embedded", "holder", "blocked" or "remote".
-    pub kind: String,
-    /// One line for the header.
-    pub label: String,
-    pub socket: Option<PathBuf>,
-    /// Why there is no engine (`blocked`), with what to do.
-    pub problem: Option<String>,
-}
-
 impl EngineRef {
     /// The API socket to talk to (`None` when blocked).
     pub fn socket(&self) -> Option<&Path> {
@@ -453,20 +569,20 @@ impl EngineRef {
 
     pub fn view(&self) -> EngineView {
         let kind = match self {
-            EngineRef::Found { by: FoundBy::System, .. } => "system",
-            EngineRef::Found { by: FoundBy::User, .. } => "user",
-            EngineRef::Found { by: FoundBy::StateDir, .. } => "state_dir",
-            EngineRef::Embedded { .. } => "embedded",
-            EngineRef::Holder(_) => "holder",
-            EngineRef::Blocked(_) => "blocked",
-            EngineRef::Remote { .. } => "remote",
+            EngineRef::Found { by: FoundBy::System, .. } => EngineKind::System,
+            EngineRef::Found { by: FoundBy::User, .. } => EngineKind::User,
+            EngineRef::Found { by: FoundBy::StateDir, .. } => EngineKind::StateDir,
+            EngineRef::Embedded { .. } => EngineKind::Embedded,
+            EngineRef::Holder(_) => EngineKind::Holder,
+            EngineRef::Blocked(_) => EngineKind::Blocked,
+            EngineRef::Remote { .. } => EngineKind::Remote,
         };
         let problem = match self {
             EngineRef::Blocked(h) => Some(LockError::Held(h.clone()).to_string()),
             _ => None,
         };
         let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        EngineView { kind: kind.into(), label: self.label(&home), socket: self.socket().map(Path::to_path_buf), problem }
+        EngineView { kind, label: self.label(&home), socket: self.socket().map(Path::to_path_buf), problem }
     }
 }
 

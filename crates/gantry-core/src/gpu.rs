@@ -1,8 +1,6 @@
 //! GPU inventory: one trait, two backends. NVML on machines with an NVIDIA driver; a simulated
 //! backend everywhere else (clearly reported as such through `BackendKind`).
 
-use serde::{Deserialize, Serialize};
-
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("NVIDIA driver library not usable: {0}")]
@@ -11,91 +9,11 @@ pub enum GpuError {
     BadSimSpec(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    Nvml,
-    Simulated,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuProcess {
-    pub pid: u32,
-    pub used_memory: Option<u64>,
-    /// Docker container id (64 hex) when the process lives in a container.
-    pub container_id: Option<String>,
-    /// Owner (uid of /proc/PID), when the process is still there.
-    #[serde(default)]
-    pub uid: Option<u32>,
-    /// Command line (/proc/PID/cmdline, arguments joined by spaces, at most [`COMMAND_MAX`] chars).
-    #[serde(default)]
-    pub command: Option<String>,
-}
+// Samples are wire types, defined in `protocol::gpu` (which imports nothing of the crate).
+pub use crate::protocol::gpu::{BackendKind, GpuLink, GpuProcess, GpuSample, Link, MigParent};
 
 /// Command lines are shown in one table row: cut long ones.
 pub const COMMAND_MAX: usize = 200;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuSample {
-    pub index: u32,
-    pub uuid: String,
-    pub name: String,
-    pub memory_total: u64,
-    pub memory_used: u64,
-    pub utilization: u32,
-    pub temperature_c: Option<u32>,
-    pub power_w: Option<f64>,
-    pub processes: Vec<GpuProcess>,
-    /// Set when this device is a MIG instance: the physical GPU it is carved from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mig_parent: Option<MigParent>,
-    /// How this GPU connects to each other GPU, when NVML reports a topology.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub links: Vec<GpuLink>,
-}
-
-/// The physical GPU a MIG instance belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MigParent {
-    /// The physical GPU's NVML index (as `nvidia-smi` numbers it).
-    pub index: u32,
-    pub uuid: String,
-    pub name: String,
-}
-
-/// How two GPUs are connected, closest first: NVLink, then NVML's common-ancestor levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Link {
-    Nvlink,
-    SameBoard,
-    PcieSwitch,
-    PcieSwitches,
-    HostBridge,
-    NumaNode,
-    System,
-}
-
-impl Link {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Link::Nvlink => "NVLink",
-            Link::SameBoard => "same board",
-            Link::PcieSwitch => "same PCIe switch",
-            Link::PcieSwitches => "PCIe switches, no host bridge",
-            Link::HostBridge => "same host bridge",
-            Link::NumaNode => "same NUMA node",
-            Link::System => "across CPU sockets",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuLink {
-    /// The other GPU's index.
-    pub peer: u32,
-    pub link: Link,
-}
 
 /// What Gantry runs on a GPU, so the simulated backend can show plausible load.
 #[derive(Debug, Clone, Default)]

@@ -3,15 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// What the switcher offers; `current` is the remote host in use (`None`: this computer).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Machines {
-    pub current: Option<String>,
-    /// Saved by the user (connected once), most recent first.
-    pub saved: Vec<String>,
-    /// From `~/.ssh/config`, not saved yet.
-    pub ssh_config: Vec<String>,
-}
+pub use crate::protocol::Machines;
 
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct Saved {

@@ -2,7 +2,7 @@
 import type { Backend } from "../backend";
 import { h, clear, type View } from "../dom";
 import { duration, gpuHours, stateLabel, time } from "../format";
-import type { HistoryQuery, HistoryRow, TimelineRun } from "../types";
+import type { HistoryQuery, HistoryRow, JobState, TimelineRun } from "../types";
 import { laneBox, pagesFor, visibleSlice } from "../virtual";
 
 export const ROW_H = 30;
@@ -146,7 +146,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     q.text = text.value || undefined;
     q.user = user.value || undefined;
     q.image = image.value || undefined;
-    q.status = status.value || undefined;
+    q.status = (status.value || undefined) as JobState | undefined; // the select offers final states only
     q.since = since.value ? new Date(since.value + "T00:00:00").getTime() : undefined;
     q.until = until.value ? new Date(until.value + "T00:00:00").getTime() + 86_400_000 : undefined;
     renderHead();

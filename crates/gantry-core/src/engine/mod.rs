@@ -50,7 +50,8 @@ use crate::store::{JobState, RunRef, Store, StoreError};
 pub(crate) use joblog::append_log;
 pub use joblog::strip_stamps;
 pub use crate::config::{Config, Paths};
-pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, JobDetail, Orphan, QueueEntry};
+pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
+pub use crate::store::{JobDetail, QueueEntry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use nix::errno::Errno;
 use nix::fcntl::openat;
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
-use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
@@ -27,23 +26,8 @@ use super::{errno_of, kind, open_dir_path, transient, user_name, Inbox, DIR, NOF
 use crate::access::{self, Cred};
 use crate::config::USER_INBOX_RESCAN;
 use crate::engine::Engine;
+pub use crate::protocol::InboxInfo;
 use crate::spec::{SpecError, TEMPLATE_NAMES};
-
-/// A caller's drop folder, as `GET /v1/inbox` reports it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct InboxInfo {
-    /// The caller's drop folder.
-    pub path: PathBuf,
-    /// The engine watches it now.
-    pub watched: bool,
-    /// Why it is not watched, when it is not.
-    pub problem: Option<String>,
-    /// The engine serves one drop folder per user (`gantry inbox init` sets one up); otherwise it
-    /// has a single drop folder, its own.
-    pub per_user: bool,
-    /// Lab-wide templates: a file dropped into `<path>/<name>/` runs template `<name>`.
-    pub lab_templates: Vec<String>,
-}
 
 struct Watched {
     path: PathBuf,

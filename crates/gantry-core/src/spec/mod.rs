@@ -9,6 +9,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 pub use crate::units::{format_bytes, line_col, parse_bytes, parse_limit};
 use serde::{Deserialize, Serialize};
+use ts_rs::TS;
 
 mod parse;
 mod validate;
@@ -27,7 +28,7 @@ pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
 
 /// The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
 // Deserialize: by hand in `de.rs` (what is wrong, at which item), accepting what this serializes to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema, TS)]
 #[serde(untagged)]
 pub enum Command {
     /// A single string, run with `/bin/sh -c`.
@@ -59,7 +60,7 @@ impl Command {
 }
 
 /// A job as written by a researcher. Unknown fields are errors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, TS)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Gantry job spec")]
 pub struct JobSpec {
@@ -147,7 +148,7 @@ pub struct JobSpec {
 }
 
 /// `ipc` in a spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, TS)]
 #[serde(rename_all = "lowercase")]
 pub enum Ipc {
     Private,
@@ -155,7 +156,7 @@ pub enum Ipc {
 }
 
 /// `home` in a spec and in the lab config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, TS)]
 #[serde(rename_all = "lowercase")]
 pub enum Home {
     Tmpfs,
@@ -163,7 +164,7 @@ pub enum Home {
 }
 
 /// `ulimits` in a spec: each `unlimited` or a size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct Ulimits {
     /// Locked memory (RDMA and pinned-memory transfers need it), e.g. `unlimited`.
@@ -175,7 +176,7 @@ pub struct Ulimits {
 }
 
 /// The container settings a spec asked for, parsed (`None`: the lab's default).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct Limits {
     /// CPUs in thousandths.
     pub cpus_milli: Option<u64>,
@@ -190,7 +191,7 @@ pub struct Limits {
 pub const MIN_MEMORY: u64 = 6 << 20;
 
 /// A job reference in `after`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema, TS)]
 #[serde(untagged)]
 pub enum IdOrName {
     Id(i64),
@@ -198,7 +199,7 @@ pub enum IdOrName {
 }
 
 /// A matrix value.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema, TS)]
 #[serde(untagged)]
 pub enum Scalar {
     Int(i64),
@@ -223,17 +224,19 @@ fn default_gpus() -> i64 {
 }
 
 /// A spec that passed every check, with sizes and durations parsed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct ValidJob {
     pub name: String,
     pub spec: JobSpec,
     pub gpus: u32,
     /// Declared memory per GPU in bytes; `None` means whole GPUs.
     pub gpu_memory: Option<u64>,
+    #[ts(type = "{ secs: number, nanos: number } | null")]
     pub timeout: Option<Duration>,
     pub retries: u32,
     pub mounts: Vec<Mount>,
     #[serde(default)]
+    #[ts(type = "{ secs: number, nanos: number } | null")]
     pub expected_runtime: Option<Duration>,
     /// CPU, RAM, shm and ulimits the spec set (the engine fills in the lab's defaults).
     #[serde(default)]
@@ -245,7 +248,7 @@ pub struct ValidJob {
 }
 
 /// One job of a `matrix` expansion.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct MatrixPart {
     /// Unique per expansion.
     pub group: String,
@@ -253,7 +256,7 @@ pub struct MatrixPart {
     pub count: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 pub struct Mount {
     pub host: String,
     pub container: String,
@@ -282,7 +285,7 @@ impl Format {
 }
 
 /// A spec problem: what, where, and how to fix it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error, TS)]
 pub struct SpecError {
     pub message: String,
     pub line: Option<usize>,

@@ -1,81 +1,13 @@
-//! The stored model: job states, jobs, attempts, events, history rows, and how rows map to them.
+//! The stored model: jobs (states, attempts, events and history rows are the protocol's), the
+//! engine's views of them, and how rows map to them.
 
 use rusqlite::Row;
 use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::spec::ValidJob;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Queued,
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-    TimedOut,
-}
-
-impl JobState {
-    pub const ALL: [JobState; 7] = [
-        JobState::Queued,
-        JobState::Starting,
-        JobState::Running,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-        JobState::TimedOut,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Starting => "starting",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-            JobState::TimedOut => "timed_out",
-        }
-    }
-    pub fn parse(s: &str) -> Option<JobState> {
-        JobState::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-    pub fn is_final(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut)
-    }
-}
-
-/// Why an attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    Exited,
-    Oom,
-    Timeout,
-    Cancelled,
-    Lost,
-    EngineError,
-}
-
-impl EndReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndReason::Exited => "exited",
-            EndReason::Oom => "oom",
-            EndReason::Timeout => "timeout",
-            EndReason::Cancelled => "cancelled",
-            EndReason::Lost => "lost",
-            EndReason::EngineError => "engine_error",
-        }
-    }
-    pub(super) fn parse(s: &str) -> Option<EndReason> {
-        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-    }
-}
+// The rows the store returns to clients are wire types, defined in the protocol.
+pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, TimelineRun};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -103,25 +35,30 @@ pub struct Job {
     pub message: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attempt {
-    pub id: i64,
-    pub job_id: i64,
-    pub n: u32,
-    pub container_id: Option<String>,
-    pub gpus: Vec<u32>,
-    pub gpu_uuids: Vec<String>,
-    pub started_at: i64,
-    pub ended_at: Option<i64>,
-    pub exit_code: Option<i64>,
-    pub reason: Option<EndReason>,
-    pub message: Option<String>,
-    /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm_job_id: Option<u64>,
-    /// Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm_array_task: Option<u32>,
+/// A queued or running job with the scheduler's verdict, as the engine reports it (the API shows
+/// each caller a `protocol::QueueEntryView` of it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueEntry {
+    pub job: Job,
+    pub gpus_assigned: Vec<u32>,
+    pub position: Option<usize>,
+    pub reason: Option<String>,
+    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    pub estimated_start: Option<i64>,
+    /// What `estimated_start` is: `p50` (a replay of the queue with median runtimes, learned from
+    /// similar completed jobs or declared: about even odds of starting earlier or later).
+    #[serde(default)]
+    pub eta_confidence: Option<String>,
+}
+
+/// A job with its attempts and events, as the engine reports it (the API shows each caller a
+/// `protocol::JobDetailView` of it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDetail {
+    pub job: Job,
+    pub attempts: Vec<Attempt>,
+    pub events: Vec<Event>,
+    pub reason: Option<String>,
 }
 
 /// What runs an attempt, typed: a container of the Docker backend, or a Slurm job (or one task of a
@@ -176,70 +113,12 @@ impl Attempt {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub job_id: i64,
-    pub at: i64,
-    pub from: Option<String>,
-    pub to: String,
-    pub message: Option<String>,
-}
-
 /// Who submits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
     pub uid: u32,
     pub gid: u32,
     pub name: String,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct HistoryFilter {
-    pub user: Option<String>,
-    pub status: Option<JobState>,
-    /// Finished at or after (ms).
-    pub since: Option<i64>,
-    pub limit: Option<u32>,
-    pub offset: Option<u32>,
-    /// Substring of name or image.
-    pub text: Option<String>,
-    /// Image name (exact).
-    pub image: Option<String>,
-    /// Finished before (ms).
-    pub until: Option<i64>,
-    /// Sort key: finished (default), started, duration, gpu_hours, name, owner, exit_code, id.
-    pub sort: Option<String>,
-    /// Ascending instead of descending.
-    pub asc: Option<bool>,
-}
-
-/// A run on the GPU timeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TimelineRun {
-    pub job_id: i64,
-    pub name: String,
-    pub owner: String,
-    pub gpus: Vec<u32>,
-    pub start: i64,
-    pub end: Option<i64>,
-    pub reason: Option<EndReason>,
-}
-
-/// One completed run for `history`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HistoryRow {
-    pub id: i64,
-    pub name: String,
-    pub owner: String,
-    pub image: String,
-    pub status: JobState,
-    pub exit_code: Option<i64>,
-    pub gpus: Vec<u32>,
-    pub gpu_uuids: Vec<String>,
-    pub submitted_at: i64,
-    pub started_at: Option<i64>,
-    pub finished_at: Option<i64>,
-    pub attempts: u32,
 }
 
 /// What ends an attempt and what happens to the job next.

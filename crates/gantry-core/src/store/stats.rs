@@ -1,10 +1,10 @@
 //! Usage statistics: fair-share usage, typical waits and runtimes, submission shapes, per-minute GPU figures.
 
 use rusqlite::params;
-use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::spec::ValidJob;
+pub use crate::protocol::{UsageReport, UserUsage};
 
 impl Store {
     /// GPU use per owner since `since` (ms): (owner, GPUs, start, end or None while running).
@@ -121,29 +121,6 @@ impl Store {
     }
 }
 
-
-/// One user's figures in `gantry usage`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UserUsage {
-    pub user: String,
-    /// GPU count x run time of attempts, clipped to the window.
-    pub gpu_hours: f64,
-    /// Jobs that ended in the window (as `gantry history --since` lists them).
-    pub jobs_finished: u64,
-    /// Mean time from submit to first start of jobs first started in the window.
-    pub mean_wait_ms: Option<i64>,
-    /// Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
-    pub fair_share_usage: f64,
-}
-
-/// `gantry usage`: per user, over [since_ms, until_ms).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UsageReport {
-    pub since_ms: i64,
-    pub until_ms: i64,
-    pub fair_share_half_life_ms: i64,
-    pub users: Vec<UserUsage>,
-}
 
 /// An attempt as [`Store::usage_since`] returns it: (owner, GPUs, start, end or `None` while running).
 pub type UsageRow = (String, u32, i64, Option<i64>);

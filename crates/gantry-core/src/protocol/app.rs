@@ -1,0 +1,75 @@
+//! What the desktop app's shell tells its page beyond the engine's own answers: which engine it
+//! talks to, the machine switcher, connection events.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+/// How the app found the engine it talks to (`client::EngineRef`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The machine's engine (`gantry daemon --system`).
+    System,
+    /// The user's own engine, in their state dir.
+    User,
+    /// The engine in `--state-dir` / `GANTRY_STATE_DIR`.
+    StateDir,
+    /// Hosted by the app itself.
+    Embedded,
+    /// Another engine of this user, found through the machine lock it holds.
+    Holder,
+    /// Another user's engine holds the machine lock: there is no engine to talk to.
+    Blocked,
+    /// A workstation's engine, through `ssh HOST gantry proxy`.
+    Remote,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::System => "system",
+            EngineKind::User => "user",
+            EngineKind::StateDir => "state_dir",
+            EngineKind::Embedded => "embedded",
+            EngineKind::Holder => "holder",
+            EngineKind::Blocked => "blocked",
+            EngineKind::Remote => "remote",
+        }
+    }
+}
+
+/// Which engine the app talks to (from gantry-core's `EngineRef::view`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[ts(rename = "EngineInfo")]
+pub struct EngineView {
+    pub kind: EngineKind,
+    /// One line for the header.
+    pub label: String,
+    pub socket: Option<PathBuf>,
+    /// Why there is no engine (`blocked`: another user's engine holds this machine's GPUs), with what to do.
+    pub problem: Option<String>,
+}
+
+/// The machine switcher: `current` is the remote host in use (`None`: this computer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct Machines {
+    pub current: Option<String>,
+    /// Saved by the user (connected once), most recent first.
+    pub saved: Vec<String>,
+    /// From `~/.ssh/config`, not saved yet.
+    pub ssh_config: Vec<String>,
+}
+
+/// The app's `connection` event: a remote workstation's connection went away (`ok: false`, retried
+/// after `retry_in_s`) or came back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct ConnectionEvent {
+    pub host: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_in_s: Option<u64>,
+}

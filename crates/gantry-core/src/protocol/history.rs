@@ -1,0 +1,107 @@
+//! Finished runs, the GPU timeline and usage, and the query strings that ask for them.
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+use super::job::{EndReason, JobState};
+
+/// `GET /v1/history` and `/v1/history/count`: which finished runs, in what order, which page.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, TS)]
+#[ts(rename = "HistoryQuery", optional_fields)]
+pub struct HistoryFilter {
+    pub user: Option<String>,
+    pub status: Option<JobState>,
+    /// Finished at or after (ms).
+    pub since: Option<i64>,
+    pub limit: Option<u32>,
+    pub offset: Option<u32>,
+    /// Substring of name or image.
+    pub text: Option<String>,
+    /// Image name (exact).
+    pub image: Option<String>,
+    /// Finished before (ms).
+    pub until: Option<i64>,
+    /// Sort key: finished (default), started, duration, gpu_hours, name, owner, exit_code, id.
+    pub sort: Option<String>,
+    /// Ascending instead of descending.
+    pub asc: Option<bool>,
+}
+
+/// A run on the GPU timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct TimelineRun {
+    pub job_id: i64,
+    pub name: String,
+    pub owner: String,
+    pub gpus: Vec<u32>,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub reason: Option<EndReason>,
+}
+
+/// One completed run for `history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct HistoryRow {
+    pub id: i64,
+    pub name: String,
+    pub owner: String,
+    pub image: String,
+    pub status: JobState,
+    pub exit_code: Option<i64>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub submitted_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub attempts: u32,
+}
+
+/// One user's figures in `gantry usage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct UserUsage {
+    pub user: String,
+    /// GPU count x run time of attempts, clipped to the window.
+    pub gpu_hours: f64,
+    /// Jobs that ended in the window (as `gantry history --since` lists them).
+    pub jobs_finished: u64,
+    /// Mean time from submit to first start of jobs first started in the window.
+    pub mean_wait_ms: Option<i64>,
+    /// Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
+    pub fair_share_usage: f64,
+}
+
+/// `gantry usage`: per user, over [since_ms, until_ms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct UsageReport {
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub fair_share_half_life_ms: i64,
+    pub users: Vec<UserUsage>,
+}
+
+/// `?from=&to=` (ms) of `GET /v1/timeline` and `/v1/gpus/{index}/minutes`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Range {
+    pub from: i64,
+    pub to: i64,
+}
+
+/// `?since=` (ms) of `GET /v1/gpus/recent`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Since {
+    #[serde(default)]
+    pub since: i64,
+}
+
+/// `?since_ms=` of `GET /v1/usage`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct UsageQuery {
+    pub since_ms: i64,
+}
+
+/// `?follow=` of `GET /v1/jobs/{id}/logs`: keep streaming until the job has ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    pub follow: bool,
+}

@@ -1,0 +1,235 @@
+//! Jobs as clients see them: states, attempts, events, the queue, submission bodies and errors.
+//! The only module of the protocol that names the job spec's types (`crate::spec`, pure data).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+use super::gpu::GpuSample;
+use crate::spec::{SpecError, ValidJob};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::TimedOut => "timed_out",
+        }
+    }
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut)
+    }
+}
+
+/// Why an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    Exited,
+    Oom,
+    Timeout,
+    Cancelled,
+    Lost,
+    EngineError,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Exited => "exited",
+            EndReason::Oom => "oom",
+            EndReason::Timeout => "timeout",
+            EndReason::Cancelled => "cancelled",
+            EndReason::Lost => "lost",
+            EndReason::EngineError => "engine_error",
+        }
+    }
+    pub fn parse(s: &str) -> Option<EndReason> {
+        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct Attempt {
+    pub id: i64,
+    pub job_id: i64,
+    pub n: u32,
+    pub container_id: Option<String>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub reason: Option<EndReason>,
+    pub message: Option<String>,
+    /// The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<u64>,
+    /// Its task in that Slurm job array, when a `matrix` went to Slurm as one array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_array_task: Option<u32>,
+}
+
+/// A state change of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+#[ts(rename = "JobEvent")]
+pub struct Event {
+    pub job_id: i64,
+    pub at: i64,
+    pub from: Option<String>,
+    pub to: String,
+    pub message: Option<String>,
+}
+
+/// A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
+/// workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
+/// are `None` with `spec_hidden: true` unless the caller may see the owner's private parts (the
+/// owner, root and the lab's admins).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+#[ts(rename = "Job")]
+pub struct JobView {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub owner: String,
+    pub image: String,
+    pub gpus: u32,
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub retries: u32,
+    pub timeout_ms: Option<i64>,
+    pub job: Option<ValidJob>,
+    pub spec_hidden: bool,
+    pub state: JobState,
+    pub source: String,
+    pub submitted_at: i64,
+    pub not_before: Option<i64>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub attempts: u32,
+    pub cancel_requested: bool,
+    pub message: Option<String>,
+}
+
+/// `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+#[ts(rename = "QueueEntry")]
+pub struct QueueEntryView {
+    pub job: JobView,
+    pub gpus_assigned: Vec<u32>,
+    pub position: Option<usize>,
+    pub reason: Option<String>,
+    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    pub estimated_start: Option<i64>,
+    /// How sure `estimated_start` is (`p50`: even odds).
+    #[serde(default)]
+    pub eta_confidence: Option<String>,
+}
+
+/// `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+#[ts(rename = "JobDetail")]
+pub struct JobDetailView {
+    pub job: JobView,
+    pub attempts: Vec<Attempt>,
+    pub events: Vec<Event>,
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/jobs` and `POST /v1/validate`: one spec file's text.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct SubmitRequest {
+    pub text: String,
+    /// File name, for the format (`.yaml`/`.toml`) and the default job name.
+    pub file_name: String,
+    /// Directory relative mount paths are resolved against.
+    pub base_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct Submitted {
+    /// The first (or only) job.
+    pub job_id: i64,
+    /// Every job created (a `matrix` makes several).
+    #[serde(default)]
+    pub job_ids: Vec<i64>,
+}
+
+impl Submitted {
+    pub fn of(ids: Vec<i64>) -> Self {
+        Submitted { job_id: ids.first().copied().unwrap_or(0), job_ids: ids }
+    }
+}
+
+/// `POST /v1/jobs/{id}/priority`.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct PriorityRequest {
+    pub priority: i32,
+}
+
+/// The body of every failed request.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct ApiError {
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_error: Option<SpecError>,
+}
+
+/// A spec file checked by the engine without queueing it (the app's preview).
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct Preview {
+    pub path: PathBuf,
+    pub file_name: String,
+    pub job: Option<ValidJob>,
+    pub error: Option<String>,
+    pub spec_error: Option<SpecError>,
+}
+
+/// `GET /v1/events`, one per line: state changes and GPU samples.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EngineEvent {
+    Job { job_id: i64, state: JobState, at: i64 },
+    Gpus { at: i64, gpus: Vec<GpuSample> },
+}
+
+/// The app's `job-changed` event: [`EngineEvent::Job`] without its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+pub struct JobChanged {
+    pub job_id: i64,
+    pub state: JobState,
+    pub at: i64,
+}

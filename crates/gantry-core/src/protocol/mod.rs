@@ -1,0 +1,23 @@
+//! The protocol, defined once: every type the engine's API, the CLI, the app and its page exchange,
+//! and every route ([`routes`]). It imports no server code: only the job spec's pure types
+//! (`crate::spec`, in [`job`]); the other files import nothing of the crate, so server modules
+//! (`gpu`, `store`, `engine`, `api`) can re-export them without an import cycle.
+//!
+//! `ui/src/types.ts` is generated from these types ([`ts::typescript`]); a test fails when it is stale.
+
+pub mod app;
+pub mod gpu;
+pub mod history;
+pub mod job;
+pub mod routes;
+pub mod status;
+pub mod ts;
+
+pub use app::{ConnectionEvent, EngineKind, EngineView, Machines};
+pub use gpu::{BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample};
+pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageQuery, UsageReport, UserUsage};
+pub use job::{
+    ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview, PriorityRequest, QueueEntryView,
+    SubmitRequest, Submitted,
+};
+pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};
