@@ -11,13 +11,16 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gantry_core::api::{JobDetailView as JobDetail, PriorityRequest, QueueEntryView as QueueEntry, StatusInfo, Submitted, WhoAmI};
-use gantry_core::client::{self as core_client, Client, EngineRef, EngineView, FoundBy, Preview, Target};
-use gantry_core::machines::{self, Machines};
-use gantry_core::engine::{Config, Engine, EngineEvent, GpuStatus, Paths};
-use gantry_core::machine_lock::{self, LockError, MachineLock};
-use gantry_core::store::{HistoryRow, TimelineRun, UsageReport};
-use serde_json::Value;
+use gantry_core::client::{self as core_client, Client, EngineRef, FoundBy, Target};
+use gantry_core::daemon::EngineSetup;
+use gantry_core::engine::{Engine, Paths};
+use gantry_core::machine_lock::{LockError, MachineLock};
+use gantry_core::machines;
+use gantry_core::protocol::routes::parse_query;
+use gantry_core::protocol::{
+    ConnectionEvent, EngineEvent, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, JobChanged, JobDetailView as JobDetail, JobState,
+    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, StatusInfo, TimelineRun, UsageReport, WhoAmI,
+};
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
 use tauri_plugin_notification::NotificationExt;
@@ -74,71 +77,71 @@ async fn forget_machine(s: State<'_, AppState>, host: String) -> R<Vec<String>> 
 }
 #[tauri::command]
 async fn status(s: State<'_, AppState>) -> R<StatusInfo> {
-    s.client().get("/v1/status").await.map_err(e)
+    s.client().status().await.map_err(e)
 }
 #[tauri::command]
 async fn whoami(s: State<'_, AppState>) -> R<WhoAmI> {
-    s.client().get("/v1/whoami").await.map_err(e)
+    s.client().whoami().await.map_err(e)
 }
 #[tauri::command]
 async fn queue(s: State<'_, AppState>) -> R<Vec<QueueEntry>> {
-    s.client().get("/v1/jobs").await.map_err(e)
+    s.client().queue().await.map_err(e)
 }
 #[tauri::command]
 async fn job(s: State<'_, AppState>, id: i64) -> R<JobDetail> {
-    s.client().get(&format!("/v1/jobs/{id}")).await.map_err(e)
+    s.client().job(id).await.map_err(e)
 }
 #[tauri::command]
-async fn cancel(s: State<'_, AppState>, id: i64) -> R<Value> {
-    s.client().post(&format!("/v1/jobs/{id}/cancel"), &()).await.map_err(e)
+async fn cancel(s: State<'_, AppState>, id: i64) -> R<JobState> {
+    s.client().cancel(id).await.map_err(e)
 }
 #[tauri::command]
 async fn set_priority(s: State<'_, AppState>, id: i64, priority: i32) -> R<bool> {
-    s.client().post(&format!("/v1/jobs/{id}/priority"), &PriorityRequest { priority }).await.map_err(e)
+    s.client().set_priority(id, priority).await.map_err(e)
 }
 #[tauri::command]
 async fn rerun(s: State<'_, AppState>, id: i64) -> R<i64> {
-    s.client().post::<_, Submitted>(&format!("/v1/jobs/{id}/rerun"), &()).await.map(|r| r.job_id).map_err(e)
+    s.client().rerun(id).await.map(|r| r.job_id).map_err(e)
 }
 #[tauri::command]
 async fn gpus(s: State<'_, AppState>) -> R<GpuStatus> {
-    s.client().get("/v1/gpus").await.map_err(e)
+    s.client().gpus().await.map_err(e)
 }
 #[tauri::command]
-async fn gpu_recent(s: State<'_, AppState>, since: i64) -> R<Value> {
-    s.client().get(&format!("/v1/gpus/recent?since={since}")).await.map_err(e)
+async fn gpu_recent(s: State<'_, AppState>, since: i64) -> R<Vec<RecentSample>> {
+    s.client().gpus_recent(since).await.map_err(e)
 }
 #[tauri::command]
-async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> R<Value> {
-    s.client().get(&format!("/v1/gpus/{index}/minutes?from={from}&to={to}")).await.map_err(e)
+async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> R<Vec<GpuMinute>> {
+    s.client().gpu_minutes(index, from, to).await.map_err(e)
 }
 /// Per-user GPU-hours, jobs, mean wait and fair-share usage since `since_ms` (as `gantry usage`).
 #[tauri::command]
 async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
     s.client().usage(since_ms).await.map_err(e)
 }
-/// `query` is the URL query string built by the UI (filters, sort, page).
+/// `query` is the URL query string built by the UI (filters, sort, page), read as the engine reads it.
 #[tauri::command]
 async fn history(s: State<'_, AppState>, query: String) -> R<Vec<HistoryRow>> {
-    s.client().get(&format!("/v1/history?{query}")).await.map_err(e)
+    s.client().history(&parse_query::<HistoryFilter>(&query).map_err(e)?).await.map_err(e)
 }
 #[tauri::command]
 async fn history_count(s: State<'_, AppState>, query: String) -> R<i64> {
-    s.client().get(&format!("/v1/history/count?{query}")).await.map_err(e)
+    s.client().history_count(&parse_query::<HistoryFilter>(&query).map_err(e)?).await.map_err(e)
 }
 #[tauri::command]
 async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineRun>> {
-    s.client().get(&format!("/v1/timeline?from={from}&to={to}")).await.map_err(e)
+    s.client().timeline(from, to).await.map_err(e)
 }
 #[tauri::command]
 async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
-    s.client().raw(&format!("/v1/jobs/{id}/logs")).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
+    s.client().logs(id).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
 }
 /// Live log tail through a Channel until the job ends or the view closes (`unwatch`).
 #[tauri::command]
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
     let ch = on_chunk.id();
-    s.client().stream(&format!("/v1/jobs/{id}/logs?follow=true"), |c| live(ch) && on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
+    s.client().follow_logs(id, |c| live(ch) && on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
 }
 /// Channels of closed or hidden views (`unwatch`): their streams end at the next message. A webview
 /// cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
@@ -147,12 +150,11 @@ fn live(channel: u32) -> bool {
     !UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&channel)
 }
 
-/// Live GPU samples (1 Hz) through a Channel, until `unwatch` with its id.
+/// Live GPU samples (1 Hz, the `gpus` events) through a Channel, until `unwatch` with its id.
 #[tauri::command]
-async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<Value>) -> R<()> {
-    let mut buf = Vec::new();
+async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<EngineEvent>) -> R<()> {
     let id = on_sample.id();
-    s.client().stream("/v1/events", |c| for_each_line(&mut buf, c, |v: Value| v["kind"] != "gpus" || (live(id) && on_sample.send(v).is_ok()))).await.map_err(e)
+    s.client().events(|ev| !matches!(ev, EngineEvent::Gpus { .. }) || (live(id) && on_sample.send(ev).is_ok())).await.map_err(e)
 }
 /// End the stream behind a channel (`watch_gpus`, `follow_logs`) whose view closed.
 #[tauri::command]
@@ -177,7 +179,7 @@ async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Resu
 }
 #[tauri::command]
 async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
-    let st: StatusInfo = s.client().get("/v1/status").await.map_err(e)?;
+    let st = s.client().status().await.map_err(e)?;
     if let Some(host) = s.host() {
         return Err(format!("your drop folder {} is on {host}: drop spec files on this window instead, or use it there (`ssh {host}`)", st.inbox.display()));
     }
@@ -185,31 +187,18 @@ async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
     tauri_plugin_opener::OpenerExt::opener(&app).open_path(st.inbox.to_string_lossy(), None::<&str>).map_err(e)
 }
 
-/// Split a byte stream into NDJSON values; `f` returns false to stop.
-fn for_each_line<T: serde::de::DeserializeOwned>(buf: &mut Vec<u8>, chunk: &[u8], mut f: impl FnMut(T) -> bool) -> bool {
-    buf.extend_from_slice(chunk);
-    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-        let line: Vec<u8> = buf.drain(..=pos).collect();
-        if let Ok(v) = serde_json::from_slice::<T>(&line) {
-            if !f(v) {
-                return false;
-            }
-        }
-    }
-    true
-}
-
-/// Find the engine, or host one in-process (holding the machine lock).
+/// Find the engine, or host one in-process (holding the machine lock), set up as `gantry daemon`
+/// sets up its engine ([`EngineSetup`], from this process's environment: `GANTRY_CONFIG` included).
 fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, Option<MachineLock>)> {
-    let explicit = std::env::var_os("GANTRY_STATE_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
-    let (socket, by) = core_client::locate(explicit.clone());
+    let setup = EngineSetup::from_env();
+    let (socket, by) = core_client::locate(setup.state_dir.clone());
     // The system engine accepted a connection: use it even if it is slow to answer right now.
-    if by == FoundBy::System || rt.block_on(Client::new(&socket).get::<StatusInfo>("/v1/status")).is_ok() {
+    if by == FoundBy::System || rt.block_on(Client::new(&socket).status()).is_ok() {
         tracing::info!("connected to the running engine at {}", socket.display());
         return Ok((EngineRef::Found { by, socket }, None));
     }
-    let gpus = std::env::var("GANTRY_GPUS").ok().filter(|s| !s.is_empty());
-    let lock = match rt.block_on(machine_lock::take(&machine_lock::lock_name(gpus.as_deref()), &socket)) {
+    let cfg = setup.config()?;
+    let lock = match rt.block_on(EngineSetup::lock(&cfg)) {
         Ok(l) => l,
         // Another engine manages these GPUs: the same user's (another app, a daemon) is ours to use.
         Err(LockError::Held(h)) => {
@@ -219,17 +208,7 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, O
         }
         Err(err) => return Err(err.into()),
     };
-    let inbox = std::env::var_os("GANTRY_INBOX").map(PathBuf::from).unwrap_or_else(|| match &explicit {
-        Some(d) => d.join("inbox"),
-        None => Paths::default_inbox(),
-    });
-    let paths = Paths::in_dir(socket.parent().map(PathBuf::from).unwrap_or_else(Paths::default_state_dir), inbox);
-    let mut cfg = Config::new(paths.clone());
-    cfg.gpus = gpus.clone();
-    // Benchmarks fill an hour of samples quickly with e.g. GANTRY_SAMPLE_MS=10.
-    if let Some(ms) = std::env::var("GANTRY_SAMPLE_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|ms| *ms > 0) {
-        cfg.sample_every = std::time::Duration::from_millis(ms);
-    }
+    let (socket, gpus) = (cfg.paths.socket(), cfg.gpus.clone());
     let engine: Arc<Engine> = {
         let _guard = rt.enter();
         Engine::open(cfg)?
@@ -241,13 +220,13 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, O
     });
     let client = Client::new(&socket);
     for _ in 0..100 {
-        if rt.block_on(client.get::<StatusInfo>("/v1/status")).is_ok() {
+        if rt.block_on(client.status()).is_ok() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     tracing::info!("hosting the engine in this app (embedded) at {}", socket.display());
-    Ok((EngineRef::Embedded { socket, gpus }, Some(lock)))
+    Ok((EngineRef::Embedded { socket, gpus }, lock))
 }
 
 /// Make `host` (`None`: this computer) the engine every command uses, after it answered once; a
@@ -257,7 +236,7 @@ async fn switch(app: &tauri::AppHandle, s: &AppState, host: Option<String>) -> a
         None => s.local.clone(),
         Some(h) => {
             let client = Client::to(Target::ssh(h)?);
-            client.get::<StatusInfo>("/v1/status").await?;
+            client.status().await?;
             if let Err(err) = machines::remember(&s.machines_file, h, true) {
                 tracing::warn!("cannot save {h} in {}: {err}", s.machines_file.display());
             }
@@ -283,17 +262,17 @@ async fn supervise(app: tauri::AppHandle, client: Client, host: Option<String>) 
         let Some(host) = &host else { return };
         let (mut delay, mut lost) = (std::time::Duration::from_secs(1), false);
         loop {
-            match client.get::<StatusInfo>("/v1/status").await {
+            match client.status().await {
                 Ok(_) => {
                     if lost {
-                        let _ = app.emit("connection", serde_json::json!({ "host": host, "ok": true }));
+                        let _ = app.emit("connection", ConnectionEvent { host: host.clone(), ok: true, error: None, retry_in_s: None });
                     }
                     break;
                 }
                 Err(err) => {
                     lost = true;
                     tracing::warn!("lost {host}: {err}; retrying in {delay:?}");
-                    let _ = app.emit("connection", serde_json::json!({ "host": host, "ok": false, "error": err.to_string(), "retry_in_s": delay.as_secs() }));
+                    let _ = app.emit("connection", ConnectionEvent { host: host.clone(), ok: false, error: Some(err.to_string()), retry_in_s: Some(delay.as_secs()) });
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(30));
                 }
@@ -304,22 +283,21 @@ async fn supervise(app: tauri::AppHandle, client: Client, host: Option<String>) 
 
 /// Job state changes -> `job-changed` events, desktop notifications for my jobs, tray summary.
 async fn forward_events(app: tauri::AppHandle, client: Client) {
-    let me: Option<WhoAmI> = client.get("/v1/whoami").await.ok();
+    let me = client.whoami().await.ok();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<EngineEvent>();
     let reader = {
         let client = client.clone();
         tokio::spawn(async move {
-            let mut buf = Vec::new();
-            let _ = client.stream("/v1/events", |c| for_each_line(&mut buf, c, |ev: EngineEvent| tx.send(ev).is_ok())).await;
+            let _ = client.events(|ev| tx.send(ev).is_ok()).await;
         })
     };
     let mut last_tray = 0i64;
     while let Some(ev) = rx.recv().await {
         match ev {
             EngineEvent::Job { job_id, state, at } => {
-                let _ = app.emit("job-changed", serde_json::json!({ "job_id": job_id, "state": state, "at": at }));
+                let _ = app.emit("job-changed", JobChanged { job_id, state, at });
                 if state.is_final() {
-                    if let (Ok(d), Some(me)) = (client.get::<JobDetail>(&format!("/v1/jobs/{job_id}")).await, &me) {
+                    if let (Ok(d), Some(me)) = (client.job(job_id).await, &me) {
                         if d.job.owner_uid == me.uid {
                             let body = match d.job.exit_code {
                                 Some(c) => format!("{} — exit code {c}", state.as_str()),
@@ -334,7 +312,7 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
                 if at - last_tray >= 5_000 {
                     last_tray = at;
                     let busy = gpus.iter().filter(|g| g.utilization > 5).count();
-                    let queued = client.get::<Vec<QueueEntry>>("/v1/jobs").await.map(|q| q.iter().filter(|j| j.job.state == gantry_core::store::JobState::Queued).count()).unwrap_or(0);
+                    let queued = client.queue().await.map(|q| q.iter().filter(|j| j.job.state == JobState::Queued).count()).unwrap_or(0);
                     let line = format!("Gantry: {busy}/{} GPUs busy · {queued} queued", gpus.len());
                     if let Some(t) = app.tray_by_id("gantry") {
                         let _ = t.set_tooltip(Some(&line));
@@ -440,4 +418,38 @@ pub fn run() {
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_core::protocol::SubmitRequest;
+
+    /// The app hosts its engine the way `gantry daemon` does: the lab config in `GANTRY_CONFIG` holds
+    /// (it once did not: the embedded engine ran on the built-in policy).
+    #[test]
+    fn the_embedded_engine_obeys_the_lab_config_in_gantry_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.toml");
+        // Both ranges: as root (CI), the caller is an admin.
+        std::fs::write(&config, "[limits]\npriority = [-2, 2]\nadmin_priority = [-2, 2]\n").unwrap();
+        for (k, v) in [
+            ("GANTRY_STATE_DIR", dir.path().join("state")),
+            ("GANTRY_INBOX", dir.path().join("inbox")),
+            ("GANTRY_CONFIG", config.clone()),
+            ("GANTRY_GPUS", "sim:1x24GiB".into()),
+            // No system engine of this machine, if it has one.
+            ("GANTRY_SYSTEM_SOCKET", dir.path().join("no-system.sock")),
+        ] {
+            std::env::set_var(k, v);
+        }
+        let rt = tauri::async_runtime::handle();
+        let (engine, lock) = connect_or_embed(rt.inner()).unwrap();
+        assert!(matches!(engine, EngineRef::Embedded { .. }) && lock.is_some(), "{engine:?}");
+        let client = Client::new(engine.socket().unwrap());
+        assert_eq!(rt.block_on(client.status()).unwrap().config_file, Some(config));
+        let spec = |priority: i32| SubmitRequest { text: format!("image: busybox\ngpus: 0\npriority: {priority}\n"), file_name: "p.yaml".into(), base_dir: None };
+        let refused = rt.block_on(client.submit(&spec(5))).unwrap_err().to_string();
+        assert!(refused.contains("priority 5 is outside the range you may use (-2..2)"), "{refused}");
+    }
 }
