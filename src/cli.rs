@@ -1,0 +1,289 @@
+//! The command line: every command, flag and help text (`gantry generate` writes completions and
+//! the man page from these definitions).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gantry", version, about = "A fair, self-service GPU job queue for a shared workstation")]
+pub struct Cli {
+    /// Keep the database, logs and socket under DIR (default: $XDG_STATE_HOME/gantry).
+    #[arg(long, global = true, env = "GANTRY_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Use the engine of a workstation reached with ssh (`user@host` or a ~/.ssh/config Host): runs
+    /// `ssh HOST gantry proxy`, so you act there as the ssh user.
+    #[arg(long, global = true, env = "GANTRY_HOST", value_name = "HOST")]
+    pub host: Option<String>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// How long to wait for the engine's answer (tests shorten it).
+    #[arg(long, global = true, hide = true, env = "GANTRY_CLIENT_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub client_timeout: Option<Duration>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run the engine (one per machine).
+    Daemon(DaemonArgs),
+    /// Queue job spec files (YAML or TOML).
+    Submit {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
+    Run(RunArgs),
+    /// Running and queued jobs, and why each queued job waits.
+    Ls,
+    /// One job: spec, attempts, events.
+    Show { id: i64 },
+    /// A job's output.
+    Logs {
+        id: i64,
+        /// Keep printing until the job ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Queue one of your jobs again, with the same spec.
+    Rerun { id: i64 },
+    /// Cancel a job (SIGTERM, then SIGKILL after the grace period).
+    Cancel { id: i64 },
+    /// Change a queued job's priority (higher runs first).
+    Priority { id: i64, priority: i32 },
+    /// Keep a queued job from starting (until `gantry release`).
+    Hold { id: i64 },
+    /// Let a held job start again.
+    Release { id: i64 },
+    /// GPUs, their load and who holds them.
+    Gpus,
+    /// Completed runs, newest first.
+    History {
+        #[arg(long)]
+        user: Option<String>,
+        /// succeeded, failed, cancelled or timed_out
+        #[arg(long)]
+        status: Option<String>,
+        /// Finished within this long ago (`2h`, `7d`) or since an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Print the JSON Schema of the job spec (for editors).
+    Schema,
+    /// The lab config (/etc/gantry/config.toml).
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
+    /// GPU-hours, jobs finished and mean wait per user: the numbers fair share acts on.
+    Usage {
+        /// The window: this long ago until now (`7d`, `24h`) or since an RFC 3339 time.
+        #[arg(long, default_value = "7d")]
+        since: String,
+    },
+    /// Engine status.
+    Status,
+    /// Join stdin/stdout to this machine's engine: what `gantry --host` and the app run through ssh.
+    Proxy,
+    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
+    #[command(hide = true)]
+    Generate {
+        dir: PathBuf,
+    },
+    /// Your drop folder: where it is, whether the engine watches it, and the lab's templates.
+    Inbox {
+        #[command(subcommand)]
+        action: Option<InboxAction>,
+    },
+    /// Replay a workload trace through the scheduler on a virtual clock (no Docker, no sleeping).
+    Sim(SimArgs),
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Check a lab config: prints OK, or each problem with its line and column (exit status 1).
+    Check {
+        /// Default: the file the engine would read ($GANTRY_CONFIG, else /etc/gantry/config.toml).
+        #[arg(env = "GANTRY_CONFIG")]
+        file: Option<PathBuf>,
+    },
+}
+
+/// `gantry run`: the fields of a job spec as flags; the engine checks them as if written in a file.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Docker image.
+    #[arg(long)]
+    pub image: String,
+    /// Number of GPUs (0 for a CPU-only job).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: i64,
+    /// GPU memory per GPU (`20GiB`): share GPUs instead of taking whole ones.
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// Only GPUs whose name contains this, any case (`H100`); `gantry gpus` lists the names.
+    #[arg(long, value_name = "NAME")]
+    pub gpu_type: Option<String>,
+    /// Only GPUs with at least this much memory in all (`40GiB`).
+    #[arg(long, value_name = "SIZE")]
+    pub min_gpu_memory: Option<String>,
+    /// CPUs the job may use (`8`, `0.5`). Default: the lab's share per GPU.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// RAM the job may use (`64GiB`); not GPU memory (that is `--mem`). Default: the lab's share per GPU.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Size of /dev/shm (`16GiB`). Default: half the job's memory limit.
+    #[arg(long, value_name = "SIZE")]
+    pub shm_size: Option<String>,
+    /// Job name (default: the program's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Higher runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Wall-clock limit (`24h`, `90m`).
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// Environment variable for the job (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Bind mount `host:container[:ro]` (repeatable); relative host paths are from here.
+    #[arg(long = "mount", value_name = "HOST:CONTAINER[:ro]")]
+    pub mounts: Vec<String>,
+    /// Working directory inside the container.
+    #[arg(long)]
+    pub workdir: Option<String>,
+    /// Run this string with `/bin/sh -c` instead of a command after `--`.
+    #[arg(long, conflicts_with = "command")]
+    pub shell: Option<String>,
+    /// The program and its arguments, run as is (no shell). Default: the image's CMD.
+    /// Everything after `--` belongs to the job, so global flags (`--json`) go before it.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum InboxAction {
+    /// Create your drop folder (as you) and have the engine watch it, from now on.
+    Init,
+}
+
+// `gantry daemon`'s flags (its help is the `Cmd::Daemon` doc).
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    /// Be the machine's engine, for every user: state in /var/lib/gantry, socket /run/gantry/gantry.sock.
+    #[arg(long, conflicts_with = "state_dir")]
+    pub system: bool,
+    /// With --system: put /var/lib/gantry and /run/gantry under DIR (tests).
+    #[arg(long, hide = true, env = "GANTRY_SYSTEM_ROOT", value_name = "DIR", default_value = "/")]
+    pub system_root: PathBuf,
+    /// Simulated GPUs, e.g. `sim:2x24GiB` (default: NVML when the NVIDIA driver loads).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// Drop folder (default: ~/Gantry/inbox, or STATE_DIR/inbox with --state-dir).
+    #[arg(long)]
+    pub inbox: Option<PathBuf>,
+    /// Lab config (limits, admins, retention; see `gantry config check`). Default: /etc/gantry/config.toml
+    /// with --system, none otherwise. SIGHUP re-reads it.
+    #[arg(long, env = "GANTRY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A job that cannot start for this long reserves GPUs (no starvation) [default: 30m, or the lab config's].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub reserve_after: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL on cancel and timeout [default: 10s, or the lab config's].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub stop_grace: Option<Duration>,
+    /// First retry delay, doubling per attempt [default: 10s, or the lab config's].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub retry_backoff: Option<Duration>,
+    /// API: close a connection whose request head has not arrived after this long (tests shorten it).
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    pub header_timeout: Option<Duration>,
+    /// With --system: members of this group get their drop folder made and watched (tests; the
+    /// lab config's `[inbox] group`).
+    #[arg(long, hide = true, value_name = "GROUP")]
+    pub inbox_group: Option<String>,
+    /// With --system: each user's drop folder, relative to their home (tests; `[inbox] path`).
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub inbox_path: Option<PathBuf>,
+    /// On a Slurm node: no engine; write this node's GPU samples (NVML, or --gpus) to DIR/<node>.json
+    /// every second, for the engine's GPUs view (`[slurm] node_samples`).
+    #[arg(long, value_name = "DIR")]
+    pub node_agent: Option<PathBuf>,
+}
+
+// `gantry sim`'s flags (its help is the `Cmd::Sim` doc).
+#[derive(clap::Args)]
+pub struct SimArgs {
+    /// Gantry CSV (`submit_s,duration_s,gpus,gpu_memory,user,priority`) or Alibaba GPU-cluster CSV.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// The machine: `8x32GiB`.
+    #[arg(long, default_value = "8x32GiB")]
+    pub gpus: String,
+    /// serial, fifo, greedy, gantry, or all (default: all, side by side).
+    #[arg(long, default_value = "all")]
+    pub policy: String,
+    /// Rescale arrivals so offered GPU demand is L x capacity (1.2 = saturated queue).
+    #[arg(long)]
+    pub load: Option<f64>,
+    /// Give the scheduler the trace's durations as declared runtimes (gantry policy).
+    #[arg(long)]
+    pub runtimes: bool,
+    /// Reservation threshold for the gantry policy.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub reserve_after: Duration,
+    /// A job reserves GPUs once it waited this many times the typical wait (gantry policy).
+    #[arg(long, default_value_t = 3.0)]
+    pub reserve_factor: f64,
+    /// Jobs asking for 2+ GPUs reserve once they waited this many times the typical wait.
+    #[arg(long)]
+    pub wide_reserve_factor: Option<f64>,
+    /// A 1-GPU job past the threshold: `age` (goes first) or `reserve` (holds a GPU).
+    #[arg(long, default_value = "reserve")]
+    pub narrow: String,
+    /// Reserve only when the GPUs are expected to drain within F x the longer of the typical wait
+    /// and the job's own wait (`none`: always reserve).
+    #[arg(long, default_value = "1")]
+    pub drain_limit: String,
+    /// Wide jobs share one drain (`on`) or each drains for itself (`off`).
+    #[arg(long, default_value = "on")]
+    pub share_drains: String,
+    /// Order (with runtimes): `sjf` (shortest work first) or `hrrn` (highest response ratio).
+    #[arg(long, default_value = "sjf")]
+    pub order: String,
+    /// Replay only the jobs after this fraction of the trace (by arrival), e.g. 0.5 = the second
+    /// half: a held-out split.
+    #[arg(long, default_value_t = 0.0)]
+    pub from_fraction: f64,
+    /// Placement of shared (gpu_memory) jobs: fgd (least growth of fragmentation for the recent mix
+    /// of request shapes), best-fit or worst-fit.
+    #[arg(long, default_value = "fgd")]
+    pub packing: String,
+    /// Without --runtimes, what the gantry policy knows of runtimes: `learned` (estimates from
+    /// the jobs completed so far, as the engine does) or `none`.
+    #[arg(long, default_value = "learned")]
+    pub estimates: String,
+    /// Repeat over N arrival perturbations (seed 0 = the trace as recorded) and report each
+    /// figure as mean ± 95% confidence interval.
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u64,
+    /// `queue` (default: arrivals and completions on a virtual clock) or `fgd` (the FGD paper's:
+    /// arrivals only in shuffled order, a task that does not fit fails, stop once 130% of the
+    /// capacity was requested; reports the GPU allocation ratio).
+    #[arg(long, default_value = "queue")]
+    pub protocol: String,
+    /// With --protocol fgd: how many machines of --gpus (each task goes to the machine where the
+    /// packing rule scores it best).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
+    /// Fair share between users: decay GPU-hours with this half-life (e.g. `24h`); off by default.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fair_share: Option<Duration>,
+}

@@ -1,0 +1,86 @@
+//! The queue and one job: `ls`, `show`, `logs`, `cancel`, `priority`, `hold`, `release`.
+
+use anyhow::{bail, Result};
+use gantry_core::client::Client;
+use gantry_core::protocol::JobState;
+
+use super::Ctx;
+use crate::print::{print_detail, print_json, print_queue};
+use crate::term::{outln, write_out, TermSafe};
+
+pub async fn ls(ctx: &Ctx) -> Result<()> {
+    let q = ctx.client.queue().await?;
+    if ctx.json {
+        print_json(&q)
+    } else {
+        print_queue(&q);
+        Ok(())
+    }
+}
+
+pub async fn show(ctx: &Ctx, id: i64) -> Result<()> {
+    let d = ctx.client.job(id).await?;
+    if ctx.json {
+        print_json(&d)
+    } else {
+        print_detail(&d);
+        Ok(())
+    }
+}
+
+pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
+    // Raw for the job's owner (progress bars, colours); escaped when someone else (root)
+    // reads it on a terminal, since the owner wrote it.
+    let mut safe = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !own_job(&ctx.client, id).await?).then(TermSafe::default);
+    let mut show = |chunk: &[u8]| match safe.as_mut() {
+        Some(s) => write_out(s.feed(chunk).as_bytes()),
+        None => write_out(chunk),
+    };
+    if follow {
+        ctx.client
+            .follow_logs(id, |chunk| {
+                show(chunk);
+                true
+            })
+            .await?;
+    } else {
+        show(&ctx.client.logs(id).await?);
+    }
+    Ok(())
+}
+
+/// Whether the caller owns job `id` (root reading someone's log does not).
+async fn own_job(client: &Client, id: i64) -> Result<bool> {
+    let me = client.whoami().await?;
+    let d = client.job(id).await?;
+    Ok(me.uid == d.job.owner_uid)
+}
+
+pub async fn cancel(ctx: &Ctx, id: i64) -> Result<()> {
+    match ctx.client.cancel(id).await? {
+        JobState::Queued => outln!("job {id} cancelled"),
+        JobState::Starting | JobState::Running => outln!("job {id} is being stopped (SIGTERM, then SIGKILL after the grace period)"),
+        s => outln!("job {id} had already ended ({})", s.as_str()),
+    }
+    Ok(())
+}
+
+pub async fn priority(ctx: &Ctx, id: i64, priority: i32) -> Result<()> {
+    if !ctx.client.set_priority(id, priority).await? {
+        bail!("job {id} is no longer queued; only queued jobs change priority");
+    }
+    outln!("job {id} priority set to {priority}");
+    Ok(())
+}
+
+/// `gantry hold` (`held`) and `gantry release`.
+pub async fn hold(ctx: &Ctx, id: i64, held: bool) -> Result<()> {
+    let ok = if held { ctx.client.hold(id).await? } else { ctx.client.release(id).await? };
+    match (ok, held) {
+        (true, true) => outln!("job {id} is held: it stays queued until `gantry release {id}`"),
+        (true, false) => outln!("job {id} released: it starts when the scheduler places it"),
+        (false, true) => bail!("job {id} is not waiting in the queue, or is held already; only queued jobs can be held"),
+        (false, false) => bail!("job {id} is not held (or no longer queued); nothing to release"),
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! One file per group of commands; [`run`] finds the engine and hands each command its client.
+
+mod config;
+mod generate;
+mod daemon;
+mod gpus;
+mod history;
+mod inbox;
+mod jobs;
+mod sim;
+mod status;
+mod submit;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use gantry_core::client::{Client, FoundBy, Target};
+
+use crate::cli::{Cli, Cmd, ConfigCmd};
+
+/// What every command that talks to an engine gets.
+pub struct Ctx {
+    pub client: Client,
+    /// `--host`: the workstation reached through ssh.
+    pub remote: Option<Target>,
+    /// `--json`.
+    pub json: bool,
+    /// The local engine's socket, and how it was found (`--host` unset).
+    pub socket: PathBuf,
+    pub found_by: FoundBy,
+}
+
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let (socket, found_by) = gantry_core::client::locate(cli.state_dir.clone());
+    let remote = match (&cli.host, &cli.cmd) {
+        (Some(_), Cmd::Daemon(_) | Cmd::Proxy) => bail!("--host (or GANTRY_HOST) is for commands that talk to an engine; `daemon` and `proxy` run on the workstation itself"),
+        (Some(h), _) => Some(Target::ssh(h)?),
+        (None, _) => None,
+    };
+    let mut client = Client::to(remote.clone().unwrap_or_else(|| Target::Socket(socket.clone())));
+    if let Some(t) = cli.client_timeout {
+        client = client.with_timeout(t);
+    }
+    let ctx = Ctx { client, remote, json: cli.json, socket, found_by };
+    match &cli.cmd {
+        // These decide their exit status.
+        Cmd::Submit { files } => return submit::submit(&ctx, files).await,
+        Cmd::Config { cmd: ConfigCmd::Check { file } } => return config::check(file.clone(), ctx.json),
+        Cmd::Inbox { action } => return inbox::inbox(&ctx, action.as_ref()).await,
+        Cmd::Daemon(args) => daemon::daemon(cli.state_dir.clone(), args).await?,
+        Cmd::Proxy => gantry_core::client::proxy(&ctx.socket).await?,
+        Cmd::Generate { dir } => generate::generate(dir)?,
+        Cmd::Schema => generate::schema()?,
+        Cmd::Run(args) => submit::run(&ctx, args).await?,
+        Cmd::Rerun { id } => submit::rerun(&ctx, *id).await?,
+        Cmd::Ls => jobs::ls(&ctx).await?,
+        Cmd::Show { id } => jobs::show(&ctx, *id).await?,
+        Cmd::Logs { id, follow } => jobs::logs(&ctx, *id, *follow).await?,
+        Cmd::Cancel { id } => jobs::cancel(&ctx, *id).await?,
+        Cmd::Priority { id, priority } => jobs::priority(&ctx, *id, *priority).await?,
+        Cmd::Hold { id } => jobs::hold(&ctx, *id, true).await?,
+        Cmd::Release { id } => jobs::hold(&ctx, *id, false).await?,
+        Cmd::Gpus => gpus::gpus(&ctx).await?,
+        Cmd::History { user, status, since, limit } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
+        Cmd::Usage { since } => history::usage(&ctx, since).await?,
+        Cmd::Sim(args) => sim::sim(args, ctx.json)?,
+        Cmd::Status => status::status(&ctx, cli.host.as_deref()).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}

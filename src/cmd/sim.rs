@@ -1,0 +1,251 @@
+//! `gantry sim`: replay a workload trace through the scheduler on a virtual clock, and print the
+//! policies' figures side by side.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use gantry_core::units::duration_brief_ms;
+
+use crate::cli::SimArgs;
+use crate::print::print_json;
+use crate::term::{esc, outln};
+
+/// `gantry sim`: the scheduler's policies side by side on a trace.
+pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
+    let mut sched = gantry_core::scheduler::Config { reserve_after_ms: a.reserve_after.as_millis() as i64, reserve_factor: a.reserve_factor, ..Default::default() };
+    if let Some(w) = a.wide_reserve_factor {
+        sched.wide_reserve_factor = w;
+    }
+    sched.share_drains = a.share_drains == "on";
+    sched.hrrn = a.order == "hrrn";
+    sched.drain_limit_factor = match a.drain_limit.as_str() {
+        "none" => None,
+        f => Some(f.parse().with_context(|| format!("--drain-limit {f:?}: a number or none"))?),
+    };
+    sched.age_narrow = match a.narrow.as_str() {
+        "age" => true,
+        "reserve" => false,
+        n => bail!("unknown --narrow {n:?}: age or reserve"),
+    };
+    sched.packing = match a.packing.as_str() {
+        "fgd" => gantry_core::scheduler::Packing::Fgd,
+        "best-fit" => gantry_core::scheduler::Packing::BestFit,
+        "worst-fit" => gantry_core::scheduler::Packing::WorstFit,
+        p => bail!("unknown packing {p:?}: fgd, best-fit or worst-fit"),
+    };
+    let learn = match a.estimates.as_str() {
+        "learned" => true,
+        "none" => false,
+        e => bail!("unknown estimates {e:?}: learned or none"),
+    };
+    if a.protocol == "fgd" {
+        let r = sim_fgd(&a.trace, &a.gpus, a.nodes, sched, a.seeds.max(1))?;
+        if json {
+            print_json(&r)?;
+        } else {
+            print_fgd(&r);
+        }
+    } else if a.protocol != "queue" {
+        bail!("unknown protocol {:?}: queue or fgd", a.protocol);
+    } else if a.seeds > 1 {
+        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction)?;
+        if json {
+            print_json(&runs)?;
+        } else {
+            print_seeds(&runs, a.seeds);
+        }
+    } else {
+        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction)?;
+        if json {
+            print_json(&reports)?;
+        } else {
+            print_sim(&reports);
+        }
+    }
+    Ok(())
+}
+
+fn simulate(
+    trace: &Path,
+    gpus: &str,
+    policy: &str,
+    load: Option<f64>,
+    runtimes: bool,
+    sched: gantry_core::scheduler::Config,
+    fair_share: Option<Duration>,
+    learn: bool,
+    seed: u64,
+    from_fraction: f64,
+) -> Result<Vec<gantry_core::sim::Report>> {
+    use gantry_core::sim::{self, Policy, SimConfig};
+    let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
+    let (n, mem) = b.shape();
+    let mut t = sim::load_trace(trace, n)?;
+    let skip = (t.jobs.len() as f64 * from_fraction.clamp(0.0, 1.0)) as usize;
+    t.jobs.drain(..skip);
+    sim::perturb_arrivals(&mut t.jobs, seed);
+    if let Some(l) = load {
+        sim::rescale_load(&mut t.jobs, n, l);
+    }
+    let policies: Vec<Policy> = if policy == "all" {
+        Policy::ALL.to_vec()
+    } else {
+        vec![Policy::parse(policy).with_context(|| format!("unknown policy {policy:?}: serial, fifo, greedy, gantry or all"))?]
+    };
+    let mut out = vec![];
+    for p in policies {
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn };
+        out.push(sim::simulate(&t, &cfg));
+        if p == Policy::Gantry && (runtimes || policy == "all") {
+            cfg.declared_runtimes = true;
+            out.push(sim::simulate(&t, &cfg));
+        }
+    }
+    Ok(out)
+}
+
+/// One row of `gantry sim --seeds`: a policy's figures over the seeds.
+#[derive(serde::Serialize)]
+struct SeedRow {
+    policy: String,
+    makespan_ratio: Vec<f64>,
+    alloc_share_while_waiting: Vec<f64>,
+    /// Mean wait over fifo's mean wait on the same seed.
+    wait_over_fifo: Vec<f64>,
+    big_over_one: Vec<f64>,
+    /// Per-user mean wait (s), per seed.
+    mean_wait_by_user: Vec<std::collections::BTreeMap<String, f64>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sim_seeds(
+    trace: &Path,
+    gpus: &str,
+    policy: &str,
+    load: Option<f64>,
+    runtimes: bool,
+    sched: gantry_core::scheduler::Config,
+    fair_share: Option<Duration>,
+    learn: bool,
+    seeds: u64,
+    from_fraction: f64,
+) -> Result<Vec<SeedRow>> {
+    let mut rows: Vec<SeedRow> = vec![];
+    for seed in 0..seeds {
+        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction)?;
+        // Waits are reported relative to strict FIFO on the same arrivals.
+        let fifo = match reports.iter().find(|r| r.policy == "fifo") {
+            Some(f) => f.mean_wait_s,
+            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction)?[0].mean_wait_s,
+        };
+        for r in reports.drain(..) {
+            let row = match rows.iter_mut().position(|x| x.policy == r.policy) {
+                Some(i) => &mut rows[i],
+                None => {
+                    rows.push(SeedRow { policy: r.policy.clone(), makespan_ratio: vec![], alloc_share_while_waiting: vec![], wait_over_fifo: vec![], big_over_one: vec![], mean_wait_by_user: vec![] });
+                    rows.last_mut().unwrap()
+                }
+            };
+            row.makespan_ratio.push(r.makespan_ratio);
+            row.alloc_share_while_waiting.push(r.alloc_share_while_waiting);
+            row.wait_over_fifo.push(if fifo > 0.0 { r.mean_wait_s / fifo } else { f64::NAN });
+            if let Some(b) = r.big_over_one() {
+                row.big_over_one.push(b);
+            }
+            row.mean_wait_by_user.push(r.mean_wait_by_user.clone());
+        }
+    }
+    Ok(rows)
+}
+
+fn print_seeds(rows: &[SeedRow], seeds: u64) {
+    use gantry_core::sim::mean_ci;
+    outln!("{seeds} seeds (arrival perturbations; seed 0 = as recorded); mean ± 95% CI");
+    outln!("{:<18} {:>16} {:>16} {:>16} {:>16}", "policy", "makespan/LB", "alloc/wait %", "wait/fifo", "wait 4+/1 GPU");
+    let f = |xs: &[f64], scale: f64, digits: usize| {
+        if xs.is_empty() {
+            "-".to_string()
+        } else {
+            let (m, c) = mean_ci(xs);
+            format!("{:.d$} ± {:.d$}", m * scale, c * scale, d = digits)
+        }
+    };
+    for r in rows {
+        outln!(
+            "{:<18} {:>16} {:>16} {:>16} {:>16}",
+            r.policy,
+            f(&r.makespan_ratio, 1.0, 3),
+            f(&r.alloc_share_while_waiting, 100.0, 1),
+            f(&r.wait_over_fifo, 1.0, 3),
+            f(&r.big_over_one, 1.0, 2)
+        );
+    }
+    let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
+    for r in rows {
+        let users: std::collections::BTreeSet<&String> = r.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();
+        if users.len() > 1 {
+            let w: Vec<String> = users
+                .iter()
+                .map(|u| {
+                    let xs: Vec<f64> = r.mean_wait_by_user.iter().filter_map(|m| m.get(*u).copied()).collect();
+                    let (m, c) = mean_ci(&xs);
+                    format!("{} {} ± {}", esc(u), h(m), h(c))
+                })
+                .collect();
+            outln!("{:<18} mean wait: {}", r.policy, w.join(", "));
+        }
+    }
+}
+
+fn sim_fgd(trace: &Path, gpus: &str, nodes: u32, sched: gantry_core::scheduler::Config, seeds: u64) -> Result<Vec<gantry_core::sim::FgdReport>> {
+    let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
+    let (n, mem) = b.shape();
+    let t = gantry_core::sim::load_trace(trace, n)?;
+    let mut out = vec![];
+    for packing in [gantry_core::scheduler::Packing::Fgd, gantry_core::scheduler::Packing::BestFit, gantry_core::scheduler::Packing::WorstFit] {
+        let cfg = gantry_core::scheduler::Config { packing, ..sched.clone() };
+        out.push(gantry_core::sim::simulate_fgd(&t, n, mem, nodes, &cfg, seeds, 1.3));
+    }
+    Ok(out)
+}
+
+fn print_fgd(rs: &[gantry_core::sim::FgdReport]) {
+    use gantry_core::sim::mean_ci;
+    let Some(r0) = rs.first() else { return };
+    outln!(
+        "FGD protocol: {} machine(s) of {} GPUs, tasks in shuffled order, arrivals only, a task that does not fit fails; stop at {:.0}% of the GPU capacity requested; {} seeds, mean ± 95% CI",
+        r0.nodes, r0.gpus_per_node, r0.stop_at * 100.0, r0.alloc_ratio.len()
+    );
+    outln!("{:<12} {:>22} {:>16}", "packing", "GPU allocation ratio %", "failed tasks");
+    for r in rs {
+        let (m, c) = mean_ci(&r.alloc_ratio);
+        let (fm, fc) = mean_ci(&r.failed);
+        outln!("{:<12} {:>22} {:>16}", r.packing, format!("{:.1} ± {:.1}", m * 100.0, c * 100.0), format!("{fm:.1} ± {fc:.1}"));
+    }
+}
+
+fn print_sim(reports: &[gantry_core::sim::Report]) {
+    let Some(r0) = reports.first() else { return };
+    outln!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
+    outln!("{:<18} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU");
+    let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
+    for r in reports {
+        let w1 = r.mean_wait_by_gpus.get(&1).copied().unwrap_or(0.0);
+        let big: Vec<f64> = r.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
+        let ratio = if big.is_empty() || w1 == 0.0 { "-".to_string() } else { format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1) };
+        outln!(
+            "{:<18} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}",
+            r.policy, h(r.makespan_s), r.makespan_ratio, 100.0 * r.alloc_share_while_waiting, h(r.mean_wait_s), h(r.p95_wait_s), ratio
+        );
+    }
+    outln!("lower bound: {}", h(r0.lower_bound_s));
+    if r0.user_share.len() > 1 {
+        for r in reports {
+            let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{} {:.1}%", esc(u), s * 100.0)).collect();
+            let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{} {}", esc(u), h(*w))).collect();
+            outln!("{:<18} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
+        }
+    }
+}
+

@@ -1,0 +1,121 @@
+//! Queueing jobs: `gantry submit` (spec files), `gantry run` (a spec from flags), `gantry rerun`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use gantry_core::client::ClientError;
+use gantry_core::protocol::SubmitRequest;
+
+use super::Ctx;
+use crate::cli::RunArgs;
+use crate::print::print_json;
+use crate::term::{esc, escape, outln};
+
+pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
+    let mut failed = false;
+    let mut ids = vec![];
+    for f in files {
+        match ctx.client.submit_file(f).await.map_err(anyhow::Error::from) {
+            Ok(new) => {
+                ids.push(serde_json::json!({"file": f, "job_id": new[0], "job_ids": new}));
+                if !ctx.json {
+                    match new.as_slice() {
+                        [one] => outln!("{}: queued as job {one}", esc(&f.display().to_string())),
+                        many => outln!("{}: queued {} jobs: {}", esc(&f.display().to_string()), many.len(), many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+                    }
+                }
+            }
+            Err(e) => {
+                failed = true;
+                if let Some(ClientError::NoEngine(_)) = e.downcast_ref::<ClientError>() {
+                    return Err(e);
+                }
+                ids.push(serde_json::json!({"file": f, "error": format!("{e:#}")}));
+                if !ctx.json {
+                    eprintln!("{}: {}", esc(&f.display().to_string()), escape(&format!("{e:#}"), "\n"));
+                }
+            }
+        }
+    }
+    if ctx.json {
+        print_json(&ids)?;
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
+    let (text, file_name) = args.spec_text()?;
+    // Remote: this computer's folder means nothing on the workstation (relative mounts are refused there).
+    let base_dir = match ctx.remote {
+        Some(_) => None,
+        None => Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?),
+    };
+    let s = ctx.client.submit(&SubmitRequest { text, file_name, base_dir }).await.map_err(|e| match e {
+        // The line numbers point into text the user never saw: name the field only.
+        ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
+        e => e.into(),
+    })?;
+    if ctx.json {
+        print_json(&s)?;
+    } else {
+        outln!("queued as job {}", s.job_id);
+    }
+    Ok(())
+}
+
+pub async fn rerun(ctx: &Ctx, id: i64) -> Result<()> {
+    let s = ctx.client.rerun(id).await?;
+    if ctx.json {
+        print_json(&s)?;
+    } else {
+        outln!("job {id} queued again as job {}", s.job_id);
+    }
+    Ok(())
+}
+
+impl RunArgs {
+    /// The spec a user would have written, as YAML text (serialized, so any value quotes right).
+    pub fn spec_text(&self) -> Result<(String, String)> {
+        use gantry_core::spec::{Command, JobSpec};
+        let mut env = std::collections::BTreeMap::new();
+        for kv in &self.env {
+            let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} is not K=V: write e.g. --env CUDA_LAUNCH_BLOCKING=1") };
+            env.insert(k.to_string(), v.to_string());
+        }
+        let command = match (&self.shell, self.command.is_empty()) {
+            (Some(s), _) => Some(Command::Shell(s.clone())),
+            (None, false) => Some(Command::Exec(self.command.clone())),
+            (None, true) => None,
+        };
+        let name = self.name.clone().unwrap_or_else(|| match self.command.first() {
+            Some(prog) => prog.rsplit('/').next().unwrap_or(prog).to_string(),
+            None => self.image.rsplit('/').next().unwrap_or(&self.image).split(':').next().unwrap_or("run").to_string(),
+        });
+        let spec = JobSpec {
+            name: Some(name.clone()),
+            image: self.image.clone(),
+            command,
+            workdir: self.workdir.clone(),
+            env,
+            mounts: self.mounts.clone(),
+            gpus: self.gpus,
+            gpu_memory: self.mem.clone(),
+            gpu_type: self.gpu_type.clone(),
+            min_gpu_memory: self.min_gpu_memory.clone(),
+            priority: self.priority,
+            timeout: self.timeout.clone(),
+            retries: 0,
+            expected_runtime: None,
+            after: vec![],
+            matrix: Default::default(),
+            cpus: self.cpus,
+            memory: self.memory.clone(),
+            shm_size: self.shm_size.clone(),
+            ipc: None,
+            home: None,
+            ulimits: None,
+        };
+        Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
+    }
+}
