@@ -609,6 +609,24 @@ mod tests {
     }
 
     #[test]
+    fn events_are_read_line_by_line_across_chunks_and_unknown_lines_skipped() {
+        let stream = b"{\"kind\":\"job\",\"job_id\":1,\"state\":\"running\",\"at\":5}\n{\"kind\":\"later\"}\n{\"kind\":\"job\",\"job_id\":2,\"state\":\"queued\",\"at\":6}\n";
+        let (mut buf, mut seen) = (Vec::new(), vec![]);
+        for chunk in stream.chunks(7) {
+            assert!(for_each_line(&mut buf, chunk, &mut |ev: EngineEvent| {
+                if let EngineEvent::Job { job_id, state, .. } = ev {
+                    seen.push((job_id, state));
+                }
+                true
+            }));
+        }
+        assert_eq!(seen, [(1, JobState::Running), (2, JobState::Queued)]);
+        assert!(buf.is_empty());
+        // `false` stops at once.
+        assert!(!for_each_line(&mut Vec::new(), stream, &mut |_: EngineEvent| false));
+    }
+
+    #[test]
     fn the_header_names_the_engine() {
         let home = Path::new("/home/alice");
         let found = |by, s: &str| EngineRef::Found { by, socket: PathBuf::from(s) }.label(home);
