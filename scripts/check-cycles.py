@@ -74,4 +74,30 @@ for comp in out:
         for b in sorted(edges[a] & inside):
             print(f"  {'/'.join(a) or 'lib'} -> {'/'.join(b) or 'lib'}: {', '.join(sorted(why.get((a, b), [])))}")
 print(f"{len(out)} cycles among {len(files)} files")
-sys.exit(1 if out else 0)
+# Layering: what each top-level module never imports (ARCHITECTURE.md's codemap says why).
+LEAVES = {"units", "defaults", "shell", "clock"}
+NEVER = {
+    "protocol": {"engine", "store", "api", "inbox", "executor", "slurm", "daemon", "client", "policy", "config", "scheduler"},
+    "spec": {"store", "engine", "scheduler", "api", "inbox", "policy", "config"},
+    "scheduler": {"engine", "store", "api", "inbox", "executor", "slurm", "daemon", "client", "policy", "config"},
+    "estimate": {"store", "engine"},
+    "store": {"engine", "api", "inbox", "scheduler", "executor", "slurm"},
+    "access": {"engine", "store", "api", "inbox"},
+    "executor": {"engine", "api", "inbox", "daemon"},
+    "slurm": {"engine", "api", "inbox", "daemon"},
+    "engine": {"api", "inbox", "daemon", "client"},
+    "client": {"api", "engine", "store", "inbox", "daemon", "executor", "slurm"},
+}
+bad = []
+for a, bs in edges.items():
+    for b in bs:
+        ta, tb = (a[0] if a else "lib"), (b[0] if b else "lib")
+        if ta == tb:
+            continue
+        if ta in LEAVES or tb in NEVER.get(ta, ()):
+            bad.append(f"  {'/'.join(a)} -> {'/'.join(b)}: {', '.join(sorted(why.get((a, b), [])))}")
+if bad:
+    print("layering: imports that ARCHITECTURE.md rules out")
+    print("\n".join(sorted(bad)))
+print(f"{len(bad)} layering violations")
+sys.exit(1 if out or bad else 0)

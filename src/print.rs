@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use gantry_core::gpu::BackendKind;
 use gantry_core::protocol::{GpuStatus, GpuUser, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, QueueEntryView, StatusInfo, UsageReport};
-use gantry_core::store::now_ms;
+use gantry_core::clock::now_ms;
 use gantry_core::units::{duration_brief_ms, duration_ms, format_bytes};
 
 use crate::term::{esc, outln};

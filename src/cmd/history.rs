@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use gantry_core::protocol::{HistoryFilter, JobState};
-use gantry_core::store::now_ms;
+use gantry_core::clock::now_ms;
 
 use super::Ctx;
 use crate::print::{print_history, print_json, print_usage};

@@ -16,7 +16,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        wall_ms()
+        now_ms()
     }
 }
 
@@ -30,7 +30,7 @@ pub struct TokioClock {
 
 impl TokioClock {
     pub fn new() -> TokioClock {
-        TokioClock { wall_ms: wall_ms(), at: tokio::time::Instant::now() }
+        TokioClock { wall_ms: now_ms(), at: tokio::time::Instant::now() }
     }
 }
 
@@ -50,7 +50,8 @@ pub fn system() -> Arc<dyn Clock> {
     Arc::new(SystemClock)
 }
 
-fn wall_ms() -> i64 {
+/// The wall clock now, in ms since the epoch (what is stored and shown; the engine reads its [`Clock`]).
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 

@@ -143,7 +143,7 @@ pub async fn holder(name: &str) -> Result<Option<Holder>, LockError> {
         uid,
         pid: cred.pid().map(|p| p as u32).unwrap_or(0),
         socket: said.and_then(|h| h.socket),
-        user: crate::inbox::user_name(uid),
+        user: crate::access::user_name(uid),
     }))
 }
 
@@ -188,7 +188,7 @@ mod tests {
         let LockError::Held(h) = &err else { panic!("{err}") };
         assert_eq!((h.uid, h.pid), (nix::unistd::getuid().as_raw(), std::process::id()));
         assert_eq!(h.socket.as_deref(), Some(Path::new("/tmp/first/gantry.sock")));
-        let me = crate::inbox::user_name(h.uid);
+        let me = crate::access::user_name(h.uid);
         assert_eq!(
             err.to_string(),
             format!("the Gantry engine of {me} (pid {}, socket /tmp/first/gantry.sock) already manages this machine's GPUs: use it, or ask an admin to install the Gantry service", std::process::id())

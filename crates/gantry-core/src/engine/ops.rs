@@ -152,7 +152,7 @@ impl Engine {
     /// in that state).
     pub fn hold(&self, id: i64, held: bool, caller_uid: u32) -> Result<bool, EngineError> {
         self.owned(id, caller_uid)?;
-        let ok = self.store().set_held(id, held, &crate::inbox::user_name(caller_uid))?;
+        let ok = self.store().set_held(id, held, &crate::access::user_name(caller_uid))?;
         self.wake.notify_one();
         Ok(ok)
     }

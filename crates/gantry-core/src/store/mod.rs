@@ -56,9 +56,7 @@ pub struct Store {
     clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 impl Store {
     /// Open (or create) the database, readable and writable by the engine's user only: it holds

@@ -91,7 +91,7 @@ impl DockerBackend {
                     gpu: g.index,
                     job_id: None,
                     job_name: None,
-                    user: p.uid.map(crate::inbox::user_name),
+                    user: p.uid.map(crate::access::user_name),
                     pid: Some(p.pid),
                     command: p.command.clone(),
                     container: p.container_id.as_ref().map(|c| names.get(c).cloned().unwrap_or_else(|| c[..12.min(c.len())].to_string())),
