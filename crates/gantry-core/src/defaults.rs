@@ -95,3 +95,9 @@ pub const SUBMIT_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
 /// first try, so only the newest matter, and a script flooding keys costs the database at most
 /// ~2 MB per user.
 pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
+
+// Recovery.
+/// A container created this recently and never started is looked at again once this much time has
+/// passed since its creation before it is taken for never started: the engine that created it calls
+/// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
+pub const START_SETTLE: Duration = Duration::from_secs(5);
