@@ -216,7 +216,7 @@ async fn submit_cost(queued: usize, n: usize) -> (f64, f64) {
     // Let the start-up pass finish: this measures a running engine, not one starting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let text = format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: -1\n");
-    let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None };
+    let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None, idempotency_key: None };
     let t0 = Instant::now();
     for _ in 0..n {
         client.submit(&req).await.unwrap();

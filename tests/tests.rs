@@ -4,6 +4,7 @@
 mod dl_defaults;
 mod docker_access;
 mod engine_lock;
+mod exactly_once;
 mod faults;
 mod gpu_select;
 mod helpers;

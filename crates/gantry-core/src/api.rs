@@ -194,7 +194,7 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     // Mounts are checked by helper processes that may wait on a slow file system: off the async workers.
     let ids = tokio::task::spawn_blocking(move || {
         let spec = Spec::File { text: &r.text, file_name: &r.file_name, base_dir: r.base_dir.clone() };
-        e.submit(Submission { spec, owner: &owner, source: format!("api:{}", r.file_name), source_key: None })
+        e.submit(Submission { spec, owner: &owner, source: format!("api:{}", r.file_name), source_key: None, idempotency_key: r.idempotency_key.as_deref() })
     })
     .await
     .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
@@ -284,7 +284,7 @@ async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlP
         return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can run it again", job.owner)));
     }
     let owner = owner_of(&p);
-    let ids = tokio::task::spawn_blocking(move || e.submit(Submission { spec: Spec::Rerun(id), owner: &owner, source: format!("rerun:{id}"), source_key: None })).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
+    let ids = tokio::task::spawn_blocking(move || e.submit(Submission { spec: Spec::Rerun(id), owner: &owner, source: format!("rerun:{id}"), source_key: None, idempotency_key: None })).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 

@@ -35,6 +35,10 @@ pub enum ClientError {
     Api { status: u16, message: String, spec_error: Option<SpecError> },
     #[error("talking to the engine failed: {0}")]
     Protocol(String),
+    /// The connection ended (reset, or closed) after the request went out and before the whole
+    /// answer came back: the engine may or may not have done it (it stopped or restarted meanwhile).
+    #[error("the connection to the engine ended before it answered ({0}): it may have stopped or restarted; see `gantry status`")]
+    Interrupted(String),
     #[error("{0}")]
     File(String),
     /// `ssh HOST gantry proxy` ended before the engine answered; `message` is what ssh (or the remote
@@ -59,7 +63,23 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
         text,
         file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         base_dir: abs.parent().map(Path::to_path_buf),
+        idempotency_key: None,
     })
+}
+
+/// A fresh idempotency key for one submission: 128 random bits, in hex.
+pub fn new_submit_key() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+        Ok(()) => b.iter().map(|x| format!("{x:02x}")).collect(),
+        // Unique still (the key only has to differ from this user's other submits of the day).
+        Err(_) => {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            format!("{}-{nanos}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        }
+    }
 }
 
 /// How long a request (connect, send, whole answer) may take; streams only wait this long for the
@@ -67,6 +87,8 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// While the socket's accept queue is full, retry the connect this often (within the timeout).
 const CONNECT_RETRY: Duration = Duration::from_millis(50);
+/// After a submit lost its answer, look for the (restarting) engine this often (within the timeout).
+const RESEND_POLL: Duration = Duration::from_millis(100);
 
 /// Where the engine is: a Unix socket on this machine, or a workstation reached with the system `ssh`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,7 +250,7 @@ impl Client {
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from(body.unwrap_or_default())))
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            sender.send_request(req).await.map_err(|e| ClientError::Protocol(e.to_string()))
+            sender.send_request(req).await.map_err(|e| ClientError::Interrupted(e.to_string()))
         };
         let resp = match (sent.await, errors, &self.target) {
             (Ok(r), _, _) => r,
@@ -260,7 +282,7 @@ impl Client {
     async fn bytes(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Bytes, ClientError> {
         self.bounded(async {
             let resp = self.send(method, path, body).await?;
-            Ok(resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes())
+            Ok(resp.into_body().collect().await.map_err(|e| ClientError::Interrupted(e.to_string()))?.to_bytes())
         })
         .await
     }
@@ -310,9 +332,32 @@ impl Client {
         self.get(routes::JOBS).await
     }
 
-    /// Queue one spec (its text); [`Client::submit_file`] reads a file first.
+    /// Queue one spec (its text); [`Client::submit_file`] reads a file first. The request carries an
+    /// idempotency key (a new one unless `req` has one), so when the connection ends before the
+    /// answer (the engine crashed, perhaps after queueing it) it is sent once more, as soon as the
+    /// engine answers again (within the timeout), and the engine answers with the jobs of the first
+    /// try instead of queueing them twice.
     pub async fn submit(&self, req: &SubmitRequest) -> Result<Submitted, ClientError> {
-        self.post(routes::JOBS, req).await
+        let mut req = req.clone();
+        req.idempotency_key.get_or_insert_with(new_submit_key);
+        let body = serde_json::to_vec(&req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        match self.json("POST", routes::JOBS, Some(body.clone())).await {
+            // Over ssh a lost answer and a failed ssh look alike (`Remote`): not sent again.
+            Err(ClientError::Interrupted(_)) if matches!(self.target, Target::Socket(_)) => self.resend(routes::JOBS, body).await,
+            done => done,
+        }
+    }
+
+    /// A request once more, after its answer was lost: while the engine is not back (refused, no
+    /// socket) nothing was sent, so this waits for it, within the timeout.
+    async fn resend<T: DeserializeOwned>(&self, path: &str, body: Vec<u8>) -> Result<T, ClientError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            match self.json("POST", path, Some(body.clone())).await {
+                Err(ClientError::NoEngine(_)) if tokio::time::Instant::now() + RESEND_POLL < deadline => tokio::time::sleep(RESEND_POLL).await,
+                done => return done,
+            }
+        }
     }
 
     /// Queue one spec file; returns the job ids (several for a `matrix`).
@@ -624,6 +669,94 @@ mod tests {
         assert!(buf.is_empty());
         // `false` stops at once.
         assert!(!for_each_line(&mut Vec::new(), stream, &mut |_: EngineEvent| false));
+    }
+
+    /// What the stand-in engine does with the next connection.
+    enum Turn {
+        /// Read the request, then hang up without answering (a crash after the commit).
+        HangUp,
+        Answer(u16, &'static str),
+        /// No socket for a moment (the engine restarting); no connection taken.
+        Gone,
+    }
+
+    /// A stand-in engine listening on `sock` (from now on), taking `turns`; returns the requests it read.
+    fn engine(sock: PathBuf, turns: Vec<Turn>) -> tokio::task::JoinHandle<Vec<SubmitRequest>> {
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(serve(listener, sock, turns))
+    }
+
+    async fn serve(mut listener: tokio::net::UnixListener, sock: PathBuf, turns: Vec<Turn>) -> Vec<SubmitRequest> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut seen = vec![];
+        for turn in turns {
+            if let Turn::Gone = turn {
+                drop(listener);
+                std::fs::remove_file(&sock).unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                listener = tokio::net::UnixListener::bind(&sock).unwrap();
+                continue;
+            }
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = vec![];
+            let body = loop {
+                let mut chunk = [0u8; 4096];
+                let n = c.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).into_owned();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len: usize = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+                    if body.len() >= len {
+                        break body.to_string();
+                    }
+                }
+                assert!(n > 0, "the client hung up mid-request");
+            };
+            seen.push(serde_json::from_str(&body).unwrap());
+            if let Turn::Answer(status, answer) = turn {
+                let head = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", answer.len());
+                c.write_all(format!("{head}{answer}").as_bytes()).await.unwrap();
+                let _ = c.read(&mut [0u8; 16]).await; // until the client closes
+            }
+        }
+        seen
+    }
+
+    fn spec() -> SubmitRequest {
+        SubmitRequest { text: "image: a\n".into(), file_name: "a.yaml".into(), base_dir: None, idempotency_key: None }
+    }
+
+    #[tokio::test]
+    async fn a_submit_whose_answer_is_lost_is_sent_once_more_with_the_same_key_once_the_engine_is_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("gantry.sock");
+        let server = engine(sock.clone(), vec![Turn::HangUp, Turn::Gone, Turn::Answer(200, r#"{"job_id":7,"job_ids":[7]}"#)]);
+        let got = Client::new(&sock).submit(&spec()).await.unwrap();
+        assert_eq!(got.job_ids, [7]);
+        let seen = server.await.unwrap();
+        let keys: Vec<_> = seen.iter().map(|r| r.idempotency_key.clone()).collect();
+        assert_eq!(keys.len(), 2);
+        assert!(keys[0].as_ref().is_some_and(|k| k.len() == 32), "a fresh key: {keys:?}");
+        assert_eq!(keys[0], keys[1], "sent again with the same key");
+        assert_ne!(new_submit_key(), new_submit_key());
+    }
+
+    #[tokio::test]
+    async fn a_submit_is_sent_again_only_once_and_never_after_an_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("twice.sock");
+        let server = engine(sock.clone(), vec![Turn::HangUp, Turn::HangUp]);
+        let err = Client::new(&sock).submit(&spec()).await.unwrap_err();
+        assert!(matches!(err, ClientError::Interrupted(_)), "{err}");
+        assert_eq!(server.await.unwrap().len(), 2, "once more, not again");
+
+        let sock = dir.path().join("refused.sock");
+        let server = engine(sock.clone(), vec![Turn::Answer(500, r#"{"error":"queue full"}"#)]);
+        let err = Client::new(&sock).with_timeout(Duration::from_secs(2)).submit(&SubmitRequest { idempotency_key: Some("mine-1234".into()), ..spec() }).await.unwrap_err();
+        assert!(matches!(&err, ClientError::Api { status: 500, message, .. } if message == "queue full"), "{err}");
+        let seen = server.await.unwrap();
+        assert_eq!(seen.len(), 1, "an answer is never sent again");
+        assert_eq!(seen[0].idempotency_key.as_deref(), Some("mine-1234"), "the caller's own key is kept");
     }
 
     #[test]

@@ -86,3 +86,18 @@ pub const MAX_CONNECTIONS_PER_UID: usize = 64;
 /// Half of the usual 1024 soft descriptor limit, so even if raising it fails the store, logs,
 /// Docker and the drop folder keep 500+ descriptors.
 pub const MAX_CONNECTIONS: usize = 512;
+
+// Submits sent again (an idempotency key).
+/// A client resends a submit whose answer it lost within seconds (once the engine is back); a day
+/// covers an engine down overnight and still forgets keys long before they could pile up.
+pub const SUBMIT_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Keys one uid holds at most (the oldest are forgotten first): a resend comes seconds after its
+/// first try, so only the newest matter, and a script flooding keys costs the database at most
+/// ~2 MB per user.
+pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
+
+// Recovery.
+/// A container created this recently and never started is looked at again once this much time has
+/// passed since its creation before it is taken for never started: the engine that created it calls
+/// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
+pub const START_SETTLE: Duration = Duration::from_secs(5);

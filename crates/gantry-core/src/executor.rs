@@ -21,6 +21,8 @@ use crate::spec::ValidJob;
 
 #[cfg(test)]
 pub mod fake;
+mod settle;
+pub use settle::Settled;
 
 pub const LABEL_ENGINE: &str = "dev.gantry.engine";
 pub const LABEL_JOB: &str = "dev.gantry.job";
@@ -206,7 +208,10 @@ pub fn job_env(l: &Launch) -> Vec<String> {
 /// Where a found container is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Life {
-    /// Created, never started.
+    /// Listed as created. Docker's list says so until a start in flight has finished, so its job
+    /// may already run: never decided on before [`Executor::settle`].
+    Unsettled,
+    /// Created, never started (settled).
     Created,
     Running,
     Exited,
@@ -249,6 +254,9 @@ pub trait Executor: Send + Sync + 'static {
     async fn remove(&self, id: &str) -> Result<(), ExecError>;
     /// Every container this engine created that still exists.
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
+    /// Where a container listed as [`Life::Unsettled`] really is, once any start in flight has
+    /// settled (see `executor/settle.rs`); `None` once it is gone.
+    async fn settle(&self, id: &str) -> Result<Option<Settled>, ExecError>;
     /// Running containers that are not this engine's and hold GPUs.
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError>;
     /// Called between creating container `id` for `gpus` (index, UUID) and starting it. Two engines on
@@ -454,12 +462,16 @@ impl Executor for DockerExecutor {
                     gpus: labels.get(LABEL_GPUS).map(|g| g.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_default(),
                     life: match state.as_str() {
                         "running" | "restarting" | "paused" => Life::Running,
-                        "created" => Life::Created,
+                        "created" => Life::Unsettled,
                         _ => Life::Exited,
                     },
                 })
             })
             .collect())
+    }
+
+    async fn settle(&self, id: &str) -> Result<Option<Settled>, ExecError> {
+        settle::settle(self, id).await
     }
 
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError> {

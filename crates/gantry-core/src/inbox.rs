@@ -612,7 +612,7 @@ impl Inbox {
             None => Spec::File { text: &text, file_name: name, base_dir: Some(f.path.clone()) },
             Some((folder, template)) => Spec::Template { template, folder, file_name: name, base_dir: f.path.clone(), accepted_dir: f.path.join(ACCEPTED) },
         };
-        finish(engine.submit(Submission { spec, owner: &owner, source, source_key: Some(key) }))
+        finish(engine.submit(Submission { spec, owner: &owner, source, source_key: Some(key), idempotency_key: None }))
     }
 }
 

@@ -5,6 +5,10 @@
 //! submitter → "can this machine ever run it" → the lab's limits (priority range, GPUs per user,
 //! timeouts, container settings) → `after:` names to ids → the per-user queue bound → insert (a
 //! `matrix` expands into one row per combination) → wake the loop.
+//!
+//! A submit with an idempotency key that its sender already used (within a day) is not queued
+//! again: it is answered with the first one's jobs, before any check and once more under the store
+//! lock right before the insert (two copies in flight at once queue one).
 
 use std::path::PathBuf;
 
@@ -13,7 +17,7 @@ use tracing::info;
 use super::{Engine, EngineError};
 use crate::policy::Policy;
 use crate::spec::{self, Format, JobSpec, Origin, SpecError, ValidJob};
-use crate::store::{JobState, Owner};
+use crate::store::{JobState, Owner, Store, SubmitKey};
 
 /// What is being submitted.
 pub enum Spec<'a> {
@@ -37,6 +41,53 @@ pub struct Submission<'a> {
     /// The drop folder's identity of the file (dev, inode, size, mtime): a file queued just before a
     /// crash is not queued again.
     pub source_key: Option<String>,
+    /// The client's idempotency key (`SubmitRequest::idempotency_key`, spec files only): sent again
+    /// by the same uid, the first submit's jobs are the answer. Another uid's same key is another key.
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// Idempotency keys clients may send: long enough not to collide by chance, short enough that
+/// 10,000 of them per user stay small.
+const KEY_LEN: std::ops::RangeInclusive<usize> = 8..=128;
+
+fn check_key(key: &str) -> Result<(), EngineError> {
+    let ok = KEY_LEN.contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    if ok {
+        return Ok(());
+    }
+    Err(EngineError::Refused(format!(
+        "the idempotency key is not one Gantry accepts: use {} to {} letters, digits, '-', '_', '.' or ':' (the CLI and the app make one for you)",
+        KEY_LEN.start(),
+        KEY_LEN.end()
+    )))
+}
+
+/// What a spec-file submit was (its name, folder and text), for telling a resend from another
+/// submit under the same key: FNV-1a, 64 bits (stable across builds; the key is the sender's own,
+/// so a collision can only confuse the sender).
+fn fingerprint(text: &str, file_name: &str, base_dir: Option<&std::path::Path>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let dir = base_dir.map(|d| d.as_os_str().as_encoded_bytes()).unwrap_or(b"");
+    for part in [file_name.as_bytes(), &b"\0"[..], dir, &b"\0"[..], text.as_bytes()] {
+        for b in part {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// `Some(jobs)` when `key` was already used: the first submit's jobs if it was this same submit,
+/// else a refusal (a key is for one submission).
+fn replay(st: &Store, key: &SubmitKey) -> Result<Option<Vec<i64>>, EngineError> {
+    let Some(first) = st.keyed_submit(key.uid, &key.key)? else { return Ok(None) };
+    if first.fingerprint != key.fingerprint {
+        let ids = first.job_ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        return Err(EngineError::Refused(format!(
+            "this idempotency key was already used for another submission (job {ids}); a new submission needs a new key"
+        )));
+    }
+    info!(uid = key.uid, "a submit sent again with its key: answered with job {:?} again, nothing queued", first.job_ids);
+    Ok(Some(first.job_ids))
 }
 
 /// The format of a spec file, from its name.
@@ -54,9 +105,20 @@ impl Engine {
     pub fn submit(&self, s: Submission<'_>) -> Result<Vec<i64>, EngineError> {
         match s.spec {
             Spec::File { text, file_name, base_dir } => {
+                let key = match s.idempotency_key {
+                    Some(k) => {
+                        check_key(k)?;
+                        Some(SubmitKey { uid: s.owner.uid, key: k.to_string(), fingerprint: fingerprint(text, file_name, base_dir.as_deref()) })
+                    }
+                    None => None,
+                };
+                // A resend: answered before any check (the first try's jobs may fill the queue cap now).
+                if let Some(ids) = key.as_ref().map(|k| replay(&self.store(), k)).transpose()?.flatten() {
+                    return Ok(ids);
+                }
                 let job = spec::validate_text(text, format_of(file_name)?, &Origin { file_name: Some(file_name.into()), base_dir })?;
                 self.check_mounts(&job, s.owner, None)?;
-                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), |_, _| None)
+                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), key.as_ref(), |_, _| None)
             }
             Spec::Template { template, folder, file_name, base_dir, accepted_dir } => {
                 let origin = Origin { file_name: Some(file_name.into()), base_dir: Some(base_dir) };
@@ -68,7 +130,7 @@ impl Engine {
                 // The config file is checked by the drop folder (it is the dropper's own file).
                 self.check_mounts(&job, s.owner, Some(&placeholder))?;
                 let first = std::cell::Cell::new(None::<i64>);
-                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), |id, job| {
+                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), None, |id, job| {
                     let first = match first.get() {
                         Some(f) => f,
                         None => {
@@ -89,7 +151,7 @@ impl Engine {
                 // An admin's rerun is the owner's job again: it runs as them, with their mounts checked as them.
                 let owner = if s.owner.uid != old.owner_uid { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { s.owner.clone() };
                 self.check_mounts(&old.job, &owner, None)?;
-                self.queue_job(&old.job, &owner, &s.source, s.source_key.as_deref(), |_, _| None)
+                self.queue_job(&old.job, &owner, &s.source, s.source_key.as_deref(), None, |_, _| None)
             }
         }
     }
@@ -103,14 +165,26 @@ impl Engine {
     }
 
     /// The steps after validation and the mount check. `finalize` may rewrite each job once its id is
-    /// known (template mounts).
-    fn queue_job(&self, job: &ValidJob, owner: &Owner, source: &str, source_key: Option<&str>, finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>) -> Result<Vec<i64>, EngineError> {
+    /// known (template mounts). `key`: recorded with the jobs, in their transactions.
+    fn queue_job(
+        &self,
+        job: &ValidJob,
+        owner: &Owner,
+        source: &str,
+        source_key: Option<&str>,
+        key: Option<&SubmitKey>,
+        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
+    ) -> Result<Vec<i64>, EngineError> {
         self.check_fits(job)?;
         let policy = self.policy();
         let job = self.apply_limits(job, owner, &policy)?;
         let job = self.resolve_after(&job, owner)?;
         let jobs = spec::expand(&job);
         let mut st = self.store();
+        // Under the lock: of two copies of one submit in flight at once, the second finds the first's key.
+        if let Some(ids) = key.map(|k| replay(&st, k)).transpose()?.flatten() {
+            return Ok(ids);
+        }
         if !policy.is_admin(owner.uid) {
             let queued = st.queued_count(owner.uid)?;
             if queued + jobs.len() > policy.max_queued_per_user {
@@ -128,7 +202,7 @@ impl Engine {
         self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
         let mut ids = vec![];
         for (i, j) in jobs.iter().enumerate() {
-            let id = st.insert_job(j, owner, source, if i == 0 { source_key } else { None }, &finalize)?;
+            let id = st.insert_job_keyed(j, owner, source, if i == 0 { source_key } else { None }, key.map(|k| (k, ids.as_slice())), &finalize)?;
             info!(job = id, owner = %owner.name, "queued {}", j.name);
             ids.push(id);
         }

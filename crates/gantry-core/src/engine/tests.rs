@@ -24,7 +24,7 @@ fn alice() -> Owner {
 
 /// A spec file's text, submitted by `owner` as the API does.
 fn file<'a>(yaml: &'a str, owner: &'a Owner) -> Submission<'a> {
-    Submission { spec: Spec::File { text: yaml, file_name: "test.yaml", base_dir: None }, owner, source: "test".into(), source_key: None }
+    Submission { spec: Spec::File { text: yaml, file_name: "test.yaml", base_dir: None }, owner, source: "test".into(), source_key: None, idempotency_key: None }
 }
 
 fn submit(e: &Engine, yaml: &str) -> i64 {
@@ -255,4 +255,53 @@ async fn cpus_and_memory_the_machine_can_never_give_are_refused_at_submit() {
     let err = e.submit(file("image: a\ngpus: 0\nmemory: 1000TiB\n", &alice())).unwrap_err().to_string();
     assert!(err.contains("of memory, this machine has"), "{err}");
     assert!(e.submit(file("image: a\ngpus: 0\ncpus: 0.5\nmemory: 64MiB\n", &alice())).is_ok(), "what fits is queued");
+}
+
+/// Issue 18, item 13: a submit sent again with its idempotency key (its answer was lost) gets the
+/// first one's jobs, before any check and after a restart too; a key is for one submission; and
+/// another user's same key is another key (bob replaying alice's key gets his own jobs).
+#[test]
+fn a_submit_sent_again_with_its_key_gets_the_first_jobs_and_never_another_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _g = rt.enter();
+    let fake = FakeExecutor::new();
+    let open = || {
+        let mut c = cfg(dir.path());
+        c.lab.policy.max_queued_per_user = 2;
+        Engine::open_with(c, fake.clone()).unwrap()
+    };
+    let keyed = |text: &'static str, owner: &'static Owner, key: &'static str| Submission { idempotency_key: Some(key), ..file(text, owner) };
+    static ALICE: std::sync::LazyLock<Owner> = std::sync::LazyLock::new(alice);
+    static BOB: std::sync::LazyLock<Owner> = std::sync::LazyLock::new(|| Owner { uid: 1001, gid: 1001, name: "bob".into() });
+    let matrix = "name: m\nimage: a\nmatrix: {x: [1, 2]}\n";
+    let e = open();
+    let first = e.submit(keyed(matrix, &ALICE, "alice-key-1")).unwrap();
+    assert_eq!(first.len(), 2);
+    // The first try's jobs fill alice's queue cap (2): the resend is answered all the same, and queues nothing.
+    assert_eq!(e.submit(keyed(matrix, &ALICE, "alice-key-1")).unwrap(), first);
+    let err = e.submit(keyed("name: other\nimage: a\n", &ALICE, "alice-key-1")).unwrap_err().to_string();
+    assert!(err.contains("already used for another submission"), "{err}");
+    // bob sends alice's key with alice's very spec: his own jobs, never hers.
+    let bobs = e.submit(keyed(matrix, &BOB, "alice-key-1")).unwrap();
+    assert_eq!(bobs.len(), 2);
+    for id in &bobs {
+        assert!(!first.contains(id), "bob got alice's job {id}");
+        assert_eq!(e.job_detail(*id).unwrap().job.owner_uid, 1001);
+    }
+    for bad in ["short", &"k".repeat(129), "has a space", "semi;colon", "new\nline-key"] {
+        let bad: &'static str = Box::leak(bad.to_string().into_boxed_str());
+        let err = e.submit(keyed("name: x\nimage: a\n", &BOB, bad)).unwrap_err().to_string();
+        assert!(err.contains("idempotency key is not one Gantry accepts"), "{bad:?}: {err}");
+    }
+    drop(e);
+    // After a restart: the key was written with the jobs.
+    let e = open();
+    assert_eq!(e.submit(keyed(matrix, &ALICE, "alice-key-1")).unwrap(), first);
+    assert_eq!(e.submit(keyed(matrix, &BOB, "alice-key-1")).unwrap(), bobs);
+    let mut queued: Vec<i64> = e.queue().unwrap().iter().map(|q| q.job.id).collect();
+    queued.sort();
+    assert_eq!(queued, [first.clone(), bobs.clone()].concat(), "alice's two and bob's two, nothing more");
+    // Without a key every submit is new (the drop folder and old clients).
+    assert_eq!(e.submit(file("name: m\nimage: a\n", &Owner { uid: 1002, gid: 1002, name: "carol".into() })).unwrap().len(), 1);
 }

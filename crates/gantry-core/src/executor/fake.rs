@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{ExecError, Executor, Exit, Found, Launch, Life};
+use super::{ExecError, Executor, Exit, Found, Launch, Life, Settled};
 
 /// How a fake container behaves, chosen by job name.
 #[derive(Debug, Clone)]
@@ -64,7 +64,8 @@ impl FakeExecutor {
         }
         Ok(())
     }
-    fn settle(c: &mut Container) {
+    /// A started container whose scripted runtime has passed has exited.
+    fn age(c: &mut Container) {
         if let (None, Some(t)) = (c.exit, c.started) {
             if t.elapsed() >= c.script.runtime {
                 c.exit = Some(Exit { code: c.script.code, oom_killed: false });
@@ -93,7 +94,8 @@ impl Executor for FakeExecutor {
             attempt_id: l.attempt_id,
             db_uid: Some(l.db_uid.into()),
             gpus: l.gpus.clone(),
-            life: Life::Created,
+            // As Docker lists a created container: a start may be in flight.
+            life: Life::Unsettled,
         };
         self.containers.lock().unwrap().insert(id.clone(), Container { found, script, started: None, exit: None, stopped: Arc::new(Notify::new()) });
         Ok(id)
@@ -113,7 +115,7 @@ impl Executor for FakeExecutor {
             let (left, stopped, panic) = {
                 let mut cs = self.containers.lock().unwrap();
                 let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
-                Self::settle(c);
+                Self::age(c);
                 if let Some(x) = c.exit {
                     return Ok(x);
                 }
@@ -131,14 +133,14 @@ impl Executor for FakeExecutor {
         self.up()?;
         let mut cs = self.containers.lock().unwrap();
         let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
-        Self::settle(c);
+        Self::age(c);
         Ok(c.exit)
     }
     async fn stop(&self, id: &str, _grace: Duration) -> Result<(), ExecError> {
         self.up()?;
         let mut cs = self.containers.lock().unwrap();
         let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
-        Self::settle(c);
+        Self::age(c);
         if c.exit.is_none() {
             c.exit = Some(Exit { code: 143, oom_killed: false });
             c.found.life = Life::Exited;
@@ -157,9 +159,21 @@ impl Executor for FakeExecutor {
         self.up()?;
         let mut cs = self.containers.lock().unwrap();
         Ok(cs.values_mut().map(|c| {
-            Self::settle(c);
+            Self::age(c);
             c.found.clone()
         }).collect())
+    }
+    async fn settle(&self, id: &str) -> Result<Option<Settled>, ExecError> {
+        self.up()?;
+        let mut cs = self.containers.lock().unwrap();
+        Ok(cs.get_mut(id).map(|c| {
+            Self::age(c);
+            match (c.started, c.exit) {
+                (None, _) => Settled::NeverStarted,
+                (Some(_), None) => Settled::Running,
+                (Some(_), Some(_)) => Settled::Ended,
+            }
+        }))
     }
     async fn foreign_gpu_users(&self, _engine_id: &str) -> Result<Vec<super::ForeignGpuUse>, ExecError> {
         self.up()?;

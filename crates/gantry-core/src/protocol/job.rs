@@ -177,6 +177,12 @@ pub struct SubmitRequest {
     pub file_name: String,
     /// Directory relative mount paths are resolved against.
     pub base_dir: Option<PathBuf>,
+    /// Chosen by the client, new for each submission (`Client::submit` makes one when absent): the
+    /// same request sent again with the same key (its answer was lost) gets the first one's jobs.
+    /// The engine keeps keys a day, per uid: another user's key is another key. 8 to 128 letters,
+    /// digits, `-`, `_`, `.` or `:`. Ignored by `POST /v1/validate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, TS)]

@@ -67,6 +67,23 @@ impl QueueMirror {
 
 
 
+/// A submit's idempotency key, scoped by the submitter's uid: the same key from another uid is
+/// another key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitKey {
+    pub uid: u32,
+    pub key: String,
+    /// What was submitted: the same key sent with another spec is not the same submit.
+    pub fingerprint: String,
+}
+
+/// What a key's first submit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedSubmit {
+    pub job_ids: Vec<i64>,
+    pub fingerprint: String,
+}
+
 impl Store {
     /// Insert a queued job. `finalize` may rewrite the job once its id is known (template mounts).
     pub fn insert_job(
@@ -75,6 +92,21 @@ impl Store {
         owner: &Owner,
         source: &str,
         source_key: Option<&str>,
+        finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
+    ) -> Result<i64> {
+        self.insert_job_keyed(job, owner, source, source_key, None, finalize)
+    }
+
+    /// [`Store::insert_job`], recording in the same transaction that `key` queued this job after
+    /// `earlier` (the jobs of the same submit inserted before it, in order): a crash never keeps
+    /// the job without its key, or the key without its job.
+    pub fn insert_job_keyed(
+        &mut self,
+        job: &ValidJob,
+        owner: &Owner,
+        source: &str,
+        source_key: Option<&str>,
+        key: Option<(&SubmitKey, &[i64])>,
         finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<i64> {
         let now = self.now();
@@ -107,9 +139,44 @@ impl Store {
             tx.execute("UPDATE jobs SET spec_json = ?2, name = ?3, after_ids = ?4 WHERE id = ?1", params![id, serde_json::to_string(&j)?, j.name, after_json(&j)?])?;
         }
         Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
+        if let Some((k, earlier)) = key {
+            if earlier.is_empty() {
+                Self::forget_keys(&tx, k.uid, now)?;
+            }
+            let ids: Vec<i64> = earlier.iter().copied().chain([id]).collect();
+            tx.prepare_cached("INSERT OR REPLACE INTO submit_keys (uid, key, fingerprint, job_ids, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![k.uid, k.key, k.fingerprint, serde_json::to_string(&ids)?, now])?;
+        }
         tx.commit()?;
         self.requeue_check(id);
         Ok(id)
+    }
+
+    /// The jobs a submit with this key (sent by `uid`) queued within the last `SUBMIT_KEY_TTL`.
+    pub fn keyed_submit(&self, uid: u32, key: &str) -> Result<Option<KeyedSubmit>> {
+        let since = self.now() - crate::defaults::SUBMIT_KEY_TTL.as_millis() as i64;
+        let row: Option<(String, String)> = self
+            .conn
+            .prepare_cached("SELECT job_ids, fingerprint FROM submit_keys WHERE uid = ?1 AND key = ?2 AND created_at > ?3")?
+            .query_row(params![uid, key, since], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        Ok(match row {
+            Some((ids, fingerprint)) => Some(KeyedSubmit { job_ids: serde_json::from_str(&ids)?, fingerprint }),
+            None => None,
+        })
+    }
+
+    /// Before `uid` records a new key: every key past its day goes, and `uid`'s oldest go until
+    /// there is room for one more under `SUBMIT_KEYS_PER_USER`.
+    fn forget_keys(tx: &Connection, uid: u32, now: i64) -> Result<()> {
+        let expired = now - crate::defaults::SUBMIT_KEY_TTL.as_millis() as i64;
+        tx.prepare_cached("DELETE FROM submit_keys WHERE created_at <= ?1")?.execute([expired])?;
+        tx.prepare_cached(
+            "DELETE FROM submit_keys WHERE rowid IN (SELECT rowid FROM submit_keys WHERE uid = ?1 ORDER BY created_at, rowid \
+             LIMIT max(0, (SELECT COUNT(*) FROM submit_keys WHERE uid = ?1) - ?2 + 1))",
+        )?
+        .execute(params![uid, crate::defaults::SUBMIT_KEYS_PER_USER])?;
+        Ok(())
     }
 
     /// Queued jobs of one user (for the per-user cap): from the queue in memory when this store keeps it.
@@ -397,4 +464,67 @@ impl Store {
         Ok(n == 1)
     }
 
+}
+
+#[cfg(test)]
+mod key_tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::defaults::{SUBMIT_KEYS_PER_USER, SUBMIT_KEY_TTL};
+    use crate::spec::{validate_text, Format, Origin};
+
+    struct At(AtomicI64);
+    impl crate::clock::Clock for At {
+        fn now_ms(&self) -> i64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn keyed(s: &mut Store, uid: u32, key: &str, earlier: &[i64]) -> i64 {
+        let job = validate_text("image: a\n", Format::Yaml, &Origin::default()).unwrap();
+        let owner = Owner { uid, gid: uid, name: format!("u{uid}") };
+        let k = SubmitKey { uid, key: key.into(), fingerprint: "f".into() };
+        s.insert_job_keyed(&job, &owner, "api", None, Some((&k, earlier)), |_, _| None).unwrap()
+    }
+
+    fn keys_of(s: &Store, uid: u32) -> i64 {
+        s.conn.query_row("SELECT COUNT(*) FROM submit_keys WHERE uid = ?1", [uid], |r| r.get(0)).unwrap()
+    }
+
+    /// A key is found by its own uid only, lists every job of its submit, is forgotten after a day,
+    /// and one uid holds at most `SUBMIT_KEYS_PER_USER` (its oldest go; nobody else's do).
+    #[test]
+    fn submit_keys_are_per_uid_kept_a_day_and_bounded_per_uid() {
+        let mut s = Store::open_in_memory().unwrap();
+        let clock = Arc::new(At(AtomicI64::new(1_000_000_000)));
+        s.set_clock(clock.clone());
+        let a = keyed(&mut s, 1000, "k1", &[]);
+        let b = keyed(&mut s, 1000, "k1", &[a]); // the second job of a matrix
+        assert_eq!(s.keyed_submit(1000, "k1").unwrap(), Some(KeyedSubmit { job_ids: vec![a, b], fingerprint: "f".into() }));
+        assert_eq!(s.keyed_submit(1001, "k1").unwrap(), None, "another uid's same key is another key");
+
+        clock.0.fetch_add(SUBMIT_KEY_TTL.as_millis() as i64, Ordering::SeqCst);
+        assert_eq!(s.keyed_submit(1000, "k1").unwrap(), None, "forgotten after a day");
+        keyed(&mut s, 1001, "fresh", &[]);
+        assert_eq!(keys_of(&s, 1000), 0, "expired keys are deleted when a key is recorded");
+
+        // uid 1000 at its bound (bulk-loaded), and a newer key of uid 1002.
+        let now = clock.0.load(Ordering::SeqCst);
+        s.conn
+            .execute(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+                 INSERT INTO submit_keys (uid, key, fingerprint, job_ids, created_at) SELECT 1000, 'old-' || i, 'f', '[1]', ?2 + i FROM n",
+                params![SUBMIT_KEYS_PER_USER, now - 1_000_000],
+            )
+            .unwrap();
+        keyed(&mut s, 1002, "other", &[]);
+        let newest = keyed(&mut s, 1000, "newest", &[]);
+        assert_eq!(keys_of(&s, 1000), SUBMIT_KEYS_PER_USER, "bounded");
+        assert!(s.keyed_submit(1000, "old-1").unwrap().is_none(), "the oldest went first");
+        assert!(s.keyed_submit(1000, "old-2").unwrap().is_some());
+        assert_eq!(s.keyed_submit(1000, "newest").unwrap().unwrap().job_ids, [newest]);
+        assert!(s.keyed_submit(1002, "other").unwrap().is_some() && s.keyed_submit(1001, "fresh").unwrap().is_some(), "other users' keys stay");
+    }
 }

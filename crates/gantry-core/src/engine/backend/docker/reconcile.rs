@@ -1,6 +1,11 @@
 //! Docker's side of recovery: open attempts + containers found -> actions, decided by a pure
 //! function tested by a table; [`reconcile_containers`] gathers the facts, cleans up what the table
 //! says to, and hands the rest to the engine as [`Resumed`].
+//!
+//! A container Docker lists as `created` may be mid-start (an engine killed inside `docker start`:
+//! the start goes on, and the job begins): the table decides nothing about it until it has been
+//! inspected once the start settled ([`Action::Inspect`], `Executor::settle`), then follows it,
+//! records its end, or queues the job again only if it never began.
 
 use std::sync::Arc;
 
@@ -9,7 +14,7 @@ use tracing::{info, warn};
 use super::DockerBackend;
 use crate::engine::backend::{Open, Resumed};
 use crate::engine::{Engine, EngineError};
-use crate::executor::{Found, Life};
+use crate::executor::{ExecError, Found, Life};
 use crate::outcome::How;
 use crate::protocol::Orphan;
 use crate::store::RunRef;
@@ -34,6 +39,9 @@ pub enum Action {
     Record { job_id: i64, container_id: String },
     /// Claimed but never started: it never ran, queue it again.
     Requeue { job_id: i64, container_id: Option<String> },
+    /// Listed as created: a start may be in flight and its job may run. Inspect it (once the start
+    /// settled) and decide again; nothing else is done with it before.
+    Inspect { job_id: i64, container_id: String },
     /// Its container is gone.
     Lost { job_id: i64 },
     /// Ours, its end already recorded, not running: clean up.
@@ -63,6 +71,8 @@ pub fn reconcile(open: &[OpenAttempt], found: &[(Found, bool)], db_uid: &str) ->
         actions.push(match mine {
             Some(f) if f.life == Life::Running => Action::Reattach { job_id: a.job_id, container_id: f.container_id.clone() },
             Some(f) if f.life == Life::Exited => Action::Record { job_id: a.job_id, container_id: f.container_id.clone() },
+            Some(f) if f.life == Life::Unsettled => Action::Inspect { job_id: a.job_id, container_id: f.container_id.clone() },
+            // Settled: no start ever gave it a process.
             Some(f) => Action::Requeue { job_id: a.job_id, container_id: Some(f.container_id.clone()) },
             // Never created (the engine died between claiming and creating): it never ran.
             None if a.container_id.is_none() => Action::Requeue { job_id: a.job_id, container_id: None },
@@ -100,6 +110,11 @@ pub(super) async fn reconcile_containers(d: &DockerBackend, e: &Arc<Engine>, ope
         let known = known.map_err(|err| EngineError::Fatal(format!("cannot read attempts: {err}")))?.is_some();
         facts.push((f, known));
     }
+    let docker_away = |err: ExecError| {
+        warn!("cannot reconcile running jobs yet: {err}");
+        e.health.write().unwrap().backend_problem = Some(err.to_string());
+        Ok(vec![])
+    };
     let opens: Vec<OpenAttempt> = open
         .iter()
         .map(|o| OpenAttempt {
@@ -110,10 +125,29 @@ pub(super) async fn reconcile_containers(d: &DockerBackend, e: &Arc<Engine>, ope
             monitored: o.monitored,
         })
         .collect();
+    let mut actions = reconcile(&opens, &facts, &e.db_uid);
+    // Containers listed as created: what they really are once any start in flight has settled.
+    let unsettled: Vec<String> = actions.iter().filter_map(|a| if let Action::Inspect { container_id, .. } = a { Some(container_id.clone()) } else { None }).collect();
+    if !unsettled.is_empty() {
+        for cid in unsettled {
+            match d.exec.settle(&cid).await {
+                Ok(Some(settled)) => {
+                    if let Some((f, _)) = facts.iter_mut().find(|(f, _)| f.container_id == cid) {
+                        f.life = settled.into();
+                    }
+                }
+                Ok(None) => facts.retain(|(f, _)| f.container_id != cid),
+                Err(err) => return docker_away(err),
+            }
+        }
+        actions = reconcile(&opens, &facts, &e.db_uid);
+    }
     let mut out = vec![];
     let mut orphans = vec![];
-    for action in reconcile(&opens, &facts, &e.db_uid) {
+    for action in actions {
         match action {
+            // Never here: every container listed as created was settled above.
+            Action::Inspect { .. } => {}
             Action::Reattach { job_id, container_id } => {
                 info!(job = job_id, "reattaching to running container");
                 let marked = e.store().set_running(job_id);
@@ -122,7 +156,13 @@ pub(super) async fn reconcile_containers(d: &DockerBackend, e: &Arc<Engine>, ope
                 }
                 out.push((job_id, Resumed::Follow(RunRef::Container(container_id))));
             }
-            Action::Record { job_id, container_id } => out.push((job_id, Resumed::EndedWhileAway(RunRef::Container(container_id)))),
+            Action::Record { job_id, container_id } => {
+                // It ran (a start that went through while no engine ran leaves the job `starting`).
+                if let Err(err) = e.store().set_running(job_id) {
+                    e.store_failed(&format!("marking job {job_id} running"), &err);
+                }
+                out.push((job_id, Resumed::EndedWhileAway(RunRef::Container(container_id))))
+            }
             Action::Requeue { job_id, container_id } => out.push((job_id, Resumed::End { how: How::NeverStarted, run: container_id.map(RunRef::Container) })),
             Action::Lost { job_id } => {
                 out.push((job_id, Resumed::End { how: How::Lost("its container is gone (removed, or lost with the Docker engine)".into()), run: None }))
@@ -150,6 +190,7 @@ pub(super) async fn reconcile_containers(d: &DockerBackend, e: &Arc<Engine>, ope
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::Settled;
 
     fn found(job: i64, cid: &str, name: &str, life: Life, db: Option<&str>) -> Found {
         Found { container_id: cid.into(), name: name.into(), job_id: job, attempt_id: 1, db_uid: db.map(String::from), gpus: vec![0], life }
@@ -169,6 +210,22 @@ mod tests {
              vec![Action::Record { job_id: 1, container_id: "c1".into() }]),
             ("created, never started -> requeue", vec![open(1, Some("c1"), "n1")], vec![(found(1, "c1", "n1", Life::Created, d), true)],
              vec![Action::Requeue { job_id: 1, container_id: Some("c1".into()) }]),
+            // Issue 18, item 14: killed inside `docker start`, the start goes on; Docker lists `created` meanwhile.
+            ("listed as created: a start may be in flight -> inspect, nothing else", vec![open(1, Some("c1"), "n1")],
+             vec![(found(1, "c1", "n1", Life::Unsettled, d), true)], vec![Action::Inspect { job_id: 1, container_id: "c1".into() }]),
+            ("listed as created, id not recorded yet: matched by name -> inspect", vec![open(1, None, "n1")],
+             vec![(found(1, "c9", "n1", Life::Unsettled, d), false)], vec![Action::Inspect { job_id: 1, container_id: "c9".into() }]),
+            // ... and once inspected (the start settled): the job is followed, never started again.
+            ("inspected: began and runs -> reattach", vec![open(1, Some("c1"), "n1")], vec![(found(1, "c1", "n1", Settled::Running.into(), d), true)],
+             vec![Action::Reattach { job_id: 1, container_id: "c1".into() }]),
+            ("inspected: began and ended -> record its end", vec![open(1, Some("c1"), "n1")], vec![(found(1, "c1", "n1", Settled::Ended.into(), d), true)],
+             vec![Action::Record { job_id: 1, container_id: "c1".into() }]),
+            ("inspected: never began -> requeue", vec![open(1, Some("c1"), "n1")], vec![(found(1, "c1", "n1", Settled::NeverStarted.into(), d), true)],
+             vec![Action::Requeue { job_id: 1, container_id: Some("c1".into()) }]),
+            ("listed as created, a recorded end -> remove (its start was never sent, or failed)", vec![],
+             vec![(found(1, "c1", "n1", Life::Unsettled, d), true)], vec![Action::Remove { container_id: "c1".into() }]),
+            ("listed as created, another database's -> orphan", vec![],
+             vec![(found(5, "c5", "n5", Life::Unsettled, Some("old")), false)], vec![Action::Orphan(found(5, "c5", "n5", Life::Unsettled, Some("old")))]),
             ("container id not recorded yet: matched by name", vec![open(1, None, "n1")], vec![(found(1, "c9", "n1", Life::Running, d), false)],
              vec![Action::Reattach { job_id: 1, container_id: "c9".into() }]),
             ("never created -> requeue without a container", vec![open(1, None, "n1")], vec![], vec![Action::Requeue { job_id: 1, container_id: None }]),

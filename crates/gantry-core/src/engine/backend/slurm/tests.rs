@@ -59,7 +59,7 @@ fn run(e: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
 
 fn submit(e: &Engine, yaml: &str) -> i64 {
     let spec = crate::engine::submit::Spec::File { text: yaml, file_name: "test.yaml", base_dir: None };
-    e.submit(crate::engine::submit::Submission { spec, owner: &me(), source: "test".into(), source_key: None }).unwrap()[0]
+    e.submit(crate::engine::submit::Submission { spec, owner: &me(), source: "test".into(), source_key: None, idempotency_key: None }).unwrap()[0]
 }
 
 async fn wait_for(e: &Engine, id: i64, want: impl Fn(JobState) -> bool) -> JobState {
