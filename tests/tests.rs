@@ -7,6 +7,7 @@ mod engine_lock;
 mod faults;
 mod gpu_select;
 mod helpers;
+mod job_output;
 mod policy;
 mod remote;
 mod nvml;

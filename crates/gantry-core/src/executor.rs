@@ -257,9 +257,38 @@ pub trait Executor: Send + Sync + 'static {
     /// them at the same moment and wins the tie (see the Docker implementation); the caller then
     /// removes its own and tries again later.
     async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
-    /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
-    /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
-    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>>;
+    /// Stored output from `since_s` (Unix seconds), one [`Frame`] per message of Docker's log: its RFC
+    /// 3339 timestamp, a space, and a line with its `\n`, or without one where Docker cut a long line
+    /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
+    /// errors when Docker goes away.
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// Output as it is written from now on, without timestamps (Docker's log holds a line without
+    /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
+    fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+        futures_util::stream::empty().boxed()
+    }
+}
+
+/// A piece of a container's output: one message of Docker's log ([`Executor::logs`]), or what one
+/// write carried ([`Executor::attach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub stderr: bool,
+    pub data: Bytes,
+}
+
+impl Frame {
+    pub fn stdout(data: impl Into<Bytes>) -> Frame {
+        Frame { stderr: false, data: data.into() }
+    }
+
+    fn of(o: bollard::container::LogOutput) -> Frame {
+        use bollard::container::LogOutput;
+        match o {
+            LogOutput::StdErr { message } => Frame { stderr: true, data: message },
+            LogOutput::StdOut { message } | LogOutput::Console { message } | LogOutput::StdIn { message } => Frame { stderr: false, data: message },
+        }
+    }
 }
 
 /// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), shm, ulimits, IPC and
@@ -524,9 +553,28 @@ impl Executor for DockerExecutor {
         }
     }
 
-    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>> {
         let opts = qp::LogsOptions { follow, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
-        self.docker.logs(id, Some(opts)).map(|r| r.map(|c| c.into_bytes()).map_err(classify)).boxed()
+        self.docker.logs(id, Some(opts)).map(|r| r.map(Frame::of).map_err(classify)).boxed()
+    }
+
+    fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+        let (docker, id) = (self.docker.clone(), id.to_string());
+        let opts = qp::AttachContainerOptions { stream: true, stdout: true, stderr: true, ..Default::default() };
+        futures_util::stream::once(async move { docker.attach_container(&id, Some(opts)).await })
+            .flat_map(|r| match r {
+                // The input half is kept with the output: dropping it could end the attachment.
+                Ok(a) => {
+                    let input = a.input;
+                    a.output.map(move |o| {
+                        let _ = &input;
+                        o.map(Frame::of).map_err(classify)
+                    })
+                    .boxed()
+                }
+                Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
+            })
+            .boxed()
     }
 }
 
