@@ -14,7 +14,10 @@
 //!   most every [`PROGRESS_EVERY`] while the job runs. A reader shows it only while nothing follows
 //!   it ([`strip_stamps`]): the line's next state, or the line itself, replaces it.
 //!
-//! A line's text never holds `\r`, so a record starting with `\r` is always a progress state.
+//! - `\r\r<what>\n`: a backend's bookkeeping (where its copy of the output got to), never shown.
+//!
+//! A line's text never holds `\r`, so a record starting with `\r` is always a progress state (or,
+//! with two, bookkeeping: a state never starts with `\r` either).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -50,6 +53,9 @@ pub fn strip_stamps(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len());
     let mut progress: Option<&[u8]> = None;
     for line in data.split_inclusive(|c| *c == b'\n') {
+        if line.starts_with(b"\r\r") {
+            continue; // a backend's own bookkeeping (`CappedLog::mark`)
+        }
         if is_progress(line) {
             progress = Some(&line[1..]);
             continue;
@@ -96,11 +102,17 @@ pub(crate) struct Lines {
     /// The last non-empty segment before it.
     prev: Vec<u8>,
     prev_cut: u64,
+    /// Bytes fed since the last line ended.
+    raw: u64,
 }
 
 impl Lines {
     /// Feed output; `done(text, cut)` gets each line that ends in it (`cut`: bytes left out).
     pub fn feed(&mut self, mut data: &[u8], mut done: impl FnMut(&[u8], u64) -> std::io::Result<()>) -> std::io::Result<()> {
+        self.raw = match data.iter().rposition(|c| *c == b'\n') {
+            Some(p) => (data.len() - p - 1) as u64,
+            None => self.raw + data.len() as u64,
+        };
         while !data.is_empty() {
             let at = data.iter().position(|c| *c == b'\r' || *c == b'\n');
             let text = &data[..at.unwrap_or(data.len())];
@@ -139,11 +151,17 @@ impl Lines {
         self.cur.is_empty() && self.prev.is_empty()
     }
 
+    /// Bytes fed since the last line ended: where to read again to rebuild the line not ended yet.
+    pub fn pending(&self) -> u64 {
+        self.raw
+    }
+
     pub fn clear(&mut self) {
         self.cur.clear();
         self.prev.clear();
         self.cur_cut = 0;
         self.prev_cut = 0;
+        self.raw = 0;
     }
 }
 
@@ -218,6 +236,11 @@ impl CappedLog {
         wrote
     }
 
+    /// A backend's bookkeeping (one line of text), never shown to readers.
+    pub fn mark(&mut self, what: &str) -> std::io::Result<()> {
+        self.put(format!("\r\r{what}\n").as_bytes())
+    }
+
     /// How long after a progress state the next may be written.
     pub fn progress_every(&self) -> Duration {
         if self.progress_bytes > self.cap / 16 { PROGRESS_SLOW } else { PROGRESS_EVERY }
@@ -277,12 +300,16 @@ mod tests {
             l.feed(&block, |_, _| unreachable!()).unwrap();
         }
         assert_eq!(l.state().0.len(), LINE_MAX);
+        assert_eq!(l.pending(), 160 << 10);
         l.feed(b"tail\nnext\n", |t, cut| {
             got.push((t.len(), cut));
             Ok(())
         })
         .unwrap();
         assert_eq!(got, vec![(LINE_MAX, (160 << 10) + 4 - LINE_MAX as u64), (4, 0)]);
+        assert_eq!(l.pending(), 0);
+        l.feed(b"a\rbc", |_, _| Ok(())).unwrap();
+        assert_eq!(l.pending(), 4);
     }
 
     #[test]
@@ -295,6 +322,8 @@ mod tests {
         l.progress(b" 20%").unwrap();
         let running = std::fs::read(&p).unwrap();
         assert_eq!(String::from_utf8(strip_stamps(&running)).unwrap(), "start\n 20%\n", "while it runs: the bar's current state");
+        l.mark("bookkeeping 123").unwrap();
+        assert_eq!(String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(), "start\n 20%\n", "bookkeeping is never shown");
         l.line(b"2026-01-01T00:00:01.000000001Z ", b"100%", 0).unwrap();
         l.line(b"", &vec![b'y'; LINE_MAX], 7).unwrap();
         let all = std::fs::read(&p).unwrap();
