@@ -8,9 +8,9 @@ use std::process::{Command, Stdio};
 
 use crate::helpers::*;
 
-/// The job's output without Gantry's own lines.
+/// The job's output without Gantry's own timestamped lines (its notes about the output stay).
 fn output(e: &Engine, id: i64) -> String {
-    e.logs(id).split_inclusive('\n').filter(|l| !l.starts_with("[gantry")).collect()
+    e.logs(id).split_inclusive('\n').filter(|l| !l.starts_with("[gantry ")).collect()
 }
 
 /// A folder the job mounts at /t (its script, and the file that lets it go on).
@@ -73,7 +73,7 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
     let got = output(&e, id);
     assert!(got == want, "each line is its last state, whole, with no timestamp inside:\n{}", first_difference(&got, &want));
     assert!(shown.starts_with(&want[..want.find("\n 99%").unwrap() + 1]), "while it ran: the lines so far, then the bar's state");
-    let followed: String = followed.join().unwrap().split_inclusive('\n').filter(|l| !l.starts_with("[gantry")).collect();
+    let followed: String = followed.join().unwrap().split_inclusive('\n').filter(|l| !l.starts_with("[gantry ")).collect();
     assert!(follow.wait().unwrap().success());
     assert!(followed.contains("\n 42%|live|\n") && followed.ends_with(" 99%|live|\nend\n"), "`logs -f` showed the state as it came: {}", &followed[followed.len().saturating_sub(300)..]);
 }
@@ -83,4 +83,25 @@ fn first_difference(got: &str, want: &str) -> String {
     let at = got.bytes().zip(want.bytes()).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
     let from = at.saturating_sub(80);
     format!("at byte {at} (got {} bytes, want {}):\n got: {:?}\nwant: {:?}", got.len(), want.len(), &got[from..(at + 80).min(got.len())], &want[from..(at + 80).min(want.len())])
+}
+
+/// Peak resident memory of a process so far, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_40_mb_line_without_newline_keeps_its_first_64_kib_with_a_note_in_bounded_memory() {
+    let e = Engine::start(&[]);
+    let before = peak_rss(e.pid());
+    let id = e.submit_yaml("endless", &format!("image: {IMAGE}\ngpus: 0\ncommand: \"busybox head -c 40000000 /dev/zero | busybox tr '\\\\0' x\"\n"));
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    let grew = peak_rss(e.pid()).saturating_sub(before);
+    let got = output(&e, id);
+    let want = format!("{}\n[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out\n", "x".repeat(64 << 10), 40_000_000 - (64 << 10));
+    assert!(got == want, "{}", first_difference(&got, &want));
+    // The engine's memory does not follow the line's length (it held the whole line before).
+    assert!(grew < 24 << 20, "the engine's peak memory grew by {} MiB", grew >> 20);
+    assert!(e.gantry(&["status"]).status.success());
 }
