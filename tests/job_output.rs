@@ -105,3 +105,28 @@ fn a_40_mb_line_without_newline_keeps_its_first_64_kib_with_a_note_in_bounded_me
     assert!(grew < 24 << 20, "the engine's peak memory grew by {} MiB", grew >> 20);
     assert!(e.gantry(&["status"]).status.success());
 }
+
+#[test]
+fn dockers_own_log_of_a_job_is_bounded_like_gantrys() {
+    let dir = job_dir("busybox yes 'a job that prints fast, line after line, for a long time' | busybox head -c 8000000\n: > /t/done\nexec sleep 300\n");
+    let lab = dir.path().join("config.toml");
+    std::fs::write(&lab, "[logs]\ncap = \"1MiB\"\n").unwrap();
+    let e = Engine::start(&["--config", lab.to_str().unwrap()]);
+    let id = e.submit_yaml("chatty", &format!("image: {IMAGE}\ngpus: 0\nmounts: ['{}:/t']\ncommand: [sh, /t/run.sh]\n", dir.path().display()));
+    let c = crate::dl_defaults::docker_inspect(&crate::dl_defaults::container_of(&e, id));
+    // Two files' worth of the cap in all: the cap's worth of output and json-file's overhead per line.
+    let want = serde_json::json!({"Type": "json-file", "Config": {"max-size": "524288", "max-file": "4"}});
+    assert_eq!(c["HostConfig"]["LogConfig"], want, "{}", c["HostConfig"]);
+    e.wait_until("the job to have written 8 MB", || dir.path().join("done").exists());
+    let log = std::path::PathBuf::from(c["LogPath"].as_str().unwrap());
+    let stored: u64 = std::fs::read_dir(log.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().starts_with(&*log.file_name().unwrap().to_string_lossy()))
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+    // A file is rotated once a write takes it past max-size: each may hold one more message.
+    assert!(stored <= 4 * (512 << 10) + 4 * (16 << 10), "Docker's log of the job holds {stored} bytes");
+    assert_eq!(e.logs(id).matches("[gantry] log truncated: the job wrote more than 1048576 bytes").count(), 1, "Gantry's own copy stops at its cap");
+    assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
+}

@@ -8,6 +8,7 @@ mod faults;
 mod gpu_select;
 mod helpers;
 mod job_output;
+mod limits;
 mod policy;
 mod remote;
 mod nvml;

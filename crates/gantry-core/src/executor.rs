@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountType, ResourcesUlimits};
 use bollard::query_parameters as qp;
 use bollard::Docker;
 use bytes::Bytes;
@@ -193,6 +193,22 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         set("NVIDIA_VISIBLE_DEVICES", l.gpu_uuids.join(","));
         set("CUDA_VISIBLE_DEVICES", (0..l.gpu_uuids.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
     }
+    // Who the job runs as, by name (its passwd entry is in the container too), unless the spec says.
+    if let Some(u) = l.container.user.as_ref() {
+        for k in ["USER", "LOGNAME"] {
+            if !l.job.spec.env.contains_key(k) {
+                set(k, u.clone());
+            }
+        }
+    }
+    // Frameworks size their thread pools by the CPUs they see: tell them the job's share.
+    if let Some(n) = l.container.threads {
+        for k in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
+            if !l.job.spec.env.contains_key(k) {
+                set(k, n.to_string());
+            }
+        }
+    }
     if let (Some(m), Some(total)) = (l.job.gpu_memory, l.gpu_total_memory) {
         let frac = (m as f64 / total as f64).clamp(0.01, 1.0);
         let f = format!("{frac:.3}");
@@ -291,15 +307,23 @@ impl Frame {
     }
 }
 
-/// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), shm, ulimits, IPC and
-/// HOME's tmpfs.
+/// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), pinned CPUs, shm,
+/// ulimits, the process limit, IPC, HOME's tmpfs and Docker's own bounded log.
 fn container_host_config(l: &Launch) -> HostConfig {
     let c = &l.container;
     let ulimit = |name: &str, v: Option<i64>| v.map(|v| ResourcesUlimits { name: Some(name.into()), soft: Some(v), hard: Some(v) });
     let ulimits: Vec<ResourcesUlimits> = [ulimit("memlock", c.memlock), ulimit("stack", c.stack)].into_iter().flatten().collect();
     let tmpfs = c.home.as_ref().filter(|_| c.home_tmpfs).map(|h| HashMap::from([(h.clone(), format!("rw,nosuid,nodev,mode=0700,uid={},gid={}", l.uid, l.gid))]));
+    let log_config = c.log_file_size.map(|size| HostConfigLogConfig {
+        typ: Some("json-file".into()),
+        config: Some(HashMap::from([("max-size".to_string(), size.to_string()), ("max-file".to_string(), crate::defaults::DOCKER_LOG_FILES.to_string())])),
+    });
     HostConfig {
+        // With pinned CPUs the quota equals their number, so it never throttles the job.
         nano_cpus: c.nano_cpus,
+        cpuset_cpus: c.cpuset.clone(),
+        pids_limit: c.pids_limit,
+        log_config,
         memory: c.memory,
         memory_swap: c.memory,
         shm_size: c.shm_size,

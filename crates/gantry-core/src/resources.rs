@@ -45,6 +45,8 @@ pub struct Containers {
     pub cpu_only_memory: Amount,
     pub reserve_cpus_milli: u64,
     pub reserve_memory: u64,
+    /// Processes and threads per job; a spec may ask for fewer, never more.
+    pub pids_limit: i64,
 }
 
 impl Default for Containers {
@@ -61,6 +63,7 @@ impl Default for Containers {
             cpu_only_memory: Amount::Auto,
             reserve_cpus_milli: config::RESERVE_CPUS_MILLI,
             reserve_memory: config::RESERVE_MEMORY,
+            pids_limit: config::PIDS_LIMIT,
         }
     }
 }
@@ -81,6 +84,7 @@ impl Containers {
             ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
             ("containers.reserve_cpus", crate::units::format_cpus(self.reserve_cpus_milli)),
             ("containers.reserve_memory", format_bytes(self.reserve_memory)),
+            ("containers.pids_limit", self.pids_limit.to_string()),
         ]
     }
 
@@ -103,6 +107,18 @@ impl Containers {
         CpuRam {
             cpus_milli: pick(cpus_milli, self.cpus_per_gpu, self.cpu_only_cpus, cap.cpus_milli, 10),
             memory: pick(memory, self.memory_per_gpu, self.cpu_only_memory, cap.memory, crate::spec::MIN_MEMORY),
+        }
+    }
+
+    /// Refuse a `pids_limit` above the lab's (at submit; a job queued before the lab lowered its limit
+    /// gets the lab's).
+    pub fn check_pids(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        match job.limits.pids_limit {
+            Some(n) if n > self.pids_limit => Err(SpecError::new(
+                format!("`pids_limit` is {n}; this machine allows at most {} processes per job{}", self.pids_limit, set_in("containers.pids_limit")),
+                format!("ask for at most {}, or leave `pids_limit` out to get that", self.pids_limit),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -190,6 +206,17 @@ pub struct ContainerSettings {
     /// Mount an empty tmpfs owned by the job's user at `home` (else the owner's home is one of the
     /// job's checked mounts, or a spec mount is already there).
     pub home_tmpfs: bool,
+    /// Processes and threads at once (Docker's PidsLimit); `None`: Docker's own (none).
+    pub pids_limit: Option<i64>,
+    /// The CPUs the job is pinned to (Docker's cpuset, `0-3,8`), when its share is whole CPUs.
+    pub cpuset: Option<String>,
+    /// Threads a framework should use (`OMP_NUM_THREADS`, `MKL_NUM_THREADS` unless the spec sets them).
+    pub threads: Option<u32>,
+    /// Docker keeps the container's own log in [`config::DOCKER_LOG_FILES`] json-file files of this
+    /// many bytes each; `None`: the Docker daemon's own log settings.
+    pub log_file_size: Option<u64>,
+    /// The owner's name (`USER`, `LOGNAME`).
+    pub user: Option<String>,
 }
 
 /// Where a job's HOME goes when its owner's home cannot be used as the path (no passwd entry, `/`).
@@ -219,6 +246,11 @@ impl Containers {
             ipc_host: job.spec.ipc == Some(Ipc::Host),
             home_tmpfs: !taken && self.home_mode(job) == Home::Tmpfs,
             home: Some(home),
+            pids_limit: Some(job.limits.pids_limit.map_or(self.pids_limit, |n| n.min(self.pids_limit))),
+            threads: (needs.cpus_milli > 0).then(|| needs.cpus_milli.div_ceil(1000).max(1) as u32),
+            cpuset: None,
+            log_file_size: None,
+            user: None,
         }
     }
 
@@ -291,11 +323,27 @@ mod tests {
                 ipc_host: false,
                 home: Some("/home/alice".into()),
                 home_tmpfs: true,
+                pids_limit: Some(4096),
+                cpuset: None,
+                threads: Some(8),
+                log_file_size: None,
+                user: None,
             }
         );
+        // A spec may lower the lab's process limit; a lab that lowered it later wins.
+        assert_eq!(c.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(100));
+        let strict = Containers { pids_limit: 64, ..Containers::default() };
+        assert_eq!(strict.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(64));
+        let at = |k: &str| format!(" ({k})");
+        let e = strict.check_pids(&job("pids_limit: 100\n"), &at).unwrap_err();
+        assert_eq!(e.message, "`pids_limit` is 100; this machine allows at most 64 processes per job (containers.pids_limit)");
+        assert!(strict.check_pids(&job("pids_limit: 64\n"), &at).is_ok() && strict.check_pids(&job(""), &at).is_ok());
+        // Threads: the share rounded up (a half CPU still runs one thread); none without a limit.
+        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 1_500, memory: G }, &m, None).threads, Some(2));
+        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 300, memory: G }, &m, None).threads, Some(1));
         assert_eq!(c.home_mount(&job(""), Some("/home/alice")), None);
         let no_limit = c.settings(&job(""), CpuRam::default(), &m, None);
-        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size), (None, None, Some(8 << 30)));
+        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size, no_limit.threads), (None, None, Some(8 << 30), None));
         assert_eq!(no_limit.home.as_deref(), Some(FALLBACK_HOME));
         let own = c.settings(&job("shm_size: 1GiB\nulimits: {memlock: 1MiB, stack: 8MiB}\n"), CpuRam::default(), &m, Some("/root"));
         assert_eq!((own.shm_size, own.memlock, own.stack), (Some(1 << 30), Some(1 << 20), Some(8 << 20)));

@@ -20,6 +20,7 @@ use crate::executor::{ExecError, Executor, ForeignGpuUse, GpuBinding, Launch};
 use crate::gpu::{BackendKind, GpuError, GpuSample};
 use crate::outcome::How;
 use crate::protocol::GpuStatus;
+use crate::resources::ContainerSettings;
 use crate::spec::{SpecError, ValidJob};
 use crate::store::{Attempt, Job, JobState, RunRef};
 
@@ -162,7 +163,11 @@ impl Backend for DockerBackend {
                 gpu_uuids: attempt.gpu_uuids.clone(),
                 gpu_total_memory: placed.gpu_total,
                 binding,
-                container: policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref()),
+                container: ContainerSettings {
+                    // Docker's own copy of the output is bounded like Gantry's (see DOCKER_LOG_FILES).
+                    log_file_size: Some(policy.log_cap / 2),
+                    ..policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref())
+                },
             };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());
