@@ -20,6 +20,7 @@ mod security_mounts;
 mod security_mounts_race;
 mod security_redteam;
 mod security_state;
+mod sim_gpus;
 mod slurm;
 mod system_engine;
 mod user_inboxes;

@@ -104,6 +104,10 @@ pub struct SimLoad {
     pub exclusive: bool,
     pub shared_declared: u64,
     pub shared_jobs: u32,
+    /// The containers of Gantry's jobs on it, each with its declared memory (`None`: the whole GPU).
+    /// They are reported as the GPU's processes, as NVML reports a real job's, so their memory is
+    /// known to be Gantry's (not used outside Gantry).
+    pub containers: Vec<(String, Option<u64>)>,
 }
 
 pub trait GpuBackend: Send {
@@ -189,13 +193,20 @@ impl GpuBackend for SimulatedBackend {
                 let l = self.load.iter().find(|l| l.index == i as u32).cloned().unwrap_or_default();
                 // Deterministic wobble so charts look alive without randomness.
                 let wobble = ((self.tick * 7 + i as u64 * 13) % 11) as u32;
-                let (util, used) = if l.exclusive {
-                    (88 + wobble, total * 7 / 10)
+                let util = if l.exclusive {
+                    88 + wobble
                 } else if l.shared_jobs > 0 {
-                    ((35 * l.shared_jobs + wobble).min(100), l.shared_declared.min(*total))
+                    (35 * l.shared_jobs + wobble).min(100)
                 } else {
-                    (0, 0)
+                    0
                 };
+                // A job with a whole GPU uses most of it; a shared one what it declared.
+                let processes: Vec<GpuProcess> = l
+                    .containers
+                    .iter()
+                    .map(|(cid, declared)| GpuProcess { pid: 0, used_memory: Some(declared.unwrap_or(total * 7 / 10)), container_id: Some(cid.clone()), uid: None, command: None })
+                    .collect();
+                let used = processes.iter().filter_map(|p| p.used_memory).sum::<u64>().min(*total);
                 GpuSample {
                     index: i as u32,
                     uuid: uuid.clone(),
@@ -205,7 +216,7 @@ impl GpuBackend for SimulatedBackend {
                     utilization: util.min(100),
                     temperature_c: Some(35 + util / 2),
                     power_w: Some(60.0 + util as f64 * 2.5),
-                    processes: vec![],
+                    processes,
                     mig_parent: None,
                     links: vec![],
                 }
@@ -487,6 +498,17 @@ mod tests {
         let s = b.sample().unwrap();
         assert_eq!(s[0].utilization, 0);
         assert!(s[1].utilization >= 88);
+        // Gantry's jobs are the GPU's processes, in their containers, with their memory.
+        let c = |n: char| n.to_string().repeat(64);
+        b.set_load(&[
+            SimLoad { index: 0, shared_jobs: 2, shared_declared: 16 << 30, containers: vec![(c('a'), Some(8 << 30)), (c('b'), Some(8 << 30))], ..Default::default() },
+            SimLoad { index: 1, exclusive: true, containers: vec![(c('c'), None)], ..Default::default() },
+        ]);
+        let s = b.sample().unwrap();
+        assert_eq!(s[0].memory_used, 16 << 30);
+        let procs: Vec<(Option<&str>, Option<u64>)> = s[0].processes.iter().map(|p| (p.container_id.as_deref(), p.used_memory)).collect();
+        assert_eq!(procs, vec![(Some(c('a').as_str()), Some(8 << 30)), (Some(c('b').as_str()), Some(8 << 30))]);
+        assert_eq!((s[1].memory_used, s[1].processes[0].used_memory), ((24u64 << 30) * 7 / 10, Some((24u64 << 30) * 7 / 10)));
     }
 
     #[test]
