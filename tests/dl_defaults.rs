@@ -23,7 +23,7 @@ pub(crate) fn container_of(e: &Engine, id: i64) -> String {
 }
 
 /// Submit `yaml` as `u` from a file in their home: the job id, or the error text.
-fn submit_as(e: &Engine, u: &User, yaml: &str) -> Result<i64, String> {
+pub(crate) fn submit_as(e: &Engine, u: &User, yaml: &str) -> Result<i64, String> {
     let dir = u.private_dir("dl");
     let f = u.write(&dir.join("train.yaml"), yaml);
     let out = e.gantry_user(u, &["--json", "submit", f.to_str().unwrap()]);

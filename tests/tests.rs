@@ -7,6 +7,7 @@ mod engine_lock;
 mod faults;
 mod gpu_select;
 mod helpers;
+mod identity;
 mod job_output;
 mod limits;
 mod policy;

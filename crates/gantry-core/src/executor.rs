@@ -31,6 +31,8 @@ pub const LABEL_DB: &str = "dev.gantry.db";
 pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 /// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
 pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
+/// A container made only to read an image's files, never started.
+pub const LABEL_PROBE: &str = "dev.gantry.probe";
 
 /// How long a placement waits for another engine's simultaneous placement to give way before giving
 /// way itself: removing a container takes well under a second.
@@ -278,6 +280,12 @@ pub trait Executor: Send + Sync + 'static {
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
     /// errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// Plain files of `image` (`/etc/passwd`, `/etc/group`), each `None` where the image has none, it
+    /// is not a plain file, or it is over `max` bytes. Read from a container made for it and removed at
+    /// once, never started (nothing of the image runs); cached per image id.
+    async fn image_files(&self, _image: &str, paths: &[&str], _max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
+        Ok(vec![None; paths.len()])
+    }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
     fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
@@ -334,11 +342,33 @@ fn container_host_config(l: &Launch) -> HostConfig {
     }
 }
 
+/// Files read from images, by image id and paths (images do not change; a few dozen are in use).
+type ImageFiles = std::sync::Arc<std::sync::Mutex<HashMap<(String, Vec<String>), Vec<Option<Vec<u8>>>>>>;
+
 #[derive(Clone)]
 pub struct DockerExecutor {
     docker: Docker,
     /// Container id -> its GPUs (a container's configuration never changes): one inspect per container.
     inspected: std::sync::Arc<std::sync::Mutex<HashMap<String, Option<GpuSet>>>>,
+    image_files: ImageFiles,
+}
+
+/// The first plain file in a tar stream (as Docker's archive API sends one path), skipping extended
+/// headers; `None` for anything else (a link, a directory) or a broken archive.
+fn first_plain_file(tar: &[u8]) -> Option<Vec<u8>> {
+    let mut at = 0;
+    for _ in 0..4 {
+        let h = tar.get(at..at + 512)?;
+        let size_field = std::str::from_utf8(&h[124..136]).ok()?.trim_matches(|c: char| c == '\0' || c == ' ');
+        let size = usize::from_str_radix(size_field, 8).ok()?;
+        let data = at + 512;
+        match h[156] {
+            b'0' | 0 => return tar.get(data..data + size).map(<[u8]>::to_vec),
+            b'x' | b'g' => at = data + size.div_ceil(512) * 512,
+            _ => return None,
+        }
+    }
+    None
 }
 
 impl DockerExecutor {
@@ -362,7 +392,7 @@ impl DockerExecutor {
 
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker, inspected: Default::default() })
+        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default() })
     }
 }
 
@@ -449,6 +479,48 @@ impl Executor for DockerExecutor {
         };
         let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
         Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+    }
+
+    async fn image_files(&self, image: &str, paths: &[&str], max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
+        let id = self.docker.inspect_image(image).await.map_err(classify)?.id.unwrap_or_else(|| image.to_string());
+        let key = (id, paths.iter().map(|p| p.to_string()).collect::<Vec<_>>());
+        if let Some(hit) = self.image_files.lock().unwrap().get(&key) {
+            return Ok(hit.clone());
+        }
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd: Some(vec!["true".into()]),
+            network_disabled: Some(true),
+            labels: Some(HashMap::from([(LABEL_PROBE.to_string(), "1".to_string())])),
+            ..Default::default()
+        };
+        let probe = self.docker.create_container(None::<qp::CreateContainerOptions>, body).await.map_err(classify)?.id;
+        let mut out = vec![];
+        for p in paths {
+            let mut s = self.docker.download_from_container(&probe, Some(qp::DownloadFromContainerOptions { path: p.to_string() }));
+            let mut tar = vec![];
+            let mut ok = true;
+            while let Some(chunk) = s.next().await {
+                match chunk {
+                    Ok(c) if tar.len() + c.len() <= max + 4096 => tar.extend_from_slice(&c),
+                    _ => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            out.push(ok.then(|| first_plain_file(&tar)).flatten().filter(|f| f.len() <= max));
+        }
+        let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        if let Err(e) = self.docker.remove_container(&probe, Some(opts)).await {
+            tracing::warn!("could not remove the container {probe} made to read {image}'s files: {e}");
+        }
+        let mut cache = self.image_files.lock().unwrap();
+        if cache.len() >= 64 {
+            cache.clear();
+        }
+        cache.insert(key, out.clone());
+        Ok(out)
     }
 
     async fn start(&self, id: &str) -> Result<(), ExecError> {
@@ -626,6 +698,29 @@ mod tests {
             binding: GpuBinding::EnvOnly,
             container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
         })
+    }
+
+    #[test]
+    fn the_first_plain_file_of_a_tar_stream() {
+        fn header(name: &str, typ: u8, size: usize) -> Vec<u8> {
+            let mut h = vec![0u8; 512];
+            h[..name.len()].copy_from_slice(name.as_bytes());
+            h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+            h[156] = typ;
+            h
+        }
+        let body = b"root:x:0:0::/root:/bin/sh\n";
+        let mut tar = header("passwd", b'0', body.len());
+        tar.extend_from_slice(body);
+        tar.resize(1024 + 1024, 0);
+        assert_eq!(first_plain_file(&tar).as_deref(), Some(&body[..]));
+        let mut pax = header("PaxHeaders/passwd", b'x', 20);
+        pax.extend_from_slice(&[b'p'; 20]);
+        pax.resize(1024, 0);
+        pax.extend_from_slice(&tar);
+        assert_eq!(first_plain_file(&pax).as_deref(), Some(&body[..]), "an extended header first");
+        assert_eq!(first_plain_file(&header("passwd", b'2', 0)), None, "a symlink is not read");
+        assert_eq!(first_plain_file(&tar[..600]), None, "a cut archive");
     }
 
     #[test]
