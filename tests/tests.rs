@@ -2,6 +2,7 @@
 //! engine and a locally built busybox image. Each test runs its own engine, so they run in parallel.
 
 mod dl_defaults;
+mod cpus;
 mod docker_access;
 mod engine_lock;
 mod faults;

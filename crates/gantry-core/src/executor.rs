@@ -31,6 +31,8 @@ pub const LABEL_DB: &str = "dev.gantry.db";
 pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 /// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
 pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
+/// The CPUs the container is pinned to (a cpulist), so every engine on the machine pins around them.
+pub const LABEL_CPUS: &str = "dev.gantry.cpus";
 /// A container made only to read an image's files, never started.
 pub const LABEL_PROBE: &str = "dev.gantry.probe";
 
@@ -280,6 +282,10 @@ pub trait Executor: Send + Sync + 'static {
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
     /// errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// The CPUs Gantry's containers (of any engine) that are created or running are pinned to.
+    async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
+        Ok(vec![])
+    }
     /// Plain files of `image` (`/etc/passwd`, `/etc/group`), each `None` where the image has none, it
     /// is not a plain file, or it is over `max` bytes. Read from a container made for it and removed at
     /// once, never started (nothing of the image runs); cached per image id.
@@ -435,6 +441,10 @@ impl Executor for DockerExecutor {
             (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
             (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
+        let mut labels = labels;
+        if let Some(c) = &l.container.cpuset {
+            labels.insert(LABEL_CPUS.to_string(), c.clone());
+        }
         // `Mounts`, not `Binds`: Docker refuses a missing source instead of creating it as root. The source
         // is what the owner's check opened, pinned by a root engine under its state dir (`staging`), so no
         // swap after the check can redirect it; a non-root engine passes the resolved path (Docker 20.10's
@@ -479,6 +489,16 @@ impl Executor for DockerExecutor {
         };
         let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
         Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+    }
+
+    async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
+        let filters = HashMap::from([
+            ("label".to_string(), vec![LABEL_CPUS.to_string()]),
+            ("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string(), "paused".to_string()]),
+        ]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list.iter().filter_map(|c| c.labels.as_ref()?.get(LABEL_CPUS)).flat_map(|l| crate::resources::parse_cpu_list(l)).collect())
     }
 
     async fn image_files(&self, image: &str, paths: &[&str], max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {

@@ -116,6 +116,23 @@ pub trait GpuBackend: Send {
     fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError>;
     /// Tell the backend what Gantry runs (only the simulated backend uses it).
     fn set_load(&mut self, _load: &[SimLoad]) {}
+    /// The NUMA node of each GPU (by index) that the machine says it is attached to; simulated GPUs
+    /// have none.
+    fn numa_nodes(&mut self) -> Vec<(u32, u32)> {
+        vec![]
+    }
+}
+
+/// The NUMA node of a PCI device from sysfs, by NVML's bus id (`00000000:3B:00.0`); `None` where the
+/// machine does not say (`-1`, one node).
+pub fn numa_node_of(bus_id: &str) -> Option<u32> {
+    let id = bus_id.trim().to_ascii_lowercase();
+    // NVML pads the PCI domain to 8 digits, sysfs to 4.
+    let id = if id.len() == 16 && id.starts_with("0000") { id[4..].to_string() } else { id };
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 /// Simulated GPUs: `sim:4x24GiB`, or a mixed machine `sim:2xA100-40GiB+2xH100-80GiB`.
@@ -339,6 +356,20 @@ impl GpuBackend for NvmlBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Nvml
     }
+    /// From each physical GPU's PCI bus id; MIG instances are on their GPU's node.
+    fn numa_nodes(&mut self) -> Vec<(u32, u32)> {
+        let node_of = |i: u32| self.nvml.device_by_index(i).ok()?.pci_info().ok().and_then(|p| numa_node_of(&p.bus_id));
+        let physical: Vec<(u32, Option<u32>)> = (0..self.nvml.device_count().unwrap_or(0)).map(|i| (i, node_of(i))).collect();
+        let Ok(samples) = self.sample() else { return vec![] };
+        samples
+            .iter()
+            .filter_map(|g| {
+                let i = g.mig_parent.as_ref().map_or(g.index, |p| p.index);
+                let node = physical.iter().find(|p| p.0 == i)?.1?;
+                Some((g.index, node))
+            })
+            .collect()
+    }
     /// Physical GPUs keep their NVML index; a GPU in MIG mode is replaced by its MIG instances,
     /// numbered after the physical GPUs (so `gpus = [0, 1]` in the lab config and `--gpus device=1`
     /// still mean what `nvidia-smi` shows).
@@ -509,6 +540,18 @@ mod tests {
         let procs: Vec<(Option<&str>, Option<u64>)> = s[0].processes.iter().map(|p| (p.container_id.as_deref(), p.used_memory)).collect();
         assert_eq!(procs, vec![(Some(c('a').as_str()), Some(8 << 30)), (Some(c('b').as_str()), Some(8 << 30))]);
         assert_eq!((s[1].memory_used, s[1].processes[0].used_memory), ((24u64 << 30) * 7 / 10, Some((24u64 << 30) * 7 / 10)));
+    }
+
+    #[test]
+    fn numa_nodes_of_devices_that_are_not_there_are_unknown() {
+        assert_eq!(numa_node_of("00000000:FF:1F.7"), None);
+        assert_eq!(numa_node_of("../../../etc/passwd"), None);
+        assert!(SimulatedBackend::new(2, 1 << 30).numa_nodes().is_empty(), "simulated GPUs have no NUMA node");
+        // A device this machine has (the host bridge), as NVML would name it.
+        if std::path::Path::new("/sys/bus/pci/devices/0000:00:00.0/numa_node").exists() {
+            let raw: i64 = std::fs::read_to_string("/sys/bus/pci/devices/0000:00:00.0/numa_node").unwrap().trim().parse().unwrap();
+            assert_eq!(numa_node_of("00000000:00:00.0"), u32::try_from(raw).ok());
+        }
     }
 
     #[test]

@@ -168,6 +168,87 @@ impl Machine {
     }
 }
 
+/// The CPUs jobs may be pinned to, and the machine's NUMA nodes, read once when the engine starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// The engine's own CPUs (`Cpus_allowed_list`): what its containers may be pinned to.
+    pub cpus: Vec<u32>,
+    /// Each NUMA node's CPUs (`/sys/devices/system/node/node<N>/cpulist`).
+    pub nodes: Vec<(u32, Vec<u32>)>,
+}
+
+impl Topology {
+    pub fn read() -> Topology {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(parse_cpu_list).unwrap_or_default();
+        let mut nodes = vec![];
+        if let Ok(rd) = std::fs::read_dir("/sys/devices/system/node") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else { continue };
+                let list = std::fs::read_to_string(e.path().join("cpulist")).unwrap_or_default();
+                nodes.push((n, parse_cpu_list(&list)));
+            }
+        }
+        nodes.sort();
+        Topology { cpus, nodes }
+    }
+
+    /// The CPUs of these NUMA nodes.
+    pub fn cpus_of(&self, nodes: &[u32]) -> Vec<u32> {
+        self.nodes.iter().filter(|(n, _)| nodes.contains(n)).flat_map(|(_, c)| c.iter().copied()).collect()
+    }
+}
+
+/// `0-3,8,10-11` (Linux's cpulist, Docker's cpuset) -> the CPUs; what does not parse is left out.
+pub fn parse_cpu_list(s: &str) -> Vec<u32> {
+    let mut out = vec![];
+    for part in s.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
+            if a <= b && b - a < 65_536 {
+                out.extend(a..=b);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// CPUs as a cpulist, ranges joined: `[0, 1, 2, 3, 8]` -> `0-3,8`.
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut v = cpus.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts: Vec<String> = vec![];
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// `n` CPUs of `pool` none of which is `taken`, those in `near` first (the job's GPUs' NUMA node),
+/// lowest first; `None` when fewer than `n` are free. Pure: the engine decides under one lock, so two
+/// jobs are never pinned to the same CPU.
+pub fn pick_cpus(n: usize, pool: &[u32], taken: &std::collections::BTreeSet<u32>, near: &[u32]) -> Option<Vec<u32>> {
+    let mut free: Vec<u32> = pool.iter().copied().filter(|c| !taken.contains(c)).collect();
+    free.sort_by_key(|c| (!near.contains(c), *c));
+    free.dedup();
+    if n == 0 || free.len() < n {
+        return None;
+    }
+    let mut got: Vec<u32> = free[..n].to_vec();
+    got.sort_unstable();
+    Some(got)
+}
+
 /// `MemTotal:       24567890 kB` -> bytes.
 fn mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
@@ -360,6 +441,33 @@ mod tests {
         assert_eq!(mount.home_mount(&job("home: tmpfs\n"), Some("/home/alice")), None);
         assert_eq!(mount.home_mount(&job("mounts: ['/data:/home/alice']\n"), Some("/home/alice")), None, "a spec mount there wins");
         assert!(!c.settings(&job("mounts: ['/data:/home/alice']\n"), CpuRam::default(), &m, Some("/home/alice")).home_tmpfs);
+    }
+
+    #[test]
+    fn whole_cpu_shares_get_free_cpus_near_their_gpus_first() {
+        use std::collections::BTreeSet;
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list(" 1 , 1-2,x,5-4"), vec![1, 2]);
+        assert_eq!(cpu_list(&[8, 0, 1, 2, 3, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[5]), "5");
+        let pool: Vec<u32> = (0..16).collect();
+        let node1: Vec<u32> = (8..16).collect();
+        let none = BTreeSet::new();
+        assert_eq!(pick_cpus(4, &pool, &none, &node1), Some(vec![8, 9, 10, 11]), "the GPU's NUMA node first");
+        let taken: BTreeSet<u32> = (8..14).collect();
+        assert_eq!(pick_cpus(4, &pool, &taken, &node1), Some(vec![0, 1, 14, 15]), "then the other node, never a taken CPU");
+        assert_eq!(pick_cpus(2, &pool, &taken, &[]), Some(vec![0, 1]));
+        assert_eq!(pick_cpus(11, &pool, &taken, &node1), None, "10 free: not enough, never shared");
+        assert_eq!(pick_cpus(0, &pool, &none, &[]), None);
+        // Jobs pinned one after the other never share a CPU.
+        let mut held = BTreeSet::new();
+        for _ in 0..4 {
+            let got = pick_cpus(4, &pool, &held, &node1).unwrap();
+            assert!(got.iter().all(|c| held.insert(*c)), "{got:?} overlaps {held:?}");
+        }
+        assert_eq!(pick_cpus(1, &pool, &held, &node1), None);
+        let t = Topology::read();
+        assert!(!t.cpus.is_empty(), "{t:?}");
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub(crate) struct RunHandle {
     pub learn: Option<(crate::estimate::JobKey, i64)>,
     /// CPU and RAM it holds (its limits).
     pub needs: crate::scheduler::CpuRam,
+    /// The CPUs it is pinned to (a whole-CPU share), chosen at launch; none pinned by another job.
+    pub cpuset: Vec<u32>,
 }
 
 /// Figures the scheduler needs that change slowly.
@@ -138,6 +140,10 @@ pub struct Engine {
     backend_library: Option<String>,
     /// The machine's CPUs and RAM, read at start.
     machine: crate::resources::Machine,
+    /// The CPUs jobs may be pinned to and the NUMA nodes, read at start.
+    topology: crate::resources::Topology,
+    /// The NUMA node of each GPU (by index), where the machine says.
+    gpu_numa: HashMap<u32, u32>,
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
@@ -289,6 +295,8 @@ impl Engine {
             _ => info!("using NVML"),
         }
         let machine = crate::resources::Machine::read();
+        let topology = crate::resources::Topology::read();
+        let gpu_numa: HashMap<u32, u32> = gpu.numa_nodes().into_iter().collect();
         let cap = machine.for_jobs(&cfg.policy().containers);
         info!(
             "CPU and RAM for jobs: {} CPUs, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
@@ -321,6 +329,8 @@ impl Engine {
             backend_note: note,
             backend_library: library,
             machine,
+            topology,
+            gpu_numa,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),

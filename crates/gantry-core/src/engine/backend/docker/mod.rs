@@ -200,6 +200,18 @@ impl Backend for DockerBackend {
                 log_file_size: Some(policy.log_cap / 2),
                 ..policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref())
             };
+            // A whole-CPU share: pinned CPUs (near its GPUs), so the job sees as many as it may use.
+            if container.nano_cpus.is_some() {
+                let elsewhere = self.exec.pinned_cpus().await?;
+                match e.pin_cpus(job.id, placed.needs.cpus_milli, &attempt.gpus, &elsewhere) {
+                    Ok(Some(cpus)) => container.cpuset = Some(crate::resources::cpu_list(&cpus)),
+                    Ok(None) => {}
+                    Err(why) => {
+                        append_log(&log, &why);
+                        info!(job = job.id, "{why}");
+                    }
+                }
+            }
             // The owner by name inside the container (whoami, getpass.getuser()).
             if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
                 mounts.extend(files);
