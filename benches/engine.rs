@@ -7,6 +7,8 @@
 //! 3. history query (filter + sort + one page + count) with 100,000 completed runs: mixed, then the p95
 //!    of each filter the UI offers over every sort and pages from the first to the last.
 //! 4. engine idle with 8 simulated GPUs sampled at 1 Hz: CPU and resident memory.
+//! 5. a job writing 40 MB without a newline: the engine's CPU time and peak memory while it copies
+//!    the output (lines are cut at 64 KiB in one pass; this was quadratic and unbounded).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,6 +62,13 @@ fn main() {
         let (cpu, rss) = idle(if quick { 10 } else { 30 });
         rows.push(("engine idle, 8 simulated GPUs at 1 Hz: CPU".into(), format!("{cpu:.2}% of one core"), "goal <= 1%".into()));
         rows.push(("engine idle: resident memory".into(), format!("{rss:.1} MB"), "goal <= 40 MB".into()));
+    }
+
+    // 5. One endless line.
+    if run("longline") {
+        let (cpu, peak, base) = rt.block_on(long_line(40_000_000));
+        rows.push(("a 40 MB line without newline: engine CPU time while it is copied".into(), format!("{cpu:.2} s"), "linear in the output".into()));
+        rows.push(("a 40 MB line without newline: engine peak memory".into(), format!("{peak:.1} MB"), format!("{base:.1} MB before the job")));
     }
 
     let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
@@ -315,6 +324,43 @@ fn rss_mb(pid: u32) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: f64 = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     kb / 1024.0
+}
+
+fn peak_rss_mb(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb / 1024.0
+}
+
+/// A job printing `bytes` without a newline, from its drop to its end: the engine's CPU seconds, its
+/// peak resident memory (MB) and that peak before the job.
+async fn long_line(bytes: u64) -> (f64, f64, f64) {
+    let d = Daemon::start("sim:2x24GiB", |_| {});
+    let client = d.client();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<JobState>();
+    tokio::spawn(async move {
+        let _ = client
+            .events(|ev| {
+                if let EngineEvent::Job { state, .. } = ev {
+                    let _ = tx.send(state);
+                }
+                true
+            })
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = d.child.id();
+    let (t0, base) = (proc_cpu_ticks(pid), peak_rss_mb(pid));
+    let staging = d.state.join("long.yaml");
+    std::fs::write(&staging, format!("image: {IMAGE}\ngpus: 0\ncommand: \"busybox head -c {bytes} /dev/zero | busybox tr '\\\\0' x\"\n")).unwrap();
+    std::fs::rename(&staging, d.state.join("inbox/long.yaml")).unwrap();
+    while let Some(state) = rx.recv().await {
+        if state.is_final() {
+            break;
+        }
+    }
+    let cpu = (proc_cpu_ticks(pid) - t0) as f64 / 100.0; // USER_HZ
+    (cpu, peak_rss_mb(pid), base)
 }
 
 fn idle(secs: u64) -> (f64, f64) {

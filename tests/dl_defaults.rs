@@ -10,20 +10,20 @@ use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
 
-fn docker_inspect(cid: &str) -> Value {
+pub(crate) fn docker_inspect(cid: &str) -> Value {
     let out = Command::new("docker").args(["inspect", cid]).output().unwrap();
     assert!(out.status.success(), "docker inspect {cid}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice::<Value>(&out.stdout).unwrap()[0].clone()
 }
 
 /// The container of a running job.
-fn container_of(e: &Engine, id: i64) -> String {
+pub(crate) fn container_of(e: &Engine, id: i64) -> String {
     let d = e.wait_state(id, "running");
     d["attempts"].as_array().unwrap().last().unwrap()["container_id"].as_str().expect("a running job has a container").to_string()
 }
 
 /// Submit `yaml` as `u` from a file in their home: the job id, or the error text.
-fn submit_as(e: &Engine, u: &User, yaml: &str) -> Result<i64, String> {
+pub(crate) fn submit_as(e: &Engine, u: &User, yaml: &str) -> Result<i64, String> {
     let dir = u.private_dir("dl");
     let f = u.write(&dir.join("train.yaml"), yaml);
     let out = e.gantry_user(u, &["--json", "submit", f.to_str().unwrap()]);

@@ -144,7 +144,8 @@ fn own_folders_mount_read_write_as_the_owner_and_symlinks_mount_their_target() {
     e.wait_state(id, "running");
     let ps = Command::new("docker").args(["ps", "-q", "--filter", &format!("label=dev.gantry.engine={}", e.engine_id)]).args(["--filter", &format!("label=dev.gantry.job={id}")]).output().unwrap();
     let cid = String::from_utf8_lossy(&ps.stdout).trim().to_string();
-    let mounts = Command::new("docker").args(["inspect", "--format", "{{range .Mounts}}{{.Type}} {{.Source}} {{.RW}};{{end}}", &cid]).output().unwrap();
+    // The job's own mount (the container also gets its owner's /etc/passwd and /etc/group).
+    let mounts = Command::new("docker").args(["inspect", "--format", "{{range .Mounts}}{{if eq .Destination \"/d\"}}{{.Type}} {{.Source}} {{.RW}};{{end}}{{end}}", &cid]).output().unwrap();
     let mounts = String::from_utf8_lossy(&mounts.stdout).trim().to_string();
     let source = mounts.strip_prefix("bind ").and_then(|m| m.strip_suffix(" false;")).unwrap_or_else(|| panic!("{mounts}"));
     assert!(Path::new(source).starts_with(e.state.join("mnt")), "{mounts}");

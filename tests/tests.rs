@@ -2,12 +2,16 @@
 //! engine and a locally built busybox image. Each test runs its own engine, so they run in parallel.
 
 mod dl_defaults;
+mod cpus;
 mod docker_access;
 mod engine_lock;
 mod exactly_once;
 mod faults;
 mod gpu_select;
 mod helpers;
+mod identity;
+mod job_output;
+mod limits;
 mod policy;
 mod remote;
 mod nvml;
@@ -19,6 +23,7 @@ mod security_mounts;
 mod security_mounts_race;
 mod security_redteam;
 mod security_state;
+mod sim_gpus;
 mod slurm;
 mod system_engine;
 mod user_inboxes;

@@ -115,6 +115,7 @@ impl RunArgs {
             ipc: None,
             home: None,
             ulimits: None,
+            pids_limit: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

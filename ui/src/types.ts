@@ -220,7 +220,13 @@ home?: Home | null,
 /**
  * Resource limits. Default: `memlock: unlimited`, `stack: 64MiB` (NVIDIA's advice for PyTorch/NCCL).
  */
-ulimits?: Ulimits | null, };
+ulimits?: Ulimits | null, 
+/**
+ * The most processes and threads the job may have at once, e.g. `512` (a runaway fork stops
+ * there). Default, and the most a job may ask for: the lab's `pids_limit` (4096 unless the lab
+ * config says otherwise).
+ */
+pids_limit?: number | null, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */
@@ -232,7 +238,11 @@ cpus_milli: number | null, memory: number | null, shm_size: number | null,
 /**
  * Bytes; -1 is unlimited (Docker's and the kernel's convention).
  */
-memlock: number | null, stack: number | null, };
+memlock: number | null, stack: number | null, 
+/**
+ * Processes and threads at once.
+ */
+pids_limit: number | null, };
 /**
  * One job of a `matrix` expansion.
  */

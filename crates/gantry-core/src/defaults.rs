@@ -8,6 +8,24 @@ use std::time::Duration;
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
+/// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB
+/// without a newline) is left out with a note, so the engine's memory per job stays bounded.
+pub const LINE_MAX: usize = 64 << 10;
+/// A progress bar's current state (the last `\r` segment of a line not ended yet) is written to the
+/// job's log at most this often, so `logs -f` and the app show it while it runs...
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// ... and, once a job's progress states have taken 1/16 of its log cap, only this often (a
+/// week-long bar must not crowd the job's real output out of its log).
+pub const PROGRESS_SLOW: Duration = Duration::from_secs(60);
+/// The first this many bytes of a progress state are shown (progress bars are one short line).
+pub const PROGRESS_MAX: usize = 1 << 10;
+/// Docker keeps a container's own log (json-file) in this many files of `log cap / 2` each: twice
+/// Gantry's cap in all, room for the cap's worth of output plus json-file's per-line overhead, so an
+/// engine that was away still finds what it would have kept, and Docker's disk never holds more.
+pub const DOCKER_LOG_FILES: u64 = 4;
+/// Processes (threads count) a job may have, unless the lab sets `[containers] pids_limit`: far above
+/// what a training with many DataLoader workers uses, far below what takes a machine down.
+pub const PIDS_LIMIT: i64 = 4096;
 /// First retry delay; doubles per attempt, capped at [`RETRY_BACKOFF_MAX`].
 pub const RETRY_BACKOFF: Duration = Duration::from_secs(10);
 /// A failing job retries at most every 10 minutes, so it cannot churn through containers.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountType, ResourcesUlimits};
 use bollard::query_parameters as qp;
 use bollard::Docker;
 use bytes::Bytes;
@@ -33,6 +33,10 @@ pub const LABEL_DB: &str = "dev.gantry.db";
 pub const LABEL_GPUS: &str = "dev.gantry.gpus";
 /// GPU UUIDs the container holds: machine-wide names, so other engines treat them as busy.
 pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
+/// The CPUs the container is pinned to (a cpulist), so every engine on the machine pins around them.
+pub const LABEL_CPUS: &str = "dev.gantry.cpus";
+/// A container made only to read an image's files, never started.
+pub const LABEL_PROBE: &str = "dev.gantry.probe";
 
 /// How long a placement waits for another engine's simultaneous placement to give way before giving
 /// way itself: removing a container takes well under a second.
@@ -195,6 +199,22 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         set("NVIDIA_VISIBLE_DEVICES", l.gpu_uuids.join(","));
         set("CUDA_VISIBLE_DEVICES", (0..l.gpu_uuids.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
     }
+    // Who the job runs as, by name (its passwd entry is in the container too), unless the spec says.
+    if let Some(u) = l.container.user.as_ref() {
+        for k in ["USER", "LOGNAME"] {
+            if !l.job.spec.env.contains_key(k) {
+                set(k, u.clone());
+            }
+        }
+    }
+    // Frameworks size their thread pools by the CPUs they see: tell them the job's share.
+    if let Some(n) = l.container.threads {
+        for k in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
+            if !l.job.spec.env.contains_key(k) {
+                set(k, n.to_string());
+            }
+        }
+    }
     if let (Some(m), Some(total)) = (l.job.gpu_memory, l.gpu_total_memory) {
         let frac = (m as f64 / total as f64).clamp(0.01, 1.0);
         let f = format!("{frac:.3}");
@@ -265,20 +285,67 @@ pub trait Executor: Send + Sync + 'static {
     /// them at the same moment and wins the tie (see the Docker implementation); the caller then
     /// removes its own and tries again later.
     async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
-    /// Output as lines, each prefixed with its RFC 3339 timestamp, from `since_s` (Unix seconds); with
-    /// `follow`, until the container ends. The stream ends or errors when Docker goes away.
-    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>>;
+    /// Stored output from `since_s` (Unix seconds), one [`Frame`] per message of Docker's log: its RFC
+    /// 3339 timestamp, a space, and a line with its `\n`, or without one where Docker cut a long line
+    /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
+    /// errors when Docker goes away.
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// The CPUs Gantry's containers (of any engine) that are created or running are pinned to.
+    async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
+        Ok(vec![])
+    }
+    /// Plain files of `image` (`/etc/passwd`, `/etc/group`), each `None` where the image has none, it
+    /// is not a plain file, or it is over `max` bytes. Read from a container made for it and removed at
+    /// once, never started (nothing of the image runs); cached per image id.
+    async fn image_files(&self, _image: &str, paths: &[&str], _max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
+        Ok(vec![None; paths.len()])
+    }
+    /// Output as it is written from now on, without timestamps (Docker's log holds a line without
+    /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
+    fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+        futures_util::stream::empty().boxed()
+    }
 }
 
-/// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), shm, ulimits, IPC and
-/// HOME's tmpfs.
+/// A piece of a container's output: one message of Docker's log ([`Executor::logs`]), or what one
+/// write carried ([`Executor::attach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub stderr: bool,
+    pub data: Bytes,
+}
+
+impl Frame {
+    pub fn stdout(data: impl Into<Bytes>) -> Frame {
+        Frame { stderr: false, data: data.into() }
+    }
+
+    fn of(o: bollard::container::LogOutput) -> Frame {
+        use bollard::container::LogOutput;
+        match o {
+            LogOutput::StdErr { message } => Frame { stderr: true, data: message },
+            LogOutput::StdOut { message } | LogOutput::Console { message } | LogOutput::StdIn { message } => Frame { stderr: false, data: message },
+        }
+    }
+}
+
+/// The HostConfig part of [`ContainerSettings`]: CPU/RAM limits (no swap on top), pinned CPUs, shm,
+/// ulimits, the process limit, IPC, HOME's tmpfs and Docker's own bounded log.
 fn container_host_config(l: &Launch) -> HostConfig {
     let c = &l.container;
     let ulimit = |name: &str, v: Option<i64>| v.map(|v| ResourcesUlimits { name: Some(name.into()), soft: Some(v), hard: Some(v) });
     let ulimits: Vec<ResourcesUlimits> = [ulimit("memlock", c.memlock), ulimit("stack", c.stack)].into_iter().flatten().collect();
     let tmpfs = c.home.as_ref().filter(|_| c.home_tmpfs).map(|h| HashMap::from([(h.clone(), format!("rw,nosuid,nodev,mode=0700,uid={},gid={}", l.uid, l.gid))]));
+    let log_config = c.log_file_size.map(|size| HostConfigLogConfig {
+        typ: Some("json-file".into()),
+        config: Some(HashMap::from([("max-size".to_string(), size.to_string()), ("max-file".to_string(), crate::defaults::DOCKER_LOG_FILES.to_string())])),
+    });
     HostConfig {
+        // With pinned CPUs the quota equals their number, so it never throttles the job.
         nano_cpus: c.nano_cpus,
+        cpuset_cpus: c.cpuset.clone(),
+        pids_limit: c.pids_limit,
+        log_config,
         memory: c.memory,
         memory_swap: c.memory,
         shm_size: c.shm_size,
@@ -289,11 +356,33 @@ fn container_host_config(l: &Launch) -> HostConfig {
     }
 }
 
+/// Files read from images, by image id and paths (images do not change; a few dozen are in use).
+type ImageFiles = std::sync::Arc<std::sync::Mutex<HashMap<(String, Vec<String>), Vec<Option<Vec<u8>>>>>>;
+
 #[derive(Clone)]
 pub struct DockerExecutor {
     docker: Docker,
     /// Container id -> its GPUs (a container's configuration never changes): one inspect per container.
     inspected: std::sync::Arc<std::sync::Mutex<HashMap<String, Option<GpuSet>>>>,
+    image_files: ImageFiles,
+}
+
+/// The first plain file in a tar stream (as Docker's archive API sends one path), skipping extended
+/// headers; `None` for anything else (a link, a directory) or a broken archive.
+fn first_plain_file(tar: &[u8]) -> Option<Vec<u8>> {
+    let mut at = 0;
+    for _ in 0..4 {
+        let h = tar.get(at..at + 512)?;
+        let size_field = std::str::from_utf8(&h[124..136]).ok()?.trim_matches(|c: char| c == '\0' || c == ' ');
+        let size = usize::from_str_radix(size_field, 8).ok()?;
+        let data = at + 512;
+        match h[156] {
+            b'0' | 0 => return tar.get(data..data + size).map(<[u8]>::to_vec),
+            b'x' | b'g' => at = data + size.div_ceil(512) * 512,
+            _ => return None,
+        }
+    }
+    None
 }
 
 impl DockerExecutor {
@@ -317,7 +406,7 @@ impl DockerExecutor {
 
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker, inspected: Default::default() })
+        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default() })
     }
 }
 
@@ -360,6 +449,10 @@ impl Executor for DockerExecutor {
             (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
             (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
+        let mut labels = labels;
+        if let Some(c) = &l.container.cpuset {
+            labels.insert(LABEL_CPUS.to_string(), c.clone());
+        }
         // `Mounts`, not `Binds`: Docker refuses a missing source instead of creating it as root. The source
         // is what the owner's check opened, pinned by a root engine under its state dir (`staging`), so no
         // swap after the check can redirect it; a non-root engine passes the resolved path (Docker 20.10's
@@ -404,6 +497,58 @@ impl Executor for DockerExecutor {
         };
         let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
         Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+    }
+
+    async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
+        let filters = HashMap::from([
+            ("label".to_string(), vec![LABEL_CPUS.to_string()]),
+            ("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string(), "paused".to_string()]),
+        ]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list.iter().filter_map(|c| c.labels.as_ref()?.get(LABEL_CPUS)).flat_map(|l| crate::resources::parse_cpu_list(l)).collect())
+    }
+
+    async fn image_files(&self, image: &str, paths: &[&str], max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
+        let id = self.docker.inspect_image(image).await.map_err(classify)?.id.unwrap_or_else(|| image.to_string());
+        let key = (id, paths.iter().map(|p| p.to_string()).collect::<Vec<_>>());
+        if let Some(hit) = self.image_files.lock().unwrap().get(&key) {
+            return Ok(hit.clone());
+        }
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd: Some(vec!["true".into()]),
+            network_disabled: Some(true),
+            labels: Some(HashMap::from([(LABEL_PROBE.to_string(), "1".to_string())])),
+            ..Default::default()
+        };
+        let probe = self.docker.create_container(None::<qp::CreateContainerOptions>, body).await.map_err(classify)?.id;
+        let mut out = vec![];
+        for p in paths {
+            let mut s = self.docker.download_from_container(&probe, Some(qp::DownloadFromContainerOptions { path: p.to_string() }));
+            let mut tar = vec![];
+            let mut ok = true;
+            while let Some(chunk) = s.next().await {
+                match chunk {
+                    Ok(c) if tar.len() + c.len() <= max + 4096 => tar.extend_from_slice(&c),
+                    _ => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            out.push(ok.then(|| first_plain_file(&tar)).flatten().filter(|f| f.len() <= max));
+        }
+        let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        if let Err(e) = self.docker.remove_container(&probe, Some(opts)).await {
+            tracing::warn!("could not remove the container {probe} made to read {image}'s files: {e}");
+        }
+        let mut cache = self.image_files.lock().unwrap();
+        if cache.len() >= 64 {
+            cache.clear();
+        }
+        cache.insert(key, out.clone());
+        Ok(out)
     }
 
     async fn start(&self, id: &str) -> Result<(), ExecError> {
@@ -536,9 +681,28 @@ impl Executor for DockerExecutor {
         }
     }
 
-    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
+    fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>> {
         let opts = qp::LogsOptions { follow, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
-        self.docker.logs(id, Some(opts)).map(|r| r.map(|c| c.into_bytes()).map_err(classify)).boxed()
+        self.docker.logs(id, Some(opts)).map(|r| r.map(Frame::of).map_err(classify)).boxed()
+    }
+
+    fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+        let (docker, id) = (self.docker.clone(), id.to_string());
+        let opts = qp::AttachContainerOptions { stream: true, stdout: true, stderr: true, ..Default::default() };
+        futures_util::stream::once(async move { docker.attach_container(&id, Some(opts)).await })
+            .flat_map(|r| match r {
+                // The input half is kept with the output: dropping it could end the attachment.
+                Ok(a) => {
+                    let input = a.input;
+                    a.output.map(move |o| {
+                        let _ = &input;
+                        o.map(Frame::of).map_err(classify)
+                    })
+                    .boxed()
+                }
+                Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
+            })
+            .boxed()
     }
 }
 
@@ -566,6 +730,29 @@ mod tests {
             binding: GpuBinding::EnvOnly,
             container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
         })
+    }
+
+    #[test]
+    fn the_first_plain_file_of_a_tar_stream() {
+        fn header(name: &str, typ: u8, size: usize) -> Vec<u8> {
+            let mut h = vec![0u8; 512];
+            h[..name.len()].copy_from_slice(name.as_bytes());
+            h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+            h[156] = typ;
+            h
+        }
+        let body = b"root:x:0:0::/root:/bin/sh\n";
+        let mut tar = header("passwd", b'0', body.len());
+        tar.extend_from_slice(body);
+        tar.resize(1024 + 1024, 0);
+        assert_eq!(first_plain_file(&tar).as_deref(), Some(&body[..]));
+        let mut pax = header("PaxHeaders/passwd", b'x', 20);
+        pax.extend_from_slice(&[b'p'; 20]);
+        pax.resize(1024, 0);
+        pax.extend_from_slice(&tar);
+        assert_eq!(first_plain_file(&pax).as_deref(), Some(&body[..]), "an extended header first");
+        assert_eq!(first_plain_file(&header("passwd", b'2', 0)), None, "a symlink is not read");
+        assert_eq!(first_plain_file(&tar[..600]), None, "a cut archive");
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct SimLoad {
     pub exclusive: bool,
     pub shared_declared: u64,
     pub shared_jobs: u32,
+    /// The containers of Gantry's jobs on it, each with its declared memory (`None`: the whole GPU).
+    /// They are reported as the GPU's processes, as NVML reports a real job's, so their memory is
+    /// known to be Gantry's (not used outside Gantry).
+    pub containers: Vec<(String, Option<u64>)>,
 }
 
 pub trait GpuBackend: Send {
@@ -30,6 +34,23 @@ pub trait GpuBackend: Send {
     fn sample(&mut self) -> Result<Vec<GpuSample>, GpuError>;
     /// Tell the backend what Gantry runs (only the simulated backend uses it).
     fn set_load(&mut self, _load: &[SimLoad]) {}
+    /// The NUMA node of each GPU (by index) that the machine says it is attached to; simulated GPUs
+    /// have none.
+    fn numa_nodes(&mut self) -> Vec<(u32, u32)> {
+        vec![]
+    }
+}
+
+/// The NUMA node of a PCI device from sysfs, by NVML's bus id (`00000000:3B:00.0`); `None` where the
+/// machine does not say (`-1`, one node).
+pub fn numa_node_of(bus_id: &str) -> Option<u32> {
+    let id = bus_id.trim().to_ascii_lowercase();
+    // NVML pads the PCI domain to 8 digits, sysfs to 4.
+    let id = if id.len() == 16 && id.starts_with("0000") { id[4..].to_string() } else { id };
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 /// Simulated GPUs: `sim:4x24GiB`, or a mixed machine `sim:2xA100-40GiB+2xH100-80GiB`.
@@ -107,13 +128,20 @@ impl GpuBackend for SimulatedBackend {
                 let l = self.load.iter().find(|l| l.index == i as u32).cloned().unwrap_or_default();
                 // Deterministic wobble so charts look alive without randomness.
                 let wobble = ((self.tick * 7 + i as u64 * 13) % 11) as u32;
-                let (util, used) = if l.exclusive {
-                    (88 + wobble, total * 7 / 10)
+                let util = if l.exclusive {
+                    88 + wobble
                 } else if l.shared_jobs > 0 {
-                    ((35 * l.shared_jobs + wobble).min(100), l.shared_declared.min(*total))
+                    (35 * l.shared_jobs + wobble).min(100)
                 } else {
-                    (0, 0)
+                    0
                 };
+                // A job with a whole GPU uses most of it; a shared one what it declared.
+                let processes: Vec<GpuProcess> = l
+                    .containers
+                    .iter()
+                    .map(|(cid, declared)| GpuProcess { pid: 0, used_memory: Some(declared.unwrap_or(total * 7 / 10)), container_id: Some(cid.clone()), uid: None, command: None })
+                    .collect();
+                let used = processes.iter().filter_map(|p| p.used_memory).sum::<u64>().min(*total);
                 GpuSample {
                     index: i as u32,
                     uuid: uuid.clone(),
@@ -123,7 +151,7 @@ impl GpuBackend for SimulatedBackend {
                     utilization: util.min(100),
                     temperature_c: Some(35 + util / 2),
                     power_w: Some(60.0 + util as f64 * 2.5),
-                    processes: vec![],
+                    processes,
                     mig_parent: None,
                     links: vec![],
                 }
@@ -245,6 +273,20 @@ fn link_between(a: &nvml_wrapper::Device, b: nvml_wrapper::Device) -> Option<Lin
 impl GpuBackend for NvmlBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Nvml
+    }
+    /// From each physical GPU's PCI bus id; MIG instances are on their GPU's node.
+    fn numa_nodes(&mut self) -> Vec<(u32, u32)> {
+        let node_of = |i: u32| self.nvml.device_by_index(i).ok()?.pci_info().ok().and_then(|p| numa_node_of(&p.bus_id));
+        let physical: Vec<(u32, Option<u32>)> = (0..self.nvml.device_count().unwrap_or(0)).map(|i| (i, node_of(i))).collect();
+        let Ok(samples) = self.sample() else { return vec![] };
+        samples
+            .iter()
+            .filter_map(|g| {
+                let i = g.mig_parent.as_ref().map_or(g.index, |p| p.index);
+                let node = physical.iter().find(|p| p.0 == i)?.1?;
+                Some((g.index, node))
+            })
+            .collect()
     }
     /// Physical GPUs keep their NVML index; a GPU in MIG mode is replaced by its MIG instances,
     /// numbered after the physical GPUs (so `gpus = [0, 1]` in the lab config and `--gpus device=1`
@@ -405,6 +447,29 @@ mod tests {
         let s = b.sample().unwrap();
         assert_eq!(s[0].utilization, 0);
         assert!(s[1].utilization >= 88);
+        // Gantry's jobs are the GPU's processes, in their containers, with their memory.
+        let c = |n: char| n.to_string().repeat(64);
+        b.set_load(&[
+            SimLoad { index: 0, shared_jobs: 2, shared_declared: 16 << 30, containers: vec![(c('a'), Some(8 << 30)), (c('b'), Some(8 << 30))], ..Default::default() },
+            SimLoad { index: 1, exclusive: true, containers: vec![(c('c'), None)], ..Default::default() },
+        ]);
+        let s = b.sample().unwrap();
+        assert_eq!(s[0].memory_used, 16 << 30);
+        let procs: Vec<(Option<&str>, Option<u64>)> = s[0].processes.iter().map(|p| (p.container_id.as_deref(), p.used_memory)).collect();
+        assert_eq!(procs, vec![(Some(c('a').as_str()), Some(8 << 30)), (Some(c('b').as_str()), Some(8 << 30))]);
+        assert_eq!((s[1].memory_used, s[1].processes[0].used_memory), ((24u64 << 30) * 7 / 10, Some((24u64 << 30) * 7 / 10)));
+    }
+
+    #[test]
+    fn numa_nodes_of_devices_that_are_not_there_are_unknown() {
+        assert_eq!(numa_node_of("00000000:FF:1F.7"), None);
+        assert_eq!(numa_node_of("../../../etc/passwd"), None);
+        assert!(SimulatedBackend::new(2, 1 << 30).numa_nodes().is_empty(), "simulated GPUs have no NUMA node");
+        // A device this machine has (the host bridge), as NVML would name it.
+        if std::path::Path::new("/sys/bus/pci/devices/0000:00:00.0/numa_node").exists() {
+            let raw: i64 = std::fs::read_to_string("/sys/bus/pci/devices/0000:00:00.0/numa_node").unwrap().trim().parse().unwrap();
+            assert_eq!(numa_node_of("00000000:00:00.0"), u32::try_from(raw).ok());
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! - [`units`] / [`defaults`]: pure leaves: unit parsing/formatting; every tunable with its reason
 //! - [`spec`]: the job spec (YAML/TOML), validation and JSON Schema
 //! - [`access`]: host paths checked as the submitter (mounts)
-//! - [`staging`]: checked mounts pinned for Docker (root engine)
+//! - [`staging`]: checked mounts pinned for Docker (root engine), and the files the engine generates for a container
+//! - [`passwd`]: the job owner's `/etc/passwd` and `/etc/group` entries inside the container
 //! - [`store`]: the SQLite queue and run history
 //! - [`gpu`]: GPU inventory (NVML or simulated)
 //! - [`scheduler`]: the pure placement function
@@ -24,6 +25,7 @@ pub mod shell;
 pub mod spec;
 pub mod access;
 pub mod staging;
+pub mod passwd;
 pub mod store;
 pub mod gpu;
 pub mod scheduler;

@@ -45,6 +45,8 @@ pub struct Containers {
     pub cpu_only_memory: Amount,
     pub reserve_cpus_milli: u64,
     pub reserve_memory: u64,
+    /// Processes and threads per job; a spec may ask for fewer, never more.
+    pub pids_limit: i64,
 }
 
 impl Default for Containers {
@@ -61,6 +63,7 @@ impl Default for Containers {
             cpu_only_memory: Amount::Auto,
             reserve_cpus_milli: config::RESERVE_CPUS_MILLI,
             reserve_memory: config::RESERVE_MEMORY,
+            pids_limit: config::PIDS_LIMIT,
         }
     }
 }
@@ -81,6 +84,7 @@ impl Containers {
             ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
             ("containers.reserve_cpus", crate::units::format_cpus(self.reserve_cpus_milli)),
             ("containers.reserve_memory", format_bytes(self.reserve_memory)),
+            ("containers.pids_limit", self.pids_limit.to_string()),
         ]
     }
 
@@ -103,6 +107,18 @@ impl Containers {
         CpuRam {
             cpus_milli: pick(cpus_milli, self.cpus_per_gpu, self.cpu_only_cpus, cap.cpus_milli, 10),
             memory: pick(memory, self.memory_per_gpu, self.cpu_only_memory, cap.memory, crate::spec::MIN_MEMORY),
+        }
+    }
+
+    /// Refuse a `pids_limit` above the lab's (at submit; a job queued before the lab lowered its limit
+    /// gets the lab's).
+    pub fn check_pids(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        match job.limits.pids_limit {
+            Some(n) if n > self.pids_limit => Err(SpecError::new(
+                format!("`pids_limit` is {n}; this machine allows at most {} processes per job{}", self.pids_limit, set_in("containers.pids_limit")),
+                format!("ask for at most {}, or leave `pids_limit` out to get that", self.pids_limit),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -152,6 +168,87 @@ impl Machine {
     }
 }
 
+/// The CPUs jobs may be pinned to, and the machine's NUMA nodes, read once when the engine starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// The engine's own CPUs (`Cpus_allowed_list`): what its containers may be pinned to.
+    pub cpus: Vec<u32>,
+    /// Each NUMA node's CPUs (`/sys/devices/system/node/node<N>/cpulist`).
+    pub nodes: Vec<(u32, Vec<u32>)>,
+}
+
+impl Topology {
+    pub fn read() -> Topology {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(parse_cpu_list).unwrap_or_default();
+        let mut nodes = vec![];
+        if let Ok(rd) = std::fs::read_dir("/sys/devices/system/node") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else { continue };
+                let list = std::fs::read_to_string(e.path().join("cpulist")).unwrap_or_default();
+                nodes.push((n, parse_cpu_list(&list)));
+            }
+        }
+        nodes.sort();
+        Topology { cpus, nodes }
+    }
+
+    /// The CPUs of these NUMA nodes.
+    pub fn cpus_of(&self, nodes: &[u32]) -> Vec<u32> {
+        self.nodes.iter().filter(|(n, _)| nodes.contains(n)).flat_map(|(_, c)| c.iter().copied()).collect()
+    }
+}
+
+/// `0-3,8,10-11` (Linux's cpulist, Docker's cpuset) -> the CPUs; what does not parse is left out.
+pub fn parse_cpu_list(s: &str) -> Vec<u32> {
+    let mut out = vec![];
+    for part in s.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
+            if a <= b && b - a < 65_536 {
+                out.extend(a..=b);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// CPUs as a cpulist, ranges joined: `[0, 1, 2, 3, 8]` -> `0-3,8`.
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut v = cpus.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts: Vec<String> = vec![];
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// `n` CPUs of `pool` none of which is `taken`, those in `near` first (the job's GPUs' NUMA node),
+/// lowest first; `None` when fewer than `n` are free. Pure: the engine decides under one lock, so two
+/// jobs are never pinned to the same CPU.
+pub fn pick_cpus(n: usize, pool: &[u32], taken: &std::collections::BTreeSet<u32>, near: &[u32]) -> Option<Vec<u32>> {
+    let mut free: Vec<u32> = pool.iter().copied().filter(|c| !taken.contains(c)).collect();
+    free.sort_by_key(|c| (!near.contains(c), *c));
+    free.dedup();
+    if n == 0 || free.len() < n {
+        return None;
+    }
+    let mut got: Vec<u32> = free[..n].to_vec();
+    got.sort_unstable();
+    Some(got)
+}
+
 /// `MemTotal:       24567890 kB` -> bytes.
 fn mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
@@ -190,6 +287,17 @@ pub struct ContainerSettings {
     /// Mount an empty tmpfs owned by the job's user at `home` (else the owner's home is one of the
     /// job's checked mounts, or a spec mount is already there).
     pub home_tmpfs: bool,
+    /// Processes and threads at once (Docker's PidsLimit); `None`: Docker's own (none).
+    pub pids_limit: Option<i64>,
+    /// The CPUs the job is pinned to (Docker's cpuset, `0-3,8`), when its share is whole CPUs.
+    pub cpuset: Option<String>,
+    /// Threads a framework should use (`OMP_NUM_THREADS`, `MKL_NUM_THREADS` unless the spec sets them).
+    pub threads: Option<u32>,
+    /// Docker keeps the container's own log in [`config::DOCKER_LOG_FILES`] json-file files of this
+    /// many bytes each; `None`: the Docker daemon's own log settings.
+    pub log_file_size: Option<u64>,
+    /// The owner's name (`USER`, `LOGNAME`).
+    pub user: Option<String>,
 }
 
 /// Where a job's HOME goes when its owner's home cannot be used as the path (no passwd entry, `/`).
@@ -219,6 +327,11 @@ impl Containers {
             ipc_host: job.spec.ipc == Some(Ipc::Host),
             home_tmpfs: !taken && self.home_mode(job) == Home::Tmpfs,
             home: Some(home),
+            pids_limit: Some(job.limits.pids_limit.map_or(self.pids_limit, |n| n.min(self.pids_limit))),
+            threads: (needs.cpus_milli > 0).then(|| needs.cpus_milli.div_ceil(1000).max(1) as u32),
+            cpuset: None,
+            log_file_size: None,
+            user: None,
         }
     }
 
@@ -291,11 +404,27 @@ mod tests {
                 ipc_host: false,
                 home: Some("/home/alice".into()),
                 home_tmpfs: true,
+                pids_limit: Some(4096),
+                cpuset: None,
+                threads: Some(8),
+                log_file_size: None,
+                user: None,
             }
         );
+        // A spec may lower the lab's process limit; a lab that lowered it later wins.
+        assert_eq!(c.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(100));
+        let strict = Containers { pids_limit: 64, ..Containers::default() };
+        assert_eq!(strict.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(64));
+        let at = |k: &str| format!(" ({k})");
+        let e = strict.check_pids(&job("pids_limit: 100\n"), &at).unwrap_err();
+        assert_eq!(e.message, "`pids_limit` is 100; this machine allows at most 64 processes per job (containers.pids_limit)");
+        assert!(strict.check_pids(&job("pids_limit: 64\n"), &at).is_ok() && strict.check_pids(&job(""), &at).is_ok());
+        // Threads: the share rounded up (a half CPU still runs one thread); none without a limit.
+        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 1_500, memory: G }, &m, None).threads, Some(2));
+        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 300, memory: G }, &m, None).threads, Some(1));
         assert_eq!(c.home_mount(&job(""), Some("/home/alice")), None);
         let no_limit = c.settings(&job(""), CpuRam::default(), &m, None);
-        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size), (None, None, Some(8 << 30)));
+        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size, no_limit.threads), (None, None, Some(8 << 30), None));
         assert_eq!(no_limit.home.as_deref(), Some(FALLBACK_HOME));
         let own = c.settings(&job("shm_size: 1GiB\nulimits: {memlock: 1MiB, stack: 8MiB}\n"), CpuRam::default(), &m, Some("/root"));
         assert_eq!((own.shm_size, own.memlock, own.stack), (Some(1 << 30), Some(1 << 20), Some(8 << 20)));
@@ -312,6 +441,33 @@ mod tests {
         assert_eq!(mount.home_mount(&job("home: tmpfs\n"), Some("/home/alice")), None);
         assert_eq!(mount.home_mount(&job("mounts: ['/data:/home/alice']\n"), Some("/home/alice")), None, "a spec mount there wins");
         assert!(!c.settings(&job("mounts: ['/data:/home/alice']\n"), CpuRam::default(), &m, Some("/home/alice")).home_tmpfs);
+    }
+
+    #[test]
+    fn whole_cpu_shares_get_free_cpus_near_their_gpus_first() {
+        use std::collections::BTreeSet;
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list(" 1 , 1-2,x,5-4"), vec![1, 2]);
+        assert_eq!(cpu_list(&[8, 0, 1, 2, 3, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[5]), "5");
+        let pool: Vec<u32> = (0..16).collect();
+        let node1: Vec<u32> = (8..16).collect();
+        let none = BTreeSet::new();
+        assert_eq!(pick_cpus(4, &pool, &none, &node1), Some(vec![8, 9, 10, 11]), "the GPU's NUMA node first");
+        let taken: BTreeSet<u32> = (8..14).collect();
+        assert_eq!(pick_cpus(4, &pool, &taken, &node1), Some(vec![0, 1, 14, 15]), "then the other node, never a taken CPU");
+        assert_eq!(pick_cpus(2, &pool, &taken, &[]), Some(vec![0, 1]));
+        assert_eq!(pick_cpus(11, &pool, &taken, &node1), None, "10 free: not enough, never shared");
+        assert_eq!(pick_cpus(0, &pool, &none, &[]), None);
+        // Jobs pinned one after the other never share a CPU.
+        let mut held = BTreeSet::new();
+        for _ in 0..4 {
+            let got = pick_cpus(4, &pool, &held, &node1).unwrap();
+            assert!(got.iter().all(|c| held.insert(*c)), "{got:?} overlaps {held:?}");
+        }
+        assert_eq!(pick_cpus(1, &pool, &held, &node1), None);
+        let t = Topology::read();
+        assert!(!t.cpus.is_empty(), "{t:?}");
     }
 
     #[test]

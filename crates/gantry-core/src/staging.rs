@@ -15,6 +15,10 @@
 //!
 //! An engine that is not root cannot mount: it passes the resolved path on, and the race stays open
 //! there (such an engine only serves its own user, whose paths it could read anyway).
+//!
+//! Files the engine generates for a container (its `/etc/passwd` and `/etc/group`) live in the same
+//! place, `<state dir>/mnt/<container name>/<file>`: created by the engine (never through a link, never
+//! over an existing file) in directories only it can write, and released with the pinned mounts.
 
 use std::collections::HashSet;
 use std::os::fd::AsRawFd;
@@ -60,11 +64,12 @@ impl Staging {
 
     /// Pin each checked mount under `name` (the container's name) and return the mounts to hand Docker.
     /// On failure nothing stays mounted.
+    /// Whatever an earlier try under this name left is released first.
     pub fn stage(&self, name: &str, checked: Vec<CheckedMount>) -> Result<Vec<ResolvedMount>, StagingError> {
+        self.release(name)?; // leftovers of an earlier try under this name
         if !self.enabled || checked.is_empty() {
             return Ok(checked.into_iter().map(|c| c.mount).collect());
         }
-        self.release(name)?; // leftovers of an earlier try under this name
         let io = |at: &Path| {
             let at = at.to_path_buf();
             move |source| StagingError::Io { at, source }
@@ -82,6 +87,36 @@ impl Staging {
         staged
     }
 
+    /// Write `content` as `<root>/<name>/<file>` (0644: the job's user reads it through its mount) and
+    /// return its path, for Docker to mount read-only. The directories are created 0700 and must be
+    /// real directories of the engine's own; the file is created new, without following a link.
+    pub fn write_generated(&self, name: &str, file: &str, content: &[u8]) -> Result<PathBuf, StagingError> {
+        use std::io::Write;
+        let io = |at: &Path| {
+            let at = at.to_path_buf();
+            move |source| StagingError::Io { at, source }
+        };
+        let dir = self.root.join(name);
+        for d in [&self.root, &dir] {
+            match std::fs::DirBuilder::new().mode(0o700).create(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(d)(e)),
+            }
+            let m = std::fs::symlink_metadata(d).map_err(io(d))?;
+            if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(io(d)(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "not a directory of the engine's own")));
+            }
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(io(d))?;
+        }
+        let at = dir.join(file);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(&at).map_err(io(&at))?;
+        f.write_all(content).map_err(io(&at))?;
+        // Whatever the umask: the job's user must read it.
+        f.set_permissions(std::fs::Permissions::from_mode(0o644)).map_err(io(&at))?;
+        Ok(at)
+    }
+
     /// Unmount and remove the staging paths of `name`. Only empty directories and the engine's own empty
     /// files are removed, never anything reached through a mount.
     pub fn release(&self, name: &str) -> Result<(), StagingError> {
@@ -97,8 +132,9 @@ impl Staging {
         };
         for entry in entries {
             let p = entry.map_err(io(&dir))?.path();
-            // Until it is no longer a mount point (a crash could have stacked two).
-            loop {
+            // Until it is no longer a mount point (a crash could have stacked two). Only a root
+            // engine mounts (the others hold generated files only).
+            while self.enabled {
                 match umount2(&p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
                     Ok(()) => continue,
                     Err(Errno::EINVAL) => break,
@@ -216,6 +252,29 @@ mod tests {
         assert!(!staging.root().join("c1").exists());
         assert_eq!(std::fs::read_to_string(base.join("data.old/f")).unwrap(), "written", "releasing never touches the owner's files");
         staging.release("c1").unwrap(); // twice is fine
+    }
+
+    #[test]
+    fn generated_files_are_new_files_of_the_engines_own_and_go_with_the_container() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        let staging = Staging::in_state_dir(&base.join("state"));
+        std::fs::create_dir_all(base.join("state")).unwrap();
+        let p = staging.write_generated("c1", "passwd", b"root:x:0:0::/root:/bin/sh\n").unwrap();
+        assert_eq!(p, staging.root().join("c1/passwd"));
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
+        assert_eq!(std::fs::metadata(staging.root().join("c1")).unwrap().permissions().mode() & 0o777, 0o700);
+        // Never over an existing file, never through a link planted where a file goes.
+        assert!(staging.write_generated("c1", "passwd", b"x").is_err());
+        std::os::unix::fs::symlink(base.join("elsewhere"), staging.root().join("c1/group")).unwrap();
+        assert!(staging.write_generated("c1", "group", b"x").is_err());
+        assert!(!base.join("elsewhere").exists(), "nothing written through the link");
+        std::os::unix::fs::symlink(&base, staging.root().join("c2")).unwrap();
+        assert!(staging.write_generated("c2", "passwd", b"x").is_err(), "a container's folder that is a link is refused");
+        assert!(!base.join("passwd").exists());
+        std::fs::remove_file(staging.root().join("c2")).unwrap();
+        staging.release("c1").unwrap();
+        assert!(!staging.root().join("c1").exists());
     }
 
     #[test]

@@ -48,7 +48,7 @@ use crate::spec::SpecError;
 use crate::store::{JobState, RunRef, Store, StoreError};
 
 pub(crate) use joblog::append_log;
-pub use joblog::strip_stamps;
+pub use joblog::{strip_stamps, strip_stamps_live};
 pub use crate::config::{Config, Paths};
 pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
 pub use crate::store::{JobDetail, QueueEntry};
@@ -98,6 +98,8 @@ pub(crate) struct RunHandle {
     pub learn: Option<(crate::estimate::JobKey, i64)>,
     /// CPU and RAM it holds (its limits).
     pub needs: crate::scheduler::CpuRam,
+    /// The CPUs it is pinned to (a whole-CPU share), chosen at launch; none pinned by another job.
+    pub cpuset: Vec<u32>,
 }
 
 /// Figures the scheduler needs that change slowly.
@@ -139,6 +141,10 @@ pub struct Engine {
     backend_library: Option<String>,
     /// The machine's CPUs and RAM, read at start.
     machine: crate::resources::Machine,
+    /// The CPUs jobs may be pinned to and the NUMA nodes, read at start.
+    topology: crate::resources::Topology,
+    /// The NUMA node of each GPU (by index), where the machine says.
+    gpu_numa: HashMap<u32, u32>,
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
@@ -290,6 +296,8 @@ impl Engine {
             _ => info!("using NVML"),
         }
         let machine = crate::resources::Machine::read();
+        let topology = crate::resources::Topology::read();
+        let gpu_numa: HashMap<u32, u32> = gpu.numa_nodes().into_iter().collect();
         let cap = machine.for_jobs(&cfg.policy().containers);
         info!(
             "CPU and RAM for jobs: {} CPUs, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
@@ -322,6 +330,8 @@ impl Engine {
             backend_note: note,
             backend_library: library,
             machine,
+            topology,
+            gpu_numa,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
             waiting: RwLock::new(HashMap::new()),

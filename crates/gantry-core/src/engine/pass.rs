@@ -91,6 +91,7 @@ impl Engine {
                         expected_end: job.job.expected_runtime.and(s.runtime).map(|r| now + r),
                         learn: job.job.expected_runtime.is_none().then(|| (job.key(), now)),
                         needs: s.placed.needs,
+                        cpuset: vec![],
                     },
                 );
                 self.notify_job(job.id, JobState::Starting);
@@ -346,6 +347,7 @@ mod tests {
             expected_end: declared_end,
             learn,
             needs: Default::default(),
+            cpuset: vec![],
         }
     }
 

@@ -31,6 +31,8 @@ impl Engine {
                     expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
                     learn: j.job.expected_runtime.is_none().then(|| (j.key(), a.started_at)),
                     needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
+                    // Running containers' pins are read from Docker when the next job is pinned.
+                    cpuset: vec![],
                 });
             }
         }

@@ -82,9 +82,17 @@ impl Engine {
                         l.shared_jobs += 1;
                     }
                 }
+                // Once it has a container, the job's memory shows as that container's process.
+                if let Some(cid) = h.run.as_ref().and_then(|r| r.container()) {
+                    l.containers.push((cid.to_string(), h.gpu_memory));
+                }
             }
         }
-        load.into_values().collect()
+        let mut load: Vec<SimLoad> = load.into_values().collect();
+        for l in &mut load {
+            l.containers.sort();
+        }
+        load
     }
 
     /// Last hour of 1 Hz samples.

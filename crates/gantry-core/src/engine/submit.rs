@@ -233,6 +233,7 @@ impl Engine {
             .into());
         }
         policy.containers.check(job, &|k| self.set_in(k))?;
+        policy.containers.check_pids(job, &|k| self.set_in(k))?;
         let mut job = job.clone();
         if job.timeout.is_none() {
             job.timeout = policy.default_timeout;

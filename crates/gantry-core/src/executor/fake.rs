@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{ExecError, Executor, Exit, Found, Launch, Life, Settled};
+use super::{ExecError, Executor, Exit, Found, Frame, Launch, Life, Settled};
 
 /// How a fake container behaves, chosen by job name.
 #[derive(Debug, Clone)]
@@ -183,14 +183,14 @@ impl Executor for FakeExecutor {
         self.up()?;
         Ok(None)
     }
-    fn logs(&self, id: &str, _since_s: i64, _follow: bool) -> BoxStream<'static, Result<Bytes, ExecError>> {
-        let lines: Vec<Result<Bytes, ExecError>> = match self.containers.lock().unwrap().get(id) {
+    fn logs(&self, id: &str, _since_s: i64, _follow: bool) -> BoxStream<'static, Result<Frame, ExecError>> {
+        let lines: Vec<Result<Frame, ExecError>> = match self.containers.lock().unwrap().get(id) {
             Some(c) => c
                 .script
                 .output
                 .iter()
                 .enumerate()
-                .map(|(i, l)| Ok(Bytes::from(format!("2026-01-01T00:00:{:02}.000000001Z {l}\n", i % 60))))
+                .map(|(i, l)| Ok(Frame::stdout(Bytes::from(format!("2026-01-01T00:00:{:02}.000000001Z {l}\n", i % 60)))))
                 .collect(),
             None => vec![],
         };

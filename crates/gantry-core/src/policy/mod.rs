@@ -309,7 +309,7 @@ templates = "/etc/gantry/templates"
     #[test]
     fn containers_table_parses_and_explains_its_mistakes() {
         use crate::resources::{Amount, Containers};
-        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\n").unwrap().policy.containers;
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\n").unwrap().policy.containers;
         assert_eq!(
             c,
             Containers {
@@ -324,6 +324,7 @@ templates = "/etc/gantry/templates"
                 cpu_only_memory: Amount::Unlimited,
                 reserve_cpus_milli: 2000,
                 reserve_memory: 4 << 30,
+                pids_limit: 1024,
             }
         );
         assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());
@@ -337,6 +338,8 @@ templates = "/etc/gantry/templates"
             ("[containers]\nmemory_per_gpu = \"1KiB\"\n", "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB"),
             ("[containers]\nreserve_cpus = \"auto\"\n", "`reserve_cpus` = \"auto\" is not a number of CPUs from 0 to 1024"),
             ("[containers]\nallow_ipc_host = \"yes\"\n", "config.toml:2:18: invalid type: string \"yes\", expected a boolean"),
+            ("[containers]\npids_limit = 8\n", "config.toml:2:14: `pids_limit` = 8 is not a number of processes from 16 to 4194304"),
+            ("[containers]\npids_limit = \"many\"\n", "config.toml:2:14: invalid type: string \"many\", expected i64"),
         ];
         for (text, want) in cases {
             let e = err(text);

@@ -182,6 +182,7 @@ pub(super) struct RawContainers {
     cpu_only_memory: S<String>,
     reserve_cpus: S<toml::Value>,
     reserve_memory: S<String>,
+    pids_limit: S<i64>,
 }
 
 pub(super) type S<T> = Option<Spanned<T>>;
@@ -537,6 +538,13 @@ impl Check<'_> {
         c.cpu_only_memory = memory("cpu_only_memory", &raw.cpu_only_memory, true).unwrap_or(c.cpu_only_memory);
         if let Some(Amount::Is(b)) = memory("reserve_memory", &raw.reserve_memory, false) {
             c.reserve_memory = b;
+        }
+        if let Some(v) = &raw.pids_limit {
+            let (lo, hi) = (crate::spec::PIDS_LIMIT_RANGE.start(), crate::spec::PIDS_LIMIT_RANGE.end());
+            match *v.get_ref() {
+                n if crate::spec::PIDS_LIMIT_RANGE.contains(&n) => c.pids_limit = n,
+                n => self.fail(v.span(), format!("`pids_limit` = {n} is not a number of processes from {lo} to {hi}"), "write e.g. 4096 (processes and threads per job; a spec may ask for fewer)"),
+            }
         }
         c
     }

@@ -44,7 +44,10 @@ fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: i32) -> std::io::Result<Ow
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Read a job's Slurm output from `offset`, as root, without following anything the user controls:
+/// The most [`read_output`] reads at once.
+pub const OUTPUT_READ: u64 = 16 << 20;
+
+/// Read a job's Slurm output from `offset` (at most [`OUTPUT_READ`] bytes), as root, without following anything the user controls:
 /// the user's folder and the file are opened with `O_NOFOLLOW` and must be a directory and a regular
 /// file owned by the job's owner. A user who swaps their log for a link to `/etc/shadow` (or a FIFO,
 /// or a hard link to a file they do not own) gets an error in their log, never the file.
@@ -60,6 +63,6 @@ pub fn read_output(log_dir: &Path, uid: u32, file: &str, offset: u64) -> std::io
     }
     f.seek(SeekFrom::Start(offset))?;
     let mut buf = vec![];
-    f.take(16 << 20).read_to_end(&mut buf)?;
+    f.take(OUTPUT_READ).read_to_end(&mut buf)?;
     Ok(buf)
 }

@@ -145,6 +145,12 @@ pub struct JobSpec {
     /// Resource limits. Default: `memlock: unlimited`, `stack: 64MiB` (NVIDIA's advice for PyTorch/NCCL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ulimits: Option<Ulimits>,
+    /// The most processes and threads the job may have at once, e.g. `512` (a runaway fork stops
+    /// there). Default, and the most a job may ask for: the lab's `pids_limit` (4096 unless the lab
+    /// config says otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 4194304))]
+    pub pids_limit: Option<i64>,
 }
 
 /// `ipc` in a spec.
@@ -185,7 +191,14 @@ pub struct Limits {
     /// Bytes; -1 is unlimited (Docker's and the kernel's convention).
     pub memlock: Option<i64>,
     pub stack: Option<i64>,
+    /// Processes and threads at once.
+    #[serde(default)]
+    pub pids_limit: Option<i64>,
 }
+
+/// The range of `pids_limit`, in a spec and in the lab config: a job needs a few processes (its init,
+/// a shell, the command); the kernel's own ceiling is 4194304.
+pub const PIDS_LIMIT_RANGE: std::ops::RangeInclusive<i64> = 16..=4_194_304;
 
 /// Docker refuses a memory limit below 6 MiB.
 pub const MIN_MEMORY: u64 = 6 << 20;
@@ -564,7 +577,8 @@ mod tests {
     #[test]
     fn container_settings_parse_and_are_checked() {
         let j = ok_yaml("image: a\ncpus: 0.5\nmemory: 64GiB\nshm_size: 16GiB\nipc: host\nhome: mount\nulimits: {memlock: unlimited, stack: 64MiB}\n");
-        assert_eq!(j.limits, Limits { cpus_milli: Some(500), memory: Some(64 << 30), shm_size: Some(16 << 30), memlock: Some(-1), stack: Some(64 << 20) });
+        assert_eq!(j.limits, Limits { cpus_milli: Some(500), memory: Some(64 << 30), shm_size: Some(16 << 30), memlock: Some(-1), stack: Some(64 << 20), pids_limit: None });
+        assert_eq!(ok_yaml("image: a\npids_limit: 512\n").limits.pids_limit, Some(512));
         assert_eq!((j.spec.ipc, j.spec.home), (Some(Ipc::Host), Some(Home::Mount)));
         let t = validate_text("image = \"a\"\ncpus = 8\n[ulimits]\nstack = \"8MiB\"\n", Format::Toml, &Origin::default()).unwrap();
         assert_eq!((t.limits.cpus_milli, t.limits.stack, t.limits.memory), (Some(8000), Some(8 << 20), None));
@@ -580,6 +594,7 @@ mod tests {
             ("image: a\nhome: nfs\n", "unknown variant `nfs`", 2),
             ("image: a\nulimits:\n  stack: big\n", "ulimit `stack` \"big\" is not `unlimited` or a size", 2),
             ("image: a\nulimits: {nofile: 10}\n", "unknown field `nofile`", 2),
+            ("image: a\npids_limit: 3\n", "`pids_limit` is 3; it must be from 16 to 4194304", 2),
         ];
         for (text, want, line) in cases {
             let e = err_yaml(text);
@@ -588,7 +603,7 @@ mod tests {
             assert!(!e.hint.is_empty());
         }
         let s = json_schema();
-        for f in ["cpus", "memory", "shm_size", "ipc", "home", "ulimits"] {
+        for f in ["cpus", "memory", "shm_size", "ipc", "home", "ulimits", "pids_limit"] {
             assert!(s["properties"].as_object().unwrap().contains_key(f), "{f} missing from the schema");
         }
         let text = serde_json::to_string(&s).unwrap();

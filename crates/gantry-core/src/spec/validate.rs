@@ -155,7 +155,7 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec, matrix_part: None })
 }
 
-/// `cpus`, `memory`, `shm_size` and `ulimits`.
+/// `cpus`, `memory`, `shm_size`, `ulimits` and `pids_limit`.
 pub(super) fn validate_limits(spec: &JobSpec) -> Result<Limits, (SpecError, &'static str)> {
     let err = |m: String, h: &str, k: &'static str| Err((SpecError::new(m, h), k));
     let cpus_milli = match spec.cpus {
@@ -189,7 +189,21 @@ pub(super) fn validate_limits(spec: &JobSpec) -> Result<Limits, (SpecError, &'st
         }
     };
     let u = spec.ulimits.as_ref();
-    Ok(Limits { cpus_milli, memory, shm_size, memlock: limit(u.and_then(|u| u.memlock.as_ref()), "memlock")?, stack: limit(u.and_then(|u| u.stack.as_ref()), "stack")? })
+    let pids_limit = match spec.pids_limit {
+        Some(n) if !super::PIDS_LIMIT_RANGE.contains(&n) => {
+            let (lo, hi) = (super::PIDS_LIMIT_RANGE.start(), super::PIDS_LIMIT_RANGE.end());
+            return err(format!("`pids_limit` is {n}; it must be from {lo} to {hi}"), "write the most processes and threads the job runs at once, e.g. `pids_limit: 512`, or leave it out for the lab's limit", "pids_limit");
+        }
+        n => n,
+    };
+    Ok(Limits {
+        cpus_milli,
+        memory,
+        shm_size,
+        memlock: limit(u.and_then(|u| u.memlock.as_ref()), "memlock")?,
+        stack: limit(u.and_then(|u| u.stack.as_ref()), "stack")?,
+        pids_limit,
+    })
 }
 
 

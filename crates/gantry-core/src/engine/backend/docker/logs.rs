@@ -8,15 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::config::DOCKER_RETRY;
 use crate::engine::backend::{Seen, Since, Watch};
-use crate::engine::joblog::CappedLog;
+use crate::engine::joblog::{stamp_len, CappedLog, Lines};
 use crate::engine::Engine;
-use crate::executor::{ExecError, Executor};
+use crate::executor::{ExecError, Executor, Frame};
 use crate::outcome::{How, Stop};
 use crate::store::{Attempt, Job};
 
@@ -172,42 +173,151 @@ fn open_for_resume(path: &Path) -> std::io::Result<(std::fs::File, Option<i128>)
     Ok((f, last))
 }
 
-/// Copy a container's output into `path` until the container ends, surviving Docker outages and engine
-/// restarts: each (re)connection asks for output since the last line written and skips what is already
-/// there, so every line lands exactly once, in order. Capped at `cap` bytes ([`CappedLog`]).
-pub(super) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path, cap: u64, stop: CancellationToken) -> std::io::Result<()> {
-    let (f, mut last) = open_for_resume(path)?;
-    let mut log = CappedLog::new(f, cap)?;
-    let mut put = |line: &[u8], last: &mut Option<i128>| -> std::io::Result<()> {
-        let ts = line_ts(line);
-        if let (Some(t), Some(l)) = (ts, *last) {
+/// A container's output on its way into its log: each stream (stdout, stderr) cut into [`Lines`],
+/// each line written with the timestamp of its last frame, frames already copied skipped.
+struct Copy {
+    log: CappedLog,
+    /// The timestamp of the last line written: where to resume.
+    last: Option<i128>,
+    lines: [Lines; 2],
+    /// The progress state last written per stream (empty: none since its last line).
+    shown: [Vec<u8>; 2],
+}
+
+impl Copy {
+    /// One frame of Docker's log; true when it ended a line of its stream.
+    fn frame(&mut self, f: &Frame) -> std::io::Result<bool> {
+        let n = stamp_len(&f.data);
+        let (stamp, text) = f.data.split_at(n);
+        let ts = (n > 0).then(|| line_ts(stamp)).flatten();
+        if let (Some(t), Some(l)) = (ts, self.last) {
             if t <= l {
-                return Ok(()); // already copied before a reconnect
+                return Ok(false); // already copied before a reconnect
             }
         }
-        if ts.is_some() {
-            *last = ts;
+        let k = f.stderr as usize;
+        let (log, last) = (&mut self.log, &mut self.last);
+        let mut ended = false;
+        self.lines[k].feed(text, |t, cut| {
+            log.line(stamp, t, cut)?;
+            ended = true;
+            if ts.is_some() {
+                *last = ts;
+            }
+            Ok(())
+        })?;
+        if ended {
+            self.shown[k].clear();
         }
-        log.put(line)
-    };
+        Ok(ended)
+    }
+
+    /// The output ended: lines without their `\n` are written as they are.
+    fn flush(&mut self) -> std::io::Result<()> {
+        for k in 0..2 {
+            if !self.lines[k].is_empty() {
+                let (t, cut) = self.lines[k].state();
+                self.log.line(b"", t, cut)?;
+                self.lines[k].clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the current state of each stream's line not ended yet (from `live` while attached, else
+    /// from Docker's log), unless it is what was written last.
+    fn progress(&mut self, live: Option<&[Lines; 2]>) -> std::io::Result<()> {
+        for k in 0..2 {
+            let state = live.map_or(&self.lines[k], |l| &l[k]).state().0;
+            let state = &state[..state.len().min(crate::engine::joblog::PROGRESS_MAX)];
+            if state.is_empty() || state == self.shown[k].as_slice() {
+                continue;
+            }
+            self.log.progress(state)?;
+            self.shown[k] = state.to_vec();
+        }
+        Ok(())
+    }
+}
+
+/// What `attach` showed of each stream: the current state of their lines, for progress bars.
+#[derive(Default)]
+struct Live {
+    lines: [Lines; 2],
+    /// Output came through `attach` and it is still open.
+    attached: bool,
+}
+
+/// Follows `attach` for as long as it is open, keeping only each stream's current line state
+/// (bounded), so Docker is never held up by it.
+fn attach_live(exec: Arc<dyn Executor>, cid: &str, live: Arc<std::sync::Mutex<Live>>, changed: Arc<Notify>) -> JoinHandle<()> {
+    let mut s = exec.attach(cid);
+    tokio::spawn(async move {
+        while let Some(Ok(f)) = s.next().await {
+            let mut l = live.lock().unwrap();
+            l.attached = true;
+            let _ = l.lines[f.stderr as usize].feed(&f.data, |_, _| Ok(()));
+            drop(l);
+            changed.notify_one();
+        }
+        live.lock().unwrap().attached = false;
+        changed.notify_one();
+    })
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Copy a container's output into `path` until the container ends, surviving Docker outages and engine
+/// restarts: each (re)connection asks for output since the last line written and skips what is already
+/// there, so every line lands exactly once, in order. Capped at `cap` bytes ([`CappedLog`]); lines are
+/// cut as [`Lines`] says. While it runs, the current state of a line not ended yet (a progress bar) is
+/// written every [`PROGRESS_EVERY`](crate::defaults::PROGRESS_EVERY) at most, from what `attach` shows
+/// (Docker's own log holds such a line back until 16 KiB of it have come).
+pub(super) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path, cap: u64, stop: CancellationToken) -> std::io::Result<()> {
+    let (f, last) = open_for_resume(path)?;
+    let mut copy = Copy { log: CappedLog::new(f, cap)?, last, lines: Default::default(), shown: Default::default() };
+    let live = Arc::new(std::sync::Mutex::new(Live::default()));
+    let changed = Arc::new(Notify::new());
+    let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone()));
+    let mut dirty = false;
+    let mut next_progress = tokio::time::Instant::now();
+    let since = |last: Option<i128>| last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
     loop {
-        let since = last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
-        let mut s = exec.logs(cid, since, true);
-        let mut pending: Vec<u8> = vec![];
+        let mut s = exec.logs(cid, since(copy.last), true);
         let broken = loop {
+            let due = if dirty { next_progress } else { tokio::time::Instant::now() + Duration::from_secs(86_400) };
             let item = tokio::select! {
                 i = s.next() => i,
+                _ = changed.notified() => {
+                    dirty = true;
+                    continue;
+                }
+                _ = tokio::time::sleep_until(due), if dirty => {
+                    let l = live.lock().unwrap();
+                    let from = l.attached.then_some(&l.lines);
+                    copy.progress(from)?;
+                    drop(l);
+                    dirty = false;
+                    next_progress = tokio::time::Instant::now() + copy.log.progress_every();
+                    continue;
+                }
                 _ = stop.cancelled() => return Ok(()),
             };
             match item {
                 None => break false,
                 Some(Err(_)) => break true,
-                Some(Ok(b)) => {
-                    pending.extend_from_slice(&b);
-                    while let Some(p) = pending.iter().position(|c| *c == b'\n') {
-                        let line: Vec<u8> = pending.drain(..=p).collect();
-                        put(&line, &mut last)?;
-                    }
+                Some(Ok(f)) => {
+                    let ended = copy.frame(&f)?;
+                    // A line ended (its state shows again if it is still being written), or Docker's log
+                    // brought a line's state: what to show may have changed.
+                    dirty |= ended || !copy.lines[f.stderr as usize].is_empty();
                 }
             }
         };
@@ -215,40 +325,98 @@ pub(super) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path,
             match exec.exit_of(cid).await {
                 Ok(Some(_)) => {
                     // A follow that began as the container exited can end before Docker has stored the
-                    // last output: read what is stored once more (lines already copied are skipped).
+                    // last output: read what is stored once more (lines already copied are skipped, lines
+                    // not ended yet are read again; if nothing comes, what was read stays).
                     tokio::time::sleep(CATCH_UP_DELAY).await;
-                    let since = last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
-                    let mut rest = exec.logs(cid, since, false);
-                    let mut tail: Vec<u8> = vec![];
-                    while let Some(Ok(b)) = rest.next().await {
-                        tail.extend_from_slice(&b);
+                    let before = std::mem::take(&mut copy.lines);
+                    let mut rest = exec.logs(cid, since(copy.last), false);
+                    let mut any = false;
+                    while let Some(Ok(f)) = rest.next().await {
+                        any = true;
+                        copy.frame(&f)?;
                     }
-                    // The final partial line, if any, is in both `pending` and `tail`: keep the fresher read.
-                    let tail = if tail.is_empty() { pending } else { tail };
-                    for line in tail.split_inclusive(|c| *c == b'\n') {
-                        let mut line = line.to_vec();
-                        if !line.ends_with(b"\n") {
-                            line.push(b'\n');
-                        }
-                        put(&line, &mut last)?;
+                    if !any {
+                        copy.lines = before;
                     }
-                    return Ok(());
+                    return copy.flush();
                 }
-                Err(ExecError::NotFound(_)) => {
-                    if !pending.is_empty() {
-                        pending.push(b'\n');
-                        put(&pending, &mut last)?;
-                    }
-                    return Ok(());
-                }
+                Err(ExecError::NotFound(_)) => return copy.flush(),
                 Err(ExecError::Rejected(_)) => return Ok(()),
                 _ => {} // still running (Docker restarted the stream) or Docker away: follow again
             }
         }
-        // A partial line from a cut stream is read again after reconnecting.
+        // A line not ended yet is read again after reconnecting.
+        copy.lines = Default::default();
         tokio::select! {
             _ = tokio::time::sleep(DOCKER_RETRY) => {}
             _ = stop.cancelled() => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::strip_stamps;
+
+    fn copy_to(path: &Path) -> Copy {
+        let (f, last) = open_for_resume(path).unwrap();
+        Copy { log: CappedLog::new(f, 1 << 30).unwrap(), last, lines: Default::default(), shown: Default::default() }
+    }
+
+    fn frame(stderr: bool, ts: u32, text: &[u8]) -> Frame {
+        let mut d = format!("2026-01-02T03:04:{:02}.{:09}Z ", ts / 1000, ts % 1000).into_bytes();
+        d.extend_from_slice(text);
+        Frame { stderr, data: d.into() }
+    }
+
+    /// Docker cuts a line into 16 KiB messages, each with its own timestamp: the line is stored once,
+    /// whole, with no timestamp inside it, and a resumed copy skips exactly what was stored.
+    #[test]
+    fn a_line_docker_cut_into_messages_is_one_line_without_timestamps_inside() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.log");
+        let long: Vec<u8> = (0..40_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut frames = vec![frame(false, 1, b"before\n")];
+        let parts: Vec<&[u8]> = long.chunks(16 << 10).collect();
+        for (i, part) in parts.iter().enumerate() {
+            frames.push(frame(false, 2 + i as u32, part));
+        }
+        frames.push(frame(true, 10, b"\r 10%\r 20%"));
+        frames.push(frame(false, 11, b"\n"));
+        frames.push(frame(true, 12, b"\r100%\n"));
+        frames.push(frame(false, 13, b"after\n"));
+        let mut c = copy_to(&p);
+        for f in &frames[..4] {
+            c.frame(f).unwrap();
+        }
+        // The engine stops here (the long line not ended yet), and resumes.
+        drop(c);
+        let mut c = copy_to(&p);
+        for f in &frames {
+            c.frame(f).unwrap();
+        }
+        c.flush().unwrap();
+        let mut want = b"before\n".to_vec();
+        want.extend_from_slice(&long);
+        want.extend_from_slice(b"\n100%\nafter\n");
+        assert_eq!(String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(), String::from_utf8(want).unwrap());
+    }
+
+    #[test]
+    fn progress_shows_the_current_state_once_and_the_line_replaces_it() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.log");
+        let mut c = copy_to(&p);
+        c.frame(&frame(true, 1, b"\r 10%")).unwrap();
+        c.progress(None).unwrap();
+        c.progress(None).unwrap();
+        let mut live: [Lines; 2] = Default::default();
+        live[1].feed(b"\r 10%\r 30%", |_, _| Ok(())).unwrap();
+        c.progress(Some(&live)).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap().matches('\r').count(), 2, "each state once");
+        assert_eq!(strip_stamps(&std::fs::read(&p).unwrap()), b" 30%\n");
+        c.frame(&frame(true, 2, b"\r 30%\r100%\n")).unwrap();
+        assert_eq!(strip_stamps(&std::fs::read(&p).unwrap()), b"100%\n");
     }
 }

@@ -20,6 +20,7 @@ use crate::executor::{ExecError, Executor, ForeignGpuUse, GpuBinding, Launch};
 use crate::gpu::{BackendKind, GpuError, GpuSample};
 use crate::outcome::How;
 use crate::protocol::GpuStatus;
+use crate::resources::{ContainerSettings, FALLBACK_HOME};
 use crate::spec::{SpecError, ValidJob};
 use crate::store::{Attempt, Job, JobState, RunRef};
 
@@ -76,6 +77,54 @@ impl DockerBackend {
             Err(err) if !quiet => warn!("cannot list other containers' GPUs: {err}"),
             Err(_) => {}
         }
+    }
+}
+
+/// Where the owner's entries go in a container, and the image's file they are added to.
+const IDENTITY_FILES: [(&str, &str); 2] = [("passwd", "/etc/passwd"), ("group", "/etc/group")];
+
+impl DockerBackend {
+    /// The container's `/etc/passwd` and `/etc/group`: the image's own plus the owner's entries
+    /// ([`crate::passwd`]), written by the engine into its state dir (`staging`) and mounted read-only;
+    /// and the owner's name. `None` when the owner has no usable name here. A spec mount at `/etc` or
+    /// at one of the files keeps its place.
+    async fn identity(&self, e: &Engine, job: &Job, name: &str, home: &str, groups: &[u32]) -> Result<Option<(Vec<access::ResolvedMount>, String)>, EngineError> {
+        use crate::passwd::{is_safe_field, Account};
+        let Some(user) = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().filter(|u| is_safe_field(&u.name)) else { return Ok(None) };
+        let group_name = |gid: u32| nix::unistd::Group::from_gid(gid.into()).ok().flatten().map(|g| g.name).filter(|n| is_safe_field(n));
+        let mut named = vec![];
+        for gid in std::iter::once(job.owner_gid).chain(groups.iter().copied().filter(|g| *g != job.owner_gid)) {
+            if let Some(n) = group_name(gid) {
+                named.push((n, gid));
+            }
+        }
+        let account = Account {
+            name: user.name.clone(),
+            uid: job.owner_uid,
+            gid: job.owner_gid,
+            home: if is_safe_field(home) { home.to_string() } else { FALLBACK_HOME.to_string() },
+            groups: named,
+        };
+        let taken = |target: &str| job.job.mounts.iter().any(|m| matches!(m.container.trim_end_matches('/'), "/etc" | "") || m.container.trim_end_matches('/') == target);
+        let wanted: Vec<(&str, &str)> = IDENTITY_FILES.into_iter().filter(|(_, target)| !taken(target)).collect();
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let paths: Vec<&str> = wanted.iter().map(|w| w.1).collect();
+        let image = match self.exec.image_files(&job.image, &paths, crate::passwd::IMAGE_FILE_MAX).await {
+            Ok(f) => f,
+            Err(err) => {
+                warn!(job = job.id, "cannot read /etc/passwd and /etc/group of {}: {err}; the job gets the owner's entries only", job.image);
+                vec![None; paths.len()]
+            }
+        };
+        let mut mounts = vec![];
+        for ((file, target), from_image) in wanted.into_iter().zip(image) {
+            let text = if file == "passwd" { crate::passwd::passwd(from_image.as_deref(), &account) } else { crate::passwd::group(from_image.as_deref(), &account) };
+            let host = e.staging().write_generated(name, file, text.as_bytes())?;
+            mounts.push(access::ResolvedMount { host, container: target.to_string(), read_only: true });
+        }
+        Ok(Some((mounts, user.name)))
     }
 }
 
@@ -145,7 +194,29 @@ impl Backend for DockerBackend {
             let checked = access::check_mounts_async(cred.clone(), mounts, job.job.spec.workdir.clone(), e.forbidden()).await?;
             // Docker gets paths the owner cannot swap: the checked files, pinned (released in `release`).
             let name = e.container_name(job.id, attempt.n);
-            let mounts = e.staging().stage(&name, checked)?;
+            let mut mounts = e.staging().stage(&name, checked)?;
+            let mut container = ContainerSettings {
+                // Docker's own copy of the output is bounded like Gantry's (see DOCKER_LOG_FILES).
+                log_file_size: Some(policy.log_cap / 2),
+                ..policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref())
+            };
+            // A whole-CPU share: pinned CPUs (near its GPUs), so the job sees as many as it may use.
+            if container.nano_cpus.is_some() {
+                let elsewhere = self.exec.pinned_cpus().await?;
+                match e.pin_cpus(job.id, placed.needs.cpus_milli, &attempt.gpus, &elsewhere) {
+                    Ok(Some(cpus)) => container.cpuset = Some(crate::resources::cpu_list(&cpus)),
+                    Ok(None) => {}
+                    Err(why) => {
+                        append_log(&log, &why);
+                        info!(job = job.id, "{why}");
+                    }
+                }
+            }
+            // The owner by name inside the container (whoami, getpass.getuser()).
+            if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
+                mounts.extend(files);
+                container.user = Some(user);
+            }
             let l = Launch {
                 engine_id: &e.engine_id,
                 db_uid: &e.db_uid,
@@ -162,7 +233,7 @@ impl Backend for DockerBackend {
                 gpu_uuids: attempt.gpu_uuids.clone(),
                 gpu_total_memory: placed.gpu_total,
                 binding,
-                container: policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref()),
+                container,
             };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());

@@ -212,3 +212,21 @@ async fn output_is_copied_once_and_a_capped_log_says_it_was_truncated() {
     let note = log.find("log truncated").unwrap();
     assert!(!log[note..].contains("line "), "nothing of the output after the note:\n{log}");
 }
+
+/// Slurm's output goes through the same line cutting as Docker's: a progress bar's line is its last
+/// state, a line longer than 64 KiB keeps its start and says how much was left out.
+#[tokio::test(start_paused = true)]
+async fn slurm_output_lines_are_their_last_state_and_long_ones_are_cut_with_a_note() {
+    let c = Cluster::new();
+    let output = vec!["\r 10%|#  |\r 50%|## |\r100%|###|".to_string(), "z".repeat(100_000), "after".to_string()];
+    c.slurm.script("bars", Script { runtime: Duration::from_secs(5), output, ..Default::default() });
+    let e = c.open();
+    let _h = run(&e);
+    let id = submit(&e, "name: bars\nimage: a\n");
+    assert_eq!(final_state(&e, id).await, JobState::Succeeded);
+    let shown = String::from_utf8(crate::engine::strip_stamps(&std::fs::read(e.log_of(id)).unwrap())).unwrap();
+    let out: Vec<&str> = shown.lines().filter(|l| !l.starts_with("[gantry ")).collect();
+    let kept = "z".repeat(64 << 10);
+    let note = format!("[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out", 100_000 - (64 << 10));
+    assert_eq!(out, vec!["100%|###|", kept.as_str(), note.as_str(), "after"]);
+}

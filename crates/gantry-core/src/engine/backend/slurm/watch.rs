@@ -10,7 +10,7 @@ use tracing::warn;
 
 use super::{owner, submit, Shared, Snapshot};
 use crate::engine::backend::{Seen, Since, Watch};
-use crate::engine::joblog::{is_gantrys, CappedLog};
+use crate::engine::joblog::{is_gantrys, is_progress, CappedLog, Lines};
 use crate::engine::{append_log, gpu_list, Engine};
 use crate::outcome::{How, Stop};
 use crate::scheduler::Waiting;
@@ -39,6 +39,9 @@ pub(super) struct SlurmWatch {
     file: String,
     /// The job's log, open for its output (opened at the first copy).
     log: Option<CappedLog>,
+    /// Its output cut into lines, and the progress state last written.
+    lines: Lines,
+    progress: Vec<u8>,
     shown: String,
 }
 
@@ -63,9 +66,11 @@ impl SlurmWatch {
             stop: None,
             running_since: None,
             missing: 0,
-            copied: copied(&e, job.id),
+            copied: copied(&e, job.id, &file),
             file,
             log: None,
+            lines: Lines::default(),
+            progress: vec![],
             shown: run.to_string(),
             job: job.clone(),
             attempt: attempt.clone(),
@@ -109,48 +114,73 @@ impl SlurmWatch {
         sl::parse_jobcomp_of(&String::from_utf8_lossy(&text), self.id, self.task, self.job.owner_uid)
     }
 
-    /// Append new Slurm output (complete lines; everything at the end) to the job's log, capped like
-    /// any job's output. The file is read as root from the user's folder, so it is opened without
+    /// Append new Slurm output to the job's log, cut into lines and capped like any job's output (a
+    /// line not ended yet shows as its progress state; at the end it is written as it is). After each
+    /// copy the log records where in the output file its next line starts, so a restarted engine
+    /// reads on from there. The file is read as root from the user's folder, so it is opened without
     /// following links (see [`sl::read_output`]); a refusal is written to the log once and copying stops.
     async fn copy_output(&mut self, last: bool) {
         let Some(dir) = self.s.settings.log_dir.clone() else { return };
         if self.copied == u64::MAX {
             return;
         }
-        let (job_id, uid, name, from) = (self.job.id, self.job.owner_uid, self.file.clone(), self.copied);
-        let read = tokio::task::spawn_blocking(move || sl::read_output(&dir, uid, &name, from)).await;
-        let data = match read {
-            Ok(Ok(d)) => d,
-            Ok(Err(err)) if err.kind() == std::io::ErrorKind::NotFound => return,
-            Ok(Err(err)) => {
-                append_log(&self.e.log_of(job_id), &format!("the job's output cannot be read safely ({err}); not copied"));
-                warn!(job = job_id, "not copying Slurm output: {err}");
-                self.copied = u64::MAX;
+        loop {
+            let (job_id, uid, name, from, dir) = (self.job.id, self.job.owner_uid, self.file.clone(), self.copied, dir.clone());
+            let read = tokio::task::spawn_blocking(move || sl::read_output(&dir, uid, &name, from)).await;
+            let data = match read {
+                Ok(Ok(d)) => d,
+                Ok(Err(err)) if err.kind() == std::io::ErrorKind::NotFound => return,
+                Ok(Err(err)) => {
+                    append_log(&self.e.log_of(job_id), &format!("the job's output cannot be read safely ({err}); not copied"));
+                    warn!(job = job_id, "not copying Slurm output: {err}");
+                    self.copied = u64::MAX;
+                    return;
+                }
+                Err(_) => return,
+            };
+            let more = data.len() as u64 >= sl::OUTPUT_READ;
+            let wrote = (|| {
+                if self.log.is_none() {
+                    self.log = Some(CappedLog::open(&self.e.log_of(job_id), self.e.policy().log_cap)?);
+                }
+                let log = self.log.as_mut().expect("opened above");
+                let mut ended = false;
+                self.lines.feed(&data, |t, cut| {
+                    ended = true;
+                    log.line(b"", t, cut)
+                })?;
+                if ended {
+                    self.progress.clear();
+                }
+                if last && !more {
+                    if !self.lines.is_empty() {
+                        let (t, cut) = self.lines.state();
+                        log.line(b"", t, cut)?;
+                    }
+                    self.lines.clear();
+                } else {
+                    let state = self.lines.state().0;
+                    let state = &state[..state.len().min(crate::engine::joblog::PROGRESS_MAX)];
+                    if !state.is_empty() && state != self.progress.as_slice() {
+                        log.progress(state)?;
+                        self.progress = state.to_vec();
+                    }
+                }
+                if !data.is_empty() {
+                    log.mark(&format!("{} {}", self.file, from + data.len() as u64 - self.lines.pending()))?;
+                }
+                Ok::<_, std::io::Error>(())
+            })();
+            match wrote {
+                Ok(()) => self.copied += data.len() as u64,
+                Err(err) => {
+                    warn!(job = job_id, "cannot write the log of job {job_id}: {err}");
+                    return;
+                }
+            }
+            if !more {
                 return;
             }
-            Err(_) => return,
-        };
-        let take = if last { data.len() } else { data.iter().rposition(|c| *c == b'\n').map(|p| p + 1).unwrap_or(0) };
-        if take == 0 {
-            return;
-        }
-        let mut chunk = data[..take].to_vec();
-        if !chunk.ends_with(b"\n") {
-            chunk.push(b'\n');
-        }
-        let wrote = (|| {
-            if self.log.is_none() {
-                self.log = Some(CappedLog::open(&self.e.log_of(job_id), self.e.policy().log_cap)?);
-            }
-            let log = self.log.as_mut().expect("opened above");
-            for line in chunk.split_inclusive(|c| *c == b'\n') {
-                log.put(line)?;
-            }
-            Ok::<_, std::io::Error>(())
-        })();
-        match wrote {
-            Ok(()) => self.copied += take as u64,
-            Err(err) => warn!(job = job_id, "cannot write the log of job {job_id}: {err}"),
         }
     }
 }
@@ -253,8 +283,23 @@ fn log_tail(e: &Engine, job_id: i64) -> Vec<u8> {
     data[data.len().saturating_sub(4096)..].to_vec()
 }
 
-/// Bytes of Slurm output already in the job's log: every line that is not Gantry's own.
-fn copied(e: &Engine, job_id: i64) -> u64 {
+/// Where to read `file` (this attempt's output) on from: the last place the log recorded for it
+/// (`CappedLog::mark`); in a log from before such records, every line that is not Gantry's own.
+fn copied(e: &Engine, job_id: i64, file: &str) -> u64 {
     let data = std::fs::read(e.log_of(job_id)).unwrap_or_default();
-    data.split_inclusive(|c| *c == b'\n').filter(|l| !is_gantrys(l)).map(|l| l.len() as u64).sum()
+    let mut marked = None;
+    let mut any = false;
+    for l in data.split(|c| *c == b'\n') {
+        let Some(m) = l.strip_prefix(b"\r\r") else { continue };
+        any = true;
+        let m = String::from_utf8_lossy(m);
+        if let Some((_, n)) = m.rsplit_once(' ').filter(|(f, _)| *f == file) {
+            marked = n.parse().ok().or(marked);
+        }
+    }
+    match (marked, any) {
+        (Some(n), _) => n,
+        (None, true) => 0,
+        (None, false) => data.split_inclusive(|c| *c == b'\n').filter(|l| !is_gantrys(l) && !is_progress(l)).map(|l| l.len() as u64).sum(),
+    }
 }
