@@ -7,6 +7,31 @@ use crate::helpers::*;
 
 const SEE: &str = "echo nproc=$(busybox nproc); busybox grep Cpus_allowed_list /proc/self/status; echo omp=$OMP_NUM_THREADS mkl=$MKL_NUM_THREADS; until [ -e /t/go ]; do sleep 0.1; done";
 
+/// Whether a container of an engine other than `ours` is pinned to CPUs: other tests' engines on this
+/// machine pin too, and every engine pins around every Gantry container's CPUs.
+fn others_pinned(ours: &[&Engine]) -> bool {
+    let out = std::process::Command::new("docker").args(["ps", "-a", "--filter", "label=dev.gantry.cpus", "--filter", "status=running", "--filter", "status=created", "--format", "{{.Label \"dev.gantry.engine\"}}"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| !ours.iter().any(|e| e.engine_id == l))
+}
+
+/// Run `phase` (it says whether the jobs it started were pinned, and which they are) until it ran
+/// while no other test's engine held pins, cancelling its jobs between tries.
+fn in_a_quiet_moment(e: &Engine, ours: &[&Engine], mut phase: impl FnMut() -> (bool, Vec<i64>)) {
+    for _ in 0..20 {
+        e.wait_until("no other test's pinned jobs", || !others_pinned(ours));
+        let (pinned, ids) = phase();
+        if pinned {
+            return;
+        }
+        assert!(others_pinned(ours), "a job was not pinned though no other engine held pins");
+        for id in ids {
+            e.gantry(&["cancel", &id.to_string()]);
+            e.wait_final(id);
+        }
+    }
+    panic!("other tests held pinned CPUs all along");
+}
+
 /// The job's output lines (not Gantry's).
 fn out(e: &Engine, id: i64) -> Vec<String> {
     e.logs(id).lines().filter(|l| !l.starts_with("[gantry")).map(String::from).collect()
@@ -22,14 +47,13 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     std::fs::write(&lab, "[containers]\nreserve_cpus = 0\n").unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
     let spec = |name: &str, extra: &str| format!("name: {name}\nimage: {IMAGE}\ngpus: 0\nmemory: 256MiB\n{extra}mounts: ['{}:/t:ro']\ncommand: '{SEE}'\n", dir.path().display());
-    let pinned: Vec<i64> = (0..cpus.min(2)).map(|i| e.submit_yaml(&format!("one{i}"), &spec(&format!("one{i}"), "cpus: 1\n"))).collect();
-    let mut sets = vec![];
-    for id in &pinned {
-        let hc = docker_inspect(&container_of(&e, *id))["HostConfig"].clone();
-        let set = hc["CpusetCpus"].as_str().unwrap_or_default().to_string();
-        assert!(set.parse::<u32>().is_ok(), "one CPU of its own: {hc}");
-        sets.push(set);
-    }
+    let (mut pinned, mut sets) = (vec![], vec![]);
+    in_a_quiet_moment(&e, &[&e], || {
+        pinned = (0..cpus.min(2)).map(|i| e.submit_yaml(&format!("one{i}"), &spec(&format!("one{i}"), "cpus: 1\n"))).collect();
+        sets = pinned.iter().map(|id| docker_inspect(&container_of(&e, *id))["HostConfig"]["CpusetCpus"].as_str().unwrap_or_default().to_string()).collect();
+        (sets.iter().all(|s| !s.is_empty()), pinned.clone())
+    });
+    assert!(sets.iter().all(|s| s.parse::<u32>().is_ok()), "one CPU of its own each: {sets:?}");
     let mut distinct = sets.clone();
     distinct.dedup();
     assert_eq!(distinct.len(), sets.len(), "two jobs are never pinned to the same CPU: {sets:?}");
@@ -49,8 +73,12 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     // Another engine on this machine pins around this one's jobs; with no CPU free of pins, its job
     // gets the quota instead (never a CPU pinned to another job), and its log says so.
     std::fs::remove_file(dir.path().join("go")).unwrap();
-    let all = e.submit_yaml("all", &spec("all", &format!("cpus: {cpus}\n")));
-    let held = docker_inspect(&container_of(&e, all))["HostConfig"]["CpusetCpus"].as_str().unwrap_or_default().to_string();
+    let (mut all, mut held) = (0, String::new());
+    in_a_quiet_moment(&e, &[&e], || {
+        all = e.submit_yaml("all", &spec("all", &format!("cpus: {cpus}\n")));
+        held = docker_inspect(&container_of(&e, all))["HostConfig"]["CpusetCpus"].as_str().unwrap_or_default().to_string();
+        (!held.is_empty(), vec![all])
+    });
     let count: usize = held.split(',').filter(|p| !p.is_empty()).map(|p| p.split_once('-').map_or(1, |(a, b)| b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1)).sum();
     assert_eq!(count, cpus, "every CPU: {held}");
     let other = Engine::start(&["--config", lab.to_str().unwrap()]);

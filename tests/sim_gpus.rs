@@ -12,7 +12,12 @@ fn three_shared_jobs_pack_one_simulated_card_to_its_full_memory() {
         let d = e.wait_state(*id, "running");
         assert_eq!(d["attempts"][0]["gpus"], serde_json::json!([0]), "{d}");
     }
-    let g = e.json(&["gpus"]);
+    // The next sample (1 Hz) shows them.
+    let mut g = serde_json::Value::Null;
+    e.wait_until("the GPU's sample to show the three jobs", || {
+        g = e.json(&["gpus"]);
+        g["gpus"][0]["processes"].as_array().is_some_and(|p| p.len() == 3)
+    });
     let gpu = &g["gpus"][0];
     assert_eq!(gpu["memory_used"].as_u64(), Some(24 << 30), "{g}");
     assert_eq!(gpu["processes"].as_array().unwrap().len(), 3, "one process per job's container: {g}");
