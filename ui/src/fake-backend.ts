@@ -14,7 +14,7 @@ export function engineStatus(over: Partial<Status> = {}): Status {
 export function validJob(name: string, spec: Partial<JobSpec> = {}): ValidJob {
   return {
     name, spec: { image: "img:1", gpus: 1, priority: 0, retries: 0, ...spec }, gpus: spec.gpus ?? 1, gpu_memory: null, timeout: null, retries: 0, mounts: [],
-    expected_runtime: null, limits: { cpus_milli: null, memory: null, shm_size: null, memlock: null, stack: null },
+    expected_runtime: null, limits: { cpus_milli: null, memory: null, shm_size: null, memlock: null, stack: null, pids_limit: null },
   };
 }
 
