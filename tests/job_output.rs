@@ -51,17 +51,28 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
     e.wait_state(id, "running");
     let mut follow = Command::new(bin()).arg("--state-dir").arg(&e.state).args(["logs", "-f", &id.to_string()]).stdout(Stdio::piped()).spawn().unwrap();
     let mut stdout = follow.stdout.take().unwrap();
-    let followed = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).unwrap();
-        s
-    });
+    // What `logs -f` printed so far (read as it comes, so the test can wait for it under load).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let followed = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.lock().unwrap().extend_from_slice(&buf[..n]),
+                }
+            }
+            String::from_utf8_lossy(&seen.lock().unwrap()).into_owned()
+        })
+    };
     // Docker holds a line without `\n` back until 16 KiB of it have come; its state shows anyway.
     let mut shown = String::new();
     e.wait_until("the progress bar's current state in `gantry logs`", || {
         shown = output(&e, id);
         shown.ends_with(" 42%|live|\n")
     });
+    e.wait_until("the progress bar's current state in `gantry logs -f`", || String::from_utf8_lossy(&seen.lock().unwrap()).contains(" 42%|live|\n"));
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let mut want = String::new();
