@@ -9,6 +9,8 @@
 //! 4. engine idle with 8 simulated GPUs sampled at 1 Hz: CPU and resident memory.
 //! 5. a job writing 40 MB without a newline: the engine's CPU time and peak memory while it copies
 //!    the output (lines are cut at 64 KiB in one pass; this was quadratic and unbounded).
+//! 6. `gantry ls` with 100,000 jobs queued (one running): the queue through the API, and the whole
+//!    command printing its table.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -69,6 +71,15 @@ fn main() {
         let (cpu, peak, base) = rt.block_on(long_line(40_000_000));
         rows.push(("a 40 MB line without newline: engine CPU time while it is copied".into(), format!("{cpu:.2} s"), "linear in the output".into()));
         rows.push(("a 40 MB line without newline: engine peak memory".into(), format!("{peak:.1} MB"), format!("{base:.1} MB before the job")));
+    }
+
+    // 6. `gantry ls` with a deep queue.
+    if run("ls") {
+        let n = if quick { 10_000 } else { 100_000 };
+        let c = rt.block_on(ls_cost(n));
+        rows.push((format!("ls: the queue through the API, {n} jobs queued (median of 20)"), ms(c.api), "goal < 100 ms".into()));
+        rows.push(("ls through the API: CPU time per call".into(), ms(c.engine_cpu + c.client_cpu), format!("engine {}, client {}", ms(c.engine_cpu), ms(c.client_cpu))));
+        rows.push((format!("`gantry ls` with {n} jobs queued, table to /dev/null (median of 5)"), ms(c.cli), "the whole command".into()));
     }
 
     let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
@@ -135,7 +146,10 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
-        let _ = Command::new("sh").arg("-c").arg("ids=$(docker ps -aq --filter label=dev.gantry.engine); [ -z \"$ids\" ] || docker rm -f $ids >/dev/null").status();
+        // Only this engine's containers: others (tests, another engine) may share the Docker daemon.
+        let Ok(id) = std::fs::read_to_string(self.state.join("logs/.engine-id")) else { return };
+        let filter = format!("label=dev.gantry.engine={}", id.trim());
+        let _ = Command::new("sh").arg("-c").arg(format!("ids=$(docker ps -aq --filter {filter}); [ -z \"$ids\" ] || docker rm -f $ids >/dev/null")).status();
     }
 }
 
@@ -225,12 +239,66 @@ async fn submit_cost(queued: usize, n: usize) -> (f64, f64) {
     // Let the start-up pass finish: this measures a running engine, not one starting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let text = format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: -1\n");
-    let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None, idempotency_key: None };
+    let req = SubmitRequest { text, file_name: "b.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() };
     let t0 = Instant::now();
     for _ in 0..n {
         client.submit(&req).await.unwrap();
     }
     (t0.elapsed().as_secs_f64() / n as f64, ready)
+}
+
+/// `gantry ls` with `queued` jobs waiting behind one running job: the API call (what the app pays)
+/// and the whole command (connect, fetch, print the table), medians; and the CPU time of one API
+/// call in the engine and in the client, which a busy machine does not inflate as it does the wall
+/// time.
+async fn ls_cost(queued: usize) -> LsCost {
+    // Every job sleeps: should the running one's container vanish (another engine's clean-up on a
+    // shared Docker), the next one holds the GPU again and the queue stays as deep.
+    let long = validate_text(&format!("image: {IMAGE}\ncommand: [sleep, '3600']\ngpus: 1\nenv: {{SEED: '1'}}\n"), Format::Yaml, &Origin::default()).unwrap();
+    let d = Daemon::start("sim:1x24GiB", |state| {
+        let mut st = Store::open(&state.join("gantry.db")).unwrap();
+        st.bulk(|st| {
+            for i in 0..=queued {
+                let who = Owner { uid: 2000 + (i % 4) as u32, gid: 2000, name: format!("user{}", i % 4) };
+                st.insert_job(&long, &who, "bench", None, |_, _| None).unwrap();
+            }
+        })
+        .unwrap();
+    });
+    let client = d.client();
+    // Measure a settled engine: a job running, the start-up pass done.
+    let t = Instant::now();
+    while !client.queue().await.unwrap().iter().any(|q| q.job.state == JobState::Running) {
+        assert!(t.elapsed() < Duration::from_secs(120), "no job started");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = 20;
+    let (engine0, client0) = (proc_cpu_ticks(d.child.id()), proc_cpu_ticks(std::process::id()));
+    let mut api = vec![];
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let q = client.queue().await.unwrap();
+        api.push(t0.elapsed().as_secs_f64());
+        assert!(q.len() + 10 > queued, "{} jobs listed", q.len());
+    }
+    let ticks = |t0: u64, pid: u32| (proc_cpu_ticks(pid) - t0) as f64 / 100.0 / n as f64; // USER_HZ
+    let (engine_cpu, client_cpu) = (ticks(engine0, d.child.id()), ticks(client0, std::process::id()));
+    let mut cli = vec![];
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let st = Command::new(env!("CARGO_BIN_EXE_gantry")).arg("--state-dir").arg(&d.state).arg("ls").stdout(Stdio::null()).status().unwrap();
+        cli.push(t0.elapsed().as_secs_f64());
+        assert!(st.success());
+    }
+    LsCost { api: median(api), cli: median(cli), engine_cpu, client_cpu }
+}
+
+struct LsCost {
+    api: f64,
+    cli: f64,
+    engine_cpu: f64,
+    client_cpu: f64,
 }
 
 /// Percentile `p` (0..100) of `v`.

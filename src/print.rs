@@ -7,7 +7,7 @@ use anyhow::Result;
 use gantry_core::gpu::BackendKind;
 use gantry_core::protocol::{GpuStatus, GpuUser, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, QueueEntryView, StatusInfo, UsageReport};
 use gantry_core::clock::now_ms;
-use gantry_core::units::{duration_brief_ms, duration_ms, format_bytes};
+use gantry_core::units::{duration_brief_ms, duration_ms, duration_setting, format_bytes};
 
 use crate::term::{esc, outln};
 
@@ -45,10 +45,22 @@ pub fn time(ms: Option<i64>) -> String {
     ms.map(|m| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(m as u64)).to_string()).unwrap_or_else(|| "-".into())
 }
 
-fn ask(gpus: u32, mem: Option<u64>) -> String {
-    match mem {
-        Some(m) => format!("{gpus}x{}", format_bytes(m)),
-        None => format!("{gpus}"),
+/// What a job asks for, as the app's "Asks" column says it: `CPU only`, `1 GPU`, `2 GPUs`, `2x20.0 GiB`.
+pub fn ask(gpus: u32, mem: Option<u64>) -> String {
+    match (gpus, mem) {
+        (0, _) => "CPU only".into(),
+        (g, Some(m)) => format!("{g}x{}", format_bytes(m)),
+        (1, None) => "1 GPU".into(),
+        (g, None) => format!("{g} GPUs"),
+    }
+}
+
+/// The GPUs an attempt holds or held, by index: `GPU 0,1`; `CPU only` for none.
+pub fn held_gpus(gpus: &[u32]) -> String {
+    if gpus.is_empty() {
+        "CPU only".into()
+    } else {
+        format!("GPU {}", gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","))
     }
 }
 
@@ -57,7 +69,8 @@ pub fn print_queue(q: &[QueueEntryView]) {
         outln!("no running or queued jobs");
         return;
     }
-    outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} STATUS", "ID", "STATE", "OWNER", "NAME", "GPUS", "AGE");
+    // ASKS is the request (as in the app); where a running job runs is in STATUS.
+    outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} STATUS", "ID", "STATE", "OWNER", "NAME", "ASKS", "AGE");
     for e in q {
         let j = &e.job;
         let status = match j.state {
@@ -68,7 +81,10 @@ pub fn print_queue(q: &[QueueEntryView]) {
             }
             // Submitted to Slurm and waiting there: Slurm's reason.
             _ if e.reason.is_some() => esc(e.reason.as_deref().unwrap_or_default()).into_owned(),
-            _ => format!("on GPU {}", e.gpus_assigned.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
+            _ if j.gpus == 0 => "CPU only".into(),
+            // The Slurm backend learns a job's GPUs once Slurm reports them.
+            _ if e.gpus_assigned.is_empty() => "on GPUs not reported yet".into(),
+            _ => format!("on {}", held_gpus(&e.gpus_assigned)),
         };
         outln!("{:>5}  {:<9} {:<10} {:<24} {:<10} {:<8} {}", j.id, j.state.as_str(), esc(&j.owner), trunc(&esc(&j.name), 24), ask(j.gpus, j.gpu_memory), ago(j.submitted_at), status);
     }
@@ -97,9 +113,9 @@ pub fn print_detail(d: &JobDetailView) {
     }
     for a in &d.attempts {
         outln!(
-            "attempt {}: GPU [{}] {} -> {} {} {}",
+            "attempt {}: {} {} -> {} {} {}",
             a.n,
-            a.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
+            held_gpus(&a.gpus),
             time(Some(a.started_at)),
             time(a.ended_at),
             a.reason.map(|r| r.as_str()).unwrap_or("running"),
@@ -219,7 +235,7 @@ pub fn print_gpus(g: &GpuStatus) {
 }
 
 pub fn print_usage(r: &UsageReport) {
-    outln!("since {} (fair share: GPU-hours halve every {})", time(Some(r.since_ms)), duration_brief_ms(r.fair_share_half_life_ms));
+    outln!("since {} (fair share: GPU-hours halve every {})", time(Some(r.since_ms)), duration_setting(Duration::from_millis(r.fair_share_half_life_ms.max(0) as u64)));
     if r.users.is_empty() {
         outln!("no use in this window");
         return;
@@ -267,7 +283,8 @@ pub fn print_history(rows: &[HistoryRow]) {
         outln!("no completed runs match");
         return;
     }
-    outln!("{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}", "ID", "STATUS", "OWNER", "NAME", "CODE", "GPUS", "FINISHED", "DURATION");
+    // ON GPU: the GPUs it ran on, by index (`gantry ls` shows the request under ASKS).
+    outln!("{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}", "ID", "STATUS", "OWNER", "NAME", "CODE", "ON GPU", "FINISHED", "DURATION");
     for r in rows {
         let dur = match (r.started_at, r.finished_at) {
             (Some(s), Some(f)) => duration_ms(f - s),
@@ -280,7 +297,7 @@ pub fn print_history(rows: &[HistoryRow]) {
             esc(&r.owner),
             trunc(&esc(&r.name), 24),
             r.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            r.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
+            if r.gpus.is_empty() { "-".to_string() } else { r.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",") },
             time(r.finished_at),
             dur
         );

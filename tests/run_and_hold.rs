@@ -97,3 +97,50 @@ fn a_held_job_waits_with_a_reason_until_its_owner_releases_it() {
     let out = e.gantry_user(&alice, &["hold", &held.to_string()]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only queued jobs can be held"), "{out:?}");
 }
+
+/// Issue 22, item 6: what `ls`, `show`, `history` and `usage` print means what it says. A CPU job says
+/// "CPU only" (not "on GPU " or "GPU []"), `ls` labels the request ASKS and `history` the GPUs a run
+/// had ON GPU, a `gantry run` job says it came from `gantry run` (there is no file), and the
+/// fair-share half-life reads as the lab config writes it.
+#[test]
+fn what_ls_show_history_and_usage_print_says_what_it_means() {
+    let e = Engine::start(&["--gpus", "sim:1x24GiB"]);
+    let text = |args: &[&str]| {
+        let out = e.gantry(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let run = |args: &[&str]| text(&[&["--json", "run", "--image", IMAGE][..], args].concat());
+    let id_of = |out: String| serde_json::from_str::<Value>(&out).unwrap()["job_id"].as_i64().unwrap();
+    let cpu = id_of(run(&["--gpus", "0", "--name", "cpu-job", "--", "sleep", "60"]));
+    let gpu = id_of(run(&["--gpus", "1", "--name", "gpu-job", "--", "sleep", "60"]));
+    e.wait_state(cpu, "running");
+    e.wait_state(gpu, "running");
+
+    let ls = text(&["ls"]);
+    let header = ls.lines().next().unwrap();
+    assert!(header.contains("ASKS") && !header.contains("GPUS"), "the request is labelled: {ls}");
+    let row = |id: i64| ls.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap_or_else(|| panic!("no row for {id}: {ls}")).to_string();
+    assert!(row(cpu).contains("CPU only") && !row(cpu).contains("GPU"), "{ls}");
+    assert!(row(gpu).contains("1 GPU") && row(gpu).trim_end().ends_with("on GPU 0"), "{ls}");
+
+    let show = text(&["show", &cpu.to_string()]);
+    assert!(show.contains("gpus:      CPU only") && show.contains("attempt 1: CPU only ") && !show.contains("GPU []"), "{show}");
+    assert!(show.contains("from gantry run") && !show.contains("api:"), "{show}");
+    assert_eq!(e.show(gpu)["job"]["source"], "gantry run");
+    let show = text(&["show", &gpu.to_string()]);
+    assert!(show.contains("attempt 1: GPU 0 "), "{show}");
+
+    for id in [cpu, gpu] {
+        assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
+    }
+    for id in [cpu, gpu] {
+        e.wait_final(id);
+    }
+    let history = text(&["history"]);
+    let header = history.lines().next().unwrap();
+    assert!(header.contains("ON GPU") && !header.contains("GPUS"), "the GPUs a run had are labelled: {history}");
+
+    let usage = text(&["usage"]);
+    assert!(usage.contains("GPU-hours halve every 1d)"), "{usage}");
+}

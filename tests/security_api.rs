@@ -64,6 +64,16 @@ fn other_users_see_a_jobs_row_but_not_its_spec_or_output() {
     assert_private("ls --json", &q.to_string());
     let row = q.as_array().unwrap().iter().find(|r| r["job"]["id"] == id).unwrap_or_else(|| panic!("bob's ls lacks job {id}: {q}"));
     assert_eq!((row["job"]["name"].as_str(), row["job"]["owner"].as_str()), (Some("train"), Some("gantry-alice")));
+    // The same row for everyone, public fields only: a field added to it is shown to every user,
+    // so it must be chosen here on purpose (the spec, env, messages and source stay in `show`).
+    let keys: std::collections::BTreeSet<&str> = row["job"].as_object().unwrap().keys().map(String::as_str).collect();
+    // (`gpu_memory` and `started_at` are left out when there is none.)
+    let public = ["gpu_memory", "gpus", "id", "image", "name", "owner", "owner_uid", "priority", "started_at", "state", "submitted_at"];
+    assert!(keys.iter().all(|k| public.contains(k)) && keys.len() >= public.len() - 2, "bob's ls row of alice's job holds more than its public row: {row}");
+    let entry: std::collections::BTreeSet<&str> = row.as_object().unwrap().keys().map(String::as_str).collect();
+    let verdict = ["estimated_start", "eta_confidence", "gpus_assigned", "job", "position", "reason"];
+    assert!(entry.iter().all(|k| verdict.contains(k)), "bob's ls entry of alice's job: {row}");
+    assert_eq!(row, e.json_as(&alice, &["ls"]).as_array().unwrap().iter().find(|r| r["job"]["id"] == id).unwrap(), "alice's own row is the same");
     let show = e.gantry_user(&bob, &["show", &id.to_string()]);
     assert!(show.status.success(), "{}", text(&show));
     assert_private("show", &text(&show));

@@ -448,7 +448,7 @@ mod tests {
         assert!(matches!(engine, EngineRef::Embedded { .. }) && lock.is_some(), "{engine:?}");
         let client = Client::new(engine.socket().unwrap());
         assert_eq!(rt.block_on(client.status()).unwrap().config_file, Some(config));
-        let spec = |priority: i32| SubmitRequest { text: format!("image: busybox\ngpus: 0\npriority: {priority}\n"), file_name: "p.yaml".into(), base_dir: None, idempotency_key: None };
+        let spec = |priority: i32| SubmitRequest { text: format!("image: busybox\ngpus: 0\npriority: {priority}\n"), file_name: "p.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() };
         let refused = rt.block_on(client.submit(&spec(5))).unwrap_err().to_string();
         assert!(refused.contains("priority 5 is outside the range you may use (-2..2)"), "{refused}");
     }

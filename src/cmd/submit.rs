@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use gantry_core::client::ClientError;
-use gantry_core::protocol::SubmitRequest;
+use gantry_core::protocol::{SpecOrigin, SubmitRequest};
 
 use super::Ctx;
 use crate::cli::RunArgs;
@@ -51,7 +51,7 @@ pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
         Some(_) => None,
         None => Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?),
     };
-    let s = ctx.client.submit(&SubmitRequest { text, file_name, base_dir, idempotency_key: None }).await.map_err(|e| match e {
+    let s = ctx.client.submit(&SubmitRequest { text, file_name, base_dir, idempotency_key: None, origin: SpecOrigin::RunFlags }).await.map_err(|e| match e {
         // The line numbers point into text the user never saw: name the field only.
         ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
         e => e.into(),

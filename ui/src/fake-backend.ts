@@ -43,10 +43,8 @@ export function usageReport(over: Partial<UsageReport> = {}): UsageReport {
 export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: Partial<QueueEntry> = {}): QueueEntry {
   return {
     job: {
-      id, name: `job${id}`, owner_uid: 1000, owner_gid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0, retries: 0,
-      timeout_ms: null, job: validJob(`job${id}`), spec_hidden: false,
-      state: "queued", source: "cli", submitted_at: Date.now() - 60_000, not_before: null, started_at: null, finished_at: null,
-      exit_code: null, attempts: 0, cancel_requested: false, message: null, ...over,
+      id, name: `job${id}`, owner_uid: 1000, owner: "ada", image: "img:1", gpus: 1, gpu_memory: null, priority: 0,
+      state: "queued", submitted_at: Date.now() - 60_000, started_at: null, ...over,
     },
     gpus_assigned: [], position: 1, reason: "needs 1 free GPU, 0 available", estimated_start: null, eta_confidence: null, ...extra,
   };

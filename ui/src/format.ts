@@ -31,7 +31,7 @@ export function time(ms: number | null | undefined): string {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
-export function ask(gpus: number, mem: number | null): string {
+export function ask(gpus: number, mem?: number | null): string {
   if (gpus === 0) return "CPU only";
   return mem ? `${gpus} × ${bytes(mem)}` : `${gpus} GPU${gpus === 1 ? "" : "s"}`;
 }

@@ -173,11 +173,14 @@ min_gpu_memory?: string | null,
  */
 priority: number, 
 /**
- * Wall-clock limit, e.g. `24h`, `90m`. The job is stopped (SIGTERM, then SIGKILL) when it passes.
+ * Wall-clock limit per attempt, e.g. `24h`, `90m`, counted from when it starts running. When it
+ * passes the job is stopped (SIGTERM, then SIGKILL after the grace period) and ends `timed_out`,
+ * never retried.
  */
 timeout?: string | null, 
 /**
- * How often to retry after a failure (not after cancel). Default 0.
+ * How often to retry after a failure (a non-zero exit, out of memory, a lost container), with
+ * exponential backoff; never after a timeout or a cancel. Default 0.
  */
 retries: number, 
 /**
@@ -287,17 +290,41 @@ export type SubmitResult = { Ok : Array<number> } | { Err : string };
  */
 export type Job = { id: number, name: string, owner_uid: number, owner_gid: number, owner: string, image: string, gpus: number, gpu_memory: number | null, priority: number, retries: number, timeout_ms: number | null, job: ValidJob | null, spec_hidden: boolean, state: JobState, source: string, submitted_at: number, not_before: number | null, started_at: number | null, finished_at: number | null, exit_code: number | null, attempts: number, cancel_requested: boolean, message: string | null, };
 /**
- * `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
+ * A queued, starting or running job as `gantry ls` and the app's Queue view show it: its public row
+ * only, the same for every caller (everyone sees the queue of a shared machine). The spec (command,
+ * env, mounts, workdir), messages and output are not here; `gantry show` gives them to whoever may
+ * see them. A field added here is shown to every user: add only what a row already shows.
  */
-export type QueueEntry = { job: Job, gpus_assigned: Array<number>, position: number | null, reason: string | null, 
+export type QueueJob = { id: number, name: string, owner_uid: number, owner: string, image: string, 
+/**
+ * GPUs it asks for (0: CPU only).
+ */
+gpus: number, 
+/**
+ * Declared memory per GPU in bytes; `None`: whole GPUs.
+ */
+gpu_memory?: number | null, priority: number, state: JobState, submitted_at: number, 
+/**
+ * When its first attempt started.
+ */
+started_at?: number | null, };
+/**
+ * `GET /v1/jobs`: a running or queued job with the scheduler's verdict. A field that is `None` is
+ * left out (a deep queue is 100,000 of these).
+ */
+export type QueueEntry = { job: QueueJob, 
+/**
+ * GPU indexes it holds (running); empty while queued and for CPU-only jobs.
+ */
+gpus_assigned: Array<number>, position?: number | null, reason?: string | null, 
 /**
  * Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
  */
-estimated_start: number | null, 
+estimated_start?: number | null, 
 /**
  * How sure `estimated_start` is (`p50`: even odds).
  */
-eta_confidence: string | null, };
+eta_confidence?: string | null, };
 /**
  * Why an attempt ended.
  */

@@ -26,6 +26,15 @@ describe("queue view", () => {
     await settle();
     expect(calls.filter((c) => c.name === "cancel").map((c) => c.args[0])).toEqual([1]);
   });
+  it("says CPU only where a running CPU job runs, not a GPU", async () => {
+    const q = [entry(7, { state: "running", gpus: 0 }, { gpus_assigned: [], position: null, reason: null })];
+    const { b } = fakeBackend({ queue: () => Promise.resolve(q) });
+    const v = queueView(b, 1000, () => {});
+    await settle();
+    const row = v.el.querySelector("[data-testid=queue-row-7]")!;
+    expect(row.querySelector(".reason")!.textContent).toBe("CPU only");
+    expect(row.textContent).not.toContain("GPU none");
+  });
   it("lists running jobs first, then queued by position", () => {
     const q = sortQueue([entry(3, {}, { position: 2 }), entry(4, {}, { position: 1 }), entry(5, { state: "running" }, { position: null })]);
     expect(q.map((e) => e.job.id)).toEqual([5, 4, 3]);

@@ -28,7 +28,7 @@ use crate::protocol::routes::{
 };
 use crate::protocol::{
     ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest,
-    QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
+    Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
 use crate::spec::ValidJob;
 use crate::store::{Job, Owner};
@@ -194,24 +194,19 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     // Mounts are checked by helper processes that may wait on a slow file system: off the async workers.
     let ids = tokio::task::spawn_blocking(move || {
         let spec = Spec::File { text: &r.text, file_name: &r.file_name, base_dir: r.base_dir.clone() };
-        e.submit(Submission { spec, owner: &owner, source: format!("api:{}", r.file_name), source_key: None, idempotency_key: r.idempotency_key.as_deref() })
+        e.submit(Submission { spec, owner: &owner, source: r.origin.source(&r.file_name), source_key: None, idempotency_key: r.idempotency_key.as_deref() })
     })
     .await
     .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 
-async fn queue(State(e): E, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<QueueEntryView>> {
-    let viewer = Viewer::of(&e.policy(), p.uid);
-    let view = |q: crate::engine::QueueEntry| QueueEntryView {
-        job: JobView::new(q.job, viewer),
-        gpus_assigned: q.gpus_assigned,
-        position: q.position,
-        reason: q.reason,
-        estimated_start: q.estimated_start,
-        eta_confidence: q.eta_confidence,
-    };
-    Ok(Json(e.queue()?.into_iter().map(view).collect()))
+/// Everyone's queue rows ([`crate::protocol::QueueEntryView`]s): a [`crate::protocol::QueueJob`] holds only public
+/// fields, so every caller gets the same list (no spec, env, messages or output to hide). Written
+/// by the engine straight from the queue in memory (a deep queue is tens of MB of JSON).
+async fn queue(State(e): E) -> Result<Response, Failure> {
+    let body = tokio::task::spawn_blocking(move || e.queue_json()).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn job(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobDetailView> {

@@ -64,6 +64,7 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
         file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         base_dir: abs.parent().map(Path::to_path_buf),
         idempotency_key: None,
+        origin: Default::default(),
     })
 }
 
@@ -723,7 +724,7 @@ mod tests {
     }
 
     fn spec() -> SubmitRequest {
-        SubmitRequest { text: "image: a\n".into(), file_name: "a.yaml".into(), base_dir: None, idempotency_key: None }
+        SubmitRequest { text: "image: a\n".into(), file_name: "a.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() }
     }
 
     #[tokio::test]

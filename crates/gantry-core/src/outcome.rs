@@ -78,7 +78,11 @@ pub fn outcome(how: &How, p: &RetryPolicy) -> Ending {
             if *oom { EndReason::Oom } else { EndReason::Exited },
             format!("exited with code {code}{} while the engine was down", if *oom { " (out of memory)" } else { "" }),
         ),
-        How::TimedOut { code, timeout_ms } => end(*code, EndReason::Timeout, format!("stopped after the {} timeout", duration_ms(*timeout_ms)), JobState::TimedOut),
+        // Never retried: a job that ran out of time would most likely run out of it again.
+        How::TimedOut { code, timeout_ms } => {
+            let not_retried = if p.retries > 0 { "; not retried (`retries` apply to failures, not to a timeout)" } else { "" };
+            end(*code, EndReason::Timeout, format!("stopped after the {} timeout{not_retried}", duration_ms(*timeout_ms)), JobState::TimedOut)
+        }
         How::Cancelled { code } => end(*code, EndReason::Cancelled, "cancelled".into(), JobState::Cancelled),
         How::CancelledBeforeStart => end(None, EndReason::Cancelled, "cancelled before it started".into(), JobState::Cancelled),
         How::Lost(why) => failure(None, EndReason::Lost, why.clone()),
@@ -117,6 +121,8 @@ mod tests {
             (How::ExitedWhileAway { code: 2, oom: false }, p(1, 1), Queued, Some(2), EndReason::Exited, Some(1_010_000), "while the engine was down"),
             // Timeouts and cancels never retry.
             (How::TimedOut { code: Some(143), timeout_ms: 60_000 }, p(1, 5), TimedOut, Some(143), EndReason::Timeout, None, "after the 1m timeout"),
+            (How::TimedOut { code: Some(137), timeout_ms: 60_000 }, p(2, 5), TimedOut, Some(137), EndReason::Timeout, None, "after the 1m timeout; not retried (`retries` apply to failures"),
+            (How::TimedOut { code: Some(143), timeout_ms: 60_000 }, p(1, 0), TimedOut, Some(143), EndReason::Timeout, None, "after the 1m timeout"),
             (How::Cancelled { code: Some(143) }, p(1, 5), Cancelled, Some(143), EndReason::Cancelled, None, "cancelled"),
             (How::CancelledBeforeStart, p(1, 5), Cancelled, None, EndReason::Cancelled, None, "before it started"),
             (How::Lost("its container is gone".into()), p(1, 1), Queued, None, EndReason::Lost, Some(1_010_000), "its container is gone"),

@@ -56,6 +56,11 @@ pub fn format_cpus(milli: u64) -> String {
     }
 }
 
+/// `1 CPU`, `16 CPUs`, `0.5 CPUs`: a number of CPUs in a sentence.
+pub fn cpus_count(milli: u64) -> String {
+    format!("{} CPU{}", format_cpus(milli), if milli == 1000 { "" } else { "s" })
+}
+
 /// 1-based line and column of a byte offset in `text` (for error messages).
 pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
@@ -106,6 +111,7 @@ mod tests {
         assert_eq!(format_bytes(24 << 30), "24.0 GiB");
         assert_eq!(parse_limit("unlimited"), Some(-1));
         assert_eq!(format_cpus(1500), "1.5");
+        assert_eq!((cpus_count(1000), cpus_count(2000), cpus_count(500)), ("1 CPU".into(), "2 CPUs".into(), "0.5 CPUs".into()));
         assert_eq!(line_col("a\nbc", 3), (2, 2));
     }
 }

@@ -9,6 +9,12 @@ export function sortQueue(q: QueueEntry[]): QueueEntry[] {
   return [...q].sort((a, b) => rank(a) - rank(b) || (a.position ?? 0) - (b.position ?? 0) || a.job.id - b.job.id);
 }
 
+/** Where a started job runs: "GPU 0, 1", "CPU only" (it asked for no GPU), or that the backend has not said yet. */
+export function runsOn(asked: number, held: number[]): string {
+  if (asked === 0) return "CPU only";
+  return held.length ? `GPU ${held.join(", ")}` : "GPU not reported yet";
+}
+
 export function queueView(backend: Backend, me: number | null, go: (hash: string) => void): View {
   const el = h("section", { class: "view", "data-testid": "view-queue" });
   const body = h("tbody");
@@ -31,7 +37,7 @@ export function queueView(backend: Backend, me: number | null, go: (hash: string
       const j = e.job;
       const mine = me === 0 || j.owner_uid === me;
       const eta = e.estimated_start ? ` · starts ~${e.estimated_start <= Date.now() ? "now" : "in " + duration(e.estimated_start - Date.now())}` : "";
-      const where = j.state === "queued" ? `#${e.position ?? "?"} · ${e.reason ?? ""}${eta}` : `GPU ${e.gpus_assigned.join(", ") || "none"}`;
+      const where = j.state === "queued" ? `#${e.position ?? "?"} · ${e.reason ?? ""}${eta}` : runsOn(j.gpus, e.gpus_assigned);
       const waited = j.state === "queued" ? duration(Date.now() - j.submitted_at) : duration(Date.now() - (j.started_at ?? j.submitted_at));
       body.append(h("tr", { "data-testid": `queue-row-${j.id}`, "data-state": j.state },
         h("td", {}, h("a", { href: `#/run/${j.id}` }, String(j.id))),

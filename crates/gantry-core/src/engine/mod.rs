@@ -30,7 +30,7 @@ mod sampler;
 pub mod submit;
 mod supervisor;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -51,7 +51,8 @@ pub(crate) use joblog::append_log;
 pub use joblog::{strip_stamps, strip_stamps_live};
 pub use crate::config::{Config, Paths};
 pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
-pub use crate::store::{JobDetail, QueueEntry};
+pub use crate::protocol::QueueEntryView as QueueEntry;
+pub use crate::store::JobDetail;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -148,7 +149,8 @@ pub struct Engine {
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
-    waiting: RwLock<HashMap<i64, crate::scheduler::Waiting>>,
+    /// Why each queued job waits, by job id (ordered: `queue` walks it alongside the queue in memory).
+    waiting: RwLock<BTreeMap<i64, crate::scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
     eta_at: std::sync::atomic::AtomicI64,
     /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
@@ -190,6 +192,19 @@ fn prepare_state_dir(paths: &Paths) -> Result<(), EngineError> {
     std::fs::create_dir_all(paths.logs())?;
     std::fs::set_permissions(paths.logs(), std::fs::Permissions::from_mode(0o700))?;
     Ok(())
+}
+
+/// The engine's start-up line on what jobs may use: "CPU and RAM for jobs: 1 CPU, 3.0 GiB (the
+/// machine's 2 CPUs and 4.0 GiB, ...)".
+fn for_jobs_line(cap: crate::scheduler::CpuRam, total: crate::scheduler::CpuRam) -> String {
+    use crate::units::{cpus_count, format_bytes};
+    format!(
+        "CPU and RAM for jobs: {}, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
+        cpus_count(cap.cpus_milli),
+        format_bytes(cap.memory),
+        cpus_count(total.cpus_milli),
+        format_bytes(total.memory)
+    )
 }
 
 const ID_MARK_FILE: &str = ".job-id-high-water";
@@ -299,13 +314,7 @@ impl Engine {
         let topology = crate::resources::Topology::read();
         let gpu_numa: HashMap<u32, u32> = gpu.numa_nodes().into_iter().collect();
         let cap = machine.for_jobs(&cfg.policy().containers);
-        info!(
-            "CPU and RAM for jobs: {} CPUs, {} (the machine's {} and {}, less the lab's reserve for the OS and Docker)",
-            crate::units::format_cpus(cap.cpus_milli),
-            crate::units::format_bytes(cap.memory),
-            crate::units::format_cpus(machine.total.cpus_milli),
-            crate::units::format_bytes(machine.total.memory)
-        );
+        info!("{}", for_jobs_line(cap, machine.total));
         if let Some(m) = machine.memlock_max {
             warn!("containers may not lock unlimited memory on this host (no CAP_SYS_RESOURCE): jobs get memlock = {} at most", crate::units::format_bytes(m as u64));
         }
@@ -334,7 +343,7 @@ impl Engine {
             gpu_numa,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
-            waiting: RwLock::new(HashMap::new()),
+            waiting: RwLock::new(BTreeMap::new()),
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),

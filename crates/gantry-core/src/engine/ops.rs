@@ -1,11 +1,16 @@
 //! The API facade: what clients may ask of the engine.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Seek, SeekFrom, Write};
+
+use serde::ser::{SerializeSeq, Serializer};
+use serde::Serialize;
 
 use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
+use crate::scheduler::{Behind, Waiting};
 use crate::spec::{self, SpecError, ValidJob};
-use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, TimelineRun};
+use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, QueueJob, QueuedRow, TimelineRun};
 
 impl Engine {
     /// Users who ran `gantry inbox init` (the system engine watches their drop folders).
@@ -73,33 +78,56 @@ impl Engine {
         self.store().job_by_source_key(key).ok().flatten()
     }
 
+    /// The queue as `gantry ls` and the app show it: starting and running jobs and the queued ones,
+    /// by id, each with the scheduler's verdict ([`Engine::queue_json`], read back).
     pub fn queue(&self) -> Result<Vec<QueueEntry>, EngineError> {
-        let jobs = self.reader().active_jobs()?;
+        Ok(serde_json::from_slice(&self.queue_json()?).map_err(std::io::Error::from)?)
+    }
+
+    /// The queue as the API sends it: a JSON array of [`QueueEntry`]. Written straight from the
+    /// queue in memory (only the few started jobs' rows are read from SQLite, without their specs),
+    /// so a queue of 100,000 jobs costs no spec parsing and no copy of every row.
+    pub fn queue_json(&self) -> Result<Vec<u8>, EngineError> {
+        // One snapshot: the queue in memory changes only under the store's lock, with the committed
+        // transition it mirrors, so no job is missed or listed twice as it starts.
+        let (started, queued) = {
+            let mut st = self.store();
+            if self.queue.lock().unwrap().is_stale() {
+                st.track_queue()?;
+            }
+            let started = st.started_rows()?;
+            let queued = self.queue.lock().unwrap().rows();
+            (started, queued)
+        };
+        // The GPUs each started job holds, so supervisors need not wait for the whole list.
+        let held: HashMap<i64, Vec<u32>> = {
+            let running = self.running.lock().unwrap();
+            started.iter().filter_map(|j| running.get(&j.id).map(|h| (j.id, h.gpus.clone()))).collect()
+        };
+        let problem = self.health.read().unwrap().store_problem.clone();
         let waiting = self.waiting.read().unwrap();
         let eta = self.eta.read().unwrap();
-        let running = self.running.lock().unwrap();
-        let problem = self.health.read().unwrap().store_problem.clone();
-        Ok(jobs
-            .into_iter()
-            .map(|j| {
-                let w = waiting.get(&j.id);
-                QueueEntry {
-                    gpus_assigned: running.get(&j.id).map(|h| h.gpus.clone()).unwrap_or_default(),
-                    position: w.map(|w| w.position),
-                    reason: match (j.state, w) {
-                        (JobState::Queued, _) if problem.is_some() => problem.clone(),
-                        (JobState::Queued, Some(w)) => Some(w.why()),
-                        (JobState::Queued, None) => Some("about to be scheduled".into()),
-                        // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason).
-                        (JobState::Starting, Some(w)) => Some(w.reason.clone()),
-                        _ => None,
-                    },
-                    estimated_start: if j.state == JobState::Queued { eta.get(&j.id).copied() } else { None },
-                    eta_confidence: (j.state == JobState::Queued && eta.contains_key(&j.id)).then(|| "p50".to_string()),
-                    job: j,
-                }
-            })
-            .collect())
+        let v = Verdicts { waiting: &waiting, eta: &eta, held: &held, problem: problem.as_deref() };
+        // Queued jobs and their verdicts are both by id: walk them side by side (a lookup per job
+        // would miss the cache 100,000 times).
+        let mut verdicts = waiting.iter().peekable();
+        let mut out = Vec::with_capacity((started.len() + queued.len()) * QUEUE_ROW_BYTES + 2);
+        let mut json = serde_json::Serializer::new(&mut out);
+        let mut seq = json.serialize_seq(Some(started.len() + queued.len())).map_err(std::io::Error::from)?;
+        let mut started = started.iter().peekable();
+        for r in &queued {
+            while let Some(s) = started.next_if(|s| s.id < r.id) {
+                seq.serialize_element(&v.started(s)).map_err(std::io::Error::from)?;
+            }
+            while verdicts.next_if(|(id, _)| **id < r.id).is_some() {}
+            let w = verdicts.next_if(|(id, _)| **id == r.id).map(|(_, w)| w);
+            seq.serialize_element(&v.queued(r, w)).map_err(std::io::Error::from)?;
+        }
+        for s in started {
+            seq.serialize_element(&v.started(s)).map_err(std::io::Error::from)?;
+        }
+        seq.end().map_err(std::io::Error::from)?;
+        Ok(out)
     }
 
     pub fn job_detail(&self, id: i64) -> Result<JobDetail, EngineError> {
@@ -175,5 +203,126 @@ impl Engine {
 
     pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {
         Ok(self.reader().history(f)?)
+    }
+}
+
+/// What the queue says of each job besides its row.
+struct Verdicts<'a> {
+    waiting: &'a BTreeMap<i64, Waiting>,
+    eta: &'a HashMap<i64, i64>,
+    /// The GPUs of each started job.
+    held: &'a HashMap<i64, Vec<u32>>,
+    /// A failed state write: every queued job's reason.
+    problem: Option<&'a str>,
+}
+
+impl<'a> Verdicts<'a> {
+    /// A queued job, with `w` its entry in `waiting` (found by the caller's walk).
+    fn queued(&self, r: &'a QueuedRow, w: Option<&'a Waiting>) -> EntryOut<'a> {
+        EntryOut {
+            job: JobOut::queued(r),
+            gpus_assigned: &[],
+            position: w.map(|w| w.position),
+            reason: Some(match (self.problem, w) {
+                (Some(p), _) => Reason::Text(p),
+                (None, Some(w)) if w.reason.is_empty() => Reason::Behind(w.position.saturating_sub(1)),
+                (None, Some(w)) => Reason::Text(&w.reason),
+                (None, None) => Reason::Text("about to be scheduled"),
+            }),
+            estimated_start: self.eta.get(&r.id).copied(),
+            eta_confidence: self.eta.contains_key(&r.id).then_some("p50"),
+        }
+    }
+
+    fn started(&self, j: &'a QueueJob) -> EntryOut<'a> {
+        let w = self.waiting.get(&j.id);
+        EntryOut {
+            job: JobOut::started(j),
+            gpus_assigned: self.held.get(&j.id).map(Vec::as_slice).unwrap_or_default(),
+            position: w.map(|w| w.position),
+            // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason).
+            reason: w.filter(|_| j.state == JobState::Starting).map(|w| Reason::Text(&w.reason)),
+            estimated_start: None,
+            eta_confidence: None,
+        }
+    }
+}
+
+/// About what one queue row takes as JSON (a queued job with a short reason): the buffer is sized
+/// once, instead of doubling (and copying) its way to tens of MB.
+const QUEUE_ROW_BYTES: usize = 256;
+
+/// One [`QueueEntry`] as [`Engine::queue_json`] writes it, borrowed from the queue in memory. It
+/// must serialize exactly as `QueueEntry` does: `Engine::queue` reads this output back as
+/// `QueueEntry`s (the engine's tests and the API tests read every field of it).
+#[derive(Serialize)]
+struct EntryOut<'a> {
+    job: JobOut<'a>,
+    gpus_assigned: &'a [u32],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<Reason<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimated_start: Option<i64>,
+    /// `p50` with every estimate (see [`QueueEntry::eta_confidence`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eta_confidence: Option<&'static str>,
+}
+
+/// A [`QueueJob`], borrowed.
+#[derive(Serialize)]
+struct JobOut<'a> {
+    id: i64,
+    name: &'a str,
+    owner_uid: u32,
+    owner: &'a str,
+    image: &'a str,
+    gpus: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_memory: Option<u64>,
+    priority: i32,
+    state: JobState,
+    submitted_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<i64>,
+}
+
+impl<'a> JobOut<'a> {
+    fn queued(r: &'a QueuedRow) -> Self {
+        JobOut {
+            id: r.id,
+            name: &r.name,
+            owner_uid: r.owner_uid,
+            owner: &r.owner,
+            image: &r.image,
+            gpus: r.gpus,
+            gpu_memory: r.gpu_memory,
+            priority: r.priority,
+            state: JobState::Queued,
+            submitted_at: r.submitted_at,
+            started_at: r.started_at,
+        }
+    }
+    fn started(j: &'a QueueJob) -> Self {
+        // Field by field: a new `QueueJob` field does not compile until it is written here too.
+        let QueueJob { id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at } = j;
+        JobOut { id: *id, name, owner_uid: *owner_uid, owner, image, gpus: *gpus, gpu_memory: *gpu_memory, priority: *priority, state: *state, submitted_at: *submitted_at, started_at: *started_at }
+    }
+}
+
+/// Why a job waits: the scheduler's text, or [`Behind`] where the plan wrote none (as
+/// [`Waiting::why`] says), written without a string per job.
+enum Reason<'a> {
+    Text(&'a str),
+    Behind(usize),
+}
+
+impl Serialize for Reason<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Reason::Text(t) => s.serialize_str(t),
+            Reason::Behind(n) => s.collect_str(&Behind(*n)),
+        }
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! [`Backend::place`]: super::backend::Backend::place
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -244,7 +244,7 @@ impl Engine {
                 plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
             }
         }
-        let waiting: HashMap<i64, Waiting> = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
+        let waiting: BTreeMap<i64, Waiting> = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
         // The old map is dropped outside the lock.
         let old = std::mem::replace(&mut *self.waiting.write().unwrap(), waiting);
         drop(old);

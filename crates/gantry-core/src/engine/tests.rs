@@ -305,3 +305,40 @@ fn a_submit_sent_again_with_its_key_gets_the_first_jobs_and_never_another_users(
     // Without a key every submit is new (the drop folder and old clients).
     assert_eq!(e.submit(file("name: m\nimage: a\n", &Owner { uid: 1002, gid: 1002, name: "carol".into() })).unwrap().len(), 1);
 }
+
+#[test]
+fn the_start_up_line_says_1_cpu_not_1_cpus() {
+    use crate::scheduler::CpuRam;
+    const G: u64 = 1 << 30;
+    let line = super::for_jobs_line(CpuRam { cpus_milli: 1000, memory: 3 * G }, CpuRam { cpus_milli: 2000, memory: 4 * G });
+    assert!(line.starts_with("CPU and RAM for jobs: 1 CPU, 3.0 GiB (the machine's 2 CPUs and 4.0 GiB,"), "{line}");
+    let line = super::for_jobs_line(CpuRam { cpus_milli: 500, memory: G }, CpuRam { cpus_milli: 1000, memory: 2 * G });
+    assert!(line.starts_with("CPU and RAM for jobs: 0.5 CPUs, 1.0 GiB (the machine's 1 CPU and 2.0 GiB,"), "{line}");
+}
+
+/// Issue 22, item 7: the queue (`gantry ls`) comes from the queue in memory and the started jobs'
+/// rows, never from parsing specs: a queued job whose stored spec could not be read back as a job
+/// is still listed, with everything the row shows, in id order after the running one.
+#[tokio::test(start_paused = true)]
+async fn the_queue_is_served_without_reading_any_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script("long", Script { runtime: Duration::from_secs(3600), ..Default::default() });
+    let (e, _h) = start(dir.path(), &fake);
+    let run = submit(&e, "name: long\nimage: a\ngpus: 1\n");
+    wait_state(&e, run, |s| s == JobState::Running).await;
+    let waiting: Vec<i64> = (0..3).map(|i| submit(&e, &format!("name: w{i}\nimage: img:{i}\ngpus: 1\ngpu_memory: 2GiB\npriority: {i}\n"))).collect();
+    // No spec to parse: each queued job's stored spec is an empty object.
+    let db = rusqlite::Connection::open(dir.path().join("state/gantry.db")).unwrap();
+    assert_eq!(db.execute("UPDATE jobs SET spec_json = '{}' WHERE state = 'queued'", []).unwrap(), 3);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let q = e.queue().unwrap();
+    let ids: Vec<i64> = q.iter().map(|x| x.job.id).collect();
+    assert_eq!(ids, [vec![run], waiting.clone()].concat());
+    assert_eq!((q[0].job.state, q[0].gpus_assigned.as_slice(), q[0].job.started_at.is_some()), (JobState::Running, &[0][..], true));
+    let w = &q[3].job;
+    assert_eq!((w.name.as_str(), w.image.as_str(), w.gpus, w.gpu_memory, w.priority, w.state, w.owner.as_str(), w.owner_uid), ("w2", "img:2", 1, Some(2 << 30), 2, JobState::Queued, "alice", 1000));
+    // Highest priority first.
+    assert_eq!(q[1..].iter().map(|x| x.position).collect::<Vec<_>>(), [Some(3), Some(2), Some(1)]);
+    assert!(q[1..].iter().all(|x| x.reason.is_some()), "{q:?}");
+}

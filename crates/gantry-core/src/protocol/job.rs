@@ -144,18 +144,53 @@ pub struct JobView {
     pub message: Option<String>,
 }
 
-/// `GET /v1/jobs`: a running or queued job with the scheduler's verdict.
+/// A queued, starting or running job as `gantry ls` and the app's Queue view show it: its public row
+/// only, the same for every caller (everyone sees the queue of a shared machine). The spec (command,
+/// env, mounts, workdir), messages and output are not here; `gantry show` gives them to whoever may
+/// see them. A field added here is shown to every user: add only what a row already shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct QueueJob {
+    pub id: i64,
+    pub name: String,
+    pub owner_uid: u32,
+    pub owner: String,
+    pub image: String,
+    /// GPUs it asks for (0: CPU only).
+    pub gpus: u32,
+    /// Declared memory per GPU in bytes; `None`: whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub gpu_memory: Option<u64>,
+    pub priority: i32,
+    pub state: JobState,
+    pub submitted_at: i64,
+    /// When its first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub started_at: Option<i64>,
+}
+
+/// `GET /v1/jobs`: a running or queued job with the scheduler's verdict. A field that is `None` is
+/// left out (a deep queue is 100,000 of these).
 #[derive(Debug, Clone, Serialize, Deserialize, TS)]
 #[ts(rename = "QueueEntry")]
 pub struct QueueEntryView {
-    pub job: JobView,
+    pub job: QueueJob,
+    /// GPU indexes it holds (running); empty while queued and for CPU-only jobs.
     pub gpus_assigned: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
     pub position: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
     pub reason: Option<String>,
     /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
     pub estimated_start: Option<i64>,
     /// How sure `estimated_start` is (`p50`: even odds).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
     pub eta_confidence: Option<String>,
 }
 
@@ -183,6 +218,35 @@ pub struct SubmitRequest {
     /// digits, `-`, `_`, `.` or `:`. Ignored by `POST /v1/validate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// What wrote the text, for the job's source (`gantry show`: "from ..."). Absent: a file.
+    #[serde(default, skip_serializing_if = "SpecOrigin::is_file")]
+    pub origin: SpecOrigin,
+}
+
+/// Where a submitted spec's text comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecOrigin {
+    /// A spec file: the job's source is `api:<file_name>`.
+    #[default]
+    File,
+    /// `gantry run` wrote it from its flags: there is no file, and the source says `gantry run`
+    /// (not the command: a job's source is public, its command is not).
+    RunFlags,
+}
+
+impl SpecOrigin {
+    pub fn is_file(&self) -> bool {
+        *self == SpecOrigin::File
+    }
+
+    /// The job's source for a spec from `file_name` that came this way.
+    pub fn source(self, file_name: &str) -> String {
+        match self {
+            SpecOrigin::File => format!("api:{file_name}"),
+            SpecOrigin::RunFlags => "gantry run".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, TS)]

@@ -256,13 +256,22 @@ pub struct Waiting {
 }
 
 impl Waiting {
-    /// The reason, or "waiting behind N other jobs" where the plan wrote none.
+    /// The reason, or "waiting behind N other jobs" ([`Behind`]) where the plan wrote none.
     pub fn why(&self) -> String {
         if self.reason.is_empty() {
-            format!("waiting behind {} other jobs", self.position.saturating_sub(1))
+            Behind(self.position.saturating_sub(1)).to_string()
         } else {
             self.reason.clone()
         }
+    }
+}
+
+/// "waiting behind N other jobs": why a job past `explain_first` waits.
+pub struct Behind(pub usize);
+
+impl std::fmt::Display for Behind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "waiting behind {} other jobs", self.0)
     }
 }
 

@@ -102,10 +102,13 @@ pub struct JobSpec {
     /// Higher runs first. Default 0.
     #[serde(default)]
     pub priority: i32,
-    /// Wall-clock limit, e.g. `24h`, `90m`. The job is stopped (SIGTERM, then SIGKILL) when it passes.
+    /// Wall-clock limit per attempt, e.g. `24h`, `90m`, counted from when it starts running. When it
+    /// passes the job is stopped (SIGTERM, then SIGKILL after the grace period) and ends `timed_out`,
+    /// never retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
-    /// How often to retry after a failure (not after cancel). Default 0.
+    /// How often to retry after a failure (a non-zero exit, out of memory, a lost container), with
+    /// exponential backoff; never after a timeout or a cancel. Default 0.
     #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
     pub retries: i64,

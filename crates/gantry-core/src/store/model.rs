@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::spec::ValidJob;
 // The rows the store returns to clients are wire types, defined in the protocol.
-pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, TimelineRun};
+pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, QueueJob, TimelineRun};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -33,22 +33,6 @@ pub struct Job {
     pub attempts: u32,
     pub cancel_requested: bool,
     pub message: Option<String>,
-}
-
-/// A queued or running job with the scheduler's verdict, as the engine reports it (the API shows
-/// each caller a `protocol::QueueEntryView` of it).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueueEntry {
-    pub job: Job,
-    pub gpus_assigned: Vec<u32>,
-    pub position: Option<usize>,
-    pub reason: Option<String>,
-    /// Estimated start (ms) from declared or learned runtimes, assuming nothing new arrives.
-    pub estimated_start: Option<i64>,
-    /// What `estimated_start` is: `p50` (a replay of the queue with median runtimes, learned from
-    /// similar completed jobs or declared: about even odds of starting earlier or later).
-    #[serde(default)]
-    pub eta_confidence: Option<String>,
 }
 
 /// A job with its attempts and events, as the engine reports it (the API shows each caller a
@@ -180,6 +164,8 @@ pub struct QueuedRow {
     pub gpu_memory: Option<u64>,
     pub priority: i32,
     pub submitted_at: i64,
+    /// When its first attempt started (a job queued again to retry).
+    pub started_at: Option<i64>,
     pub not_before: Option<i64>,
     pub expected_runtime_ms: Option<i64>,
     pub after: Vec<i64>,
@@ -245,7 +231,7 @@ pub(super) fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
 
 pub(super) const QUEUED_SELECT: &str = "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
      json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
-     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid \
+     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid, started_at \
      FROM jobs WHERE state = 'queued'";
 
 pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
@@ -267,6 +253,29 @@ pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
         gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
         cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
         memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
+        started_at: r.get(17)?,
+    })
+}
+
+/// Jobs starting or running, as queue rows (no spec). The second `IN` lets SQLite use the
+/// `jobs_active` partial index (its condition must appear in the query) instead of scanning history.
+pub(super) const STARTED_SELECT: &str = "SELECT id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at \
+     FROM jobs WHERE state IN ('starting','running') AND state IN ('queued','starting','running') ORDER BY id";
+
+pub(super) fn started_from_row(r: &Row) -> rusqlite::Result<QueueJob> {
+    let state: String = r.get(8)?;
+    Ok(QueueJob {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        owner_uid: r.get(2)?,
+        owner: r.get(3)?,
+        image: r.get(4)?,
+        gpus: r.get(5)?,
+        gpu_memory: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+        priority: r.get(7)?,
+        state: JobState::parse(&state).unwrap_or(JobState::Running),
+        submitted_at: r.get(9)?,
+        started_at: r.get(10)?,
     })
 }
 

@@ -260,6 +260,13 @@ impl Store {
         Ok(rows)
     }
 
+    /// Jobs starting or running, as the queue shows them (no spec parsing), by id.
+    pub fn started_rows(&self) -> Result<Vec<QueueJob>> {
+        let mut st = self.conn.prepare_cached(STARTED_SELECT)?;
+        let rows = st.query_map([], started_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
     /// Jobs that are queued, starting or running, in submission order.
     pub fn active_jobs(&self) -> Result<Vec<Job>> {
         let mut st = self.conn.prepare_cached(&format!(
