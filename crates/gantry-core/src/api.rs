@@ -23,11 +23,11 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
+    CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
     VALIDATE, WHOAMI,
 };
 use crate::protocol::{
-    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest,
+    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest, QueuePageQuery,
     Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
 use crate::spec::ValidJob;
@@ -145,6 +145,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
     Router::new()
         .route(STATUS, get(status))
         .route(JOBS, get(queue).post(submit))
+        .route(QUEUE_PAGE, get(queue_page))
         .route(JOB, get(job))
         .route(CANCEL, post(cancel))
         .route(PRIORITY, post(priority))
@@ -206,6 +207,12 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
 /// by the engine straight from the queue in memory (a deep queue is tens of MB of JSON).
 async fn queue(State(e): E) -> Result<Response, Failure> {
     let body = tokio::task::spawn_blocking(move || e.queue_json()).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// `gantry ls`'s page of the queue: public rows only, as [`queue`]; the caller's own jobs among them.
+async fn queue_page(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<QueuePageQuery>) -> Result<Response, Failure> {
+    let body = tokio::task::spawn_blocking(move || e.queue_page_json(q.limit, p.uid)).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 

@@ -18,7 +18,7 @@ use crate::machine_lock::{Holder, LockError};
 use crate::protocol::routes::{self, fill, with_query};
 use crate::protocol::{
     ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, LogQuery,
-    Preview, PriorityRequest, QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
+    Preview, PriorityRequest, QueueEntryView, QueuePage, QueuePageQuery, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
     WhoAmI,
 };
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
@@ -331,6 +331,12 @@ impl Client {
     /// Running and queued jobs, with why each queued one waits.
     pub async fn queue(&self) -> Result<Vec<QueueEntryView>, ClientError> {
         self.get(routes::JOBS).await
+    }
+
+    /// What `gantry ls` shows: every started job, the first `limit` queued ones in scheduling
+    /// order and the first `limit` of the caller's own, with how many are queued in all.
+    pub async fn queue_page(&self, limit: usize) -> Result<QueuePage, ClientError> {
+        self.get(&with_query(routes::QUEUE_PAGE, &QueuePageQuery { limit })?).await
     }
 
     /// Queue one spec (its text); [`Client::submit_file`] reads a file first. The request carries an

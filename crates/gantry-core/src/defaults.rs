@@ -119,3 +119,7 @@ pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
 /// passed since its creation before it is taken for never started: the engine that created it calls
 /// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
 pub const START_SETTLE: Duration = Duration::from_secs(5);
+
+/// Queued jobs `gantry ls` shows by default: the next 100 to start and the caller's first 100 (a
+/// terminal shows a few dozen lines; `--all` lists a queue of 100,000, which is 25 MB of JSON).
+pub const LS_QUEUED_SHOWN: usize = 100;
