@@ -68,6 +68,10 @@ pub struct Policy {
     pub log_cap: u64,
     /// Log files of jobs that ended longer ago are deleted (`None`: kept).
     pub log_keep: Option<Duration>,
+    /// Log streams (`gantry logs`, `logs -f`, the app's log views) one uid may have open at once.
+    pub log_streams_per_user: usize,
+    /// Folders of one user's drop folder the engine watches (inotify); past it, they are scanned.
+    pub inbox_watches_per_user: usize,
     /// Finished jobs that ended longer ago are deleted from history (`None`: kept).
     pub history_keep: Option<Duration>,
     /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
@@ -96,6 +100,8 @@ impl Default for Policy {
             reserve_after: config::RESERVE_AFTER,
             log_cap: config::LOG_CAP,
             log_keep: None,
+            log_streams_per_user: config::LOG_STREAMS_PER_USER,
+            inbox_watches_per_user: config::INBOX_WATCHES_PER_USER,
             history_keep: None,
             containers: Default::default(),
             admin_uids: BTreeSet::new(),
@@ -153,6 +159,8 @@ impl Policy {
             ("jobs.reserve_after", d(Some(self.reserve_after))),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
+            ("logs.streams_per_user", self.log_streams_per_user.to_string()),
+            ("inbox.max_watches", self.inbox_watches_per_user.to_string()),
             ("history.keep", d(self.history_keep)),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
         ];
