@@ -909,7 +909,12 @@ impl Inbox {
             Err(Stop::Refuse(e)) => return refuse(&f, name, &st, e),
             Err(s) => return stopped(s),
         };
-        match self.queue(engine, &f, name, &st) {
+        let queued = self.queue(engine, &f, name, &st);
+        if queued.is_ok() || (waited.is_some() && !matches!(queued, Err(Stop::Wait(_) | Stop::Retry(_)))) {
+            // An error file next to it is out of date (it waited, or it changed since): remove it.
+            let _ = unlinkat(&f.fd, format!("{name}.error.txt").as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        match queued {
             Ok(id) => {
                 let moved = move_noreplace(&f.fd, name, &accepted, &format!("{id}-{name}"));
                 match moved {
@@ -1153,6 +1158,31 @@ mod tests {
 
     fn me() -> Ids {
         Ids { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
+    }
+
+    /// Issue 18, item 16: a refusal only time lifts waits 30 s, then twice as long each time, at
+    /// most 10 minutes; a changed file starts again from the first wait.
+    #[test]
+    fn a_waiting_file_backs_off_and_a_changed_one_starts_over() {
+        let now = tokio::time::Instant::now();
+        let (a, b) = ((1, 2, 3, 4), (1, 2, 3, 5));
+        let mut w = Waiting::after(None, a, now);
+        let mut delays = vec![w.delay.as_secs()];
+        for _ in 0..6 {
+            w = Waiting::after(Some(&w), a, now);
+            delays.push(w.delay.as_secs());
+        }
+        assert_eq!(delays, [30, 60, 120, 240, 480, 600, 600]);
+        assert_eq!(w.next, now + WAIT_MAX);
+        assert_eq!(Waiting::after(Some(&w), b, now).delay, WAIT_FIRST, "the file changed");
+    }
+
+    /// Issue 18, item 17: a user's file name cannot forge a line of the engine's log.
+    #[test]
+    fn names_are_logged_with_control_characters_escaped() {
+        assert_eq!(log_safe("plain name.yaml"), "plain name.yaml");
+        assert_eq!(log_safe("a\n2026-01-01 INFO forged\r\u{1b}[2J.yaml"), "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J.yaml");
+        assert_eq!(log_safe("caf\u{e9}.yaml"), "caf\u{e9}.yaml", "other text is kept");
     }
 
     #[test]

@@ -266,12 +266,14 @@ reserve_after = "1h"
 [logs]
 cap = "1GiB"
 keep = "90d"
+streams_per_user = 4
 [history]
 keep = "365d"
 [inbox]
 group = "gantry"
 path = "Gantry/inbox"
 templates = "/etc/gantry/templates"
+max_watches = 32
 "#;
         let c = parse(full).unwrap();
         let p = &c.policy;
@@ -279,6 +281,7 @@ templates = "/etc/gantry/templates"
         assert_eq!(p.default_timeout, Some(Duration::from_secs(7 * 86400)));
         assert_eq!((p.log_cap, p.see_others, p.admin_gid), (1 << 30, SeeOthers::All, Some(0)));
         assert_eq!(p.log_keep, Some(Duration::from_secs(90 * 86400)));
+        assert_eq!((p.log_streams_per_user, p.inbox_watches_per_user), (4, 32));
         assert_eq!(c.gpus.as_ref().unwrap().gpus.len(), 3);
         assert_eq!((c.inbox_path.as_deref(), c.inbox_group.as_deref()), (Some(Path::new("Gantry/inbox")), Some("gantry")));
         let d = parse("").unwrap();
@@ -303,6 +306,8 @@ templates = "/etc/gantry/templates"
             ("[limits]\nmax_running_gpus = 0\n", "`max_running_gpus` = 0 is out of range"),
             ("[limits]\nmax_queued_jobs = \"many\"\n", "config.toml:2:19: invalid type: string \"many\", expected i64"),
             ("[inbox]\npath = \"../x\"\n", "not a plain path"),
+            ("[logs]\nstreams_per_user = 0\n", "config.toml:2:20: `streams_per_user` = 0 is out of range; use a number from 1 to 1024"),
+            ("[inbox]\nmax_watches = 1000000\n", "config.toml:2:15: `max_watches` = 1000000 is out of range; use a number from 1 to 65536"),
             ("simulate = \"sim:lots\"\n", "invalid simulated GPU spec"),
         ];
         for (text, want) in cases {
