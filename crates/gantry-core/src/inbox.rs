@@ -693,11 +693,17 @@ impl Inbox {
             }
             return;
         }
+        if ignorable(&name) {
+            return; // our own error files and their temporary names, editors' temporary files
+        }
         let key = (folder.clone(), name.clone());
         if arrived {
             w.writing.remove(&key);
             self.handle(engine, w, folder.as_deref(), &name);
-        } else if ev.mask.intersects(AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_CREATE) {
+        } else if ev.mask.contains(AddWatchFlags::IN_MODIFY) {
+            // Being written: read only once it is closed (or moved in).
+            w.writing.insert(key, tokio::time::Instant::now());
+        } else if ev.mask.contains(AddWatchFlags::IN_CREATE) {
             let dir = match &folder {
                 None => openat(&self.fd, ".", DIR, Mode::empty()),
                 Some(d) => openat(&self.fd, d.as_str(), DIR, Mode::empty()),
