@@ -59,7 +59,12 @@ pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
             })
             .await?;
     } else {
-        show(&ctx.client.logs(id).await?);
+        ctx.client
+            .logs_chunks(id, |chunk| {
+                show(chunk);
+                true
+            })
+            .await?;
     }
     Ok(())
 }

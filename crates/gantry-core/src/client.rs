@@ -407,6 +407,12 @@ impl Client {
         self.raw(&fill(routes::LOGS, id)).await
     }
 
+    /// The job's output so far, chunk by chunk as the engine streams it (`on_chunk` returns false
+    /// to stop): a long log is never held whole, and only its start is bounded by the timeout.
+    pub async fn logs_chunks(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
+        self.stream(&fill(routes::LOGS, id), on_chunk).await
+    }
+
     /// The job's output as it is written, until the job ends or `on_chunk` returns false.
     pub async fn follow_logs(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
         self.stream(&with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?, on_chunk).await
