@@ -21,6 +21,7 @@ mod two_engines;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
+mod security_network;
 mod security_redteam;
 mod security_state;
 mod sim_gpus;

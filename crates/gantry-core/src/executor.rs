@@ -37,6 +37,15 @@ pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
 pub const LABEL_CPUS: &str = "dev.gantry.cpus";
 /// A container made only to read an image's files, never started.
 pub const LABEL_PROBE: &str = "dev.gantry.probe";
+/// A user's own bridge network (its value: the uid), made by any engine on demand.
+pub const LABEL_NETWORK_UID: &str = "dev.gantry.network-uid";
+
+/// The Docker network a user's jobs share: one per user on the machine, so one user's job cannot
+/// connect to another user's ports (Docker isolates bridge networks from each other) while the same
+/// user's jobs reach each other and every job keeps outbound access.
+pub fn user_network(uid: u32) -> String {
+    format!("gantry-u{uid}")
+}
 
 /// How long a placement waits for another engine's simultaneous placement to give way before giving
 /// way itself: removing a container takes well under a second.
@@ -112,12 +121,15 @@ pub enum ExecError {
     /// Another engine (or someone's `docker run --gpus`) placed on the same GPU at the same moment.
     #[error("{0}")]
     GpuTaken(String),
+    /// The owner's network was removed by another engine between create and start.
+    #[error("the job's network went away before it started ({0}); trying again shortly")]
+    NetworkGone(String),
 }
 
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_))
+        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_) | ExecError::NetworkGone(_))
     }
 }
 
@@ -365,6 +377,8 @@ pub struct DockerExecutor {
     /// Container id -> its GPUs (a container's configuration never changes): one inspect per container.
     inspected: std::sync::Arc<std::sync::Mutex<HashMap<String, Option<GpuSet>>>>,
     image_files: ImageFiles,
+    /// Held while this engine makes or removes a user's network.
+    networks: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The first plain file in a tar stream (as Docker's archive API sends one path), skipping extended
@@ -404,9 +418,63 @@ impl DockerExecutor {
         g
     }
 
+    /// The id of user `uid`'s network, made if missing (a bridge, labeled, with outbound access).
+    /// Docker before API 1.44 lets two engines make two networks of one name at the same moment:
+    /// every engine then uses the one with the smallest id and removes its own extra one.
+    /// Called with `networks` held.
+    async fn ensure_network(&self, uid: u32) -> Result<String, ExecError> {
+        let name = user_network(uid);
+        let find = || async {
+            let filters = HashMap::from([("name".to_string(), vec![name.clone()])]);
+            let list = self.docker.list_networks(Some(qp::ListNetworksOptions { filters: Some(filters) })).await.map_err(classify)?;
+            // `name` filters by substring: only the exact name counts.
+            let mut ids: Vec<String> = list.into_iter().filter(|n| n.name.as_deref() == Some(name.as_str())).filter_map(|n| n.id).collect();
+            ids.sort();
+            Ok::<_, ExecError>(ids)
+        };
+        if let Some(id) = find().await?.into_iter().next() {
+            return Ok(id);
+        }
+        let req = bollard::models::NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(HashMap::from([(LABEL_NETWORK_UID.to_string(), uid.to_string())])),
+            ..Default::default()
+        };
+        let mine = self.docker.create_network(req).await.map_err(classify)?.id;
+        let ids = find().await?;
+        let first = ids.first().cloned().unwrap_or_else(|| mine.clone());
+        if first != mine {
+            let _ = self.docker.remove_network(&mine).await;
+        }
+        tracing::info!("made network {name} for uid {uid}'s jobs");
+        Ok(first)
+    }
+
+    /// Remove a user's network (by name or id) once no container of any state is on it; Docker
+    /// itself refuses while one is attached.
+    async fn remove_network_if_unused(&self, network: &str) {
+        let _one = self.networks.lock().await;
+        let Ok(info) = self.docker.inspect_network(network, None::<qp::InspectNetworkOptions>).await else { return };
+        if !info.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NETWORK_UID)) {
+            return;
+        }
+        let Some(id) = info.id else { return };
+        let filters = HashMap::from([("network".to_string(), vec![id.clone()])]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        match self.docker.list_containers(Some(opts)).await {
+            Ok(list) if list.is_empty() => {
+                if let Err(e) = self.docker.remove_network(&id).await {
+                    tracing::debug!("network {network} stays: {e}");
+                }
+            }
+            _ => {}
+        }
+    }
+
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default() })
+        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default(), networks: Default::default() })
     }
 }
 
@@ -496,7 +564,22 @@ impl Executor for DockerExecutor {
             ..Default::default()
         };
         let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
-        Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+        // On the owner's own network. This engine never removes it between ensure and create (the
+        // lock); another engine may, when its last container goes (see `remove`): then once more.
+        let mut body = body;
+        let _one = self.networks.lock().await;
+        for again in [false, true] {
+            let net = self.ensure_network(l.uid).await?;
+            body.host_config.as_mut().unwrap().network_mode = Some(net);
+            match self.docker.create_container(Some(opts.clone()), body.clone()).await {
+                Ok(c) => return Ok(c.id),
+                Err(DockerError::DockerResponseServerError { status_code: 404, message }) if !again && message.contains("network") => {
+                    tracing::debug!("network of uid {} went away before create ({message}); once more", l.uid)
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+        unreachable!("the second try returns")
     }
 
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
@@ -552,7 +635,12 @@ impl Executor for DockerExecutor {
     }
 
     async fn start(&self, id: &str) -> Result<(), ExecError> {
-        self.docker.start_container(id, None::<qp::StartContainerOptions>).await.map_err(classify)
+        match self.docker.start_container(id, None::<qp::StartContainerOptions>).await {
+            // Another engine removed the user's network between our create and start (its last
+            // container went at that moment): the next try makes it again.
+            Err(DockerError::DockerResponseServerError { status_code: 404, message }) if message.contains("network") => Err(ExecError::NetworkGone(message)),
+            r => r.map_err(classify),
+        }
     }
 
     async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
@@ -582,11 +670,21 @@ impl Executor for DockerExecutor {
     }
 
     async fn remove(&self, id: &str) -> Result<(), ExecError> {
+        // Its user's network goes with the user's last container (bridge networks come from a small
+        // address pool: about 30 on Docker's defaults).
+        let network = match self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
+            Ok(c) => c.host_config.and_then(|h| h.network_mode).filter(|n| n.starts_with("gantry-u") || n.len() == 64),
+            Err(_) => None,
+        };
         let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
         match self.docker.remove_container(id, Some(opts)).await {
-            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(e) => Err(classify(e)),
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(classify(e)),
         }
+        if let Some(n) = network {
+            self.remove_network_if_unused(&n).await;
+        }
+        Ok(())
     }
 
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {
