@@ -6,6 +6,10 @@ use std::time::Duration;
 
 /// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// A pull not finished by then is stopped and its jobs fail (`[images] pull_timeout`): a large CUDA
+/// image (10-20 GB) over a slow 100 Mbit/s link takes about 25 min; a registry that hangs must not
+/// keep its jobs waiting for ever.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB

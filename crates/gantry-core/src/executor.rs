@@ -121,6 +121,9 @@ pub enum ExecError {
     /// Another engine (or someone's `docker run --gpus`) placed on the same GPU at the same moment.
     #[error("{0}")]
     GpuTaken(String),
+    /// The image was removed between its pull and the job's start.
+    #[error("image {0:?} is no longer on this machine; it is pulled again before the job is placed")]
+    ImageGone(String),
     /// The owner's network was removed by another engine between create and start.
     #[error("the job's network went away before it started ({0}); trying again shortly")]
     NetworkGone(String),
@@ -129,7 +132,7 @@ pub enum ExecError {
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_) | ExecError::NetworkGone(_))
+        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_) | ExecError::NetworkGone(_) | ExecError::ImageGone(_))
     }
 }
 
@@ -272,8 +275,11 @@ pub struct Exit {
 #[async_trait::async_trait]
 pub trait Executor: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), ExecError>;
-    /// Make sure the image is present; try one pull if not.
-    async fn ensure_image(&self, image: &str) -> Result<(), ExecError>;
+    /// Is the image on this machine?
+    async fn has_image(&self, image: &str) -> Result<bool, ExecError>;
+    /// Pull the image. Dropping the future stops Gantry's pull (the request to Docker ends; Docker
+    /// 20.10 itself may keep its connection to a registry that never answers).
+    async fn pull(&self, image: &str) -> Result<(), ExecError>;
     /// Create (not start) the attempt's container; returns its id.
     async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError>;
     async fn start(&self, id: &str) -> Result<(), ExecError>;
@@ -484,12 +490,15 @@ impl Executor for DockerExecutor {
         self.docker.ping().await.map(|_| ()).map_err(unreachable_or_forbidden)
     }
 
-    async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
+    async fn has_image(&self, image: &str) -> Result<bool, ExecError> {
         match self.docker.inspect_image(image).await {
-            Ok(_) => return Ok(()),
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
-            Err(e) => return Err(classify(e)),
+            Ok(_) => Ok(true),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+            Err(e) => Err(classify(e)),
         }
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), ExecError> {
         let opts = qp::CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
         let mut stream = self.docker.create_image(Some(opts), None, None);
         while let Some(item) = stream.next().await {
@@ -502,9 +511,10 @@ impl Executor for DockerExecutor {
                 return Err(ExecError::ImageUnavailable { image: image.into(), detail });
             }
         }
-        match self.docker.inspect_image(image).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(ExecError::ImageUnavailable { image: image.into(), detail: e.to_string() }),
+        match self.has_image(image).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ExecError::ImageUnavailable { image: image.into(), detail: "Docker finished the pull without the image".into() }),
+            Err(e) => Err(e),
         }
     }
 

@@ -108,8 +108,9 @@ impl Engine {
     /// Place on this machine's GPUs (`gpus`, as the backend sees them) with `scheduler::plan`. Cheap
     /// when nothing it reads has changed (it then places nothing); otherwise the planning runs on a
     /// blocking thread, so a deep queue never holds up the API. `down`: why the backend cannot start
-    /// anything now (then nothing starts and that is every job's reason).
-    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>) -> Vec<Dispatch> {
+    /// anything now (then nothing starts and that is every job's reason). `held_back`: jobs that stay
+    /// out of the plan, with their reason (their image is being pulled).
+    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>, held_back: Vec<(i64, String)>) -> Vec<Dispatch> {
         let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let now = self.now();
@@ -132,7 +133,7 @@ impl Engine {
             // each pass), which FULL_PASS_EVERY covers.
             let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
             serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
-            (&store_problem, &down, self.stats.lock().unwrap().at).hash(&mut h);
+            (&store_problem, &down, self.stats.lock().unwrap().at, &held_back).hash(&mut h);
             h.finish()
         };
         if let Some((last, at)) = *self.last_pass.lock().unwrap() {
@@ -144,7 +145,7 @@ impl Engine {
         *self.last_pass.lock().unwrap() = Some((inputs, now));
         let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         let me = self.clone();
-        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down))).await;
+        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down), held_back)).await;
         let (placements, gpus) = match planned {
             Ok(p) => p,
             Err(e) => {
@@ -183,8 +184,12 @@ impl Engine {
         gpus: Vec<scheduler::GpuView>,
         now: i64,
         no_starts: Option<String>,
+        held_back: Vec<(i64, String)>,
     ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>) {
         let mut blocked = self.check_dependencies(&mut queued);
+        let out: std::collections::HashSet<i64> = held_back.iter().map(|h| h.0).collect();
+        queued.retain(|j| !out.contains(&j.id));
+        blocked.extend(held_back);
         // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
         queued.retain(|j| {
             if j.held {

@@ -15,7 +15,9 @@ use crate::defaults as config;
 
 use crate::units::duration_setting as human;
 
+mod images;
 mod parse;
+pub use images::{is_local_registry, registry_of, Images};
 pub use parse::*;
 
 /// The system engine's lab config.
@@ -72,6 +74,8 @@ pub struct Policy {
     pub history_keep: Option<Duration>,
     /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
     pub containers: crate::resources::Containers,
+    /// `[images]`: the registries allowed, the pull timeout.
+    pub images: Images,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -98,6 +102,7 @@ impl Default for Policy {
             log_keep: None,
             history_keep: None,
             containers: Default::default(),
+            images: Default::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -154,6 +159,8 @@ impl Policy {
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
             ("history.keep", d(self.history_keep)),
+            ("images.allow", self.images.allow.as_ref().map(|a| format!("{a:?}")).unwrap_or_else(|| "any (no local registry)".into())),
+            ("images.pull_timeout", d(Some(self.images.pull_timeout))),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
         ];
         v.extend(self.containers.entries());
@@ -347,6 +354,26 @@ templates = "/etc/gantry/templates"
         }
         let changed = parse("[containers]\nallow_ipc_host = true\n").unwrap().policy.changes_from(&Policy::default());
         assert_eq!(changed, vec!["containers.allow_ipc_host: false -> true"]);
+    }
+
+    #[test]
+    fn images_table_parses_and_explains_its_mistakes() {
+        let i = parse("[images]\nallow = [\"registry.lab.example/*\", \"pytorch/*\"]\npull_timeout = \"10m\"\n").unwrap().policy.images;
+        assert_eq!(i, Images { allow: Some(vec!["registry.lab.example/*".into(), "pytorch/*".into()]), pull_timeout: Duration::from_secs(600) });
+        assert_eq!(parse("").unwrap().policy.images, Images::default());
+        let cases: &[(&str, &str)] = &[
+            ("[images]\nallow = [\"https://r.example/*\"]\n", "config.toml:2:10: images `allow` lists \"https://r.example/*\", which is not an image pattern"),
+            ("[images]\nallow = [\"a b\"]\n", "is not an image pattern; write an image name with `*`"),
+            ("[images]\nallow = \"pytorch/*\"\n", "config.toml:2:9: invalid type: string \"pytorch/*\", expected a sequence"),
+            ("[images]\npull_timeout = \"2d\"\n", "`pull_timeout` = \"2d\" is longer than 1d; use at most \"1d\""),
+            ("[images]\npull = \"1m\"\n", "config.toml:2:1: unknown field `pull`"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[images]\npull_timeout = \"1h\"\n").unwrap().policy.changes_from(&Policy::default());
+        assert_eq!(changed, vec!["images.pull_timeout: 30m -> 1h"]);
     }
 
     #[test]

@@ -147,6 +147,8 @@ pub(super) struct RawFile {
     inbox: RawInbox,
     #[serde(default)]
     containers: RawContainers,
+    #[serde(default)]
+    images: RawImages,
     backend: S<String>,
     #[serde(default)]
     slurm: RawSlurm,
@@ -231,6 +233,13 @@ pub(super) struct RawLogs {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHistory {
     keep: S<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawImages {
+    allow: S<Vec<Spanned<String>>>,
+    pull_timeout: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -381,6 +390,22 @@ impl Check<'_> {
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
+        // [images]
+        if let Some(allow) = &raw.images.allow {
+            let mut list = vec![];
+            for pat in allow.get_ref() {
+                let v = pat.get_ref().trim();
+                if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) || v.contains("://") {
+                    self.fail(pat.span(), format!("images `allow` lists {:?}, which is not an image pattern", pat.get_ref()), "write an image name with `*` for any part, e.g. \"registry.lab.example/*\" or \"pytorch/*\" (no scheme, no spaces)");
+                } else {
+                    list.push(v.to_string());
+                }
+            }
+            p.images.allow = Some(list);
+        }
+        if let Some(d) = self.duration("pull_timeout", &raw.images.pull_timeout, day) {
+            p.images.pull_timeout = d;
+        }
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {

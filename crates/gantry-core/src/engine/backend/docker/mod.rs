@@ -3,6 +3,7 @@
 
 mod gpus;
 mod logs;
+mod pulls;
 mod reconcile;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -31,11 +32,13 @@ pub(crate) struct DockerBackend {
     foreign: RwLock<Vec<ForeignGpuUse>>,
     /// When they were last listed (ms).
     foreign_at: AtomicI64,
+    /// Images being pulled for queued jobs (before they are placed).
+    pulls: pulls::Pulls,
 }
 
 impl DockerBackend {
     pub fn new(exec: Arc<dyn Executor>) -> DockerBackend {
-        DockerBackend { exec, foreign: RwLock::new(vec![]), foreign_at: AtomicI64::new(0) }
+        DockerBackend { exec, foreign: RwLock::new(vec![]), foreign_at: AtomicI64::new(0), pulls: Default::default() }
     }
 
     /// Is Docker reachable? Its problem goes to `Health::backend_problem`; when it comes back, open
@@ -155,6 +158,7 @@ impl Backend for DockerBackend {
 
     async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch> {
         if e.queue.lock().unwrap().is_empty() {
+            self.pulls.stop_all();
             e.waiting.write().unwrap().clear();
             *e.last_pass.lock().unwrap() = None;
             // Nothing to place, but `gantry gpus` still names other containers on the GPUs: every
@@ -171,8 +175,10 @@ impl Backend for DockerBackend {
         if down.is_none() {
             self.list_foreign(e, false).await;
         }
+        // Missing images are pulled first: their jobs wait out of the plan, holding nothing.
+        let pulling = if down.is_none() { self.pulls.before_pass(e, &self.exec).await } else { vec![] };
         let gpus = self.gpu_views(e);
-        e.plan_local(gpus, down).await
+        e.plan_local(gpus, down, pulling).await
     }
 
     async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
@@ -181,7 +187,10 @@ impl Backend for DockerBackend {
         let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
         let mut created: Option<String> = None;
         let started = async {
-            self.exec.ensure_image(&job.image).await?;
+            // Pulled before it was placed (`pulls`): one removed since is pulled again, GPUs released.
+            if !self.exec.has_image(&job.image).await? {
+                return Err(EngineError::Exec(ExecError::ImageGone(job.image.clone())));
+            }
             // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
             let policy = e.policy();
             policy.containers.check(&job.job, &|k| e.set_in(k))?;
