@@ -3,6 +3,7 @@
 
 mod dl_defaults;
 mod cpus;
+mod disk;
 mod docker_access;
 mod engine_lock;
 mod exactly_once;

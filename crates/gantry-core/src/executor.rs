@@ -37,6 +37,8 @@ pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
 pub const LABEL_CPUS: &str = "dev.gantry.cpus";
 /// A container made only to read an image's files, never started.
 pub const LABEL_PROBE: &str = "dev.gantry.probe";
+/// The job owner's uid, so the top writers of Docker's disk are named by user.
+pub const LABEL_UID: &str = "dev.gantry.uid";
 /// A user's own bridge network (its value: the uid), made by any engine on demand.
 pub const LABEL_NETWORK_UID: &str = "dev.gantry.network-uid";
 
@@ -240,6 +242,15 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// Docker's storage, from `docker info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storage {
+    pub root_dir: String,
+    pub driver: String,
+    /// "Backing Filesystem" of the driver's status (overlay2: `extfs`, `xfs`, ...).
+    pub backing: Option<String>,
+}
+
 /// Where a found container is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Life {
@@ -308,6 +319,16 @@ pub trait Executor: Send + Sync + 'static {
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
     /// errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// Docker's storage: where its root dir is and what stores the containers' layers. `None`: not
+    /// known (a fake).
+    async fn storage(&self) -> Result<Option<Storage>, ExecError> {
+        Ok(None)
+    }
+    /// Gantry's containers (any engine's) with what their writable layers hold (Docker measures it:
+    /// slow, call it only when the disk runs low).
+    async fn writers(&self) -> Result<Vec<crate::policy::Writer>, ExecError> {
+        Ok(vec![])
+    }
     /// The CPUs Gantry's containers (of any engine) that are created or running are pinned to.
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
         Ok(vec![])
@@ -370,6 +391,7 @@ fn container_host_config(l: &Launch) -> HostConfig {
         ulimits: (!ulimits.is_empty()).then_some(ulimits),
         ipc_mode: Some(if c.ipc_host { "host" } else { "private" }.into()),
         tmpfs,
+        storage_opt: c.layer_size.map(|b| HashMap::from([("size".to_string(), b.to_string())])),
         ..Default::default()
     }
 }
@@ -528,6 +550,7 @@ impl Executor for DockerExecutor {
             (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
         let mut labels = labels;
+        labels.insert(LABEL_UID.to_string(), l.uid.to_string());
         if let Some(c) = &l.container.cpuset {
             labels.insert(LABEL_CPUS.to_string(), c.clone());
         }
@@ -590,6 +613,30 @@ impl Executor for DockerExecutor {
             }
         }
         unreachable!("the second try returns")
+    }
+
+    async fn storage(&self) -> Result<Option<Storage>, ExecError> {
+        let info = self.docker.info().await.map_err(unreachable_or_forbidden)?;
+        let backing = info.driver_status.unwrap_or_default().into_iter().find(|kv| kv.first().is_some_and(|k| k == "Backing Filesystem")).and_then(|kv| kv.get(1).cloned());
+        Ok(Some(Storage { root_dir: info.docker_root_dir.unwrap_or_else(|| "/var/lib/docker".into()), driver: info.driver.unwrap_or_default(), backing }))
+    }
+
+    async fn writers(&self) -> Result<Vec<crate::policy::Writer>, ExecError> {
+        let filters = HashMap::from([("label".to_string(), vec![LABEL_JOB.to_string()])]);
+        let opts = qp::ListContainersOptions { all: true, size: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                let uid = labels.get(LABEL_UID).and_then(|u| u.parse::<u32>().ok());
+                let owner = match uid {
+                    Some(u) => nix::unistd::User::from_uid(u.into()).ok().flatten().map(|p| p.name).unwrap_or_else(|| format!("uid {u}")),
+                    None => "owner unknown".into(),
+                };
+                crate::policy::Writer { job_id: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()), owner, size_rw: c.size_rw.unwrap_or(0).max(0) as u64 }
+            })
+            .collect())
     }
 
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {

@@ -298,6 +298,9 @@ pub struct ContainerSettings {
     pub log_file_size: Option<u64>,
     /// The owner's name (`USER`, `LOGNAME`).
     pub user: Option<String>,
+    /// Bytes the container's writable layer may hold (`--storage-opt size`), where Docker's
+    /// storage driver can bound it; `None`: unbounded.
+    pub layer_size: Option<u64>,
 }
 
 /// Where a job's HOME goes when its owner's home cannot be used as the path (no passwd entry, `/`).
@@ -332,6 +335,7 @@ impl Containers {
             cpuset: None,
             log_file_size: None,
             user: None,
+            layer_size: None,
         }
     }
 
@@ -409,6 +413,7 @@ mod tests {
                 threads: Some(8),
                 log_file_size: None,
                 user: None,
+                layer_size: None,
             }
         );
         // A spec may lower the lab's process limit; a lab that lowered it later wins.

@@ -149,6 +149,8 @@ pub(super) struct RawFile {
     containers: RawContainers,
     #[serde(default)]
     images: RawImages,
+    #[serde(default)]
+    disk: RawDisk,
     backend: S<String>,
     #[serde(default)]
     slurm: RawSlurm,
@@ -240,6 +242,13 @@ pub(super) struct RawHistory {
 pub(super) struct RawImages {
     allow: S<Vec<Spanned<String>>>,
     pull_timeout: S<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDisk {
+    min_free: S<String>,
+    layer_size: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -390,6 +399,20 @@ impl Check<'_> {
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
+        // [disk]
+        if let Some(v) = &raw.disk.min_free {
+            match MinFree::parse(v.get_ref()) {
+                Some(m) => p.disk.min_free = m,
+                None => self.fail(v.span(), format!("disk `min_free` = {:?} is not a size or a percentage", v.get_ref()), "write e.g. \"10GiB\" or \"5%\" (of Docker's disk); \"0\" turns the watch off"),
+            }
+        }
+        if let Some(v) = &raw.disk.layer_size {
+            match (v.get_ref().trim(), crate::units::parse_bytes(v.get_ref())) {
+                ("none", _) => p.disk.layer_size = None,
+                (_, Some(b)) if b >= 1 << 30 => p.disk.layer_size = Some(b),
+                (s, _) => self.fail(v.span(), format!("disk `layer_size` = {s:?} is not a size of at least 1 GiB or \"none\""), "write e.g. \"100GiB\" (what one job may write inside its container), or \"none\""),
+            }
+        }
         // [images]
         if let Some(allow) = &raw.images.allow {
             let mut list = vec![];
