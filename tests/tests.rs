@@ -26,6 +26,7 @@ mod security_mounts_race;
 mod security_network;
 mod security_redteam;
 mod security_state;
+mod shares;
 mod sim_gpus;
 mod slurm;
 mod system_engine;

@@ -396,6 +396,41 @@ fn container_host_config(l: &Launch) -> HostConfig {
     }
 }
 
+/// Held by any engine on this machine while it makes a user's network and creates a container on
+/// it, or looks whether one is unused and removes it: Docker (before API 1.44) lets two engines make
+/// two networks of one name, and removes a network a created, not yet started, container is on. A
+/// `flock` on one file every engine opens (no link followed, never written); whoever else holds it
+/// is waited for at most [`NETWORK_LOCK_WAIT`], then the engine goes on without (ids are deduplicated
+/// and a vanished network retried anyway), so no user can stall the engine by holding it.
+struct NetworkLock {
+    _held: Option<std::fs::File>,
+}
+
+const NETWORK_LOCK: &str = "/tmp/.gantry-networks.lock";
+const NETWORK_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+impl NetworkLock {
+    async fn take() -> NetworkLock {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK).or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK)) else {
+            return NetworkLock { _held: None };
+        };
+        let began = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on an fd this function owns.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return NetworkLock { _held: Some(f) };
+            }
+            if began.elapsed() > NETWORK_LOCK_WAIT {
+                tracing::warn!("{NETWORK_LOCK} stayed locked for {}s; going on without it", NETWORK_LOCK_WAIT.as_secs());
+                return NetworkLock { _held: None };
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// Files read from images, by image id and paths (images do not change; a few dozen are in use).
 type ImageFiles = std::sync::Arc<std::sync::Mutex<HashMap<(String, Vec<String>), Vec<Option<Vec<u8>>>>>>;
 
@@ -460,7 +495,12 @@ impl DockerExecutor {
             ids.sort();
             Ok::<_, ExecError>(ids)
         };
-        if let Some(id) = find().await?.into_iter().next() {
+        let ids = find().await?;
+        if let Some(id) = ids.first().cloned() {
+            // Extra ones of the same name (two engines made it at once): removed while unused.
+            for extra in &ids[1..] {
+                let _ = self.docker.remove_network(extra).await;
+            }
             return Ok(id);
         }
         let req = bollard::models::NetworkCreateRequest {
@@ -472,8 +512,8 @@ impl DockerExecutor {
         let mine = self.docker.create_network(req).await.map_err(classify)?.id;
         let ids = find().await?;
         let first = ids.first().cloned().unwrap_or_else(|| mine.clone());
-        if first != mine {
-            let _ = self.docker.remove_network(&mine).await;
+        for extra in ids.iter().filter(|i| **i != first) {
+            let _ = self.docker.remove_network(extra).await;
         }
         tracing::info!("made network {name} for uid {uid}'s jobs");
         Ok(first)
@@ -483,6 +523,7 @@ impl DockerExecutor {
     /// itself refuses while one is attached.
     async fn remove_network_if_unused(&self, network: &str) {
         let _one = self.networks.lock().await;
+        let _all = NetworkLock::take().await;
         let Ok(info) = self.docker.inspect_network(network, None::<qp::InspectNetworkOptions>).await else { return };
         if !info.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NETWORK_UID)) {
             return;
@@ -600,19 +641,27 @@ impl Executor for DockerExecutor {
         // On the owner's own network. This engine never removes it between ensure and create (the
         // lock); another engine may, when its last container goes (see `remove`): then once more.
         let mut body = body;
+        // Two engines making it at the same moment leave two of that name for a moment (Docker then
+        // calls the name ambiguous): the extra one goes (see `ensure_network`), so try again shortly.
         let _one = self.networks.lock().await;
-        for again in [false, true] {
+        let _all = NetworkLock::take().await;
+        let mut tries = 0;
+        loop {
+            tries += 1;
             let net = self.ensure_network(l.uid).await?;
             body.host_config.as_mut().unwrap().network_mode = Some(net);
             match self.docker.create_container(Some(opts.clone()), body.clone()).await {
                 Ok(c) => return Ok(c.id),
-                Err(DockerError::DockerResponseServerError { status_code: 404, message }) if !again && message.contains("network") => {
-                    tracing::debug!("network of uid {} went away before create ({message}); once more", l.uid)
+                Err(DockerError::DockerResponseServerError { status_code, message }) if (status_code == 404 || message.contains("ambiguous")) && message.contains("network") => {
+                    if tries >= 20 {
+                        return Err(ExecError::NetworkGone(message));
+                    }
+                    tracing::debug!("network of uid {} changed before create ({message}); again", l.uid);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 Err(e) => return Err(classify(e)),
             }
         }
-        unreachable!("the second try returns")
     }
 
     async fn storage(&self) -> Result<Option<Storage>, ExecError> {
@@ -695,7 +744,7 @@ impl Executor for DockerExecutor {
         match self.docker.start_container(id, None::<qp::StartContainerOptions>).await {
             // Another engine removed the user's network between our create and start (its last
             // container went at that moment): the next try makes it again.
-            Err(DockerError::DockerResponseServerError { status_code: 404, message }) if message.contains("network") => Err(ExecError::NetworkGone(message)),
+            Err(DockerError::DockerResponseServerError { status_code, message }) if message.contains("network") && (status_code == 404 || message.contains("ambiguous")) => Err(ExecError::NetworkGone(message)),
             r => r.map_err(classify),
         }
     }

@@ -222,12 +222,14 @@ impl Engine {
                     expected_runtime_ms: expected_runtime(&history, j),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
-                    needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
+                    // A job queued before the lab's share shrank is held to the ceiling, like new ones.
+                    needs: ceil_needs(policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count), policy.containers.ceiling(j.gpus, host, gpu_count)),
                 })
                 .collect(),
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
+                gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
                 shapes,
                 ..self.cfg.scheduler.clone()
             },
@@ -268,16 +270,16 @@ impl Engine {
             return;
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
-        let (rows, typical, runs, shapes) = {
+        let rows = self.usage_worth(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default();
+        let (typical, runs, shapes) = {
             let st = self.reader();
             (
-                st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(),
                 st.typical_wait(now - 24 * 3_600_000).ok().flatten(),
                 st.recent_runtimes(crate::config::HISTORY_RUNS).unwrap_or_default(),
                 st.recent_shapes(crate::sim::SHAPE_WINDOW).unwrap_or_default(),
             )
         };
-        let usage = crate::store::decayed_usage(&rows, now, hl);
+        let usage = crate::store::decayed_worth(&rows, now, hl);
         let history = Arc::new(crate::estimate::History::from_runs(&runs));
         let shapes = scheduler::shape_mix(shapes);
         *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes };
@@ -321,6 +323,10 @@ impl Engine {
         }
         blocked
     }
+}
+
+fn ceil_needs(n: crate::scheduler::CpuRam, c: crate::scheduler::CpuRam) -> crate::scheduler::CpuRam {
+    crate::scheduler::CpuRam { cpus_milli: n.cpus_milli.min(c.cpus_milli), memory: n.memory.min(c.memory) }
 }
 
 /// A queued job's declared runtime, else the median learned from similar completed runs

@@ -146,6 +146,9 @@ pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
             format!("ask for at most `memory: {}`", units::format_bytes(cap.memory)),
         ));
     }
+    // No job may hold so much CPU or RAM that the other GPUs cannot run (the per-GPU share is the
+    // default and, for the other GPUs, kept free).
+    e.policy().containers.check_share(job, cap, gpus.len(), &|k| e.set_in(k))?;
     if let Some(m) = job.gpu_memory {
         let max = gpus.iter().map(|g| g.memory_total).max().unwrap_or(0);
         if m > max {
