@@ -166,6 +166,12 @@ pub fn print_status(s: &StatusInfo) {
     if let Some(p) = &s.backend_problem {
         outln!("WARNING: {}", esc(p));
     }
+    if let Some(p) = &s.disk_problem {
+        outln!("WARNING: {}", esc(p));
+    }
+    if let Some(n) = &s.disk_note {
+        outln!("disk: {}", esc(n));
+    }
     for o in &s.orphans {
         outln!(
             "WARNING: orphan container {} (job {} of a lost or replaced database, {}): left alone, its GPUs count as busy",

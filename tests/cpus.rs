@@ -42,9 +42,10 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     let cpus = std::thread::available_parallelism().unwrap().get();
     let dir = tempfile::tempdir().unwrap();
     chmod(dir.path(), 0o755);
-    // No reserve: every CPU of this machine goes to jobs, so two 1-CPU jobs run side by side here.
+    // No reserve: every CPU of this machine goes to jobs, so two 1-CPU jobs run side by side here;
+    // no per-GPU CPU share, so no CPU is kept for the (idle, simulated) GPUs and a job may ask for all.
     let lab = dir.path().join("config.toml");
-    std::fs::write(&lab, "[containers]\nreserve_cpus = 0\n").unwrap();
+    std::fs::write(&lab, "[containers]\nreserve_cpus = 0\ncpus_per_gpu = \"none\"\n").unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
     let spec = |name: &str, extra: &str| format!("name: {name}\nimage: {IMAGE}\ngpus: 0\nmemory: 256MiB\n{extra}mounts: ['{}:/t:ro']\ncommand: '{SEE}'\n", dir.path().display());
     let (mut pinned, mut sets) = (vec![], vec![]);

@@ -33,7 +33,7 @@ pub(crate) fn submit_as(e: &Engine, u: &User, yaml: &str) -> Result<i64, String>
 
 /// CPU thousandths and RAM the engine gives jobs with the default lab config: the machine less
 /// 1 CPU and 2 GiB, at least half of it (packaging/config.toml, `reserve_cpus`, `reserve_memory`).
-fn capacity() -> (u64, u64) {
+pub(crate) fn capacity() -> (u64, u64) {
     let cpus = std::thread::available_parallelism().unwrap().get() as u64 * 1000;
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let kb: u64 = meminfo.lines().find(|l| l.starts_with("MemTotal:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -125,7 +125,9 @@ fn ipc_host_and_home_mount_are_refused_unless_the_lab_config_allows_them() {
 #[test]
 fn a_job_asking_more_cpus_than_are_free_waits_with_the_reason_while_a_smaller_one_starts() {
     let alice = user("gantry-alice");
-    let e = Engine::start(&["--gpus", "sim:2x24GiB"]);
+    // One GPU: a CPU-only job may hold half the CPUs (the other half is the GPU's share), a 1-GPU
+    // job all of them (no other GPU needs a share).
+    let e = Engine::start(&["--gpus", "sim:1x24GiB"]);
     let (cap, _) = capacity();
     let cpus = |m: u64| format!("{}", m as f64 / 1000.0);
     let half = cap / 2;
@@ -142,6 +144,8 @@ fn a_job_asking_more_cpus_than_are_free_waits_with_the_reason_while_a_smaller_on
         format_cpus(cap - half),
         format_cpus(half)
     );
+    // The one GPU shows the small job's process until the next sample: wait for the CPUs' reason.
+    e.wait_until("the CPU reason", || e.show(whole)["reason"].as_str() == Some(want.as_str()));
     let d = e.show(whole);
     assert_eq!((d["job"]["state"].as_str(), d["reason"].as_str()), (Some("queued"), Some(want.as_str())), "{d}");
     let ls = String::from_utf8_lossy(&e.gantry(&["ls"]).stdout).into_owned();

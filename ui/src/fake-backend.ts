@@ -6,7 +6,7 @@ import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec,
 export function engineStatus(over: Partial<Status> = {}): Status {
   return {
     version: "0", pid: 1, gpu_backend: "simulated", gpu_note: null, gpu_library: null, gpu_count: 2, inbox: "/home/ada/Gantry/inbox", state_dir: "/s",
-    backend_problem: null, store_problem: null, orphans: [], engine_id: "e", reserved_gpus: [], config_file: null, system: false, ...over,
+    backend_problem: null, store_problem: null, disk_problem: null, disk_note: null, orphans: [], engine_id: "e", reserved_gpus: [], config_file: null, system: false, ...over,
   };
 }
 

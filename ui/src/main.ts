@@ -47,12 +47,13 @@ export async function mount(root: HTMLElement, backend: Backend) {
   const banner = sim ? h("div", { class: "banner sim", "data-testid": "sim-banner", role: "status" }, sim) : null;
   const outage = status.backend_problem ? h("div", { class: "banner warn", "data-testid": "backend-banner" }, status.backend_problem) : null;
   const store = status.store_problem ? h("div", { class: "banner warn", role: "alert" }, status.store_problem) : null;
+  const disk = status.disk_problem ? h("div", { class: "banner warn", role: "alert", "data-testid": "disk-banner" }, status.disk_problem) : null;
   const main = h("main", {});
   const overlay = h("div", { class: "drop-overlay", hidden: true }, "Drop job specs to preview them");
   root.replaceChildren(
     h("header", { class: "top" }, h("h1", {}, "Gantry"), nav, h("span", { class: "spacer" }),
       machine, which, h("span", { class: "muted", "data-testid": "me" }, me.name)),
-    lost, banner ?? "", store ?? "", outage ?? "", main, overlay);
+    lost, banner ?? "", store ?? "", outage ?? "", disk ?? "", main, overlay);
 
   const submit = submitView(backend, go);
   let current: View | null = null;

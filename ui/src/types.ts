@@ -66,6 +66,14 @@ backend_problem: string | null,
  */
 store_problem: string | null, 
 /**
+ * Docker's disk is below the lab's free-space minimum: no new job starts (the top writers named).
+ */
+disk_problem: string | null, 
+/**
+ * Whether each job's writable layer is bounded (`[disk] layer_size`), and why not where not.
+ */
+disk_note: string | null, 
+/**
  * Containers labelled for this engine that its database does not know (never adopted).
  */
 orphans: Array<Orphan>, 

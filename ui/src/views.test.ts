@@ -203,6 +203,13 @@ describe("GPU holders and the app shell", () => {
     expect(banner.textContent).toBe(problem);
     expect(banner.textContent).not.toContain("Docker");
   });
+  it("shows a low Docker disk in a banner, with the top writers", async () => {
+    const problem = "Docker's disk (/var/lib/docker) has 5.0 GiB free, below the lab's minimum of 10.0 GiB: no new job starts until space is freed (top writers: job 2 (bob) 40.0 GiB)";
+    const { b } = fakeBackend({ status: () => Promise.resolve(engineStatus({ gpu_backend: "nvml", gpu_count: 8, inbox: "/i", disk_problem: problem })) });
+    const root = document.createElement("div");
+    await mount(root, b);
+    expect(root.querySelector("[data-testid=disk-banner]")!.textContent).toBe(problem);
+  });
   it("says why GPUs are simulated in words, and does not claim a missing driver when they were asked for", () => {
     expect(simBanner({ gpu_backend: "simulated", gpu_note: "no NVIDIA driver found (libnvidia-ml.so.1 missing)" }))
       .toBe("Simulated GPUs: no NVIDIA driver found (libnvidia-ml.so.1 missing). Jobs run in real Docker containers; GPU numbers are made up.");

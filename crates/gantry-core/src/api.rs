@@ -185,6 +185,8 @@ async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, Conne
         backend_problem: h.backend_problem,
         store_problem: h.store_problem,
         orphans: h.orphans,
+        disk_problem: h.disk_problem,
+        disk_note: h.disk_note,
         engine_id: e.engine_id.clone(),
         reserved_gpus: e.reserved_gpus(),
         config_file: e.lab_file().map(Path::to_path_buf),

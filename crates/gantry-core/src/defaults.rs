@@ -6,6 +6,19 @@ use std::time::Duration;
 
 /// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// A pull not finished by then is stopped and its jobs fail (`[images] pull_timeout`): a large CUDA
+/// image (10-20 GB) over a slow 100 Mbit/s link takes about 25 min; a registry that hangs must not
+/// keep its jobs waiting for ever.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Below this much free space on Docker's disk no new job starts (`[disk] min_free`): room for the
+/// running jobs' checkpoints (a few GB each), an image pull and the engine's own database and logs
+/// (the state dir is often on the same disk), while a nearly full disk is still recoverable.
+pub const DISK_MIN_FREE: u64 = 10 << 30;
+/// Each job's writable layer where the storage driver can bound it (`[disk] layer_size`): far more
+/// than a job writes beside its mounts (pip installs, caches), far less than a 1-2 TB disk.
+pub const LAYER_SIZE: u64 = 100 << 30;
+/// How often Docker's free space is looked at (ms) while jobs wait.
+pub const DISK_EVERY_MS: i64 = 10_000;
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB

@@ -37,6 +37,17 @@ pub const LABEL_GPU_UUIDS: &str = "dev.gantry.gpu-uuids";
 pub const LABEL_CPUS: &str = "dev.gantry.cpus";
 /// A container made only to read an image's files, never started.
 pub const LABEL_PROBE: &str = "dev.gantry.probe";
+/// The job owner's uid, so the top writers of Docker's disk are named by user.
+pub const LABEL_UID: &str = "dev.gantry.uid";
+/// A user's own bridge network (its value: the uid), made by any engine on demand.
+pub const LABEL_NETWORK_UID: &str = "dev.gantry.network-uid";
+
+/// The Docker network a user's jobs share: one per user on the machine, so one user's job cannot
+/// connect to another user's ports (Docker isolates bridge networks from each other) while the same
+/// user's jobs reach each other and every job keeps outbound access.
+pub fn user_network(uid: u32) -> String {
+    format!("gantry-u{uid}")
+}
 
 /// How long a placement waits for another engine's simultaneous placement to give way before giving
 /// way itself: removing a container takes well under a second.
@@ -112,12 +123,18 @@ pub enum ExecError {
     /// Another engine (or someone's `docker run --gpus`) placed on the same GPU at the same moment.
     #[error("{0}")]
     GpuTaken(String),
+    /// The image was removed between its pull and the job's start.
+    #[error("image {0:?} is no longer on this machine; it is pulled again before the job is placed")]
+    ImageGone(String),
+    /// The owner's network was removed by another engine between create and start.
+    #[error("the job's network went away before it started ({0}); trying again shortly")]
+    NetworkGone(String),
 }
 
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_))
+        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_) | ExecError::NetworkGone(_) | ExecError::ImageGone(_))
     }
 }
 
@@ -225,6 +242,15 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// Docker's storage, from `docker info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storage {
+    pub root_dir: String,
+    pub driver: String,
+    /// "Backing Filesystem" of the driver's status (overlay2: `extfs`, `xfs`, ...).
+    pub backing: Option<String>,
+}
+
 /// Where a found container is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Life {
@@ -260,8 +286,11 @@ pub struct Exit {
 #[async_trait::async_trait]
 pub trait Executor: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), ExecError>;
-    /// Make sure the image is present; try one pull if not.
-    async fn ensure_image(&self, image: &str) -> Result<(), ExecError>;
+    /// Is the image on this machine?
+    async fn has_image(&self, image: &str) -> Result<bool, ExecError>;
+    /// Pull the image. Dropping the future stops Gantry's pull (the request to Docker ends; Docker
+    /// 20.10 itself may keep its connection to a registry that never answers).
+    async fn pull(&self, image: &str) -> Result<(), ExecError>;
     /// Create (not start) the attempt's container; returns its id.
     async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError>;
     async fn start(&self, id: &str) -> Result<(), ExecError>;
@@ -290,6 +319,16 @@ pub trait Executor: Send + Sync + 'static {
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
     /// errors when Docker goes away.
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>>;
+    /// Docker's storage: where its root dir is and what stores the containers' layers. `None`: not
+    /// known (a fake).
+    async fn storage(&self) -> Result<Option<Storage>, ExecError> {
+        Ok(None)
+    }
+    /// Gantry's containers (any engine's) with what their writable layers hold (Docker measures it:
+    /// slow, call it only when the disk runs low).
+    async fn writers(&self) -> Result<Vec<crate::policy::Writer>, ExecError> {
+        Ok(vec![])
+    }
     /// The CPUs Gantry's containers (of any engine) that are created or running are pinned to.
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
         Ok(vec![])
@@ -352,7 +391,43 @@ fn container_host_config(l: &Launch) -> HostConfig {
         ulimits: (!ulimits.is_empty()).then_some(ulimits),
         ipc_mode: Some(if c.ipc_host { "host" } else { "private" }.into()),
         tmpfs,
+        storage_opt: c.layer_size.map(|b| HashMap::from([("size".to_string(), b.to_string())])),
         ..Default::default()
+    }
+}
+
+/// Held by any engine on this machine while it makes a user's network and creates a container on
+/// it, or looks whether one is unused and removes it: Docker (before API 1.44) lets two engines make
+/// two networks of one name, and removes a network a created, not yet started, container is on. A
+/// `flock` on one file every engine opens (no link followed, never written); whoever else holds it
+/// is waited for at most [`NETWORK_LOCK_WAIT`], then the engine goes on without (ids are deduplicated
+/// and a vanished network retried anyway), so no user can stall the engine by holding it.
+struct NetworkLock {
+    _held: Option<std::fs::File>,
+}
+
+const NETWORK_LOCK: &str = "/tmp/.gantry-networks.lock";
+const NETWORK_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+impl NetworkLock {
+    async fn take() -> NetworkLock {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK).or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK)) else {
+            return NetworkLock { _held: None };
+        };
+        let began = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on an fd this function owns.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return NetworkLock { _held: Some(f) };
+            }
+            if began.elapsed() > NETWORK_LOCK_WAIT {
+                tracing::warn!("{NETWORK_LOCK} stayed locked for {}s; going on without it", NETWORK_LOCK_WAIT.as_secs());
+                return NetworkLock { _held: None };
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -365,6 +440,8 @@ pub struct DockerExecutor {
     /// Container id -> its GPUs (a container's configuration never changes): one inspect per container.
     inspected: std::sync::Arc<std::sync::Mutex<HashMap<String, Option<GpuSet>>>>,
     image_files: ImageFiles,
+    /// Held while this engine makes or removes a user's network.
+    networks: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The first plain file in a tar stream (as Docker's archive API sends one path), skipping extended
@@ -404,9 +481,69 @@ impl DockerExecutor {
         g
     }
 
+    /// The id of user `uid`'s network, made if missing (a bridge, labeled, with outbound access).
+    /// Docker before API 1.44 lets two engines make two networks of one name at the same moment:
+    /// every engine then uses the one with the smallest id and removes its own extra one.
+    /// Called with `networks` held.
+    async fn ensure_network(&self, uid: u32) -> Result<String, ExecError> {
+        let name = user_network(uid);
+        let find = || async {
+            let filters = HashMap::from([("name".to_string(), vec![name.clone()])]);
+            let list = self.docker.list_networks(Some(qp::ListNetworksOptions { filters: Some(filters) })).await.map_err(classify)?;
+            // `name` filters by substring: only the exact name counts.
+            let mut ids: Vec<String> = list.into_iter().filter(|n| n.name.as_deref() == Some(name.as_str())).filter_map(|n| n.id).collect();
+            ids.sort();
+            Ok::<_, ExecError>(ids)
+        };
+        let ids = find().await?;
+        if let Some(id) = ids.first().cloned() {
+            // Extra ones of the same name (two engines made it at once): removed while unused.
+            for extra in &ids[1..] {
+                let _ = self.docker.remove_network(extra).await;
+            }
+            return Ok(id);
+        }
+        let req = bollard::models::NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(HashMap::from([(LABEL_NETWORK_UID.to_string(), uid.to_string())])),
+            ..Default::default()
+        };
+        let mine = self.docker.create_network(req).await.map_err(classify)?.id;
+        let ids = find().await?;
+        let first = ids.first().cloned().unwrap_or_else(|| mine.clone());
+        for extra in ids.iter().filter(|i| **i != first) {
+            let _ = self.docker.remove_network(extra).await;
+        }
+        tracing::info!("made network {name} for uid {uid}'s jobs");
+        Ok(first)
+    }
+
+    /// Remove a user's network (by name or id) once no container of any state is on it; Docker
+    /// itself refuses while one is attached.
+    async fn remove_network_if_unused(&self, network: &str) {
+        let _one = self.networks.lock().await;
+        let _all = NetworkLock::take().await;
+        let Ok(info) = self.docker.inspect_network(network, None::<qp::InspectNetworkOptions>).await else { return };
+        if !info.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NETWORK_UID)) {
+            return;
+        }
+        let Some(id) = info.id else { return };
+        let filters = HashMap::from([("network".to_string(), vec![id.clone()])]);
+        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        match self.docker.list_containers(Some(opts)).await {
+            Ok(list) if list.is_empty() => {
+                if let Err(e) = self.docker.remove_network(&id).await {
+                    tracing::debug!("network {network} stays: {e}");
+                }
+            }
+            _ => {}
+        }
+    }
+
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default() })
+        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default(), networks: Default::default() })
     }
 }
 
@@ -416,12 +553,15 @@ impl Executor for DockerExecutor {
         self.docker.ping().await.map(|_| ()).map_err(unreachable_or_forbidden)
     }
 
-    async fn ensure_image(&self, image: &str) -> Result<(), ExecError> {
+    async fn has_image(&self, image: &str) -> Result<bool, ExecError> {
         match self.docker.inspect_image(image).await {
-            Ok(_) => return Ok(()),
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
-            Err(e) => return Err(classify(e)),
+            Ok(_) => Ok(true),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+            Err(e) => Err(classify(e)),
         }
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), ExecError> {
         let opts = qp::CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
         let mut stream = self.docker.create_image(Some(opts), None, None);
         while let Some(item) = stream.next().await {
@@ -434,9 +574,10 @@ impl Executor for DockerExecutor {
                 return Err(ExecError::ImageUnavailable { image: image.into(), detail });
             }
         }
-        match self.docker.inspect_image(image).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(ExecError::ImageUnavailable { image: image.into(), detail: e.to_string() }),
+        match self.has_image(image).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ExecError::ImageUnavailable { image: image.into(), detail: "Docker finished the pull without the image".into() }),
+            Err(e) => Err(e),
         }
     }
 
@@ -450,6 +591,7 @@ impl Executor for DockerExecutor {
             (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
         let mut labels = labels;
+        labels.insert(LABEL_UID.to_string(), l.uid.to_string());
         if let Some(c) = &l.container.cpuset {
             labels.insert(LABEL_CPUS.to_string(), c.clone());
         }
@@ -496,7 +638,54 @@ impl Executor for DockerExecutor {
             ..Default::default()
         };
         let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
-        Ok(self.docker.create_container(Some(opts), body).await.map_err(classify)?.id)
+        // On the owner's own network. This engine never removes it between ensure and create (the
+        // lock); another engine may, when its last container goes (see `remove`): then once more.
+        let mut body = body;
+        // Two engines making it at the same moment leave two of that name for a moment (Docker then
+        // calls the name ambiguous): the extra one goes (see `ensure_network`), so try again shortly.
+        let _one = self.networks.lock().await;
+        let _all = NetworkLock::take().await;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let net = self.ensure_network(l.uid).await?;
+            body.host_config.as_mut().unwrap().network_mode = Some(net);
+            match self.docker.create_container(Some(opts.clone()), body.clone()).await {
+                Ok(c) => return Ok(c.id),
+                Err(DockerError::DockerResponseServerError { status_code, message }) if (status_code == 404 || message.contains("ambiguous")) && message.contains("network") => {
+                    if tries >= 20 {
+                        return Err(ExecError::NetworkGone(message));
+                    }
+                    tracing::debug!("network of uid {} changed before create ({message}); again", l.uid);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+
+    async fn storage(&self) -> Result<Option<Storage>, ExecError> {
+        let info = self.docker.info().await.map_err(unreachable_or_forbidden)?;
+        let backing = info.driver_status.unwrap_or_default().into_iter().find(|kv| kv.first().is_some_and(|k| k == "Backing Filesystem")).and_then(|kv| kv.get(1).cloned());
+        Ok(Some(Storage { root_dir: info.docker_root_dir.unwrap_or_else(|| "/var/lib/docker".into()), driver: info.driver.unwrap_or_default(), backing }))
+    }
+
+    async fn writers(&self) -> Result<Vec<crate::policy::Writer>, ExecError> {
+        let filters = HashMap::from([("label".to_string(), vec![LABEL_JOB.to_string()])]);
+        let opts = qp::ListContainersOptions { all: true, size: true, filters: Some(filters), ..Default::default() };
+        let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                let uid = labels.get(LABEL_UID).and_then(|u| u.parse::<u32>().ok());
+                let owner = match uid {
+                    Some(u) => nix::unistd::User::from_uid(u.into()).ok().flatten().map(|p| p.name).unwrap_or_else(|| format!("uid {u}")),
+                    None => "owner unknown".into(),
+                };
+                crate::policy::Writer { job_id: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()), owner, size_rw: c.size_rw.unwrap_or(0).max(0) as u64 }
+            })
+            .collect())
     }
 
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
@@ -552,7 +741,12 @@ impl Executor for DockerExecutor {
     }
 
     async fn start(&self, id: &str) -> Result<(), ExecError> {
-        self.docker.start_container(id, None::<qp::StartContainerOptions>).await.map_err(classify)
+        match self.docker.start_container(id, None::<qp::StartContainerOptions>).await {
+            // Another engine removed the user's network between our create and start (its last
+            // container went at that moment): the next try makes it again.
+            Err(DockerError::DockerResponseServerError { status_code, message }) if message.contains("network") && (status_code == 404 || message.contains("ambiguous")) => Err(ExecError::NetworkGone(message)),
+            r => r.map_err(classify),
+        }
     }
 
     async fn wait(&self, id: &str) -> Result<Exit, ExecError> {
@@ -582,11 +776,21 @@ impl Executor for DockerExecutor {
     }
 
     async fn remove(&self, id: &str) -> Result<(), ExecError> {
+        // Its user's network goes with the user's last container (bridge networks come from a small
+        // address pool: about 30 on Docker's defaults).
+        let network = match self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
+            Ok(c) => c.host_config.and_then(|h| h.network_mode).filter(|n| n.starts_with("gantry-u") || n.len() == 64),
+            Err(_) => None,
+        };
         let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
         match self.docker.remove_container(id, Some(opts)).await {
-            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(e) => Err(classify(e)),
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(classify(e)),
         }
+        if let Some(n) = network {
+            self.remove_network_if_unused(&n).await;
+        }
+        Ok(())
     }
 
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {

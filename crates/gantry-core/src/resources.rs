@@ -110,6 +110,48 @@ impl Containers {
         }
     }
 
+    /// The most CPU and RAM a job with `gpus` GPUs may hold (issue 18 item 10): the capacity for jobs
+    /// less one per-GPU share for every other GPU, so that however it is asked for, the other GPUs
+    /// can still each run a job with its default share. There is no exception for an idle machine: a
+    /// job's limits hold for its whole run, and a machine idle at its start rarely stays so. A
+    /// measure the lab does not count (`none`) has no ceiling.
+    pub fn ceiling(&self, gpus: u32, cap: CpuRam, gpu_count: usize) -> CpuRam {
+        let share = self.needs(1, None, None, cap, gpu_count);
+        let own = self.needs(gpus, None, None, cap, gpu_count);
+        let others = (gpu_count as u64).saturating_sub(gpus as u64);
+        let one = |share: u64, own: u64, total: u64| if share == 0 { u64::MAX } else { total.saturating_sub(others * share).max(own) };
+        CpuRam { cpus_milli: one(share.cpus_milli, own.cpus_milli, cap.cpus_milli), memory: one(share.memory, own.memory, cap.memory) }
+    }
+
+    /// Refuse CPU or RAM above [`Containers::ceiling`], saying what the job may have and why.
+    pub fn check_share(&self, job: &ValidJob, cap: CpuRam, gpu_count: usize, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        let ceil = self.ceiling(job.gpus, cap, gpu_count);
+        let share = self.needs(1, None, None, cap, gpu_count);
+        let others = gpu_count.saturating_sub(job.gpus as usize);
+        let who = if job.gpus == 0 { "a CPU-only job".to_string() } else { format!("a {}-GPU job", job.gpus) };
+        let gpus_left = format!("the other {others} GPU{}", if others == 1 { "" } else { "s" });
+        if let Some(c) = job.limits.cpus_milli.filter(|c| *c > ceil.cpus_milli) {
+            use crate::units::cpus_count;
+            return Err(SpecError::new(
+                format!(
+                    "the job asks for {}; {who} may hold at most {} here, so that {gpus_left} keep their share ({} each) of the {} for jobs{}",
+                    cpus_count(c), cpus_count(ceil.cpus_milli), cpus_count(share.cpus_milli), cpus_count(cap.cpus_milli), set_in("containers.cpus_per_gpu")
+                ),
+                format!("ask for at most `cpus: {}`, or for more GPUs", crate::units::format_cpus(ceil.cpus_milli)),
+            ));
+        }
+        if let Some(m) = job.limits.memory.filter(|m| *m > ceil.memory) {
+            return Err(SpecError::new(
+                format!(
+                    "the job asks for {} of memory; {who} may hold at most {} here, so that {gpus_left} keep their share ({} each) of the {} for jobs{}",
+                    format_bytes(m), format_bytes(ceil.memory), format_bytes(share.memory), format_bytes(cap.memory), set_in("containers.memory_per_gpu")
+                ),
+                format!("ask for at most `memory: {}`, or for more GPUs", format_bytes(ceil.memory)),
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuse a `pids_limit` above the lab's (at submit; a job queued before the lab lowered its limit
     /// gets the lab's).
     pub fn check_pids(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
@@ -298,6 +340,9 @@ pub struct ContainerSettings {
     pub log_file_size: Option<u64>,
     /// The owner's name (`USER`, `LOGNAME`).
     pub user: Option<String>,
+    /// Bytes the container's writable layer may hold (`--storage-opt size`), where Docker's
+    /// storage driver can bound it; `None`: unbounded.
+    pub layer_size: Option<u64>,
 }
 
 /// Where a job's HOME goes when its owner's home cannot be used as the path (no passwd entry, `/`).
@@ -332,6 +377,7 @@ impl Containers {
             cpuset: None,
             log_file_size: None,
             user: None,
+            layer_size: None,
         }
     }
 
@@ -368,6 +414,42 @@ mod tests {
     }
     fn machine(cpus: u64, gib: u64) -> Machine {
         Machine { total: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, memlock_max: None }
+    }
+
+    /// Issue 18 item 10: on a 4-GPU box with 1 CPU for jobs, each GPU's share is 0.2 CPUs; no job may
+    /// hold so much that another GPU is left without its share.
+    #[test]
+    fn no_job_holds_the_share_the_other_gpus_need() {
+        let c = Containers::default();
+        let cap = CpuRam { cpus_milli: 1000, memory: 10 * G };
+        // (gpus, ceiling CPUs, ceiling memory GiB): the capacity less 0.2 CPUs and 2 GiB per other GPU.
+        for (gpus, cpus, gib) in [(0, 200, 2), (1, 400, 4), (2, 600, 6), (4, 1000, 10)] {
+            assert_eq!(c.ceiling(gpus, cap, 4), CpuRam { cpus_milli: cpus, memory: gib * G }, "{gpus} GPUs");
+        }
+        // Every default share is under its ceiling; a machine without GPUs has none.
+        for gpus in 0..=4 {
+            let d = c.needs(gpus, None, None, cap, 4);
+            let ceil = c.ceiling(gpus, cap, 4);
+            assert!(d.cpus_milli <= ceil.cpus_milli && d.memory <= ceil.memory, "{gpus}: {d:?} > {ceil:?}");
+        }
+        assert_eq!(c.ceiling(0, cap, 0), cap);
+        // No per-GPU share ("none"): nothing is kept for other GPUs.
+        let none = Containers { cpus_per_gpu: Amount::Unlimited, memory_per_gpu: Amount::Unlimited, ..Containers::default() };
+        assert_eq!(c.ceiling(1, cap, 4).cpus_milli, 400);
+        assert_eq!(none.ceiling(1, cap, 4), CpuRam { cpus_milli: u64::MAX, memory: u64::MAX });
+        // Refused at submit with what it may have and why.
+        let set_in = |k: &str| format!(" ({k} in /etc/gantry/config.toml)");
+        let err = c.check_share(&job("gpus: 1\ncpus: 1\n"), cap, 4, &set_in).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "the job asks for 1 CPU; a 1-GPU job may hold at most 0.4 CPUs here, so that the other 3 GPUs keep their share (0.2 CPUs each) of the 1 CPU for jobs (containers.cpus_per_gpu in /etc/gantry/config.toml)\n  fix: ask for at most `cpus: 0.4`, or for more GPUs"
+        );
+        let err = c.check_share(&job("gpus: 0\nmemory: 3GiB\n"), cap, 4, &set_in).unwrap_err().to_string();
+        assert!(err.starts_with("the job asks for 3.0 GiB of memory; a CPU-only job may hold at most 2.0 GiB here, so that the other 4 GPUs keep their share (2.0 GiB each)"), "{err}");
+        for ok in ["gpus: 1\ncpus: 0.4\n", "gpus: 4\ncpus: 1\nmemory: 10GiB\n", "gpus: 1\n", "gpus: 0\ncpus: 0.2\n"] {
+            assert!(c.check_share(&job(ok), cap, 4, &set_in).is_ok(), "{ok}");
+        }
+        assert!(none.check_share(&job("gpus: 1\ncpus: 1\nmemory: 10GiB\n"), cap, 4, &set_in).is_ok());
     }
 
     #[test]
@@ -409,6 +491,7 @@ mod tests {
                 threads: Some(8),
                 log_file_size: None,
                 user: None,
+                layer_size: None,
             }
         );
         // A spec may lower the lab's process limit; a lab that lowered it later wins.

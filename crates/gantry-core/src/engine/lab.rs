@@ -109,10 +109,10 @@ impl Engine {
         let reach = now - FAIR_SHARE_REACH * hl;
         let attempts = st.usage_since(since.min(reach))?;
         let in_window: Vec<_> = attempts.iter().filter(|a| a.3.is_none_or(|e| e >= since)).cloned().collect();
-        let in_reach: Vec<_> = attempts.iter().filter(|a| a.3.is_none_or(|e| e >= reach)).cloned().collect();
         let mut r = crate::store::usage_report(since, now, hl, &in_window, &st.finished_since(since)?, &st.waits_since(since)?);
-        // Fair share counts what the scheduler counts, also before the window.
-        let decayed = crate::store::decayed_usage(&in_reach, now, hl);
+        drop(st);
+        // Fair share counts what the scheduler counts (CPU/RAM in per-GPU shares too), also before the window.
+        let decayed = crate::store::decayed_worth(&self.usage_worth(reach)?, now, hl);
         for u in &mut r.users {
             u.fair_share_usage = decayed.get(&u.user).copied().unwrap_or(0.0);
         }

@@ -10,6 +10,17 @@ impl Engine {
         self.machine.for_jobs(&p.containers)
     }
 
+    /// Attempts since `since` weighed for fair share: GPUs, or CPU/RAM in per-GPU shares when more
+    /// (`scheduler::gpu_worth`), so CPU-only jobs and CPU-heavy ones count too.
+    pub(super) fn usage_worth(&self, since: i64) -> Result<Vec<crate::store::WorthRow>, crate::store::StoreError> {
+        let p = self.policy();
+        let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
+        let cap = self.host_capacity(&p);
+        let share = p.containers.needs(1, None, None, cap, gpu_count);
+        let worth = |gpus: u32, cpus: Option<u64>, mem: Option<u64>| crate::scheduler::gpu_worth(gpus, p.containers.needs(gpus, cpus, mem, cap, gpu_count), Some(share));
+        self.reader().usage_worth_since(since, &worth)
+    }
+
     /// The CPU and RAM a job is limited to and counted for (see [`crate::resources::Containers::needs`]).
     pub(super) fn job_needs(&self, p: &Policy, gpus: u32, cpus_milli: Option<u64>, memory: Option<u64>) -> CpuRam {
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();

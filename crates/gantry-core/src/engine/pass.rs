@@ -108,8 +108,9 @@ impl Engine {
     /// Place on this machine's GPUs (`gpus`, as the backend sees them) with `scheduler::plan`. Cheap
     /// when nothing it reads has changed (it then places nothing); otherwise the planning runs on a
     /// blocking thread, so a deep queue never holds up the API. `down`: why the backend cannot start
-    /// anything now (then nothing starts and that is every job's reason).
-    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>) -> Vec<Dispatch> {
+    /// anything now (then nothing starts and that is every job's reason). `held_back`: jobs that stay
+    /// out of the plan, with their reason (their image is being pulled).
+    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>, held_back: Vec<(i64, String)>) -> Vec<Dispatch> {
         let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let now = self.now();
@@ -132,7 +133,7 @@ impl Engine {
             // each pass), which FULL_PASS_EVERY covers.
             let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
             serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
-            (&store_problem, &down, self.stats.lock().unwrap().at).hash(&mut h);
+            (&store_problem, &down, self.stats.lock().unwrap().at, &held_back).hash(&mut h);
             h.finish()
         };
         if let Some((last, at)) = *self.last_pass.lock().unwrap() {
@@ -144,7 +145,7 @@ impl Engine {
         *self.last_pass.lock().unwrap() = Some((inputs, now));
         let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         let me = self.clone();
-        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down))).await;
+        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down), held_back)).await;
         let (placements, gpus) = match planned {
             Ok(p) => p,
             Err(e) => {
@@ -183,8 +184,12 @@ impl Engine {
         gpus: Vec<scheduler::GpuView>,
         now: i64,
         no_starts: Option<String>,
+        held_back: Vec<(i64, String)>,
     ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>) {
         let mut blocked = self.check_dependencies(&mut queued);
+        let out: std::collections::HashSet<i64> = held_back.iter().map(|h| h.0).collect();
+        queued.retain(|j| !out.contains(&j.id));
+        blocked.extend(held_back);
         // Held jobs stay out of the plan but keep a reason, so `gantry ls` says why they wait.
         queued.retain(|j| {
             if j.held {
@@ -217,12 +222,14 @@ impl Engine {
                     expected_runtime_ms: expected_runtime(&history, j),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
-                    needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
+                    // A job queued before the lab's share shrank is held to the ceiling, like new ones.
+                    needs: ceil_needs(policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count), policy.containers.ceiling(j.gpus, host, gpu_count)),
                 })
                 .collect(),
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
+                gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
                 shapes,
                 ..self.cfg.scheduler.clone()
             },
@@ -263,16 +270,16 @@ impl Engine {
             return;
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
-        let (rows, typical, runs, shapes) = {
+        let rows = self.usage_worth(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default();
+        let (typical, runs, shapes) = {
             let st = self.reader();
             (
-                st.usage_since(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default(),
                 st.typical_wait(now - 24 * 3_600_000).ok().flatten(),
                 st.recent_runtimes(crate::config::HISTORY_RUNS).unwrap_or_default(),
                 st.recent_shapes(crate::sim::SHAPE_WINDOW).unwrap_or_default(),
             )
         };
-        let usage = crate::store::decayed_usage(&rows, now, hl);
+        let usage = crate::store::decayed_worth(&rows, now, hl);
         let history = Arc::new(crate::estimate::History::from_runs(&runs));
         let shapes = scheduler::shape_mix(shapes);
         *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes };
@@ -316,6 +323,10 @@ impl Engine {
         }
         blocked
     }
+}
+
+fn ceil_needs(n: crate::scheduler::CpuRam, c: crate::scheduler::CpuRam) -> crate::scheduler::CpuRam {
+    crate::scheduler::CpuRam { cpus_milli: n.cpus_milli.min(c.cpus_milli), memory: n.memory.min(c.memory) }
 }
 
 /// A queued job's declared runtime, else the median learned from similar completed runs

@@ -234,6 +234,7 @@ impl Engine {
         }
         policy.containers.check(job, &|k| self.set_in(k))?;
         policy.containers.check_pids(job, &|k| self.set_in(k))?;
+        policy.images.check(&job.spec.image, &|k| self.set_in(k))?;
         let mut job = job.clone();
         if job.timeout.is_none() {
             job.timeout = policy.default_timeout;

@@ -80,7 +80,10 @@ impl Executor for FakeExecutor {
     async fn ping(&self) -> Result<(), ExecError> {
         self.up()
     }
-    async fn ensure_image(&self, _image: &str) -> Result<(), ExecError> {
+    async fn has_image(&self, _image: &str) -> Result<bool, ExecError> {
+        self.up().map(|()| true)
+    }
+    async fn pull(&self, _image: &str) -> Result<(), ExecError> {
         self.up()
     }
     async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {

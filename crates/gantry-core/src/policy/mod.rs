@@ -15,7 +15,11 @@ use crate::defaults as config;
 
 use crate::units::duration_setting as human;
 
+mod disk;
+mod images;
 mod parse;
+pub use disk::{layer_bound, low_disk, Disk, MinFree, Writer};
+pub use images::{is_local_registry, registry_of, Images};
 pub use parse::*;
 
 /// The system engine's lab config.
@@ -76,6 +80,10 @@ pub struct Policy {
     pub history_keep: Option<Duration>,
     /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
     pub containers: crate::resources::Containers,
+    /// `[images]`: the registries allowed, the pull timeout.
+    pub images: Images,
+    /// `[disk]`: free space Docker's disk keeps, each job's writable layer.
+    pub disk: Disk,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -104,6 +112,8 @@ impl Default for Policy {
             inbox_watches_per_user: config::INBOX_WATCHES_PER_USER,
             history_keep: None,
             containers: Default::default(),
+            images: Default::default(),
+            disk: Default::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -162,6 +172,10 @@ impl Policy {
             ("logs.streams_per_user", self.log_streams_per_user.to_string()),
             ("inbox.max_watches", self.inbox_watches_per_user.to_string()),
             ("history.keep", d(self.history_keep)),
+            ("images.allow", self.images.allow.as_ref().map(|a| format!("{a:?}")).unwrap_or_else(|| "any (no local registry)".into())),
+            ("images.pull_timeout", d(Some(self.images.pull_timeout))),
+            ("disk.min_free", self.disk.min_free.show()),
+            ("disk.layer_size", self.disk.layer_size.map(crate::units::format_bytes).unwrap_or_else(|| "none".into())),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
         ];
         v.extend(self.containers.entries());
@@ -360,6 +374,43 @@ max_watches = 32
         }
         let changed = parse("[containers]\nallow_ipc_host = true\n").unwrap().policy.changes_from(&Policy::default());
         assert_eq!(changed, vec!["containers.allow_ipc_host: false -> true"]);
+    }
+
+    #[test]
+    fn images_table_parses_and_explains_its_mistakes() {
+        let i = parse("[images]\nallow = [\"registry.lab.example/*\", \"pytorch/*\"]\npull_timeout = \"10m\"\n").unwrap().policy.images;
+        assert_eq!(i, Images { allow: Some(vec!["registry.lab.example/*".into(), "pytorch/*".into()]), pull_timeout: Duration::from_secs(600) });
+        assert_eq!(parse("").unwrap().policy.images, Images::default());
+        let cases: &[(&str, &str)] = &[
+            ("[images]\nallow = [\"https://r.example/*\"]\n", "config.toml:2:10: images `allow` lists \"https://r.example/*\", which is not an image pattern"),
+            ("[images]\nallow = [\"a b\"]\n", "is not an image pattern; write an image name with `*`"),
+            ("[images]\nallow = \"pytorch/*\"\n", "config.toml:2:9: invalid type: string \"pytorch/*\", expected a sequence"),
+            ("[images]\npull_timeout = \"2d\"\n", "`pull_timeout` = \"2d\" is longer than 1d; use at most \"1d\""),
+            ("[images]\npull = \"1m\"\n", "config.toml:2:1: unknown field `pull`"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[images]\npull_timeout = \"1h\"\n").unwrap().policy.changes_from(&Policy::default());
+        assert_eq!(changed, vec!["images.pull_timeout: 30m -> 1h"]);
+    }
+
+    #[test]
+    fn disk_table_parses_and_explains_its_mistakes() {
+        let d = parse("[disk]\nmin_free = \"5%\"\nlayer_size = \"none\"\n").unwrap().policy.disk;
+        assert_eq!(d, Disk { min_free: MinFree::Percent(5.0), layer_size: None });
+        assert_eq!(parse("[disk]\nmin_free = \"20GiB\"\nlayer_size = \"50GiB\"\n").unwrap().policy.disk, Disk { min_free: MinFree::Bytes(20 << 30), layer_size: Some(50 << 30) });
+        assert_eq!(parse("").unwrap().policy.disk, Disk::default());
+        for (text, want) in [
+            ("[disk]\nmin_free = \"lots\"\n", "config.toml:2:12: disk `min_free` = \"lots\" is not a size or a percentage; write e.g. \"10GiB\" or \"5%\""),
+            ("[disk]\nmin_free = \"120%\"\n", "is not a size or a percentage"),
+            ("[disk]\nlayer_size = \"10MiB\"\n", "config.toml:2:14: disk `layer_size` = \"10MiB\" is not a size of at least 1 GiB or \"none\""),
+            ("[disk]\nfree = \"1GiB\"\n", "config.toml:2:1: unknown field `free`"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
     }
 
     #[test]

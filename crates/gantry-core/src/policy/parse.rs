@@ -147,6 +147,10 @@ pub(super) struct RawFile {
     inbox: RawInbox,
     #[serde(default)]
     containers: RawContainers,
+    #[serde(default)]
+    images: RawImages,
+    #[serde(default)]
+    disk: RawDisk,
     backend: S<String>,
     #[serde(default)]
     slurm: RawSlurm,
@@ -232,6 +236,20 @@ pub(super) struct RawLogs {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHistory {
     keep: S<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawImages {
+    allow: S<Vec<Spanned<String>>>,
+    pull_timeout: S<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDisk {
+    min_free: S<String>,
+    layer_size: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -389,6 +407,36 @@ impl Check<'_> {
         }
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
+        // [disk]
+        if let Some(v) = &raw.disk.min_free {
+            match MinFree::parse(v.get_ref()) {
+                Some(m) => p.disk.min_free = m,
+                None => self.fail(v.span(), format!("disk `min_free` = {:?} is not a size or a percentage", v.get_ref()), "write e.g. \"10GiB\" or \"5%\" (of Docker's disk); \"0\" turns the watch off"),
+            }
+        }
+        if let Some(v) = &raw.disk.layer_size {
+            match (v.get_ref().trim(), crate::units::parse_bytes(v.get_ref())) {
+                ("none", _) => p.disk.layer_size = None,
+                (_, Some(b)) if b >= 1 << 30 => p.disk.layer_size = Some(b),
+                (s, _) => self.fail(v.span(), format!("disk `layer_size` = {s:?} is not a size of at least 1 GiB or \"none\""), "write e.g. \"100GiB\" (what one job may write inside its container), or \"none\""),
+            }
+        }
+        // [images]
+        if let Some(allow) = &raw.images.allow {
+            let mut list = vec![];
+            for pat in allow.get_ref() {
+                let v = pat.get_ref().trim();
+                if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) || v.contains("://") {
+                    self.fail(pat.span(), format!("images `allow` lists {:?}, which is not an image pattern", pat.get_ref()), "write an image name with `*` for any part, e.g. \"registry.lab.example/*\" or \"pytorch/*\" (no scheme, no spaces)");
+                } else {
+                    list.push(v.to_string());
+                }
+            }
+            p.images.allow = Some(list);
+        }
+        if let Some(d) = self.duration("pull_timeout", &raw.images.pull_timeout, day) {
+            p.images.pull_timeout = d;
+        }
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {

@@ -28,6 +28,12 @@ pub struct StatusInfo {
     /// The state database cannot be written: nothing starts until it can.
     #[serde(default)]
     pub store_problem: Option<String>,
+    /// Docker's disk is below the lab's free-space minimum: no new job starts (the top writers named).
+    #[serde(default)]
+    pub disk_problem: Option<String>,
+    /// Whether each job's writable layer is bounded (`[disk] layer_size`), and why not where not.
+    #[serde(default)]
+    pub disk_note: Option<String>,
     /// Containers labelled for this engine that its database does not know (never adopted).
     #[serde(default)]
     pub orphans: Vec<Orphan>,
@@ -65,6 +71,12 @@ pub struct Health {
     #[serde(alias = "docker_problem")]
     pub backend_problem: Option<String>,
     pub orphans: Vec<Orphan>,
+    /// Docker's disk is below the lab's free-space minimum: no new job starts.
+    #[serde(default)]
+    pub disk_problem: Option<String>,
+    /// Whether jobs' writable layers are bounded, and why not.
+    #[serde(default)]
+    pub disk_note: Option<String>,
 }
 
 /// `GET /v1/whoami`: the caller, from the socket's peer credentials.

@@ -142,6 +142,11 @@ pub struct Config {
     /// The lab's limit on GPUs one user's running jobs hold together: a job that would pass it waits.
     #[serde(default)]
     pub max_running_gpus_per_user: Option<u32>,
+    /// The CPU and RAM one GPU comes with (the lab's per-GPU share): a job's CPU/RAM counts, in the
+    /// per-user cap, as that many GPUs' shares when it is more than its GPUs' (a CPU-only job too).
+    /// `None`: GPUs alone count.
+    #[serde(default)]
+    pub gpu_share: Option<CpuRam>,
     /// The recent mix of request shapes, for FGD packing (empty: best fit). Part of the pass's
     /// input rather than a setting: the engine and the simulator fill it from recent submissions.
     #[serde(default)]
@@ -215,6 +220,7 @@ impl Default for Config {
             packing: Packing::default(),
             explain_first: explain_default(),
             max_running_gpus_per_user: None,
+            gpu_share: None,
             shapes: vec![],
         }
     }
@@ -311,40 +317,57 @@ impl Slot {
     }
 }
 
-/// GPUs each user's jobs hold, against the lab's per-user cap.
+/// What a job holds in GPUs' worth: its GPUs, or its CPU or RAM in per-GPU shares if that is
+/// more (a job asking for 4 GPUs' CPUs with 1 GPU idles the 3 others as surely as holding them).
+pub fn gpu_worth(gpus: u32, needs: CpuRam, share: Option<CpuRam>) -> f64 {
+    let Some(s) = share else { return gpus as f64 };
+    let part = |n: u64, s: u64| if s == 0 { 0.0 } else { n as f64 / s as f64 };
+    (gpus as f64).max(part(needs.cpus_milli, s.cpus_milli)).max(part(needs.memory, s.memory))
+}
+
+/// GPUs (and CPU/RAM, in GPUs' worth) each user's jobs hold, against the lab's per-user cap.
 struct UserCaps<'a> {
     cap: Option<u32>,
-    held: std::collections::HashMap<&'a str, u32>,
+    share: Option<CpuRam>,
+    held: std::collections::HashMap<&'a str, f64>,
 }
 
 impl<'a> UserCaps<'a> {
     fn new(state: &'a State) -> Self {
         let cap = state.config.max_running_gpus_per_user;
+        let share = state.config.gpu_share;
         let mut held = std::collections::HashMap::new();
         if cap.is_some() {
             for r in &state.running {
-                *held.entry(r.user.as_str()).or_default() += r.gpus.len() as u32;
+                *held.entry(r.user.as_str()).or_default() += gpu_worth(r.gpus.len() as u32, r.needs, share);
             }
         }
-        UserCaps { cap, held }
+        UserCaps { cap, share, held }
     }
     /// Why `job` may not start now because of its owner's cap.
     fn over(&self, job: &QueuedJob) -> Option<String> {
-        let cap = self.cap.filter(|_| job.gpus > 0)?;
-        let held = self.held.get(job.user.as_str()).copied().unwrap_or(0);
-        if held + job.gpus <= cap {
+        let worth = gpu_worth(job.gpus, job.needs, self.share);
+        let cap = self.cap.filter(|_| worth > 0.0)?;
+        let held = self.held.get(job.user.as_str()).copied().unwrap_or(0.0);
+        // A hair of slack: shares are whole thousandths of a CPU and whole bytes.
+        if held + worth <= cap as f64 + 1e-6 {
             return None;
         }
-        let plural = |n: u32| if n == 1 { "" } else { "s" };
-        Some(if held == 0 {
-            format!("asks for {} GPUs; the lab limit is {cap} GPU{} per user", job.gpus, plural(cap))
+        let plural = |n: f64| if (n - 1.0).abs() < 1e-9 { "" } else { "s" };
+        let n = |v: f64| if (v - v.round()).abs() < 1e-6 { format!("{}", v.round()) } else { format!("{v:.1}") };
+        Some(if held == 0.0 && worth > job.gpus as f64 + 1e-6 {
+            format!("its CPU or RAM is {} GPUs' share; the lab limit is {cap} GPU{} per user (CPU and RAM count as the GPUs they keep from others)", n(worth), plural(cap as f64))
+        } else if held == 0.0 {
+            format!("asks for {} GPUs; the lab limit is {cap} GPU{} per user", job.gpus, plural(cap as f64))
+        } else if (held - held.round()).abs() < 1e-6 && worth <= job.gpus as f64 + 1e-6 {
+            format!("{} already runs {} GPU{}; the lab limit is {cap} per user", job.user, n(held), plural(held))
         } else {
-            format!("{} already runs {held} GPU{}; the lab limit is {cap} per user", job.user, plural(held))
+            format!("{} already holds {} GPUs' worth (GPUs, and CPU or RAM in per-GPU shares); the lab limit is {cap} per user", job.user, n(held))
         })
     }
     fn took(&mut self, job: &'a QueuedJob) {
         if self.cap.is_some() {
-            *self.held.entry(job.user.as_str()).or_default() += job.gpus;
+            *self.held.entry(job.user.as_str()).or_default() += gpu_worth(job.gpus, job.needs, self.share);
         }
     }
 }
@@ -571,6 +594,11 @@ mod tests {
         s.config.max_running_gpus_per_user = Some(cap);
         s
     }
+    /// The lab's per-GPU share is 2 CPUs and 8 GiB.
+    fn shared(mut s: State) -> State {
+        s.config.gpu_share = Some(CpuRam { cpus_milli: 2000, memory: 8 * G });
+        s
+    }
     fn bob(j: QueuedJob) -> QueuedJob {
         QueuedJob { user: "bob".into(), ..j }
     }
@@ -585,6 +613,16 @@ mod tests {
     fn holds(cpus: u64, gib: u64, r: RunningJob) -> RunningJob {
         RunningJob { needs: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, ..r }
     }
+    #[test]
+    fn gpu_worth_is_gpus_or_cpu_ram_in_per_gpu_shares() {
+        let share = Some(CpuRam { cpus_milli: 2000, memory: 8 * G });
+        let c = |cpus: u64, gib: u64| CpuRam { cpus_milli: cpus, memory: gib * G };
+        for (gpus, needs, worth) in [(1, c(2000, 8), 1.0), (1, c(8000, 1), 4.0), (0, c(2000, 1), 1.0), (0, c(1000, 1), 0.5), (2, c(0, 0), 2.0), (1, c(1000, 32), 4.0)] {
+            assert_eq!(gpu_worth(gpus, needs, share), worth, "{gpus} {needs:?}");
+        }
+        assert_eq!(gpu_worth(1, c(8000, 64), None), 1.0, "no share known: GPUs alone");
+    }
+
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect()
     }
@@ -636,6 +674,11 @@ mod tests {
             Case { name: "user cap: ada runs 1 GPU, cap 2: one more starts, bob's job fills the rest", state: capped(2, st(gpus(4, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None), q(2, 1, None), bob(q(3, 1, None))])), want: vec![(1, vec![1]), (3, vec![2])] },
             Case { name: "user cap counts GPUs, not jobs", state: capped(2, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 1, Some(G)), bob(q(3, 2, None))])), want: vec![(1, vec![0, 1]), (3, vec![2, 3])] },
             Case { name: "user cap: a job larger than the cap never starts; CPU jobs are not capped", state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])), want: vec![(2, vec![])] },
+            // Issue 18 item 10: with the lab's per-GPU share (2 CPUs, 8 GiB) known, CPU and RAM count
+            // in the cap as the GPUs' shares they hold: a CPU-only job too.
+            Case { name: "user cap counts CPU-only jobs by their share: ada's 2-CPU job is 1 GPU's worth", state: shared(capped(1, st(gpus(4, 24 * G), vec![holds(2, 1, run(9, &[], None))], vec![q(1, 1, None), bob(q(2, 1, None))]))), want: vec![(2, vec![0])] },
+            Case { name: "user cap counts a 1-GPU job holding 4 GPUs' CPUs as 4 GPUs", state: shared(capped(2, st(gpus(4, 24 * G), vec![], vec![needs(8, 1, q(1, 1, None)), bob(needs(2, 8, q(2, 1, None)))]))), want: vec![(2, vec![0])] },
+            Case { name: "user cap: jobs within their GPUs' share count as their GPUs", state: shared(capped(2, st(gpus(4, 24 * G), vec![holds(2, 8, run(9, &[0], None))], vec![needs(2, 8, q(1, 1, None)), needs(2, 8, q(2, 1, None))]))), want: vec![(1, vec![1])] },
             Case { name: "no cap: one user may take every GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
             Case { name: "memory used outside Gantry adds to declared memory", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 13 * G; g[0].outside_used = 12 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(10 * G))]), want: vec![] },
             Case { name: "gpu_type takes only GPUs whose name matches, any case", state: st(mixed(), vec![], vec![want(q(1, 1, None), Some("h100"), None), want(q(2, 2, None), Some("A100"), None)]), want: vec![(1, vec![2]), (2, vec![0, 1])] },

@@ -182,6 +182,17 @@ mod tests {
     }
 
     #[test]
+    fn fair_share_weighs_each_attempt_by_its_gpus_worth() {
+        let h = 3_600_000;
+        let now = 10 * h;
+        // (owner, worth, start, end): an hour of a CPU-only job worth half a GPU, two hours of 1 GPU.
+        let rows = vec![("ada".to_string(), 0.5, now - h, Some(now)), ("bob".to_string(), 1.0, now - 2 * h, None)];
+        let u = super::decayed_worth(&rows, now, 1000 * h);
+        assert!((u["ada"] - 0.5).abs() < 0.01 && (u["bob"] - 2.0).abs() < 0.01, "{u:?}");
+        assert!(super::decayed_worth(&[("ada".to_string(), 1.0, 0, Some(h))], now, h)["ada"] < 0.01, "decayed over 9 half-lives");
+    }
+
+    #[test]
     fn job_lifecycle_is_recorded_with_events() {
         let mut s = Store::open_in_memory().unwrap();
         let id = s.insert_job(&vj("image: a\ngpus: 1\n"), &owner(), "cli", None, |_, _| None).unwrap();

@@ -17,6 +17,22 @@ impl Store {
         Ok(rows)
     }
 
+    /// Like [`Store::usage_since`], each attempt weighed by `worth(gpus, spec cpus, spec memory)`: its
+    /// GPUs, or its CPU/RAM in per-GPU shares when that is more (what fair share counts).
+    pub fn usage_worth_since(&self, since: i64, worth: &dyn Fn(u32, Option<u64>, Option<u64>) -> f64) -> Result<Vec<WorthRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT j.owner, json_array_length(a.gpus), a.started_at, a.ended_at, json_extract(j.spec_json, '$.limits.cpus_milli'), json_extract(j.spec_json, '$.limits.memory') \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at IS NULL OR a.ended_at >= ?1",
+        )?;
+        let rows = st
+            .query_map([since], |r| {
+                let (gpus, cpus, mem): (u32, Option<i64>, Option<i64>) = (r.get(1)?, r.get(4)?, r.get(5)?);
+                Ok((r.get(0)?, worth(gpus, cpus.map(|c| c.max(0) as u64), mem.map(|m| m.max(0) as u64)), r.get(2)?, r.get(3)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
     /// Finished jobs per owner since `since` (ms), as `gantry history --since` counts them.
     pub fn finished_since(&self, since: i64) -> Result<Vec<(String, u64)>> {
         let mut st = self.conn.prepare_cached("SELECT owner, COUNT(*) FROM jobs WHERE finished_at >= ?1 GROUP BY owner")?;
@@ -127,6 +143,21 @@ pub type UsageRow = (String, u32, i64, Option<i64>);
 pub type UsageRows = [UsageRow];
 
 /// Fair share: each attempt's GPU-hours, halved for every `half_life_ms` since it ended.
+/// An attempt weighed for fair share: (owner, GPUs' worth, started, ended).
+pub type WorthRow = (String, f64, i64, Option<i64>);
+
+/// [`decayed_usage`] of weighed attempts ([`Store::usage_worth_since`]).
+pub fn decayed_worth(rows: &[WorthRow], now: i64, half_life_ms: i64) -> std::collections::HashMap<String, f64> {
+    let hl = half_life_ms.max(1) as f64;
+    let mut usage = std::collections::HashMap::new();
+    for (owner, worth, start, end) in rows {
+        let end = end.unwrap_or(now);
+        let hours = (end - start).max(0) as f64 / 3_600_000.0 * worth;
+        *usage.entry(owner.clone()).or_default() += hours * 0.5f64.powf((now - end) as f64 / hl);
+    }
+    usage
+}
+
 pub fn decayed_usage(rows: &UsageRows, now: i64, half_life_ms: i64) -> std::collections::HashMap<String, f64> {
     let hl = half_life_ms.max(1) as f64;
     let mut usage = std::collections::HashMap::new();

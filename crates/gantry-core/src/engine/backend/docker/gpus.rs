@@ -134,6 +134,9 @@ pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
     // CPUs and RAM this machine can never give: refused now, like GPUs, instead of waiting forever.
     let cap = e.machine.for_jobs(&e.policy().containers);
     never_fits_cpu_ram(job.limits.cpus_milli, job.limits.memory, cap, e.machine.total, &e.set_in("containers.reserve_cpus"))?;
+    // No job may hold so much CPU or RAM that the other GPUs cannot run (the per-GPU share is the
+    // default and, for the other GPUs, kept free).
+    e.policy().containers.check_share(job, cap, gpus.len(), &|k| e.set_in(k))?;
     if let Some(m) = job.gpu_memory {
         let max = gpus.iter().map(|g| g.memory_total).max().unwrap_or(0);
         if m > max {

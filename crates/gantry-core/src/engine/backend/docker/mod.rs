@@ -3,6 +3,7 @@
 
 mod gpus;
 mod logs;
+mod pulls;
 mod reconcile;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -31,11 +32,27 @@ pub(crate) struct DockerBackend {
     foreign: RwLock<Vec<ForeignGpuUse>>,
     /// When they were last listed (ms).
     foreign_at: AtomicI64,
+    /// Images being pulled for queued jobs (before they are placed).
+    pulls: pulls::Pulls,
+    /// Docker's storage, once `docker info` answered.
+    storage: RwLock<Option<crate::executor::Storage>>,
+    /// The storage driver bounds a container's writable layer (`--storage-opt size`).
+    layer_ok: std::sync::atomic::AtomicBool,
+    /// When Docker's free space was last looked at (ms).
+    disk_at: AtomicI64,
 }
 
 impl DockerBackend {
     pub fn new(exec: Arc<dyn Executor>) -> DockerBackend {
-        DockerBackend { exec, foreign: RwLock::new(vec![]), foreign_at: AtomicI64::new(0) }
+        DockerBackend {
+            exec,
+            foreign: RwLock::new(vec![]),
+            foreign_at: AtomicI64::new(0),
+            pulls: Default::default(),
+            storage: RwLock::new(None),
+            layer_ok: Default::default(),
+            disk_at: AtomicI64::new(i64::MIN / 2),
+        }
     }
 
     /// Is Docker reachable? Its problem goes to `Health::backend_problem`; when it comes back, open
@@ -77,6 +94,80 @@ impl DockerBackend {
             Err(err) if !quiet => warn!("cannot list other containers' GPUs: {err}"),
             Err(_) => {}
         }
+    }
+}
+
+/// Free and total bytes of the file system holding `path` (`None`: not on this machine).
+fn free_space(path: &str) -> Option<(u64, u64)> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: statvfs into a zeroed struct through a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let f = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * f, st.f_blocks as u64 * f))
+}
+
+/// The mount options of the file system holding `path` (the longest mount point above it).
+fn mount_options(path: &str) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let under = |m: &str| m == "/" || path == m || path.starts_with(&format!("{m}/"));
+    mounts.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() >= 4 && under(f[1])).then(|| (f[1].len(), f[3].to_string()))
+    }).max_by_key(|(n, _)| *n).map(|(_, o)| o)
+}
+
+impl DockerBackend {
+    /// Docker's storage and whether it bounds writable layers (asked once `docker info` answers).
+    async fn storage(&self) -> Option<crate::executor::Storage> {
+        if let Some(s) = self.storage.read().unwrap().clone() {
+            return Some(s);
+        }
+        let s = self.exec.storage().await.ok().flatten()?;
+        let ok = crate::policy::layer_bound(&s.driver, s.backing.as_deref(), mount_options(&s.root_dir).as_deref()).is_ok();
+        self.layer_ok.store(ok, Ordering::Relaxed);
+        *self.storage.write().unwrap() = Some(s.clone());
+        Some(s)
+    }
+
+    /// Every `DISK_EVERY_MS`: the free space of Docker's root dir against `[disk] min_free` (below
+    /// it: why no job starts, naming the top writers) and whether layers are bounded, both in
+    /// `Health` (`gantry status`, the app's banner). Returns the problem.
+    async fn watch_disk(&self, e: &Arc<Engine>) -> Option<String> {
+        let now = e.now();
+        if now - self.disk_at.load(Ordering::Relaxed) < crate::defaults::DISK_EVERY_MS {
+            return e.health.read().unwrap().disk_problem.clone();
+        }
+        self.disk_at.store(now, Ordering::Relaxed);
+        let st = self.storage().await?;
+        let policy = e.policy();
+        let driver = format!("{}{}", st.driver, st.backing.as_deref().map(|b| format!(" on {b}")).unwrap_or_default());
+        let note = match (policy.disk.layer_size, crate::policy::layer_bound(&st.driver, st.backing.as_deref(), mount_options(&st.root_dir).as_deref())) {
+            (Some(b), Ok(())) => format!("each job's writable layer is bounded to {} (disk.layer_size; {driver})", crate::units::format_bytes(b)),
+            (None, _) => "jobs' writable layers are not bounded (disk.layer_size = \"none\")".to_string(),
+            (Some(_), Err(why)) => format!("jobs' writable layers are NOT bounded: {why}; the free-space watch (disk.min_free = {}) guards Docker's disk instead", policy.disk.min_free.show()),
+        };
+        let problem = match free_space(&st.root_dir) {
+            Some((free, total)) if free < policy.disk.min_free.bytes(total) => {
+                let writers = self.exec.writers().await.unwrap_or_else(|err| {
+                    warn!("cannot measure containers' writable layers: {err}");
+                    vec![]
+                });
+                crate::policy::low_disk(&st.root_dir, free, total, policy.disk.min_free, &e.set_in("disk.min_free"), &writers)
+            }
+            _ => None,
+        };
+        let mut h = e.health.write().unwrap();
+        match (&problem, &h.disk_problem) {
+            (Some(p), old) if old.as_deref() != Some(p.as_str()) => warn!("{p}"),
+            (None, Some(_)) => info!("Docker's disk ({}) has room again: jobs start", st.root_dir),
+            _ => {}
+        }
+        h.disk_problem = problem.clone();
+        h.disk_note = Some(note);
+        problem
     }
 }
 
@@ -155,6 +246,7 @@ impl Backend for DockerBackend {
 
     async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch> {
         if e.queue.lock().unwrap().is_empty() {
+            self.pulls.stop_all();
             e.waiting.write().unwrap().clear();
             *e.last_pass.lock().unwrap() = None;
             // Nothing to place, but `gantry gpus` still names other containers on the GPUs: every
@@ -164,15 +256,20 @@ impl Backend for DockerBackend {
                 self.foreign_at.store(e.now(), Ordering::Relaxed);
                 self.list_foreign(e, true).await;
             }
+            self.watch_disk(e).await;
             return vec![];
         }
         e.refresh_stats();
-        let down = self.ping(e).await;
+        let mut down = self.ping(e).await;
         if down.is_none() {
             self.list_foreign(e, false).await;
+            // Docker's disk below the lab's minimum: nothing starts, nothing is pulled.
+            down = self.watch_disk(e).await;
         }
+        // Missing images are pulled first: their jobs wait out of the plan, holding nothing.
+        let pulling = if down.is_none() { self.pulls.before_pass(e, &self.exec).await } else { vec![] };
         let gpus = self.gpu_views(e);
-        e.plan_local(gpus, down).await
+        e.plan_local(gpus, down, pulling).await
     }
 
     async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
@@ -181,7 +278,10 @@ impl Backend for DockerBackend {
         let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
         let mut created: Option<String> = None;
         let started = async {
-            self.exec.ensure_image(&job.image).await?;
+            // Pulled before it was placed (`pulls`): one removed since is pulled again, GPUs released.
+            if !self.exec.has_image(&job.image).await? {
+                return Err(EngineError::Exec(ExecError::ImageGone(job.image.clone())));
+            }
             // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
             let policy = e.policy();
             policy.containers.check(&job.job, &|k| e.set_in(k))?;
@@ -198,6 +298,8 @@ impl Backend for DockerBackend {
             let mut container = ContainerSettings {
                 // Docker's own copy of the output is bounded like Gantry's (see DOCKER_LOG_FILES).
                 log_file_size: Some(policy.log_cap / 2),
+                // Its writable layer, where the storage driver can bound it (`gantry status` says).
+                layer_size: policy.disk.layer_size.filter(|_| self.layer_ok.load(Ordering::Relaxed)),
                 ..policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref())
             };
             // A whole-CPU share: pinned CPUs (near its GPUs), so the job sees as many as it may use.
