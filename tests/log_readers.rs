@@ -64,14 +64,23 @@ fn slow_readers_of_a_big_log_pin_neither_memory_nor_the_api() {
     println!("the log reached 32 MiB in {:?}", t.elapsed());
     let before = rss(e.pid());
 
-    let mut readers = bob
-        .command("perl")
-        .args(["-e", SLOW_READERS, e.state.join("gantry.sock").to_str().unwrap(), &id.to_string(), &READERS.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = std::io::BufReader::new(readers.stdout.take().unwrap()).lines().next().expect("the readers report").unwrap();
+    // Killed however the test ends (they would read on forever).
+    struct Readers(std::process::Child);
+    impl Drop for Readers {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut readers = Readers(
+        bob.command("perl")
+            .args(["-e", SLOW_READERS, e.state.join("gantry.sock").to_str().unwrap(), &id.to_string(), &READERS.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let status = std::io::BufReader::new(readers.0.stdout.take().unwrap()).lines().next().expect("the readers report").unwrap();
     assert_eq!(status, format!("200={READERS}"), "every stream within the cap opens");
 
     // While bob's 32 streams are open and drained at 1 KiB/s, alice's `gantry ls` answers and the
@@ -102,8 +111,7 @@ fn slow_readers_of_a_big_log_pin_neither_memory_nor_the_api() {
     let out = e.gantry_user(&alice, &["logs", &quiet.to_string()]);
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("quiet"), "{}", String::from_utf8_lossy(&out.stderr));
 
-    readers.kill().unwrap();
-    readers.wait().unwrap();
+    drop(readers);
     // Closed streams give their places back.
     e.wait_until("bob's streams to be given back", || e.gantry_user(&bob, &["logs", &id.to_string()]).status.success());
 }

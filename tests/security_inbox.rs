@@ -348,6 +348,14 @@ fn a_file_still_being_written_is_queued_once_from_the_whole_file() {
         ))
         .spawn()
         .unwrap();
+    // A failed test must not leave the writer waiting forever (it holds the test's output open).
+    struct Stop(std::path::PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let _stop = Stop(go.clone());
     e.wait_until("the first half to be written", || std::fs::metadata(&file).is_ok_and(|m| m.len() > 0));
     // The writer pauses past two rescans (every 10 s), holding the file open.
     std::thread::sleep(std::time::Duration::from_secs(25));

@@ -18,7 +18,18 @@
 //! rescan: it is never rejected for the engine's own trouble.
 //!
 //! Only complete files are read: the watcher acts on "closed after write" and "renamed in" events,
-//! never on a file still being written. Files dropped while the engine was down are picked up on start.
+//! never on a file still being written. A scan every [`INBOX_RESCAN`] is the safety net (events the
+//! kernel dropped, folders not watched, files dropped while the engine was down): it reads a file only
+//! once it is unchanged since the scan before, 5 s old, and not written to without a close since.
+//!
+//! One user's folder tree cannot take the machine's inotify watches: a drop folder holds at most the
+//! lab's `[inbox] max_watches` (the folder and its folders, one level deep; deeper ones are never
+//! looked into); past it, or when the kernel refuses a watch, the rest is scanned, a bound's worth
+//! of folders per scan, and `gantry inbox` and `gantry-folders.error.txt` say so.
+//!
+//! A file refused for now by what only time lifts (its owner's queue is full) stays, with one error
+//! file, and is tried again after a wait that doubles ([`WAIT_FIRST`] to [`WAIT_MAX`]); every
+//! name the log shows goes through [`log_safe`].
 //!
 //! A subfolder holding `gantry.toml` (or `.yaml`) is a template folder: any other file dropped there
 //! becomes a job from the template with that file mounted read-only at `/gantry/config/<name>`.
