@@ -37,6 +37,11 @@ pub enum Cmd {
     },
     /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
     Run(RunArgs),
+    /// An interactive session: queue a shell in a container (GPUs, a time limit), wait for it,
+    /// and attach your terminal to it. Ctrl-P Ctrl-Q detaches; `gantry attach ID` comes back.
+    Shell(ShellArgs),
+    /// Attach your terminal to one of your running sessions (`gantry shell`).
+    Attach { id: i64 },
     /// Running and queued jobs, and why each queued job waits.
     Ls,
     /// One job: spec, attempts, events.
@@ -166,6 +171,35 @@ pub struct RunArgs {
     /// Everything after `--` belongs to the job, so global flags (`--json`) go before it.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `gantry shell`: a session's resources and length (the lab's `[sessions]` bounds them).
+#[derive(clap::Args)]
+pub struct ShellArgs {
+    /// Number of GPUs (0 for none).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: i64,
+    /// GPU memory per GPU (`20GiB`): share a GPU instead of taking a whole one.
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_memory: Option<String>,
+    /// Only GPUs whose name contains this, any case (`H100`).
+    #[arg(long, value_name = "NAME")]
+    pub gpu_type: Option<String>,
+    /// Docker image.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// How long the session may last (`2h`, `90m`) [default: the lab's `[sessions] default_length`].
+    #[arg(long = "for", value_name = "DURATION")]
+    pub length: Option<String>,
+    /// CPUs (`8`, `0.5`). Default: the lab's share per GPU.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// RAM (`64GiB`). Default: the lab's share per GPU.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Its name in the queue (default: shell).
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 #[derive(Subcommand)]

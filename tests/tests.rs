@@ -17,6 +17,7 @@ mod remote;
 mod nvml;
 mod run_and_hold;
 mod security_api;
+mod sessions;
 mod two_engines;
 mod security_inbox;
 mod security_mounts;

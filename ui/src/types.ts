@@ -229,7 +229,14 @@ ulimits?: Ulimits | null,
  * there). Default, and the most a job may ask for: the lab's `pids_limit` (4096 unless the lab
  * config says otherwise).
  */
-pids_limit?: number | null, };
+pids_limit?: number | null, 
+/**
+ * An interactive session (what `gantry shell` queues): the container gets a terminal that
+ * `gantry attach ID` joins, its command defaults to your login shell (or `/bin/sh` where the
+ * image lacks it), `timeout` is its length (bounded by the lab's `[sessions]`), it is never
+ * retried and goes before batch jobs. Default false.
+ */
+interactive?: boolean, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */

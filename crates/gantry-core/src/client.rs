@@ -264,14 +264,46 @@ impl Client {
             (Err(e), _, _) => return Err(e),
         };
         if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes();
-            return Err(match serde_json::from_slice::<ApiError>(&bytes) {
-                Ok(e) => ClientError::Api { status, message: e.error, spec_error: e.spec_error },
-                Err(_) => ClientError::Api { status, message: String::from_utf8_lossy(&bytes).into_owned(), spec_error: None },
-            });
+            return Err(refusal(resp).await);
         }
         Ok(resp)
+    }
+
+    /// Join a running session's terminal (`gantry attach`, `gantry shell`): the connection, upgraded,
+    /// carries [`crate::protocol::terminal`] frames both ways until the session ends or it is
+    /// dropped (detaching). Only connecting and the engine's answer are bounded by the timeout.
+    pub async fn attach(&self, id: i64) -> Result<TokioIo<hyper::upgrade::Upgraded>, ClientError> {
+        use crate::protocol::terminal::UPGRADE;
+        self.bounded(async {
+            let (stream, errors) = self.connect().await?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            let req = Request::builder()
+                .method("GET")
+                .uri(fill(routes::ATTACH, id))
+                .header("host", "gantry")
+                .header("connection", "upgrade")
+                .header("upgrade", UPGRADE)
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let resp = match (sender.send_request(req).await, errors, &self.target) {
+                (Ok(r), _, _) => r,
+                (Err(e), Some(errors), Target::Ssh { host, .. }) => {
+                    let said = tokio::time::timeout(Duration::from_secs(5), errors).await.ok().and_then(Result::ok).unwrap_or_default();
+                    let message = if said.is_empty() { format!("ssh closed the connection ({e})") } else { said };
+                    return Err(ClientError::Remote { host: host.clone(), message });
+                }
+                (Err(e), _, _) => return Err(ClientError::Interrupted(e.to_string())),
+            };
+            if resp.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+                return Err(refusal(resp).await);
+            }
+            let upgraded = hyper::upgrade::on(resp).await.map_err(|e| ClientError::Protocol(format!("the terminal connection failed: {e}")))?;
+            Ok(TokioIo::new(upgraded))
+        })
+        .await
     }
 
     async fn json<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T, ClientError> {
@@ -489,6 +521,19 @@ impl Client {
             Target::Socket(_) => req,
             Target::Ssh { .. } => SubmitRequest { base_dir: None, ..req },
         })
+    }
+}
+
+/// The engine's refusal (its JSON error, or the body as text).
+async fn refusal(resp: hyper::Response<hyper::body::Incoming>) -> ClientError {
+    let status = resp.status().as_u16();
+    let bytes = match resp.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return ClientError::Protocol(e.to_string()),
+    };
+    match serde_json::from_slice::<ApiError>(&bytes) {
+        Ok(e) => ClientError::Api { status, message: e.error, spec_error: e.spec_error },
+        Err(_) => ClientError::Api { status, message: String::from_utf8_lossy(&bytes).into_owned(), spec_error: None },
     }
 }
 

@@ -175,6 +175,25 @@ pub struct Launch<'a> {
     pub binding: GpuBinding,
     /// CPU/RAM limits, shm, ulimits, IPC and HOME (`Default`: Docker's own).
     pub container: ContainerSettings,
+    /// The argv when Gantry chooses it (an interactive session's login shell); `None`: the spec's
+    /// command, or the image's CMD.
+    pub command: Option<Vec<String>>,
+}
+
+/// An interactive session's terminal, joined to its container's TTY ([`Executor::terminal`]).
+pub struct Terminal {
+    /// What the terminal shows from now on (raw bytes: the TTY merges stdout and stderr). Ends when
+    /// the container does.
+    pub output: BoxStream<'static, Result<Bytes, ExecError>>,
+    /// Keys typed. Dropping it leaves the container running (its stdin stays open).
+    pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
+/// The argv of a session without a command: `shell` (the owner's login shell on this machine) as a
+/// login shell where the image has it, else the image's `/bin/sh`.
+pub fn session_argv(shell: Option<&str>) -> Vec<String> {
+    let shell = shell.filter(|s| s.starts_with('/') && !s.ends_with("/nologin") && !s.ends_with("/false")).unwrap_or("/bin/sh");
+    vec!["/bin/sh".into(), "-c".into(), r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#.into(), shell.into()]
 }
 
 /// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
@@ -299,6 +318,14 @@ pub trait Executor: Send + Sync + 'static {
     /// once, never started (nothing of the image runs); cached per image id.
     async fn image_files(&self, _image: &str, paths: &[&str], _max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
         Ok(vec![None; paths.len()])
+    }
+    /// An interactive session's terminal (its container was created with a TTY and open stdin).
+    async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
+        Err(ExecError::Rejected(format!("container {id} has no terminal to attach to here")))
+    }
+    /// Set the size of a session's terminal.
+    async fn resize(&self, _id: &str, _cols: u16, _rows: u16) -> Result<(), ExecError> {
+        Ok(())
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
@@ -477,9 +504,14 @@ impl Executor for DockerExecutor {
                 ..Default::default()
             }]
         });
+        let tty = l.job.spec.interactive;
         let body = ContainerCreateBody {
             image: Some(l.job.spec.image.clone()),
-            cmd: l.job.spec.command.as_ref().map(|c| c.argv()),
+            cmd: l.command.clone().or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
+            // A session's shell gets a terminal, and its stdin stays open between attachments.
+            tty: tty.then_some(true),
+            open_stdin: tty.then_some(true),
+            stdin_once: tty.then_some(false),
             env: Some(job_env(l)),
             working_dir: l.job.spec.workdir.clone(),
             user: Some(format!("{}:{}", l.uid, l.gid)),
@@ -686,6 +718,18 @@ impl Executor for DockerExecutor {
         self.docker.logs(id, Some(opts)).map(|r| r.map(Frame::of).map_err(classify)).boxed()
     }
 
+    async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
+        // Docker's own detach keys stay its default (Ctrl-P Ctrl-Q), the ones the CLI detaches on itself.
+        let opts = qp::AttachContainerOptions { stream: true, stdin: true, stdout: true, stderr: true, ..Default::default() };
+        let a = self.docker.attach_container(id, Some(opts)).await.map_err(classify)?;
+        Ok(Terminal { output: a.output.map(|o| o.map(|o| Frame::of(o).data).map_err(classify)).boxed(), input: a.input })
+    }
+
+    async fn resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
+        let opts = qp::ResizeContainerTTYOptions { w: cols.max(1) as i32, h: rows.max(1) as i32 };
+        self.docker.resize_container_tty(id, opts).await.map_err(classify)
+    }
+
     fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         let (docker, id) = (self.docker.clone(), id.to_string());
         let opts = qp::AttachContainerOptions { stream: true, stdout: true, stderr: true, ..Default::default() };
@@ -729,6 +773,7 @@ mod tests {
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,
             container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
+            command: None,
         })
     }
 

@@ -27,6 +27,7 @@ mod ops;
 mod pass;
 mod reconcile;
 mod sampler;
+pub mod session;
 pub mod submit;
 mod supervisor;
 

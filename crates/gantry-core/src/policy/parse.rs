@@ -150,6 +150,17 @@ pub(super) struct RawFile {
     backend: S<String>,
     #[serde(default)]
     slurm: RawSlurm,
+    #[serde(default)]
+    sessions: RawSessions,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSessions {
+    max_gpus: S<i64>,
+    default_length: S<String>,
+    max_length: S<String>,
+    before_batch: S<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -381,6 +392,7 @@ impl Check<'_> {
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
+        p.sessions = self.sessions(&raw.sessions);
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
@@ -424,6 +436,30 @@ impl Check<'_> {
             backend,
             slurm,
         }
+    }
+
+    pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
+        let mut s = Sessions::default();
+        s.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
+        let week = Duration::from_secs(7 * 24 * 3600);
+        if let Some(d) = self.duration("max_length", &raw.max_length, week) {
+            s.max_length = d;
+        }
+        if let Some(d) = self.duration("default_length", &raw.default_length, week) {
+            s.default_length = d;
+        }
+        if s.default_length > s.max_length {
+            let at = raw.default_length.as_ref().or(raw.max_length.as_ref()).map(|v| v.span()).unwrap_or(0..0);
+            self.fail(
+                at,
+                format!("sessions `default_length` ({}) is longer than `max_length` ({})", human(s.default_length), human(s.max_length)),
+                "lower `default_length` or raise `max_length`",
+            );
+        }
+        if let Some(b) = &raw.before_batch {
+            s.before_batch = *b.get_ref();
+        }
+        s
     }
 
     pub(super) fn slurm(&mut self, raw: &RawSlurm) -> crate::slurm::Settings {

@@ -26,6 +26,9 @@ pub const RELEASE: &str = "/v1/jobs/{id}/release";
 pub const RERUN: &str = "/v1/jobs/{id}/rerun";
 /// `GET` with [`super::LogQuery`]: the job's output (streamed until the job ends with `follow`).
 pub const LOGS: &str = "/v1/jobs/{id}/logs";
+/// `GET` with `Upgrade: gantry-terminal/1`: the session's terminal, framed as [`super::terminal`] says
+/// (owner only).
+pub const ATTACH: &str = "/v1/jobs/{id}/attach";
 /// `POST` a [`super::SubmitRequest`]: the [`crate::spec::ValidJob`] it would queue, nothing queued.
 pub const VALIDATE: &str = "/v1/validate";
 /// `GET`: [`super::GpuStatus`].

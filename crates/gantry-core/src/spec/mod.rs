@@ -154,6 +154,12 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16, max = 4194304))]
     pub pids_limit: Option<i64>,
+    /// An interactive session (what `gantry shell` queues): the container gets a terminal that
+    /// `gantry attach ID` joins, its command defaults to your login shell (or `/bin/sh` where the
+    /// image lacks it), `timeout` is its length (bounded by the lab's `[sessions]`), it is never
+    /// retried and goes before batch jobs. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 /// `ipc` in a spec.

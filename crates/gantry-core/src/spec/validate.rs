@@ -151,6 +151,14 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     if let Some(IdOrName::Id(i)) = spec.after.iter().find(|a| matches!(a, IdOrName::Id(i) if *i <= 0)) {
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
+    if spec.interactive {
+        if !spec.matrix.is_empty() {
+            return err("an `interactive` session has a `matrix`".into(), "a session is one terminal: remove `matrix`, or make it a batch job (`interactive: false`)", "matrix");
+        }
+        if spec.retries != 0 {
+            return err("an `interactive` session has `retries`".into(), "a session is never run again on its own: remove `retries`", "retries");
+        }
+    }
     let limits = validate_limits(&spec)?;
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec, matrix_part: None })
 }

@@ -128,6 +128,15 @@ impl DockerBackend {
     }
 }
 
+/// A session without a command runs its owner's login shell (from this machine's passwd).
+fn session_command(job: &Job) -> Option<Vec<String>> {
+    if !job.job.spec.interactive || job.job.spec.command.is_some() {
+        return None;
+    }
+    let shell = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.shell.to_string_lossy().into_owned());
+    Some(crate::executor::session_argv(shell.as_deref()))
+}
+
 #[async_trait::async_trait]
 impl Backend for DockerBackend {
     fn name(&self) -> &'static str {
@@ -234,6 +243,7 @@ impl Backend for DockerBackend {
                 gpu_total_memory: placed.gpu_total,
                 binding,
                 container,
+                command: session_command(job),
             };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());
@@ -325,5 +335,15 @@ impl Backend for DockerBackend {
 
     fn left_running(&self) -> &'static str {
         "running containers keep running and are reattached on next start"
+    }
+
+    async fn terminal(&self, run: &RunRef) -> Result<crate::executor::Terminal, EngineError> {
+        let cid = run.container().ok_or_else(|| EngineError::Refused("this session has no container".into()))?;
+        Ok(self.exec.terminal(cid).await?)
+    }
+
+    async fn resize_terminal(&self, run: &RunRef, cols: u16, rows: u16) -> Result<(), EngineError> {
+        let Some(cid) = run.container() else { return Ok(()) };
+        Ok(self.exec.resize(cid, cols, rows).await?)
     }
 }

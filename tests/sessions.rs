@@ -1,0 +1,217 @@
+//! Interactive sessions (`gantry shell`, `gantry attach`) through real pseudo-terminals, as real
+//! users, against a real root engine and real Docker; and over the real sshd with `--host`.
+
+use crate::helpers::*;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A busybox image with every applet (`tty`, `stty`, `httpd`), built once from the host's static busybox.
+pub const SESSION_IMAGE: &str = "gantry-test/session-busybox:1";
+
+pub fn ensure_session_image() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let have = Command::new("docker").args(["image", "inspect", SESSION_IMAGE]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if have.map(|s| s.success()).unwrap_or(false) {
+            return;
+        }
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "set -e; r=$(mktemp -d); mkdir -p $r/bin $r/tmp $r/www; chmod 1777 $r/tmp; cp /bin/busybox $r/bin/busybox; \
+                 for c in $(/bin/busybox --list); do [ $c = busybox ] || ln -s busybox $r/bin/$c; done; \
+                 echo served-by-busybox > $r/www/index.html; \
+                 tar -C $r -c . | docker import - {SESSION_IMAGE} >/dev/null; rm -rf $r"
+            ))
+            .status()
+            .expect("run sh");
+        assert!(status.success(), "could not build {SESSION_IMAGE}");
+    });
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A program on a pseudo-terminal of its own (its controlling terminal, as in a real terminal
+/// window): what it writes is collected; keys and window sizes are sent through the master side.
+pub struct Pty {
+    master: std::fs::File,
+    child: Child,
+    out: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Pty {
+    pub fn spawn(mut cmd: Command, cols: u16, rows: u16) -> Pty {
+        use std::os::unix::process::CommandExt;
+        let ws = nix::pty::Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        let pty = nix::pty::openpty(Some(&ws), None).expect("openpty");
+        let slave = std::fs::File::from(pty.slave);
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap())).stdout(Stdio::from(slave.try_clone().unwrap())).stderr(Stdio::from(slave));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn on a pty");
+        let master = std::fs::File::from(pty.master);
+        let out = Arc::new(Mutex::new(vec![]));
+        let (mut reader, sink) = (master.try_clone().unwrap(), out.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // EIO once the program (and everything holding the slave) is gone.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Pty { master, child, out }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.out.lock().unwrap()).into_owned()
+    }
+
+    pub fn send(&mut self, keys: &str) {
+        self.master.write_all(keys.as_bytes()).unwrap();
+    }
+
+    /// Wait until the output after byte `from` contains `needle`; returns the end of the match.
+    pub fn wait_for(&self, needle: &str, from: usize) -> usize {
+        let t = Instant::now();
+        loop {
+            let text = self.text();
+            if let Some(at) = text.get(from..).and_then(|t| t.find(needle)) {
+                return from + at + needle.len();
+            }
+            assert!(t.elapsed() < WAIT, "waited for {needle:?} on the terminal; it shows:\n{}", text.get(from..).unwrap_or(&text));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Make the window this size (the kernel sends SIGWINCH to the program).
+    pub fn resize(&self, cols: u16, rows: u16) {
+        let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCSWINSZ reads one winsize from the struct given.
+        assert_eq!(unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) }, 0);
+    }
+
+    /// The program's exit status, once it ends.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t.elapsed() < WAIT, "the program did not end; its terminal shows:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `gantry ARGS` as `u` against the system engine `e`, on a terminal of its own.
+fn gantry_pty(e: &Engine, u: &User, args: &[&str]) -> Pty {
+    let mut c = u.command(bin());
+    c.env("GANTRY_SYSTEM_SOCKET", e.system_socket()).env_remove("GANTRY_STATE_DIR").env("TERM", "xterm").args(args).current_dir("/");
+    Pty::spawn(c, 80, 24)
+}
+
+/// `gantry ARGS` as `u` against the system engine `e`, without a terminal.
+fn gantry_as(e: &Engine, u: &User, args: &[&str]) -> std::process::Output {
+    u.command(bin()).env("GANTRY_SYSTEM_SOCKET", e.system_socket()).env_remove("GANTRY_STATE_DIR").args(args).current_dir("/").output().unwrap()
+}
+
+fn session_id(p: &Pty) -> i64 {
+    p.wait_for(" queued; waiting", 0);
+    let t = p.text();
+    let at = t.find("gantry: session ").unwrap() + "gantry: session ".len();
+    t[at..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached_again_only_by_her() {
+    ensure_session_image();
+    let e = Engine::system();
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+
+    let mut p = gantry_pty(&e, &alice, &["shell", "--gpus", "1", "--image", SESSION_IMAGE, "--for", "1h"]);
+    let id = session_id(&p);
+    let mut at = p.wait_for(&format!("attached to session {id}; it ends in 60 min"), 0);
+    assert!(p.text().contains("detach with Ctrl-P Ctrl-Q"), "{}", p.text());
+    p.send("echo CVD=$CUDA_VISIBLE_DEVICES; id -u; tty\r");
+    at = p.wait_for("CVD=0\r\n", at);
+    at = p.wait_for(&format!("{}\r\n", alice.uid), at);
+    at = p.wait_for("/dev/pts/", at);
+    let j = e.show(id);
+    assert_eq!((j["job"]["state"].as_str(), j["job"]["owner_uid"].as_u64()), (Some("running"), Some(alice.uid as u64)), "{j}");
+    assert_eq!(j["attempts"][0]["gpus"].as_array().unwrap().len(), 1, "{j}");
+
+    // The window's size reaches the shell's terminal, then a new size.
+    p.send("stty size\r");
+    at = p.wait_for("24 80\r\n", at);
+    p.resize(132, 43);
+    // SIGWINCH is asynchronous: ask until the shell sees the new size.
+    let t = Instant::now();
+    loop {
+        p.send("stty size\r");
+        std::thread::sleep(Duration::from_millis(300));
+        if p.text()[at..].contains("43 132\r\n") {
+            break;
+        }
+        assert!(t.elapsed() < WAIT, "the resize never reached the shell:\n{}", &p.text()[at..]);
+    }
+    at = p.text().len();
+
+    // Ctrl-C goes to the shell (it interrupts the sleep), not to gantry.
+    p.send("sleep 600\r");
+    std::thread::sleep(Duration::from_millis(500));
+    p.send("\x03");
+    p.send("echo after-ctrl-c\r");
+    at = p.wait_for("after-ctrl-c\r\n", at);
+    let _ = at;
+
+    // Detach: gantry exits 0, the session keeps running.
+    p.send("\x10\x11");
+    assert!(p.wait_exit().success(), "{}", p.text());
+    assert!(p.text().contains(&format!("detached from session {id}; it keeps running")), "{}", p.text());
+    assert_eq!(e.show(id)["job"]["state"], "running");
+
+    // bob cannot attach to alice's session (his own terminal, his own uid).
+    let mut b = gantry_pty(&e, &bob, &["attach", &id.to_string()]);
+    assert!(!b.wait_exit().success());
+    assert!(b.text().contains(&format!("session {id} belongs to gantry-alice; only its owner can attach to it")), "{}", b.text());
+    // Nor root's engine calls for another uid: peer credentials are the identity.
+    let out = e.gantry(&["attach", &id.to_string()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner"), "{out:?}");
+
+    // alice, from another terminal, comes back to the same shell (what she typed before is still there).
+    let mut p2 = gantry_pty(&e, &alice, &["attach", &id.to_string()]);
+    let at2 = p2.wait_for(&format!("attached to session {id}"), 0);
+    p2.send("echo still-$((40+2))\r");
+    p2.wait_for("still-42\r\n", at2);
+    p2.send("exit 3\r");
+    let status = p2.wait_exit();
+    assert_eq!(status.code(), Some(3), "gantry attach exits with the shell's status: {}", p2.text());
+    assert!(p2.text().contains(&format!("session {id} ended: its shell exited with status 3")), "{}", p2.text());
+    let j = e.wait_final(id);
+    assert_eq!((j["job"]["state"].as_str(), j["job"]["exit_code"].as_i64()), (Some("failed"), Some(3)), "{j}");
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "a session is never run again: {j}");
+
+    // An ended session cannot be attached to.
+    let out = gantry_as(&e, &alice, &["attach", &id.to_string()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("start another with `gantry shell`"), "{out:?}");
+}
