@@ -215,3 +215,87 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
     let out = gantry_as(&e, &alice, &["attach", &id.to_string()]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("start another with `gantry shell`"), "{out:?}");
 }
+
+#[test]
+fn sessions_go_before_batch_jobs_within_the_labs_bounds_and_end_at_their_length() {
+    ensure_session_image();
+    let cfg = tempfile::tempdir().unwrap();
+    let file = cfg.path().join("config.toml");
+    std::fs::write(&file, "[sessions]\nmax_gpus = 1\ndefault_length = \"1h\"\nmax_length = \"2h\"\n").unwrap();
+    let e = Engine::start(&["--gpus", "sim:1x24GiB", "--config", file.to_str().unwrap()]);
+    let alice = user("gantry-alice");
+    let blocker = e.submit_yaml("blocker", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
+    e.wait_state(blocker, "running");
+    let batch = e.submit_yaml("batch", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: 10\n"));
+    let spec = alice.write(&alice.private_dir("session").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    let v = e.json_as(&alice, &["submit", spec.to_str().unwrap()]);
+    let session = v[0]["job_id"].as_i64().unwrap();
+    assert_eq!(e.show(session)["job"]["timeout_ms"], 3_600_000, "the lab's default length");
+
+    // Her sessions hold at most 1 GPU together; a session is at most 2 h.
+    let out = e.gantry_user(&alice, &["submit", spec.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("your sessions already ask for 1 GPU; this one's 1 would pass the lab's limit of 1 GPUs in sessions per user (sessions.max_gpus in"), "{err}");
+    let long = alice.write(&spec.with_file_name("long.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\ntimeout: 3h\n"));
+    let out = e.gantry_user(&alice, &["submit", long.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("the session would last 3h; the lab allows sessions of at most 2h"), "{err}");
+    let retried = alice.write(&spec.with_file_name("retried.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\nretries: 2\n"));
+    let out = e.gantry_user(&alice, &["submit", retried.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("an `interactive` session has `retries`"), "{out:?}");
+
+    // The GPU frees: the session goes first, though the batch job has a higher priority and came first.
+    assert!(e.gantry(&["cancel", &blocker.to_string()]).status.success());
+    e.wait_state(session, "running");
+    assert_eq!(e.show(batch)["job"]["state"], "queued");
+    assert!(e.gantry_user(&alice, &["cancel", &session.to_string()]).status.success());
+    assert_eq!(e.wait_final(batch)["job"]["state"], "succeeded");
+
+    // A session ends at its length, and the attached terminal says so.
+    let mut c = alice.command(bin());
+    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["shell", "--gpus", "0", "--image", SESSION_IMAGE, "--for", "4s"]).current_dir("/");
+    let mut p = Pty::spawn(c, 80, 24);
+    let id = session_id(&p);
+    p.wait_for(&format!("attached to session {id}; it ends in 1 min"), 0);
+    p.wait_for(&format!("session {id} ended: its time ran out"), 0);
+    assert!(!p.wait_exit().success());
+    let j = e.wait_final(id);
+    assert_eq!((j["job"]["state"].as_str(), j["attempts"][0]["reason"].as_str()), (Some("timed_out"), Some("timeout")), "{j}");
+}
+
+#[test]
+fn over_ssh_a_session_is_attached_detached_and_attached_again_with_host() {
+    ensure_session_image();
+    let e = Engine::system();
+    let alice = user("gantry-alice");
+    let ws = crate::remote::Workstation::start(&e, &[&alice]);
+    let laptop = |args: &[&str]| {
+        let mut c = Command::new(bin());
+        c.env("GANTRY_SSH", format!("ssh -F {}", ws.dir.path().join("ssh_config").display()))
+            .env("XDG_STATE_HOME", ws.dir.path().join("laptop"))
+            .env_remove("GANTRY_STATE_DIR")
+            .env("GANTRY_SYSTEM_SOCKET", "/nonexistent/gantry.sock")
+            .env("TERM", "xterm")
+            .args(["--host", "gantry-alice-ws"])
+            .args(args)
+            .current_dir(ws.dir.path());
+        Pty::spawn(c, 100, 30)
+    };
+    let mut p = laptop(&["shell", "--gpus", "1", "--image", SESSION_IMAGE, "--for", "30m"]);
+    let id = session_id(&p);
+    let at = p.wait_for(&format!("attached to session {id}"), 0);
+    assert!(p.text().contains(&format!("`gantry --host gantry-alice-ws attach {id}` comes back")), "{}{}", p.text(), ws.sshd_log());
+    p.send("id -u; stty size\r");
+    let at = p.wait_for(&format!("{}\r\n", alice.uid), at);
+    p.wait_for("30 100\r\n", at);
+    p.send("\x10\x11");
+    assert!(p.wait_exit().success(), "{}", p.text());
+    assert_eq!(e.show(id)["job"]["state"], "running");
+
+    let mut p = laptop(&["attach", &id.to_string()]);
+    let at = p.wait_for(&format!("attached to session {id}"), 0);
+    p.send("echo over-$((6*7))-ssh; exit\r");
+    p.wait_for("over-42-ssh\r\n", at);
+    assert!(p.wait_exit().success(), "{}", p.text());
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
+}
