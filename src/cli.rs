@@ -42,6 +42,16 @@ pub enum Cmd {
     Shell(ShellArgs),
     /// Attach your terminal to one of your running sessions (`gantry shell`).
     Attach { id: i64 },
+    /// A Jupyter notebook session: `jupyter lab` in a container with GPUs, and the URL (with its
+    /// token) to open it from here.
+    Notebook(NotebookArgs),
+    /// Print a URL on this computer that reaches one of your job's `ports` (only you can use it).
+    /// With --host, forwards it through ssh until Ctrl-C.
+    Open {
+        id: i64,
+        /// Which of the job's ports (default: its first).
+        port: Option<u16>,
+    },
     /// Running and queued jobs, and why each queued job waits.
     Ls,
     /// One job: spec, attempts, events.
@@ -164,6 +174,9 @@ pub struct RunArgs {
     /// Working directory inside the container.
     #[arg(long)]
     pub workdir: Option<String>,
+    /// A port the job serves inside its container (repeatable); `gantry open ID` reaches it.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
     /// Run this string with `/bin/sh -c` instead of a command after `--`.
     #[arg(long, conflicts_with = "command")]
     pub shell: Option<String>,
@@ -200,6 +213,16 @@ pub struct ShellArgs {
     /// Its name in the queue (default: shell).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// `gantry notebook`: a session running `jupyter lab`.
+#[derive(clap::Args)]
+pub struct NotebookArgs {
+    #[command(flatten)]
+    pub session: ShellArgs,
+    /// The port Jupyter listens on inside the container.
+    #[arg(long, default_value_t = 8888)]
+    pub port: u16,
 }
 
 #[derive(Subcommand)]

@@ -299,3 +299,147 @@ fn over_ssh_a_session_is_attached_detached_and_attached_again_with_host() {
     assert!(p.wait_exit().success(), "{}", p.text());
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
 }
+
+/// The session image plus a stand-in for `jupyter lab`: it serves a page with the token it was
+/// given (`JUPYTER_TOKEN`) on the address and port it was asked for.
+const NOTEBOOK_IMAGE: &str = "gantry-test/fake-jupyter:1";
+
+fn ensure_notebook_image() {
+    ensure_session_image();
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let have = Command::new("docker").args(["image", "inspect", NOTEBOOK_IMAGE]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if have.map(|s| s.success()).unwrap_or(false) {
+            return;
+        }
+        let script = "#!/bin/sh\nfor a; do case $a in --port=*) port=${a#--port=};; --ip=*) ip=${a#--ip=};; esac; done\n\
+                      mkdir -p /tmp/www/lab; echo \"token=$JUPYTER_TOKEN ip=$ip\" > /tmp/www/lab/index.html\nexec httpd -f -p $ip:$port -h /tmp/www\n";
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("jupyter"), script).unwrap();
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "set -e; r=$(mktemp -d); mkdir -p $r/bin $r/tmp; chmod 1777 $r/tmp; cp /bin/busybox $r/bin/busybox; \
+                 for c in $(/bin/busybox --list); do [ $c = busybox ] || ln -s busybox $r/bin/$c; done; \
+                 install -m 755 {}/jupyter $r/bin/jupyter; tar -C $r -c . | docker import - {NOTEBOOK_IMAGE} >/dev/null; rm -rf $r",
+                dir.path().display()
+            ))
+            .status()
+            .unwrap();
+        assert!(status.success(), "could not build {NOTEBOOK_IMAGE}");
+    });
+}
+
+/// `curl URL` as `u` (empty when the connection is refused or closed before an answer).
+fn fetch_as(u: &User, url: &str) -> String {
+    let out = u.command("curl").args(["-sL", "--max-time", "10", url]).current_dir("/").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_served(e: &Engine, u: &User, url: &str, want: &str) -> String {
+    let mut got = String::new();
+    e.wait_until(&format!("{url} to answer {u:?}"), || {
+        got = fetch_as(u, url);
+        got.contains(want)
+    });
+    got
+}
+
+#[test]
+fn a_served_port_opens_on_loopback_for_its_owner_only_and_a_notebook_url_carries_its_token() {
+    ensure_notebook_image();
+    let e = Engine::system();
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+    let run = gantry_as(&e, &alice, &["run", "--json", "--gpus", "0", "--image", SESSION_IMAGE, "--port", "8080", "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"]);
+    assert!(run.status.success(), "{run:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&run.stdout).unwrap()["job_id"].as_i64().unwrap();
+    e.wait_state(id, "running");
+    let out = gantry_as(&e, &alice, &["open", &id.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
+    wait_served(&e, &alice, &url, "served-by-busybox");
+    // The same forward every time.
+    assert_eq!(String::from_utf8_lossy(&gantry_as(&e, &alice, &["open", &id.to_string(), "8080"]).stdout).trim(), url);
+
+    // bob (and root, not the owner) get nothing through it, and cannot open one of their own.
+    assert_eq!(fetch_as(&bob, &url), "", "bob reached alice's port");
+    let root = Command::new("curl").args(["-sL", "--max-time", "10", &url]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&root.stdout).contains("served-by-busybox"), "root reached alice's port");
+    for out in [gantry_as(&e, &bob, &["open", &id.to_string()]), e.gantry(&["open", &id.to_string()])] {
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner can open its ports"), "{out:?}");
+    }
+    let out = gantry_as(&e, &alice, &["open", &id.to_string(), "9999"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} serves port 8080, not port 9999")), "{out:?}");
+
+    // Nothing listens on another address: the forward is on 127.0.0.1, the container publishes
+    // nothing, and its server is not reachable at the container's address.
+    let port = url.trim_end_matches('/').rsplit(':').next().unwrap().to_string();
+    let ss = String::from_utf8_lossy(&Command::new("ss").args(["-ltnH"]).output().unwrap().stdout).into_owned();
+    let listening: Vec<&str> = ss.lines().filter(|l| l.split_whitespace().nth(3).is_some_and(|a| a.ends_with(&format!(":{port}")))).collect();
+    assert!(!listening.is_empty() && listening.iter().all(|l| l.split_whitespace().nth(3).unwrap().starts_with("127.0.0.1:")), "{listening:?}");
+    let cid = e.show(id)["attempts"][0]["container_id"].as_str().unwrap().to_string();
+    let published = Command::new("docker").args(["port", &cid]).output().unwrap();
+    assert!(String::from_utf8_lossy(&published.stdout).trim().is_empty(), "{published:?}");
+    let ip = String::from_utf8_lossy(&Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &cid]).output().unwrap().stdout).trim().to_string();
+    if !ip.is_empty() {
+        assert_eq!(fetch_as(&alice, &format!("http://{ip}:8080/")), "", "the server is reachable at the container's address {ip}");
+    }
+    assert!(gantry_as(&e, &alice, &["cancel", &id.to_string()]).status.success());
+    e.wait_final(id);
+    e.wait_until("the forward to close with the job", || fetch_as(&alice, &url).is_empty());
+
+    // `gantry notebook`: a session running `jupyter lab` on 127.0.0.1 with a token of its own; the URL carries it.
+    let out = gantry_as(&e, &alice, &["notebook", "--gpus", "0", "--image", NOTEBOOK_IMAGE, "--for", "30m"]);
+    assert!(out.status.success(), "{out:?}");
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = url.split_once("/lab?token=").map(|(_, t)| t.to_string()).unwrap_or_else(|| panic!("no token in {url}"));
+    assert_eq!(token.len(), 32, "{url}");
+    let page = wait_served(&e, &alice, &url, "token=");
+    assert_eq!(page.trim(), format!("token={token} ip=127.0.0.1"));
+    assert_eq!(fetch_as(&bob, &url), "");
+    let nb = e.json(&["ls"]).as_array().unwrap().iter().find(|j| j["job"]["name"] == "notebook").map(|j| j["job"]["id"].as_i64().unwrap()).unwrap();
+    assert_eq!(e.show(nb)["job"]["job"]["spec"]["interactive"], true);
+    assert!(gantry_as(&e, &alice, &["cancel", &nb.to_string()]).status.success());
+    e.wait_final(nb);
+}
+
+#[test]
+fn over_ssh_gantry_open_forwards_a_served_port_to_the_laptop_through_the_shared_connection() {
+    ensure_session_image();
+    let e = Engine::system();
+    let alice = user("gantry-alice");
+    let ws = crate::remote::Workstation::start(&e, &[&alice]);
+    let run = ws.json("gantry-alice-ws", &["run", "--gpus", "0", "--image", SESSION_IMAGE, "--port", "8080", "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"]);
+    let id = run["job_id"].as_i64().unwrap();
+    e.wait_state(id, "running");
+    let mut open = Command::new(bin())
+        .env("GANTRY_SSH", format!("ssh -F {}", ws.dir.path().join("ssh_config").display()))
+        .env("XDG_STATE_HOME", ws.dir.path().join("laptop"))
+        .env_remove("GANTRY_STATE_DIR")
+        .env("GANTRY_SYSTEM_SOCKET", "/nonexistent/gantry.sock")
+        .args(["--host", "gantry-alice-ws", "open", &id.to_string()])
+        .current_dir(ws.dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(open.stdout.take().unwrap()), &mut line).unwrap();
+    let url = line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}: {}", ws.sshd_log());
+    // The laptop's user (root here) opens it; on the workstation the connection is alice's (ssh's).
+    let mut got = String::new();
+    e.wait_until("the forwarded port to answer on the laptop", || {
+        got = String::from_utf8_lossy(&Command::new("curl").args(["-s", "--max-time", "10", &url]).output().unwrap().stdout).into_owned();
+        got.contains("served-by-busybox")
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(open.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    assert!(open.wait().unwrap().success());
+    let t = Instant::now();
+    while !String::from_utf8_lossy(&Command::new("curl").args(["-s", "--max-time", "5", &url]).output().unwrap().stdout).is_empty() {
+        assert!(t.elapsed() < WAIT, "the laptop's forward outlived `gantry open`");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(ws.gantry("gantry-alice-ws", &["cancel", &id.to_string()]).status.success());
+}

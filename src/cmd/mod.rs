@@ -51,6 +51,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Inbox { action } => return inbox::inbox(&ctx, action.as_ref()).await,
         Cmd::Shell(args) => return session::shell(&ctx, args).await,
         Cmd::Attach { id } => return session::attach(&ctx, *id).await,
+        Cmd::Notebook(args) => return session::notebook(&ctx, args).await,
+        Cmd::Open { id, port } => return session::open(&ctx, *id, *port).await,
         Cmd::Daemon(args) => daemon::daemon(cli.state_dir.clone(), args).await?,
         Cmd::Proxy => gantry_core::client::proxy(&ctx.socket).await?,
         Cmd::Generate { dir } => generate::generate(dir)?,

@@ -102,13 +102,10 @@ enum Left {
     Lost,
 }
 
-pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
-    use gantry_core::spec::JobSpec;
-    let Some(image) = args.image.clone() else {
-        bail!("`gantry shell` needs an image for now: add --image IMG (e.g. --image pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime)");
-    };
-    let spec = JobSpec {
-        name: Some(args.name.clone().unwrap_or_else(|| "shell".into())),
+/// The spec of a session.
+fn session_spec(args: &ShellArgs, name: &str, image: String) -> gantry_core::spec::JobSpec {
+    gantry_core::spec::JobSpec {
+        name: Some(args.name.clone().unwrap_or_else(|| name.into())),
         image,
         command: None,
         workdir: None,
@@ -132,8 +129,94 @@ pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
         ulimits: None,
         pids_limit: None,
         interactive: true,
+        ports: vec![],
+    }
+}
+
+pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
+    let Some(image) = args.image.clone() else {
+        bail!("`gantry shell` needs an image for now: add --image IMG (e.g. --image pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime)");
     };
-    let text = serde_yaml_ng::to_string(&spec)?;
+    let id = queue_session(ctx, &session_spec(args, "shell", image)).await?;
+    if !wait_running(ctx, id).await? {
+        return Ok(ExitCode::FAILURE);
+    }
+    attach(ctx, id).await
+}
+
+/// `gantry notebook`: a session running `jupyter lab` on `--port` (127.0.0.1 inside its
+/// container) with a fresh token, then the URL to open.
+pub async fn notebook(ctx: &Ctx, args: &crate::cli::NotebookArgs) -> Result<ExitCode> {
+    let image = match args.session.image.clone() {
+        Some(i) => i,
+        None => ctx.client.status().await?.notebook_image.context(
+            "the lab config names no notebook image (`[sessions] notebook_image`): add --image IMG, an image with `jupyter lab` in it (e.g. quay.io/jupyter/pytorch-notebook:cuda12-latest)",
+        )?,
+    };
+    let mut spec = session_spec(&args.session, "notebook", image);
+    let port = args.port;
+    spec.command = Some(gantry_core::spec::Command::Exec(
+        ["jupyter", "lab", "--ip=127.0.0.1", &format!("--port={port}"), "--no-browser"].map(String::from).to_vec(),
+    ));
+    spec.env.insert("JUPYTER_TOKEN".into(), gantry_core::client::new_submit_key());
+    spec.ports = vec![port];
+    let id = queue_session(ctx, &spec).await?;
+    if !wait_running(ctx, id).await? {
+        return Ok(ExitCode::FAILURE);
+    }
+    eprintln!("gantry: notebook {id} runs; `gantry attach {id}` shows Jupyter's output, `gantry cancel {id}` ends it");
+    open(ctx, id, Some(port)).await
+}
+
+/// `gantry open ID [PORT]`: the URL on this computer. Local: the engine's loopback forward. Remote:
+/// `ssh -L` through the shared connection to the workstation's forward, until Ctrl-C.
+pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
+    let o = ctx.client.open_port(id, port).await?;
+    let Some(target) = &ctx.remote else {
+        if ctx.json {
+            crate::print::print_json(&o)?;
+        } else {
+            crate::term::outln!("{}", o.url);
+            eprintln!("gantry: port {} of job {id}, for you only, while it runs", o.port);
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let local = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).context("finding a free port on this computer")?.port();
+    let mut cmd = target.forward_command(local, &o.address).context("an ssh target")?;
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+    let mut child = cmd.spawn().context("running ssh")?;
+    let t = std::time::Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", local)).await.is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("ssh could not forward port {local} to {} on {} ({status})", o.address, target.describe());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("ssh did not start forwarding port {local} within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = o.url.replace(&o.address, &format!("127.0.0.1:{local}"));
+    if ctx.json {
+        crate::print::print_json(&gantry_core::protocol::terminal::Opened { url, address: format!("127.0.0.1:{local}"), ..o })?;
+    } else {
+        crate::term::outln!("{url}");
+    }
+    eprintln!("gantry: forwarding through ssh to {}; Ctrl-C stops", target.describe());
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        s = child.wait() => eprintln!("gantry: ssh ended ({})", s.map(|s| s.to_string()).unwrap_or_default()),
+    }
+    // The shared connection holds the forward: have it stop (it may have stopped with ssh already).
+    if let Some(mut cancel) = target.cancel_forward_command(local, &o.address) {
+        let _ = cancel.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().await;
+    }
+    drop(child);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Queue a session's spec; its id.
+async fn queue_session(ctx: &Ctx, spec: &gantry_core::spec::JobSpec) -> Result<i64> {
+    let text = serde_yaml_ng::to_string(spec)?;
     let req = SubmitRequest { text, file_name: "shell.yaml".into(), base_dir: None, idempotency_key: None, origin: SpecOrigin::RunFlags };
     let id = ctx
         .client
@@ -145,10 +228,7 @@ pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
         })?
         .job_id;
     eprintln!("gantry: session {id} queued; waiting for it to start (Ctrl-C cancels it)");
-    if !wait_running(ctx, id).await? {
-        return Ok(ExitCode::FAILURE);
-    }
-    attach(ctx, id).await
+    Ok(id)
 }
 
 /// Wait until session `id` runs (`true`), printing why it waits when that changes; Ctrl-C cancels it.

@@ -117,6 +117,7 @@ impl RunArgs {
             ulimits: None,
             pids_limit: None,
             interactive: false,
+            ports: self.ports.clone(),
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

@@ -84,7 +84,11 @@ config_file: string | null,
 /**
  * The machine's engine (`gantry daemon --system`), for every user.
  */
-system: boolean, };
+system: boolean, 
+/**
+ * The image `gantry notebook` uses without `--image` (`[sessions] notebook_image`).
+ */
+notebook_image?: string | null, };
 /**
  * `GET /v1/whoami`: the caller, from the socket's peer credentials.
  */
@@ -236,7 +240,13 @@ pids_limit?: number | null,
  * image lacks it), `timeout` is its length (bounded by the lab's `[sessions]`), it is never
  * retried and goes before batch jobs. Default false.
  */
-interactive?: boolean, };
+interactive?: boolean, 
+/**
+ * Ports the job serves inside its container (a notebook, TensorBoard), e.g. `[8888]`.
+ * `gantry open ID [PORT]` gives you (only you) a URL on this machine's loopback that reaches
+ * it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
+ */
+ports?: Array<number>, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */

@@ -23,7 +23,7 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
+    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, OPEN, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
     VALIDATE, WHOAMI,
 };
 use crate::protocol::{
@@ -152,6 +152,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
         .route(RELEASE, post(release))
         .route(LOGS, get(logs))
         .route(ATTACH, get(attach))
+        .route(OPEN, post(open_port))
         .route(GPUS, get(gpus))
         .route(HISTORY, get(history))
         .route(HISTORY_COUNT, get(history_count))
@@ -187,6 +188,7 @@ async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, Conne
         engine_id: e.engine_id.clone(),
         reserved_gpus: e.reserved_gpus(),
         config_file: e.lab_file().map(Path::to_path_buf),
+        notebook_image: e.policy().sessions.notebook_image.clone(),
     })
 }
 
@@ -370,6 +372,17 @@ async fn attach(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): Url
         .header(axum::http::header::UPGRADE, UPGRADE)
         .body(Body::empty())
         .expect("a valid response"))
+}
+
+/// A loopback URL reaching one of the caller's job's `ports` (see `engine::ports`).
+async fn open_port(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<crate::protocol::terminal::OpenRequest>) -> Res<crate::protocol::terminal::Opened> {
+    use crate::engine::ports::OpenError;
+    let fail = |status, e: OpenError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    e.open_port(id, p.uid, r.port).await.map(Json).map_err(|err| match err {
+        OpenError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
+        OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        OpenError::Engine(err) => Failure::from(err),
+    })
 }
 
 async fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {

@@ -128,13 +128,36 @@ impl Target {
     /// connection (ControlMaster, kept 60 s after the last request), so a request costs a channel,
     /// not a handshake.
     fn command(&self) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["--", &host, "gantry", "proxy"]);
+        Some(c)
+    }
+
+    /// ssh with the options every connection uses (the shared ControlMaster), and the host.
+    fn ssh_base(&self) -> Option<(tokio::process::Command, String)> {
         let Target::Ssh { host, ssh } = self else { return None };
         let mut c = tokio::process::Command::new(&ssh[0]);
         c.args(&ssh[1..]).args(["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]);
         if let Some(dir) = control_dir() {
             c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/%C", dir.display())).args(["-o", "ControlPersist=60"]);
         }
-        c.args(["--", host, "gantry", "proxy"]);
+        Some((c, host.clone()))
+    }
+
+    /// `ssh -N -L 127.0.0.1:LOCAL:REMOTE HOST` over the shared connection: this computer's loopback
+    /// port `local` reaching `remote` (an address on the workstation, as the ssh user). The shared
+    /// connection (ControlMaster) holds the forward, and it stays open while this runs; end the
+    /// forward with [`Target::cancel_forward_command`].
+    pub fn forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["-N", "-o", "ExitOnForwardFailure=yes", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
+        Some(c)
+    }
+
+    /// `ssh -O cancel -L …`: the shared connection stops the forward of [`Target::forward_command`].
+    pub fn cancel_forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["-O", "cancel", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
         Some(c)
     }
 }
@@ -436,6 +459,11 @@ impl Client {
     /// The job's output as it is written, until the job ends or `on_chunk` returns false.
     pub async fn follow_logs(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
         self.stream(&with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?, on_chunk).await
+    }
+
+    /// A loopback URL on the engine's machine reaching one of the job's `ports` (default: its first).
+    pub async fn open_port(&self, id: i64, port: Option<u16>) -> Result<crate::protocol::terminal::Opened, ClientError> {
+        self.post(&fill(routes::OPEN, id), &crate::protocol::terminal::OpenRequest { port }).await
     }
 
     /// Check a spec without queueing it.

@@ -327,6 +327,11 @@ pub trait Executor: Send + Sync + 'static {
     async fn resize(&self, _id: &str, _cols: u16, _rows: u16) -> Result<(), ExecError> {
         Ok(())
     }
+    /// A TCP connection to `port` on 127.0.0.1 inside the container's network namespace (or, where
+    /// this process may not enter it, to the container's own address).
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
+        Err(ExecError::Rejected(format!("cannot reach port {port} of container {id} here")))
+    }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
     fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
@@ -725,6 +730,24 @@ impl Executor for DockerExecutor {
         Ok(Terminal { output: a.output.map(|o| o.map(|o| Frame::of(o).data).map_err(classify)).boxed(), input: a.input })
     }
 
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
+        let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
+        let pid = info.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0).ok_or_else(|| ExecError::Rejected(format!("container {id} is not running")))?;
+        let inside = tokio::task::spawn_blocking(move || connect_in_netns(pid as u32, port)).await.map_err(|e| ExecError::Rejected(e.to_string()))?;
+        let stream = match inside {
+            Ok(s) => s,
+            // Not root (a user's own engine): the container's address on its Docker network.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+                let ip = info.network_settings.and_then(|n| n.networks).and_then(|n| n.into_values().find_map(|v| v.ip_address.filter(|a| !a.is_empty())));
+                let ip = ip.ok_or_else(|| ExecError::Rejected(format!("container {id} has no address to reach port {port} at")))?;
+                std::net::TcpStream::connect((ip.as_str(), port)).map_err(|e| ExecError::Rejected(format!("port {port} of the job: {e}")))?
+            }
+            Err(e) => return Err(ExecError::Rejected(format!("port {port} of the job: {e}; is its server listening on 127.0.0.1:{port} inside?"))),
+        };
+        stream.set_nonblocking(true).map_err(|e| ExecError::Rejected(e.to_string()))?;
+        tokio::net::TcpStream::from_std(stream).map_err(|e| ExecError::Rejected(e.to_string()))
+    }
+
     async fn resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
         let opts = qp::ResizeContainerTTYOptions { w: cols.max(1) as i32, h: rows.max(1) as i32 };
         self.docker.resize_container_tty(id, opts).await.map_err(classify)
@@ -853,6 +876,19 @@ mod tests {
         let env = launch(&cpu, &[]);
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
     }
+}
+
+/// Connect to 127.0.0.1:`port` in the network namespace of process `pid`, from a thread made for
+/// it (a thread's namespace is its own; the socket keeps the namespace it was made in, and the
+/// thread ends there).
+fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        std::net::TcpStream::connect_timeout(&std::net::SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
 }
 
 fn listed_name(c: &bollard::models::ContainerSummary) -> String {

@@ -166,6 +166,7 @@ impl Policy {
             ("sessions.default_length", d(Some(s.default_length))),
             ("sessions.max_length", d(Some(s.max_length))),
             ("sessions.before_batch", s.before_batch.to_string()),
+            ("sessions.notebook_image", format!("{:?}", s.notebook_image)),
         ]);
         v
     }
@@ -189,11 +190,13 @@ pub struct Sessions {
     /// Sessions are placed before batch jobs, whatever their priorities (someone is waiting at a
     /// terminal); `false`: by priority and fair share like any job.
     pub before_batch: bool,
+    /// The image `gantry notebook` runs without `--image` (one with `jupyter lab` in it).
+    pub notebook_image: Option<String>,
 }
 
 impl Default for Sessions {
     fn default() -> Self {
-        Sessions { max_gpus: None, default_length: config::SESSION_LENGTH, max_length: config::SESSION_MAX_LENGTH, before_batch: true }
+        Sessions { max_gpus: None, default_length: config::SESSION_LENGTH, max_length: config::SESSION_MAX_LENGTH, before_batch: true, notebook_image: None }
     }
 }
 
@@ -382,8 +385,9 @@ templates = "/etc/gantry/templates"
 
     #[test]
     fn sessions_table_parses_and_explains_its_mistakes() {
-        let s = parse("[sessions]\nmax_gpus = 2\ndefault_length = \"1h\"\nmax_length = \"8h\"\nbefore_batch = false\n").unwrap().policy.sessions;
-        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false });
+        let s = parse("[sessions]\nmax_gpus = 2\ndefault_length = \"1h\"\nmax_length = \"8h\"\nbefore_batch = false\nnotebook_image = \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"\n").unwrap().policy.sessions;
+        let nb = Some("quay.io/jupyter/pytorch-notebook:cuda12-latest".to_string());
+        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false, notebook_image: nb });
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
         let cases: &[(&str, &str)] = &[
             ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
@@ -393,6 +397,7 @@ templates = "/etc/gantry/templates"
             ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
             ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
             ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
+            ("[sessions]\nnotebook_image = \"a b\"\n", "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name"),
         ];
         for (text, want) in cases {
             let e = err(text);

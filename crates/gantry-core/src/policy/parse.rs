@@ -161,6 +161,7 @@ pub(super) struct RawSessions {
     default_length: S<String>,
     max_length: S<String>,
     before_batch: S<bool>,
+    notebook_image: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -458,6 +459,14 @@ impl Check<'_> {
         }
         if let Some(b) = &raw.before_batch {
             s.before_batch = *b.get_ref();
+        }
+        if let Some(i) = &raw.notebook_image {
+            let name = i.get_ref().trim();
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                self.fail(i.span(), format!("sessions `notebook_image` = {:?} is not an image name", i.get_ref()), "write an image with `jupyter lab` in it, e.g. \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"");
+            } else {
+                s.notebook_image = Some(name.to_string());
+            }
         }
         s
     }

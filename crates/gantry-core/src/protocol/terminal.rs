@@ -50,6 +50,25 @@ pub struct SessionEnd {
     pub message: String,
 }
 
+/// `POST /v1/jobs/{id}/open` ([`super::routes::OPEN`]): which of the job's `ports` (default: its first).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OpenRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+/// A job's port reachable on the engine's machine: `address` is a loopback address only the job's
+/// owner may connect to, for as long as the job runs; `url` is what to open (with a notebook's token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    pub job_id: i64,
+    /// The port inside the container.
+    pub port: u16,
+    /// `127.0.0.1:PORT` on the engine's machine.
+    pub address: String,
+    pub url: String,
+}
+
 /// The frame's bytes do not follow the protocol.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the terminal connection sent something that is not a Gantry terminal frame: {0}")]

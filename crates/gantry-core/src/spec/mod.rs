@@ -23,6 +23,8 @@ pub use matrix::*;
 pub(crate) use mount::*;
 pub use template::*;
 
+/// The most `ports` one job may serve.
+pub const MAX_PORTS: usize = 16;
 /// Largest spec file Gantry reads (drop folder and CLI alike).
 pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
 
@@ -160,6 +162,11 @@ pub struct JobSpec {
     /// retried and goes before batch jobs. Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
+    /// Ports the job serves inside its container (a notebook, TensorBoard), e.g. `[8888]`.
+    /// `gantry open ID [PORT]` gives you (only you) a URL on this machine's loopback that reaches
+    /// it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
 }
 
 /// `ipc` in a spec.

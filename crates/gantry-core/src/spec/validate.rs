@@ -151,6 +151,17 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     if let Some(IdOrName::Id(i)) = spec.after.iter().find(|a| matches!(a, IdOrName::Id(i) if *i <= 0)) {
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
     }
+    if spec.ports.len() > MAX_PORTS {
+        return err(format!("the job serves {} `ports`; the limit is {MAX_PORTS}", spec.ports.len()), "list the ports you will open with `gantry open`", "ports");
+    }
+    for (i, p) in spec.ports.iter().enumerate() {
+        if *p == 0 {
+            return err("`ports` lists port 0".into(), "list the port your server listens on inside the container, e.g. `ports: [8888]`", "ports");
+        }
+        if spec.ports[..i].contains(p) {
+            return err(format!("`ports` lists port {p} twice"), "list each port once", "ports");
+        }
+    }
     if spec.interactive {
         if !spec.matrix.is_empty() {
             return err("an `interactive` session has a `matrix`".into(), "a session is one terminal: remove `matrix`, or make it a batch job (`interactive: false`)", "matrix");

@@ -196,4 +196,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn resize_terminal(&self, _run: &RunRef, _cols: u16, _rows: u16) -> Result<(), EngineError> {
         Ok(())
     }
+
+    /// A connection to `port` inside the job's container (`gantry open`).
+    async fn connect_port(&self, _run: &RunRef, _port: u16) -> Result<tokio::net::TcpStream, EngineError> {
+        Err(EngineError::Refused(format!("the {} backend cannot reach a job's ports", self.name())))
+    }
 }

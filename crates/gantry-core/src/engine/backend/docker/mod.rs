@@ -342,6 +342,11 @@ impl Backend for DockerBackend {
         Ok(self.exec.terminal(cid).await?)
     }
 
+    async fn connect_port(&self, run: &RunRef, port: u16) -> Result<tokio::net::TcpStream, EngineError> {
+        let cid = run.container().ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
+        Ok(self.exec.connect_port(cid, port).await?)
+    }
+
     async fn resize_terminal(&self, run: &RunRef, cols: u16, rows: u16) -> Result<(), EngineError> {
         let Some(cid) = run.container() else { return Ok(()) };
         Ok(self.exec.resize(cid, cols, rows).await?)
