@@ -207,6 +207,7 @@ async fn dispatch(n: usize) -> (f64, f64) {
             binding: GpuBinding::EnvOnly,
             container: Default::default(),
             command: None,
+            image: None,
         };
         let t0 = Instant::now();
         let id = exec.create(&l).await.unwrap();

@@ -132,9 +132,10 @@ pub enum ConfigCmd {
 /// `gantry run`: the fields of a job spec as flags; the engine checks them as if written in a file.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Docker image.
+    /// Docker image. Left out: this machine's own folders and your home (`image: host`), with
+    /// this directory, PATH and an active conda env or venv carried over.
     #[arg(long)]
-    pub image: String,
+    pub image: Option<String>,
     /// Number of GPUs (0 for a CPU-only job).
     #[arg(long, default_value_t = 1)]
     pub gpus: i64,

@@ -430,10 +430,18 @@ fn over_ssh_gantry_open_forwards_a_served_port_to_the_laptop_through_the_shared_
     assert!(url.starts_with("http://127.0.0.1:"), "{url:?}: {}", ws.sshd_log());
     // The laptop's user (root here) opens it; on the workstation the connection is alice's (ssh's).
     let mut got = String::new();
-    e.wait_until("the forwarded port to answer on the laptop", || {
-        got = String::from_utf8_lossy(&Command::new("curl").args(["-s", "--max-time", "10", &url]).output().unwrap().stdout).into_owned();
-        got.contains("served-by-busybox")
-    });
+    let t = Instant::now();
+    while !got.contains("served-by-busybox") {
+        let out = Command::new("curl").args(["-sS", "--max-time", "10", &url]).output().unwrap();
+        got = String::from_utf8_lossy(&out.stdout).into_owned();
+        if t.elapsed() > WAIT {
+            let _ = open.kill();
+            let mut err = String::new();
+            let _ = open.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("the forwarded port never answered on the laptop: curl: {}\ngantry open: {err}\n{}\n{}", String::from_utf8_lossy(&out.stderr), ws.sshd_log(), e.daemon_log());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(open.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     assert!(open.wait().unwrap().success());
     let t = Instant::now();

@@ -134,10 +134,15 @@ fn session_spec(args: &ShellArgs, name: &str, image: String) -> gantry_core::spe
 }
 
 pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
-    let Some(image) = args.image.clone() else {
-        bail!("`gantry shell` needs an image for now: add --image IMG (e.g. --image pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime)");
-    };
-    let id = queue_session(ctx, &session_spec(args, "shell", image)).await?;
+    // No image: this machine's own folders and your home, starting where you are (when it is there).
+    let image = args.image.clone().unwrap_or_else(|| gantry_core::spec::HOST_IMAGE.into());
+    let mut spec = session_spec(args, "shell", image);
+    if spec.is_host_image() && ctx.remote.is_none() {
+        let here = std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned());
+        let home = std::env::var("HOME").unwrap_or_default();
+        spec.workdir = here.filter(|d| !home.is_empty() && home != "/" && (*d == home || d.starts_with(&format!("{}/", home.trim_end_matches('/')))));
+    }
+    let id = queue_session(ctx, &spec).await?;
     if !wait_running(ctx, id).await? {
         return Ok(ExitCode::FAILURE);
     }
@@ -182,18 +187,9 @@ pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     let local = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).context("finding a free port on this computer")?.port();
-    let mut cmd = target.forward_command(local, &o.address).context("an ssh target")?;
-    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
-    let mut child = cmd.spawn().context("running ssh")?;
-    let t = std::time::Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", local)).await.is_err() {
-        if let Some(status) = child.try_wait()? {
-            bail!("ssh could not forward port {local} to {} on {} ({status})", o.address, target.describe());
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            bail!("ssh did not start forwarding port {local} within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let forward = target.forward_command(local, &o.address).context("an ssh target")?.stdin(std::process::Stdio::null()).output().await.context("running ssh")?;
+    if !forward.status.success() {
+        bail!("ssh could not forward port {local} to {} on {}: {}", o.address, target.describe(), String::from_utf8_lossy(&forward.stderr).trim());
     }
     let url = o.url.replace(&o.address, &format!("127.0.0.1:{local}"));
     if ctx.json {
@@ -201,16 +197,20 @@ pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
     } else {
         crate::term::outln!("{url}");
     }
-    eprintln!("gantry: forwarding through ssh to {}; Ctrl-C stops", target.describe());
+    eprintln!("gantry: forwarding through ssh to {} while job {id} runs; Ctrl-C stops", target.describe());
+    // Following the engine's events keeps the shared connection (which holds the forward) open,
+    // and says when the job ends.
+    let ended = ctx.client.events(|ev| !matches!(ev, gantry_core::protocol::EngineEvent::Job { job_id, state, .. } if job_id == id && state.is_final()));
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
-        s = child.wait() => eprintln!("gantry: ssh ended ({})", s.map(|s| s.to_string()).unwrap_or_default()),
+        r = ended => match r {
+            Ok(()) => eprintln!("gantry: job {id} ended"),
+            Err(e) => eprintln!("gantry: lost the connection to {}: {e}", target.describe()),
+        },
     }
-    // The shared connection holds the forward: have it stop (it may have stopped with ssh already).
     if let Some(mut cancel) = target.cancel_forward_command(local, &o.address) {
         let _ = cancel.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().await;
     }
-    drop(child);
     Ok(ExitCode::SUCCESS)
 }
 

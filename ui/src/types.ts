@@ -134,7 +134,10 @@ export type JobSpec = {
  */
 name?: string | null, 
 /**
- * Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+ * Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`. Left out, or
+ * `host`: this machine's own system folders (`/usr`, `/etc`, `/opt`, … read-only) and your home
+ * (read-write), so your conda env or venv runs as on the machine, still in a container with
+ * its GPUs and limits (unless the lab turns it off).
  */
 image: string, 
 /**

@@ -144,13 +144,13 @@ impl Target {
         Some((c, host.clone()))
     }
 
-    /// `ssh -N -L 127.0.0.1:LOCAL:REMOTE HOST` over the shared connection: this computer's loopback
-    /// port `local` reaching `remote` (an address on the workstation, as the ssh user). The shared
-    /// connection (ControlMaster) holds the forward, and it stays open while this runs; end the
-    /// forward with [`Target::cancel_forward_command`].
+    /// `ssh -O forward -L 127.0.0.1:LOCAL:REMOTE HOST`: the shared connection (ControlMaster, which
+    /// every request of this client opens) forwards this computer's loopback port `local` to
+    /// `remote` (an address on the workstation, reached as the ssh user) until
+    /// [`Target::cancel_forward_command`], or until it closes (60 s after its last session).
     pub fn forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
         let (mut c, host) = self.ssh_base()?;
-        c.args(["-N", "-o", "ExitOnForwardFailure=yes", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
+        c.args(["-O", "forward", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
         Some(c)
     }
 

@@ -343,7 +343,7 @@ templates = "/etc/gantry/templates"
     #[test]
     fn containers_table_parses_and_explains_its_mistakes() {
         use crate::resources::{Amount, Containers};
-        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\n").unwrap().policy.containers;
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\nhost_image = false\n").unwrap().policy.containers;
         assert_eq!(
             c,
             Containers {
@@ -359,6 +359,7 @@ templates = "/etc/gantry/templates"
                 reserve_cpus_milli: 2000,
                 reserve_memory: 4 << 30,
                 pids_limit: 1024,
+                host_image: false,
             }
         );
         assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());

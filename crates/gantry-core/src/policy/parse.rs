@@ -195,6 +195,7 @@ pub(super) struct RawContainers {
     reserve_cpus: S<toml::Value>,
     reserve_memory: S<String>,
     pids_limit: S<i64>,
+    host_image: S<bool>,
 }
 
 pub(super) type S<T> = Option<Spanned<T>>;
@@ -536,6 +537,9 @@ impl Check<'_> {
         }
         if let Some(b) = &raw.allow_ipc_host {
             c.allow_ipc_host = *b.get_ref();
+        }
+        if let Some(b) = &raw.host_image {
+            c.host_image = *b.get_ref();
         }
         if let Some(h) = &raw.home {
             match h.get_ref().as_str() {

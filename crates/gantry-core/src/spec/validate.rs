@@ -99,6 +99,17 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     for m in &spec.mounts {
         mounts.push(parse_mount(m, origin).map_err(|e| (e, "mounts"))?);
     }
+    if spec.is_host_image() {
+        // Those folders are the machine's own, mounted read-only: nothing goes inside them.
+        let system = |p: &str| HOST_SYSTEM_FOLDERS.iter().any(|d| p == *d || p.starts_with(&format!("{d}/")));
+        if let Some(m) = mounts.iter().find(|m| system(m.container.trim_end_matches('/'))) {
+            return err(
+                format!("the mount at {} is inside this machine's system folders, which a job without an image sees read-only as they are", m.container),
+                "mount it elsewhere, e.g. under /mnt or your home",
+                "mounts",
+            );
+        }
+    }
     let name = spec
         .name
         .clone()

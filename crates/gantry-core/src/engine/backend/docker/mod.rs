@@ -190,10 +190,18 @@ impl Backend for DockerBackend {
         let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
         let mut created: Option<String> = None;
         let started = async {
-            self.exec.ensure_image(&job.image).await?;
-            // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
+            // The lab may have changed since the submit: `ipc: host`, `home: mount` and `image: host` are checked again.
             let policy = e.policy();
             policy.containers.check(&job.job, &|k| e.set_in(k))?;
+            // `image: host`: an empty root with this machine's system folders mounted read-only on it.
+            let host_root = job.job.spec.is_host_image().then(crate::executor::HostRoot::of_this_machine);
+            let image = match &host_root {
+                Some(root) => Some(self.exec.ensure_host_root(root).await?),
+                None => {
+                    self.exec.ensure_image(&job.image).await?;
+                    None
+                }
+            };
             let home = Engine::home_of(job.owner_uid);
             // The owner's home as HOME is a mount like any other: checked as them, pinned below.
             let mut mounts = job.job.mounts.clone();
@@ -221,8 +229,13 @@ impl Backend for DockerBackend {
                     }
                 }
             }
-            // The owner by name inside the container (whoami, getpass.getuser()).
-            if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
+            // The owner by name inside the container (whoami, getpass.getuser()); the machine's own
+            // /etc has them already.
+            if let Some(root) = &host_root {
+                // System folders only root can change: nothing for the owner to swap, nothing to pin.
+                mounts.extend(root.binds.iter().map(|b| access::ResolvedMount { host: b.into(), container: b.clone(), read_only: true }));
+                container.user = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.name);
+            } else if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
                 mounts.extend(files);
                 container.user = Some(user);
             }
@@ -244,6 +257,7 @@ impl Backend for DockerBackend {
                 binding,
                 container,
                 command: session_command(job),
+                image,
             };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());
