@@ -135,7 +135,7 @@ fn gantry_as(e: &Engine, u: &User, args: &[&str]) -> std::process::Output {
     u.command(bin()).env("GANTRY_SYSTEM_SOCKET", e.system_socket()).env_remove("GANTRY_STATE_DIR").args(args).current_dir("/").output().unwrap()
 }
 
-fn session_id(p: &Pty) -> i64 {
+pub fn session_id(p: &Pty) -> i64 {
     p.wait_for(" queued; waiting", 0);
     let t = p.text();
     let at = t.find("gantry: session ").unwrap() + "gantry: session ".len();

@@ -86,3 +86,18 @@ fn the_lab_can_turn_image_less_jobs_off() {
     let ok = e.submit_yaml("img", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 0\n"));
     assert_eq!(e.wait_final(ok)["job"]["state"], "succeeded");
 }
+
+#[test]
+fn a_shell_without_an_image_is_her_login_shell_in_her_folder_on_the_machines_own_programs() {
+    let e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let proj = alice.private_dir("shell");
+    let mut c = alice.command(bin());
+    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["shell", "--gpus", "0", "--for", "10m"]).current_dir(&proj);
+    let mut p = crate::sessions::Pty::spawn(c, 80, 24);
+    let at = p.wait_for("attached to session", 0);
+    p.send("echo \"[$(pwd)] [$HOME] [$0]\"; /usr/bin/python3 -c 'print(6*7)'; exit\r");
+    let at = p.wait_for(&format!("[{}] [{}] [/bin/sh]\r\n", proj.display(), alice.home.display()), at);
+    p.wait_for("42\r\n", at);
+    assert!(p.wait_exit().success(), "{}", p.text());
+}
