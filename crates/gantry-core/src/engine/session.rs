@@ -86,7 +86,9 @@ pub fn next_warning(ends_at: Option<i64>, now: i64, warnings: &[Duration]) -> Op
 /// "in 14 min (at 15:04 UTC)" and the like, for the terminal.
 fn left(ms: i64) -> String {
     let mins = (ms.max(0) + 59_999) / 60_000;
-    if mins >= 120 {
+    if mins >= 120 && mins % 60 == 0 {
+        format!("{} h", mins / 60)
+    } else if mins >= 120 {
         format!("{} h {} min", mins / 60, mins % 60)
     } else {
         format!("{mins} min")
@@ -241,5 +243,6 @@ mod tests {
         assert_eq!(left(14 * min + 1), "15 min");
         assert_eq!(left(5 * min), "5 min");
         assert_eq!(left(150 * min), "2 h 30 min");
+        assert_eq!(left(120 * min), "2 h");
     }
 }
