@@ -451,3 +451,25 @@ fn over_ssh_gantry_open_forwards_a_served_port_to_the_laptop_through_the_shared_
     }
     assert!(ws.gantry("gantry-alice-ws", &["cancel", &id.to_string()]).status.success());
 }
+
+#[test]
+fn a_session_outlives_an_engine_restart_and_is_attached_again() {
+    ensure_session_image();
+    let mut e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let spec = alice.write(&alice.private_dir("restart").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\ntimeout: 1h\n"));
+    let id = e.json_as(&alice, &["submit", spec.to_str().unwrap()])[0]["job_id"].as_i64().unwrap();
+    e.wait_state(id, "running");
+    e.kill9();
+    e.restart();
+    e.wait_state(id, "running");
+    let mut c = alice.command(bin());
+    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["attach", &id.to_string()]).current_dir("/");
+    let mut p = Pty::spawn(c, 80, 24);
+    let at = p.wait_for(&format!("attached to session {id}"), 0);
+    p.send("echo back-$((1+1)); exit 0\r");
+    p.wait_for("back-2\r\n", at);
+    assert!(p.wait_exit().success(), "{}", p.text());
+    let j = e.wait_final(id);
+    assert_eq!((j["job"]["state"].as_str(), j["attempts"].as_array().unwrap().len()), (Some("succeeded"), 1), "{j}");
+}
