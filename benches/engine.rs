@@ -217,6 +217,8 @@ async fn dispatch(n: usize) -> (f64, f64) {
             gpu_total_memory: None,
             binding: GpuBinding::EnvOnly,
             container: Default::default(),
+            command: None,
+            image: None,
         };
         let t0 = Instant::now();
         let id = exec.create(&l).await.unwrap();

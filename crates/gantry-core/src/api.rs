@@ -23,7 +23,7 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
+    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
     VALIDATE, WHOAMI,
 };
 use crate::protocol::{
@@ -152,6 +152,8 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
         .route(HOLD, post(hold))
         .route(RELEASE, post(release))
         .route(LOGS, get(logs))
+        .route(ATTACH, get(attach))
+        .route(OPEN, post(open_port))
         .route(GPUS, get(gpus))
         .route(HISTORY, get(history))
         .route(HISTORY_COUNT, get(history_count))
@@ -190,6 +192,7 @@ async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, Conne
         engine_id: e.engine_id.clone(),
         reserved_gpus: e.reserved_gpus(),
         config_file: e.lab_file().map(Path::to_path_buf),
+        notebook_image: e.policy().sessions.notebook_image.clone(),
     })
 }
 
@@ -413,6 +416,51 @@ impl Drop for StreamSlot {
     }
 }
 
+/// A session's terminal: checked (the caller's own running session), its TTY attached, then the
+/// connection is upgraded and carries [`crate::protocol::terminal`] frames both ways.
+async fn attach(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, mut req: axum::extract::Request) -> Result<Response, Failure> {
+    use crate::engine::session::AttachError;
+    use crate::protocol::terminal::UPGRADE;
+    let asked = req.headers().get(axum::http::header::UPGRADE).and_then(|v| v.to_str().ok()) == Some(UPGRADE);
+    if !asked {
+        let error = format!("this route is a terminal: ask for `Upgrade: {UPGRADE}` (`gantry attach {id}` does)");
+        return Err(Failure(StatusCode::UPGRADE_REQUIRED, ApiError { error, spec_error: None }));
+    }
+    let fail = |status, e: AttachError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    let s = e.attachable(id, p.uid).map_err(|err| match err {
+        AttachError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
+        AttachError::NotASession(_) | AttachError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        AttachError::Engine(err) => Failure::from(err),
+    })?;
+    let slot = crate::engine::session::TerminalSlot::take(p.uid).map_err(|why| Failure(StatusCode::TOO_MANY_REQUESTS, ApiError { error: why, spec_error: None }))?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let term = e.open_terminal(&s).await?;
+    tokio::spawn(async move {
+        let _slot = slot;
+        match on_upgrade.await {
+            Ok(upgraded) => e.serve_terminal(s, term, TokioIo::new(upgraded)).await,
+            Err(err) => debug!(uid = p.uid, "a terminal connection was not upgraded: {err}"),
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(axum::http::header::CONNECTION, "upgrade")
+        .header(axum::http::header::UPGRADE, UPGRADE)
+        .body(Body::empty())
+        .expect("a valid response"))
+}
+
+/// A loopback URL reaching one of the caller's job's `ports` (see `engine::ports`).
+async fn open_port(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<crate::protocol::terminal::OpenRequest>) -> Res<crate::protocol::terminal::Opened> {
+    use crate::engine::ports::OpenError;
+    let fail = |status, e: OpenError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    e.open_port(id, p.uid, r.port).await.map(Json).map_err(|err| match err {
+        OpenError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
+        OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        OpenError::Engine(err) => Failure::from(err),
+    })
+}
+
 fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
@@ -494,7 +542,8 @@ pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, socket: &Path, s
                     req.extensions_mut().insert(ConnectInfo(peer));
                     tower_service::Service::call(&mut app.clone(), req)
                 });
-                let conn = http.serve_connection(TokioIo::new(stream), service);
+                // Upgrades: `gantry attach`'s terminal (the connection then leaves HTTP, and its slot).
+                let conn = http.serve_connection(TokioIo::new(stream), service).with_upgrades();
                 let stopping = stopping.clone();
                 conns.spawn(async move {
                     let _slot = slot;

@@ -39,6 +39,14 @@ pub const DOCKER_LOG_FILES: u64 = 4;
 /// Processes (threads count) a job may have, unless the lab sets `[containers] pids_limit`: far above
 /// what a training with many DataLoader workers uses, far below what takes a machine down.
 pub const PIDS_LIMIT: i64 = 4096;
+/// An interactive session without `--for` lasts this long: an afternoon's debugging; a session is
+/// a held GPU, so it should end on its own when forgotten.
+pub const SESSION_LENGTH: Duration = Duration::from_secs(4 * 3600);
+/// The longest session the lab allows unless `[sessions] max_length` says otherwise: a working day.
+pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
+/// Warnings written into a session's terminal this long before its end: time to save work (15 min)
+/// and a last call (5 min).
+pub const SESSION_WARNINGS: [Duration; 2] = [Duration::from_secs(15 * 60), Duration::from_secs(5 * 60)];
 /// First retry delay; doubles per attempt, capped at [`RETRY_BACKOFF_MAX`].
 pub const RETRY_BACKOFF: Duration = Duration::from_secs(10);
 /// A failing job retries at most every 10 minutes, so it cannot churn through containers.

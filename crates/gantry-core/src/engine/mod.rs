@@ -25,8 +25,10 @@ mod lab;
 mod limits;
 mod ops;
 mod pass;
+pub mod ports;
 mod reconcile;
 mod sampler;
+pub mod session;
 pub mod submit;
 mod supervisor;
 
@@ -165,6 +167,8 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
+    /// Loopback forwards to jobs' `ports` (`gantry open`), by job and container port.
+    forwards: Mutex<HashMap<(i64, u16), std::net::SocketAddr>>,
     _lock: std::fs::File,
 }
 
@@ -355,6 +359,7 @@ impl Engine {
             events,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            forwards: Mutex::new(HashMap::new()),
             _lock: lock,
         });
         e.sample_gpus();

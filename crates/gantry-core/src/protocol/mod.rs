@@ -11,6 +11,7 @@ pub mod history;
 pub mod job;
 pub mod routes;
 pub mod status;
+pub mod terminal;
 pub mod ts;
 
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines};

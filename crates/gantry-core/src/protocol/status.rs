@@ -48,6 +48,10 @@ pub struct StatusInfo {
     /// The machine's engine (`gantry daemon --system`), for every user.
     #[serde(default)]
     pub system: bool,
+    /// The image `gantry notebook` uses without `--image` (`[sessions] notebook_image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub notebook_image: Option<String>,
 }
 
 /// A container labelled for this engine that its database does not know (e.g. after a lost WAL).
