@@ -116,6 +116,7 @@ impl RunArgs {
             home: None,
             ulimits: None,
             pids_limit: None,
+            notify: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

@@ -220,6 +220,66 @@ pub struct LabConfig {
     pub backend: crate::slurm::BackendChoice,
     /// `[slurm]`: used when `backend = "slurm"`.
     pub slurm: crate::slurm::Settings,
+    /// `[notify]`: email relay, allowed webhook hosts, the lab's own webhooks, delivery bounds.
+    pub notify: NotifySettings,
+    /// `[metrics]`: the Prometheus endpoint (off unless `listen` is set).
+    pub metrics: MetricsSettings,
+}
+
+/// `[notify]` of the lab config (read at start; a reload warns "restart to apply").
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotifySettings {
+    /// The SMTP relay for `gantry notify add email` (`None`: email is refused at `notify add`).
+    pub smtp: Option<SmtpSettings>,
+    /// Hosts users' webhooks may go to: `name`, `*.domain`, an IP address, each optionally with
+    /// `:port`. Loopback and link-local addresses only where the address itself (or `localhost`) is listed.
+    pub webhook_hosts: Vec<String>,
+    /// The lab's own webhooks (every job's listed events, and store problems), public fields only.
+    pub webhooks: Vec<(String, Vec<crate::protocol::notify::NotifyEvent>)>,
+    /// A delivery is tried this many times, then given up (shown failed in `gantry notify log`).
+    pub max_tries: u32,
+    /// The wait after the first failed try, doubled after each (at most [`config::NOTIFY_BACKOFF_MAX`]).
+    pub retry_backoff: Duration,
+    /// A user's notifications waiting to be sent at once; more are dropped (logged as dropped).
+    pub max_pending: usize,
+    /// Targets (`gantry notify add`) per user.
+    pub max_targets: usize,
+}
+
+impl Default for NotifySettings {
+    fn default() -> Self {
+        NotifySettings {
+            smtp: None,
+            webhook_hosts: vec![],
+            webhooks: vec![],
+            max_tries: config::NOTIFY_MAX_TRIES,
+            retry_backoff: config::NOTIFY_BACKOFF,
+            max_pending: config::NOTIFY_MAX_PENDING,
+            max_targets: config::NOTIFY_MAX_TARGETS,
+        }
+    }
+}
+
+/// The SMTP relay (`smtp_*` keys of `[notify]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    /// Upgrade the connection with STARTTLS (refuse to send without it).
+    pub starttls: bool,
+    pub from: String,
+    /// `USER:PASSWORD` on its first line; must be owned by the engine's user and unreadable by
+    /// anyone else (checked when the engine starts).
+    pub credentials: Option<PathBuf>,
+}
+
+/// `[metrics]` of the lab config.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSettings {
+    /// Where `/metrics` is served (`None`: off).
+    pub listen: Option<std::net::SocketAddr>,
+    /// Let `listen` be a non-loopback address (anyone who can reach it sees GPU use per user).
+    pub allow_remote: bool,
 }
 
 #[cfg(test)]

@@ -154,6 +154,11 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16, max = 4194304))]
     pub pids_limit: Option<i64>,
+    /// Which of this job's events notify you, e.g. `[failed, timed_out]` (`[]`: none), sent to every
+    /// target of yours (`gantry notify add`), in place of each target's `--on` for this job. Events:
+    /// started, finished, failed, timed_out, cancelled, preempted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Vec<crate::protocol::notify::NotifyEvent>>,
 }
 
 /// `ipc` in a spec.
