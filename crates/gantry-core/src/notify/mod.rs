@@ -299,10 +299,11 @@ impl Notifier {
             }
         };
         let what = format!("{} to {}", d.event.as_str(), shown(d.target.address()));
+        let id = (self.id_of())(d.event_id, d.sub_id);
         match &r {
-            Ok(()) => info!(uid = d.uid, "notification {} sent: {what}", d.id),
-            Err(e) if next.is_some() => warn!(uid = d.uid, "notification {} ({what}) failed (try {tries} of {}): {e}; trying again", d.id, self.settings.max_tries),
-            Err(e) => error!(uid = d.uid, "notification {} ({what}) given up after {tries} tries: {e}", d.id),
+            Ok(()) => info!(uid = d.uid, "notification {id} sent: {what}"),
+            Err(e) if next.is_some() => warn!(uid = d.uid, "notification {id} ({what}) failed (try {tries} of {}): {e}; trying again", self.settings.max_tries),
+            Err(e) => error!(uid = d.uid, "notification {id} ({what}) given up after {tries} tries: {e}"),
         }
         loop {
             let written = {
@@ -315,7 +316,7 @@ impl Notifier {
             match written {
                 Ok(()) => return,
                 Err(e) => {
-                    error!("notifications: cannot record that notification {} was {}: {e}; trying again", d.id, if r.is_ok() { "sent" } else { "not sent" });
+                    error!("notifications: cannot record that notification {id} was {}: {e}; trying again", if r.is_ok() { "sent" } else { "not sent" });
                     tokio::select! {
                         _ = tokio::time::sleep(crate::defaults::STORE_RETRY) => {}
                         _ = engine.stopped() => return,

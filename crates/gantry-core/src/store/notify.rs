@@ -55,6 +55,9 @@ pub struct NewEvent {
 #[derive(Debug, Clone)]
 pub struct Due {
     pub id: i64,
+    /// Its event and subscription (the public id is made of them).
+    pub event_id: i64,
+    pub sub_id: i64,
     pub uid: Option<u32>,
     pub target: NotifyTarget,
     pub payload: String,
@@ -245,14 +248,14 @@ impl Store {
     /// Deliveries due at `now`, oldest first.
     pub fn notify_due(&self, now: i64, limit: usize) -> Result<Vec<Due>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT d.id, d.uid, d.kind, d.target, d.payload, d.tries, e.kind FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id \
+            "SELECT d.id, d.uid, d.kind, d.target, d.payload, d.tries, e.kind, d.event_id, d.sub_id FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id \
              WHERE d.state = 'pending' AND d.next_at <= ?1 ORDER BY d.next_at, d.id LIMIT ?2",
         )?;
         let rows = st
             .query_map(params![now, limit as i64], |r| {
                 let kind: String = r.get(2)?;
                 let ev: String = r.get(6)?;
-                Ok(Due { id: r.get(0)?, uid: r.get(1)?, target: target_of(&kind, r.get(3)?), payload: r.get(4)?, tries: r.get(5)?, event: NotifyEvent::parse(&ev).unwrap_or(NotifyEvent::Test) })
+                Ok(Due { id: r.get(0)?, event_id: r.get(7)?, sub_id: r.get(8)?, uid: r.get(1)?, target: target_of(&kind, r.get(3)?), payload: r.get(4)?, tries: r.get(5)?, event: NotifyEvent::parse(&ev).unwrap_or(NotifyEvent::Test) })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
