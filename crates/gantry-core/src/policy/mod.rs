@@ -410,6 +410,37 @@ templates = "/etc/gantry/templates"
     }
 
     #[test]
+    fn notify_and_metrics_tables_parse_and_explain_their_mistakes() {
+        use crate::protocol::notify::NotifyEvent;
+        let c = parse("[notify]\nsmtp_host = \"smtp.lab.org\"\nsmtp_from = \"gantry@lab.org\"\nwebhook_hosts = [\"Hooks.Slack.com\", \"127.0.0.1:9000\"]\nwebhooks = [{ url = \"https://chat.lab.org/h\", on = [\"failed\"] }, { url = \"http://x.org/\" }]\nmax_tries = 3\n[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        let smtp = c.notify.smtp.as_ref().unwrap();
+        assert_eq!((smtp.host.as_str(), smtp.port, smtp.starttls), ("smtp.lab.org", 587, true), "STARTTLS on the submission port by default");
+        assert_eq!(c.notify.webhook_hosts, ["hooks.slack.com", "127.0.0.1:9000"]);
+        assert_eq!(c.notify.webhooks, vec![("https://chat.lab.org/h".to_string(), vec![NotifyEvent::Failed]), ("http://x.org/".to_string(), vec![NotifyEvent::StoreProblem])]);
+        assert_eq!((c.notify.max_tries, c.metrics.listen.map(|a| a.port())), (3, Some(9464)));
+        assert_eq!(parse("").unwrap().metrics.listen, None, "metrics are off by default");
+        assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n").unwrap().metrics.listen.is_some());
+        let cases: &[(&str, &str)] = &[
+            ("[metrics]\nlisten = \"0.0.0.0:9464\"\n", "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address"),
+            ("[metrics]\nlisten = \"localhost\"\n", "is not an address and port"),
+            ("[notify]\nsmtp_host = \"smtp.lab.org\"\n", "config.toml:2:13: `smtp_host` is set but `smtp_from` is not"),
+            ("[notify]\nsmtp_host = \"a\"\nsmtp_from = \"nobody\"\n", "`smtp_from` = \"nobody\" is not an email address"),
+            ("[notify]\nsmtp_port = 25\n", "`smtp_port` is set but `smtp_host` is not"),
+            ("[notify]\nwebhook_hosts = [\"a b\"]\n", "`webhook_hosts` lists \"a b\": it is not a host name"),
+            ("[notify]\nwebhooks = [{ url = \"ftp://x/\" }]\n", "is not an http:// or https:// URL"),
+            ("[notify]\nwebhooks = [{ url = \"http://x.org/\", on = [\"sometimes\"] }]\n", "lists \"sometimes\", which is not an event"),
+            ("[notify]\nsmtp_relay = \"x\"\n", "unknown field `smtp_relay`"),
+            ("[notify]\nmax_tries = 0\n", "`max_tries` = 0 is out of range"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap().restart_only_changes(&LabConfig::default());
+        assert_eq!(changed, ["metrics"]);
+    }
+
+    #[test]
     fn gpus_resolve_against_the_machine_by_index_or_uuid() {
         let inv: Vec<(u32, String)> = (0..4).map(|i| (i, format!("GPU-{i}"))).collect();
         let c = parse("\n\ngpus = [0, \"GPU-3\"]\n").unwrap();
