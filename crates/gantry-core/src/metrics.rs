@@ -145,7 +145,8 @@ fn render(e: &Engine, c: &Counted) -> String {
     let backend = format!("{:?}", g.backend).to_lowercase();
     put(&mut fam, "gantry_engine_info", labels(&[("version", env!("CARGO_PKG_VERSION").to_string()), ("gpu_backend", backend)]), 1.0);
     for (name, kind, help) in METRICS {
-        let Some(lines) = fam.get(name) else { continue };
+        // Every family is described, with or without samples now (a dashboard's names always exist).
+        let lines = fam.get(name).map(Vec::as_slice).unwrap_or(&[]);
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for l in lines {
