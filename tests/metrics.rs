@@ -141,3 +141,23 @@ fn metrics_on_a_public_address_are_refused_unless_allowed() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address") && text.contains("allow_remote = true"), "{text}");
 }
+
+/// `gantry usage --csv`: a header, then GPU-hours per user per day, from real runs.
+#[test]
+fn usage_csv_lists_gpu_hours_per_user_per_day() {
+    let e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let dir = alice.private_dir("usage-csv");
+    let f = alice.write(&dir.join("two.yaml"), &format!("name: two\nimage: {IMAGE}\ncommand: 'sleep 2'\ngpus: 2\n"));
+    let id = e.json_as(&alice, &["submit", f.to_str().unwrap()])[0]["job_id"].as_i64().unwrap();
+    e.wait_final(id);
+    let out = e.gantry(&["usage", "--csv", "--since", "2d"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("day,user,gpu_hours"));
+    let row: Vec<&str> = lines.find(|l| l.contains(&alice.name)).unwrap_or_else(|| panic!("no row for {}: {text}", alice.name)).split(',').collect();
+    assert_eq!(row[0].len(), 10, "a YYYY-MM-DD day: {text}");
+    let hours: f64 = row[2].parse().unwrap();
+    assert!(hours > 0.0 && hours < 0.1, "2 GPUs for a few seconds: {text}");
+}
