@@ -372,3 +372,28 @@ fn smtp_credentials_readable_by_others_stop_the_engine() {
     assert!(!out.status.success(), "the engine started: {}", out_text(&out));
     assert!(out_text(&out).contains("chmod 600"), "{}", out_text(&out));
 }
+
+/// The state disk fills up while a job runs: the lab's webhook that lists `store_problem` is told
+/// (from memory: the outbox is what cannot be written), once for the problem.
+#[test]
+fn a_store_problem_reaches_the_labs_webhook() {
+    let http = HttpSink::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, format!("[notify]\nwebhooks = [{{ url = \"{}\", on = [\"store_problem\"] }}]\nretry_backoff = \"1s\"\n", http.url("/store"))).unwrap();
+    let disk = Tmpfs::mount("3m");
+    let mut e = Engine::stopped(&["--gpus", "sim:1x24GiB", "--config", cfg.to_str().unwrap()]);
+    e.state = disk.path().to_path_buf();
+    e.restart();
+    let a = e.submit_yaml("a", &format!("image: {IMAGE}\ncommand: 'sleep 3'\ngpus: 0\n"));
+    e.wait_state(a, "running");
+    let filler = disk.fill();
+    e.wait_until("the lab's webhook to hear of the store problem", || !http.hits("/store").is_empty());
+    let hit = &http.hits("/store")[0];
+    assert_eq!(hit.body["event"], "store_problem", "{:?}", hit.body);
+    assert!(hit.body["text"].as_str().unwrap().contains("cannot write its state database"), "{:?}", hit.body);
+    assert!(hit.body.get("job").is_none());
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(e.wait_final(a)["job"]["state"], "succeeded");
+    assert_eq!(http.hits("/store").len(), 1, "once for the problem: {:?}", http.hits("/store"));
+}

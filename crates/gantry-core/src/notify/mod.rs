@@ -214,14 +214,15 @@ impl Notifier {
                 _ = engine.stopped() => return,
             }
         }
-        let mut problem: Option<String> = None;
+        // Once per episode (from no problem to one): its wording changes as different writes fail.
+        let mut had_problem = false;
         let mut pruned_at = 0i64;
         loop {
-            let now_problem = engine.health().store_problem;
-            if now_problem.is_some() && now_problem != problem {
-                tokio::spawn(self.clone().store_problem(now_problem.clone().unwrap_or_default()));
+            let problem = engine.health().store_problem;
+            if let (Some(why), false) = (&problem, had_problem) {
+                tokio::spawn(self.clone().store_problem(why.clone()));
             }
-            problem = now_problem;
+            had_problem = problem.is_some();
             let n = self.clone();
             let due = tokio::task::spawn_blocking(move || -> Result<Vec<crate::store::notify::Due>, StoreError> {
                 let mut st = n.store();

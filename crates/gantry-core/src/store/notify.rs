@@ -402,4 +402,27 @@ mod tests {
         assert_eq!((by_state(DeliveryState::Pending), by_state(DeliveryState::Failed), by_state(DeliveryState::Delivered)), (1, 1, 1));
         assert_eq!(log.iter().find(|d| d.state == DeliveryState::Delivered).unwrap().tries, 1, "marked delivered once");
     }
+
+    /// The kinds other paths emit (preemption in its own transaction; sessions and bookings for a
+    /// user) reach the targets that list them, and only those.
+    #[test]
+    fn preemption_session_and_booking_events_reach_who_asked_for_them() {
+        let (mut s, job) = store_with_job(1000, None);
+        s.notify_subscribe(1000, "u1000", &hook("http://a/p"), &[NotifyEvent::Preempted, NotifyEvent::SessionIdle], None, 10).unwrap().unwrap();
+        s.notify_subscribe(1000, "u1000", &hook("http://a/b"), &[NotifyEvent::BookingStarting], None, 10).unwrap().unwrap();
+        s.notify_subscribe(1001, "u1001", &hook("http://b/all"), &NotifyEvent::ALL, None, 10).unwrap().unwrap();
+        {
+            let tx = s.conn.transaction().unwrap();
+            record_job_event(&tx, NotifyEvent::Preempted, job, 5, Some("made room for job 9")).unwrap();
+            tx.commit().unwrap();
+        }
+        s.notify_record(NotifyEvent::SessionIdle, None, Some(1000), Some("idle 50 min")).unwrap();
+        s.notify_record(NotifyEvent::BookingStarting, None, Some(1000), Some("GPU 0 at 14:00")).unwrap();
+        assert_eq!(expand(&mut s), 3);
+        let log = s.notify_log(Some(1000), 10, |e, d| format!("{e}-{d}")).unwrap();
+        let got: Vec<(NotifyEvent, &str)> = log.iter().rev().map(|d| (d.event, d.target.address())).collect();
+        assert_eq!(got, [(NotifyEvent::Preempted, "http://a/p"), (NotifyEvent::SessionIdle, "http://a/p"), (NotifyEvent::BookingStarting, "http://a/b")]);
+        assert_eq!(log.last().unwrap().job_id, Some(job));
+        assert!(s.notify_log(Some(1001), 10, |e, d| format!("{e}-{d}")).unwrap().is_empty(), "another user's events never reach u1001");
+    }
 }
