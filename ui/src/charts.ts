@@ -40,19 +40,24 @@ const PALETTE = ["#2f6fde", "#d9822b", "#29a36a", "#b04fc4", "#d64545", "#7a8b99
 
 /** Stacked bars of GPU-hours per user (uPlot's bars path; each user's series is its running sum,
  * drawn from the top of the stack down so lower users stay visible). */
-export function stackedBars(el: HTMLElement, width: number, height: number, s: Stacked, label: (t: number) => string): Chart {
+export function stackedBars(el: HTMLElement, width: number, height: number, s: Stacked, label: (t: number) => string, bucketMs = 86_400_000): Chart {
   const style = getComputedStyle(document.documentElement);
   const fg = style.getPropertyValue("--fg-muted").trim() || "#888";
   const axis = { stroke: fg, grid: { stroke: "rgba(128,128,128,0.15)" } };
   const bars = uPlot.paths.bars!({ size: [0.8, 64] });
+  const b = bucketMs / 1000;
   const order = s.users.map((_, i) => s.users.length - 1 - i); // top of the stack first
   const opts: uPlot.Options = {
     width, height,
-    scales: { x: { time: false }, y: { range: (_u, _min, max) => [0, Math.max(1, max * 1.1)] } },
+    scales: { x: { time: false, range: (_u, min, max) => [min - b / 2, max + b / 2] }, y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] } },
     legend: { show: true, live: false },
     cursor: { show: false },
-    axes: [{ ...axis, values: (_u: uPlot, v: number[]) => v.map((x) => label(x * 1000)) }, { ...axis, values: (_u: uPlot, v: number[]) => v.map((x) => `${x} h`) }],
-    series: [{}, ...order.map((u) => ({ label: s.users[u], stroke: PALETTE[u % PALETTE.length], fill: PALETTE[u % PALETTE.length], width: 0, paths: bars }))],
+    axes: [
+      // One tick per bucket (or every few), each labelled once.
+      { ...axis, incrs: [b, 2 * b, 3 * b, 6 * b, 7 * b, 12 * b, 14 * b], values: (_u: uPlot, v: number[]) => v.map((x) => label(x * 1000)) },
+      { ...axis, size: 64, values: (_u: uPlot, v: number[]) => v.map((x) => `${+x.toPrecision(3)} h`) },
+    ],
+    series: [{}, ...order.map((u) => ({ label: s.users[u], stroke: PALETTE[u % PALETTE.length], fill: PALETTE[u % PALETTE.length], width: 0, paths: bars, points: { show: false } }))],
   };
   const data = (d: Stacked): uPlot.AlignedData => [d.x, ...order.map((u) => d.stacked[u])];
   const u = new uPlot(opts, data(s), el);
@@ -73,7 +78,8 @@ export function heatMap(el: HTMLElement, width: number, height: number, g: Heat,
     cursor: { show: false },
     axes: [
       { ...axis, incrs: [3], values: (_u: uPlot, v: number[]) => v.map((x) => `${String(x).padStart(2, "0")}:00`) },
-      { ...axis, incrs: [1], size: 70, values: (_u: uPlot, v: number[]) => v.map((y) => (y < n && Number.isInteger(y) ? dayLabel(g.days[n - 1 - y]) : "")) },
+      // A label in the middle of each day's row (the oldest day on top).
+      { ...axis, size: 110, splits: () => g.days.map((_, r) => n - r - 0.5), values: (_u: uPlot, v: number[]) => v.map((y) => dayLabel(g.days[n - 1 - Math.floor(y)] ?? 0)) },
     ],
     series: [{}, { show: false }],
     hooks: {

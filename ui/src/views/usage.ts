@@ -82,7 +82,7 @@ export function usageView(backend: Backend, me: string | null): View {
     const width = Math.max(320, el.clientWidth - 32 || 720);
     const label = bucket < 86_400_000 ? fmt({ hour: "2-digit", minute: "2-digit" }) : fmt({ month: "short", day: "numeric" });
     try {
-      charts.push(stackedBars(barsEl, width, 220, stacked, label));
+      charts.push(stackedBars(barsEl, width, 220, stacked, label, c.bucket_ms));
       charts.push(heatMap(heatEl, width, Math.min(420, 40 + 18 * grid.days.length), grid, fmt({ weekday: "short", month: "short", day: "numeric" })));
     } catch { /* no canvas (tests) */ }
   }

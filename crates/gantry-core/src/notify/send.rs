@@ -44,8 +44,8 @@ async fn post<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S, u: &Hoo
     let driver = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let host = if (u.tls && u.port == 443) || (!u.tls && u.port == 80) { u.host.clone() } else { format!("{}:{}", u.host, u.port) };
-    let host = if u.host.contains(':') { format!("[{host}]") } else { host };
+    let name = if u.host.contains(':') { format!("[{}]", u.host) } else { u.host.clone() };
+    let host = if (u.tls && u.port == 443) || (!u.tls && u.port == 80) { name } else { format!("{name}:{}", u.port) };
     let req = hyper::Request::post(u.path.as_str())
         .header("host", host)
         .header("content-type", "application/json")
