@@ -83,7 +83,8 @@ fn serve_http(conn: TcpStream, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
         std::thread::sleep(std::time::Duration::from_secs(600));
         return;
     }
-    let _ = write!(w, "HTTP/1.1 {answer} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+    let location = if (300..400).contains(&answer) { "location: http://169.254.169.254/latest/meta-data\r\n" } else { "" };
+    let _ = write!(w, "HTTP/1.1 {answer} X\r\n{location}content-length: 2\r\nconnection: close\r\n\r\nok");
 }
 
 /// One message the SMTP sink accepted.
@@ -396,4 +397,26 @@ fn a_store_problem_reaches_the_labs_webhook() {
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(e.wait_final(a)["job"]["state"], "succeeded");
     assert_eq!(http.hits("/store").len(), 1, "once for the problem: {:?}", http.hits("/store"));
+}
+
+/// A listed webhook that answers with a redirect (here to the cloud metadata address) is not
+/// followed: the try fails, saying why, and nothing else is requested.
+#[test]
+fn a_redirect_is_not_followed() {
+    let http = HttpSink::start();
+    http.status.store(302, Ordering::SeqCst);
+    let (_d, cfg) = lab(&http, None, "");
+    let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
+    let alice = user("gantry-alice");
+    e.json_as(&alice, &["notify", "add", "webhook", &http.url("/moved")]);
+    let id = e.json_as(&alice, &["notify", "test"])[0]["id"].as_str().unwrap().to_string();
+    let mut row = Value::Null;
+    e.wait_until("the redirected notification to fail", || {
+        row = e.json_as(&alice, &["notify", "log"]).as_array().unwrap().iter().find(|d| d["id"] == id.as_str()).cloned().unwrap_or(Value::Null);
+        row["state"] == "failed"
+    });
+    assert!(row["last_error"].as_str().unwrap().contains("does not follow redirects"), "{row}");
+    let hits = http.hits.lock().unwrap().clone();
+    assert_eq!(hits.len(), 3, "`max_tries = 3` requests: {hits:?}");
+    assert!(hits.iter().all(|h| h.path == "/moved"), "only the listed URL was requested: {hits:?}");
 }

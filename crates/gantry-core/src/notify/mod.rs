@@ -242,14 +242,28 @@ impl Notifier {
                     vec![]
                 }
             };
-            let sent = futures_util::future::join_all(due.iter().map(|d| {
-                let n = self.clone();
-                async move { (d, n.send(d).await) }
+            // Targets in parallel; each target's notifications one after the other, oldest first,
+            // so a channel reads "started" before "failed" (a retried one may still come later).
+            let mut by_target: Vec<Vec<&crate::store::notify::Due>> = vec![];
+            for d in &due {
+                match by_target.iter_mut().find(|g| g[0].target == d.target) {
+                    Some(g) => g.push(d),
+                    None => by_target.push(vec![d]),
+                }
+            }
+            for g in &mut by_target {
+                g.sort_by_key(|d| d.id);
+            }
+            futures_util::future::join_all(by_target.into_iter().map(|g| {
+                let (n, engine) = (self.clone(), engine.clone());
+                async move {
+                    for d in g {
+                        let r = n.send(d).await;
+                        n.record(&engine, d, r).await;
+                    }
+                }
             }))
             .await;
-            for (d, r) in sent {
-                self.record(&engine, d, r).await;
-            }
             let now = crate::clock::now_ms();
             if now - pruned_at > 3_600_000 {
                 pruned_at = now;
