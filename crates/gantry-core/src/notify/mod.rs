@@ -216,6 +216,7 @@ impl Notifier {
         }
         // Once per episode (from no problem to one): its wording changes as different writes fail.
         let mut had_problem = false;
+        let mut outbox_error: Option<String> = None;
         let mut pruned_at = 0i64;
         loop {
             let problem = engine.health().store_problem;
@@ -232,9 +233,17 @@ impl Notifier {
             })
             .await;
             let due = match due {
-                Ok(Ok(d)) => d,
+                Ok(Ok(d)) => {
+                    outbox_error = None;
+                    d
+                }
                 Ok(Err(e)) => {
-                    warn!("notifications: cannot read the outbox: {e}");
+                    // Said once per problem, not every half second (a full disk is reported by the engine too).
+                    let msg = e.to_string();
+                    if outbox_error.as_deref() != Some(&msg) {
+                        warn!("notifications: cannot use the outbox: {msg}; new notifications wait until it can be written");
+                        outbox_error = Some(msg);
+                    }
                     vec![]
                 }
                 Err(e) => {
