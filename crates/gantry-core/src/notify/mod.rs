@@ -353,10 +353,11 @@ impl Notifier {
     /// The store cannot be written: tell the lab's webhooks that list `store_problem`, from memory.
     async fn store_problem(self: Arc<Self>, why: String) {
         let text = format!("Gantry on {} cannot write its state database: {why}", self.host);
-        for (i, (url, on)) in self.settings.webhooks.iter().enumerate().filter(|(_, (_, on))| on.contains(&NotifyEvent::StoreProblem)) {
-            let _ = on;
-            let id = format!("{}-store-{}-{i}", self.db_uid, crate::clock::now_ms());
-            let p = NotifyPayload { schema: PAYLOAD_SCHEMA.into(), id, event: NotifyEvent::StoreProblem, at: crate::clock::now_ms(), host: self.host.clone(), job: None, text: text.clone() };
+        let at = crate::clock::now_ms();
+        for (i, (url, _)) in self.settings.webhooks.iter().enumerate().filter(|(_, (_, on))| on.contains(&NotifyEvent::StoreProblem)) {
+            // Stable across this problem's retries (a receiver can drop a repeat).
+            let id = format!("{}-store-{at}-{i}", self.db_uid);
+            let p = NotifyPayload { schema: PAYLOAD_SCHEMA.into(), id, event: NotifyEvent::StoreProblem, at, host: self.host.clone(), job: None, text: text.clone() };
             let body = serde_json::to_string(&p).unwrap_or_default();
             let mut wait = self.settings.retry_backoff;
             for attempt in 1..=self.settings.max_tries {
