@@ -37,8 +37,16 @@ pub enum Cmd {
     },
     /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
     Run(RunArgs),
-    /// Running and queued jobs, and why each queued job waits.
-    Ls,
+    /// Running and queued jobs, and why each queued job waits: every running job, the next queued
+    /// ones in scheduling order and your own (up to `--limit` of each).
+    Ls {
+        /// Queued jobs shown: the next N to start, and your first N.
+        #[arg(short = 'n', long, default_value_t = gantry_core::defaults::LS_QUEUED_SHOWN)]
+        limit: usize,
+        /// Every queued job (a deep queue is long).
+        #[arg(long)]
+        all: bool,
+    },
     /// One job: spec, attempts, events.
     Show { id: i64 },
     /// A job's output.

@@ -12,6 +12,7 @@ mod helpers;
 mod identity;
 mod job_output;
 mod limits;
+mod log_readers;
 mod metrics;
 mod notify;
 mod policy;

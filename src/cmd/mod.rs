@@ -55,7 +55,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Schema => generate::schema()?,
         Cmd::Run(args) => submit::run(&ctx, args).await?,
         Cmd::Rerun { id } => submit::rerun(&ctx, *id).await?,
-        Cmd::Ls => jobs::ls(&ctx).await?,
+        Cmd::Ls { limit, all } => jobs::ls(&ctx, (!*all).then_some(*limit)).await?,
         Cmd::Show { id } => jobs::show(&ctx, *id).await?,
         Cmd::Logs { id, follow } => jobs::logs(&ctx, *id, *follow).await?,
         Cmd::Cancel { id } => jobs::cancel(&ctx, *id).await?,

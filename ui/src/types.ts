@@ -337,6 +337,15 @@ estimated_start?: number | null,
  */
 eta_confidence?: string | null, };
 /**
+ * `GET /v1/queue`: the part of the queue `gantry ls` shows: every starting and running job, the
+ * first `limit` queued jobs in scheduling order and the first `limit` of the caller's own (by id).
+ */
+export type QueuePage = { jobs: Array<QueueEntry>, 
+/**
+ * Jobs queued in all (shown or not).
+ */
+queued: number, };
+/**
  * Why an attempt ended.
  */
 export type EndReason = "exited" | "oom" | "timeout" | "cancelled" | "lost" | "engine_error";

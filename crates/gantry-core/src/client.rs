@@ -18,7 +18,7 @@ use crate::machine_lock::{Holder, LockError};
 use crate::protocol::routes::{self, fill, with_query};
 use crate::protocol::{
     ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, LogQuery,
-    Preview, PriorityRequest, QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
+    Preview, PriorityRequest, QueueEntryView, QueuePage, QueuePageQuery, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
     WhoAmI,
 };
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
@@ -333,6 +333,12 @@ impl Client {
         self.get(routes::JOBS).await
     }
 
+    /// What `gantry ls` shows: every started job, the first `limit` queued ones in scheduling
+    /// order and the first `limit` of the caller's own, with how many are queued in all.
+    pub async fn queue_page(&self, limit: usize) -> Result<QueuePage, ClientError> {
+        self.get(&with_query(routes::QUEUE_PAGE, &QueuePageQuery { limit })?).await
+    }
+
     /// Queue one spec (its text); [`Client::submit_file`] reads a file first. The request carries an
     /// idempotency key (a new one unless `req` has one), so when the connection ends before the
     /// answer (the engine crashed, perhaps after queueing it) it is sent once more, as soon as the
@@ -399,6 +405,12 @@ impl Client {
     /// The job's output so far.
     pub async fn logs(&self, id: i64) -> Result<Vec<u8>, ClientError> {
         self.raw(&fill(routes::LOGS, id)).await
+    }
+
+    /// The job's output so far, chunk by chunk as the engine streams it (`on_chunk` returns false
+    /// to stop): a long log is never held whole, and only its start is bounded by the timeout.
+    pub async fn logs_chunks(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
+        self.stream(&fill(routes::LOGS, id), on_chunk).await
     }
 
     /// The job's output as it is written, until the job ends or `on_chunk` returns false.

@@ -48,7 +48,7 @@ use crate::spec::SpecError;
 use crate::store::{JobState, RunRef, Store, StoreError};
 
 pub(crate) use joblog::append_log;
-pub use joblog::{strip_stamps, strip_stamps_live};
+pub use joblog::{strip_stamps, strip_stamps_live, LogReader};
 pub use crate::config::{Config, Paths};
 pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
 pub use crate::protocol::QueueEntryView as QueueEntry;

@@ -68,6 +68,10 @@ pub struct Policy {
     pub log_cap: u64,
     /// Log files of jobs that ended longer ago are deleted (`None`: kept).
     pub log_keep: Option<Duration>,
+    /// Log streams (`gantry logs`, `logs -f`, the app's log views) one uid may have open at once.
+    pub log_streams_per_user: usize,
+    /// Folders of one user's drop folder the engine watches (inotify); past it, they are scanned.
+    pub inbox_watches_per_user: usize,
     /// Finished jobs that ended longer ago are deleted from history (`None`: kept).
     pub history_keep: Option<Duration>,
     /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
@@ -96,6 +100,8 @@ impl Default for Policy {
             reserve_after: config::RESERVE_AFTER,
             log_cap: config::LOG_CAP,
             log_keep: None,
+            log_streams_per_user: config::LOG_STREAMS_PER_USER,
+            inbox_watches_per_user: config::INBOX_WATCHES_PER_USER,
             history_keep: None,
             containers: Default::default(),
             admin_uids: BTreeSet::new(),
@@ -153,6 +159,8 @@ impl Policy {
             ("jobs.reserve_after", d(Some(self.reserve_after))),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
+            ("logs.streams_per_user", self.log_streams_per_user.to_string()),
+            ("inbox.max_watches", self.inbox_watches_per_user.to_string()),
             ("history.keep", d(self.history_keep)),
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
         ];
@@ -318,12 +326,14 @@ reserve_after = "1h"
 [logs]
 cap = "1GiB"
 keep = "90d"
+streams_per_user = 4
 [history]
 keep = "365d"
 [inbox]
 group = "gantry"
 path = "Gantry/inbox"
 templates = "/etc/gantry/templates"
+max_watches = 32
 "#;
         let c = parse(full).unwrap();
         let p = &c.policy;
@@ -331,6 +341,7 @@ templates = "/etc/gantry/templates"
         assert_eq!(p.default_timeout, Some(Duration::from_secs(7 * 86400)));
         assert_eq!((p.log_cap, p.see_others, p.admin_gid), (1 << 30, SeeOthers::All, Some(0)));
         assert_eq!(p.log_keep, Some(Duration::from_secs(90 * 86400)));
+        assert_eq!((p.log_streams_per_user, p.inbox_watches_per_user), (4, 32));
         assert_eq!(c.gpus.as_ref().unwrap().gpus.len(), 3);
         assert_eq!((c.inbox_path.as_deref(), c.inbox_group.as_deref()), (Some(Path::new("Gantry/inbox")), Some("gantry")));
         let d = parse("").unwrap();
@@ -355,6 +366,8 @@ templates = "/etc/gantry/templates"
             ("[limits]\nmax_running_gpus = 0\n", "`max_running_gpus` = 0 is out of range"),
             ("[limits]\nmax_queued_jobs = \"many\"\n", "config.toml:2:19: invalid type: string \"many\", expected i64"),
             ("[inbox]\npath = \"../x\"\n", "not a plain path"),
+            ("[logs]\nstreams_per_user = 0\n", "config.toml:2:20: `streams_per_user` = 0 is out of range; use a number from 1 to 1024"),
+            ("[inbox]\nmax_watches = 1000000\n", "config.toml:2:15: `max_watches` = 1000000 is out of range; use a number from 1 to 65536"),
             ("simulate = \"sim:lots\"\n", "invalid simulated GPU spec"),
         ];
         for (text, want) in cases {

@@ -266,6 +266,7 @@ pub(super) struct RawJobs {
 pub(super) struct RawLogs {
     cap: S<String>,
     keep: S<String>,
+    streams_per_user: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -280,6 +281,7 @@ pub(super) struct RawInbox {
     group: S<String>,
     path: S<String>,
     templates: S<String>,
+    max_watches: S<i64>,
 }
 
 /// Collects every problem (not just the first), each at its value's line and column.
@@ -420,6 +422,12 @@ impl Check<'_> {
             }
         }
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
+        if let Some(n) = self.count("streams_per_user", &raw.logs.streams_per_user, 1024) {
+            p.log_streams_per_user = n as usize;
+        }
+        if let Some(n) = self.count("max_watches", &raw.inbox.max_watches, 65_536) {
+            p.inbox_watches_per_user = n as usize;
+        }
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
         // Restart-only settings.

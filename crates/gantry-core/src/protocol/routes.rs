@@ -12,6 +12,8 @@ pub const STATUS: &str = "/v1/status";
 pub const WHOAMI: &str = "/v1/whoami";
 /// `GET`: the queue, [`super::QueueEntryView`]s; `POST` a [`super::SubmitRequest`]: [`super::Submitted`].
 pub const JOBS: &str = "/v1/jobs";
+/// `GET` with [`super::QueuePageQuery`]: [`super::QueuePage`], the part of the queue `gantry ls` shows.
+pub const QUEUE_PAGE: &str = "/v1/queue";
 /// `GET`: [`super::JobDetailView`].
 pub const JOB: &str = "/v1/jobs/{id}";
 /// `POST`: the state the job was in ([`super::JobState`]).

@@ -81,7 +81,8 @@ pub struct InboxInfo {
     pub path: PathBuf,
     /// The engine watches it now.
     pub watched: bool,
-    /// Why it is not watched, when it is not.
+    /// Why it is not watched, when it is not; while it is, what of it is only scanned and why
+    /// (too many folders for the lab's bound, the kernel's watch limit).
     pub problem: Option<String>,
     /// The engine serves one drop folder per user (`gantry inbox init` sets one up); otherwise it
     /// has a single drop folder, its own.
