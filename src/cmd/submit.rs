@@ -116,6 +116,8 @@ impl RunArgs {
             home: None,
             ulimits: None,
             pids_limit: None,
+            preemptible: None,
+            checkpoint: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

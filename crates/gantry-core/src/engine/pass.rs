@@ -119,7 +119,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: None })
             .collect();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
@@ -218,6 +218,7 @@ impl Engine {
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
                     needs: policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
+                    preempted_at_ms: None,
                 })
                 .collect(),
             config: scheduler::Config {
