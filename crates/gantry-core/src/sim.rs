@@ -319,6 +319,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut preempted_for: Vec<Vec<i64>> = vec![vec![]; n];
     let mut took_from: Vec<Vec<i64>> = vec![vec![]; n];
     let mut stopping: HashMap<usize, i64> = HashMap::new();
+    let mut claims: BTreeMap<i64, Vec<u32>> = BTreeMap::new();
     let (mut preemptions, mut lost_gpu_ms) = (0usize, 0.0f64);
     if let Some(p) = pre {
         sched.preemption = Some(p.rules.clone());
@@ -393,7 +394,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     })
                     .collect(),
                 queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None }),
-                config: sched.clone(),
+                config: scheduler::Config { claims: claims.iter().map(|(j, g)| (*j, g.clone())).collect(), ..sched.clone() },
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
                 host: None,
             };
@@ -418,6 +419,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             left_ms[v] = (left_ms[v] - kept).max(1) + m.restart_cost_ms;
                             r.0 = now + m.grace_ms.max(1);
                             stopping.insert(v, d.for_job);
+                            claims.entry(d.for_job).or_default().extend(r.2.iter().copied());
                             preempted_times[v].push(now);
                             preempted_for[v].push(d.for_job);
                             took_from[d.for_job as usize].push(d.job);
@@ -449,6 +451,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             };
             for p in placements {
                 let j = p.job_id as usize;
+                claims.remove(&p.job_id);
                 let w = match requeued_at[j] {
                     Some(at) => {
                         rewait_ms[j] += now - at;

@@ -158,6 +158,11 @@ pub struct Config {
     /// Preemption (lab `[preemption]`): `None` = off, the default.
     #[serde(default)]
     pub preemption: Option<PreemptRules>,
+    /// GPUs freed by preemption for a job that has not started yet: reserved for it, so the jobs
+    /// ahead of it in the order do not take what was freed for it. Part of the pass's input (the
+    /// engine and the simulator keep them from the plan's `preempt` until the job starts).
+    #[serde(default)]
+    pub claims: Vec<(i64, Vec<u32>)>,
 }
 
 fn explain_default() -> usize {
@@ -229,6 +234,7 @@ impl Default for Config {
             max_running_gpus_per_user: None,
             shapes: vec![],
             preemption: None,
+            claims: vec![],
         }
     }
 }
@@ -455,6 +461,13 @@ pub fn plan(state: &State) -> Plan {
                     }
                 }
                 s.ends.push(r.expected_end_ms);
+            }
+        }
+    }
+    for (job, gpus) in &state.config.claims {
+        if state.queued.iter().any(|q| q.job_id == *job) {
+            for s in slots.iter_mut().filter(|s| gpus.contains(&s.index) && s.reserved_by.is_none()) {
+                s.reserved_by = Some((*job, None));
             }
         }
     }

@@ -414,8 +414,15 @@ mod tests {
         assert!(p2.preempt.is_empty(), "{p2:?}");
         let w = p2.waiting.iter().find(|w| w.job_id == 1).unwrap();
         assert_eq!((w.reserved.clone(), w.reason.as_str()), (vec![0, 1], "starts when jobs 7, 8 have stopped (preempted for it)"));
-        let s3 = State { running: vec![], ..s };
-        assert_eq!(plan(&s3).placements[0], Placement { job_id: 1, gpus: vec![0, 1] });
+        // Once they stopped, what was freed for it is its claim: a job ahead of it in the order
+        // (priority 5) may not take it.
+        let mut s3 = State { running: vec![], ..s };
+        s3.config.reserve_after_ms = 100 * H; // no longer the starving job that goes first
+        s3.queued.push(QueuedJob { priority: 5, ..q(3, "cho", 1, 0, 2 * H) });
+        s3.config.claims = vec![(1, vec![0, 1])];
+        assert_eq!(plan(&s3).placements, vec![Placement { job_id: 1, gpus: vec![0, 1] }]);
+        s3.config.claims.clear();
+        assert_eq!(plan(&s3).placements[0].job_id, 3, "without the claim the job ahead takes a GPU");
     }
 
     #[test]
