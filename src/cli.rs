@@ -302,8 +302,9 @@ pub struct SimArgs {
     /// With --preempt: the share of jobs that are preemptible (a fixed hash of each job picks them).
     #[arg(long, default_value_t = 1.0)]
     pub preemptible: f64,
-    /// With --preempt: which rules apply, comma-separated: overdue, priority, fair-share (or none).
-    #[arg(long, default_value = "overdue,priority,fair-share")]
+    /// With --preempt: which rules apply, comma-separated: overdue, priority, fair-share (or none);
+    /// the default is the lab config's.
+    #[arg(long, default_value = "overdue,priority")]
     pub preempt_rules: String,
     /// With --preempt: a job runs at least this long before it may be preempted.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]

@@ -391,8 +391,8 @@ templates = "/etc/gantry/templates"
         let p = Policy::default().preemption;
         assert_eq!((p.enabled, p.default_preemptible, p.rules()), (false, false, None), "off out of the box");
         assert_eq!((p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap), (10 * 60_000, 3, Some(10)));
-        let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = false\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
-        let want = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(5), fair_share: false, min_run_ms: 30 * 60_000, max_per_day: 2 };
+        let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = true\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
+        let want = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(5), fair_share: true, min_run_ms: 30 * 60_000, max_per_day: 2 };
         assert_eq!((p.enabled, p.default_preemptible, p.rules()), (true, true, Some(want)));
         assert_eq!(parse("[preemption]\npriority_gap = 0\n").unwrap().policy.preemption.rules.priority_gap, None);
         let cases: &[(&str, &str)] = &[
