@@ -147,7 +147,7 @@ impl Engine {
             (How::Exited { code, .. } | How::ExitedWhileAway { code, .. }, Some((_, by))) => How::Preempted { code: Some(*code), by },
             (How::Lost(_), Some((_, by))) => How::Preempted { code: None, by },
             (How::Preempted { code, .. }, Some((_, by))) => How::Preempted { code: *code, by },
-            (How::Preempted { code, .. }, None) => How::Preempted { code: *code, by: "the scheduler".into() },
+            (How::Preempted { code, by }, None) if by.is_empty() => How::Preempted { code: *code, by: "the scheduler".into() },
             (other, _) => other.clone(),
         };
         // What it had used of its GPUs this attempt (what the preemption cost, at most).
