@@ -526,7 +526,12 @@ mean_wait_ms: number | null,
 /**
  * Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
  */
-fair_share_usage: number, };
+fair_share_usage: number, 
+/**
+ * GPU-hours of attempts that ended by preemption in the window (part of `gpu_hours`): at most
+ * what preemption cost the user (the work since their last checkpoint is the real loss).
+ */
+gpu_hours_preempted: number, };
 /**
  * `gantry usage`: per user, over [since_ms, until_ms).
  */

@@ -113,12 +113,14 @@ impl Engine {
         let mut r = crate::store::usage_report(since, now, hl, &in_window, &st.finished_since(since)?, &st.waits_since(since)?);
         // Fair share counts what the scheduler counts, also before the window.
         let decayed = crate::store::decayed_usage(&in_reach, now, hl);
+        let preempted: std::collections::HashMap<String, f64> = st.preempted_since(since)?.into_iter().collect();
         for u in &mut r.users {
             u.fair_share_usage = decayed.get(&u.user).copied().unwrap_or(0.0);
+            u.gpu_hours_preempted = preempted.get(&u.user).copied().unwrap_or(0.0);
         }
         for (user, v) in decayed {
             if !r.users.iter().any(|u| u.user == user) {
-                r.users.push(crate::store::UserUsage { user, gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: v });
+                r.users.push(crate::store::UserUsage { user, gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: v, gpu_hours_preempted: 0.0 });
             }
         }
         Ok(r)

@@ -413,6 +413,11 @@ async fn a_preempted_job_gets_its_signal_and_grace_then_resumes_at_its_place_wit
     assert!(envs[1].contains(&"GANTRY_RESTART_COUNT=1".to_string()), "{:?}", envs[1]);
     assert!(env_of(&fake, "later")[0].contains(&"GANTRY_RESTART_COUNT=0".to_string()) && !env_of(&fake, "later")[0].contains(&"GANTRY_PREEMPTIBLE=1".to_string()));
     assert_eq!(env_of(&fake, "train").len(), 2, "two attempts");
+    // `gantry usage`: the preempted attempt's GPU-hours, per user.
+    let u = e.usage(0).unwrap();
+    let alice = u.users.iter().find(|u| u.user == "alice").unwrap();
+    assert!((alice.gpu_hours_preempted - ran as f64 / 3_600_000.0).abs() < 1e-9, "{alice:?}");
+    assert_eq!(u.users.iter().find(|u| u.user == "root").unwrap().gpu_hours_preempted, 0.0);
     assert_eq!(fake.started.lock().unwrap().len(), 4, "train twice, urgent and later once: {:?}", fake.started.lock().unwrap());
 }
 
