@@ -227,6 +227,8 @@ async fn dispatch(n: usize) -> (f64, f64) {
             gpu_total_memory: None,
             binding: GpuBinding::EnvOnly,
             container: Default::default(),
+            preemptible: false,
+            restart_count: 0,
             command: None,
             image: None,
         };

@@ -391,4 +391,33 @@ pub struct SimArgs {
     /// Fair share between users: decay GPU-hours with this half-life (e.g. `24h`); off by default.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub fair_share: Option<Duration>,
+    /// Also run the gantry policy with preemption (a `gantry+preempt` row): the same `plan()`
+    /// decides whom to preempt, by the lab's rules (`--preempt-rules`, `--min-run`, ...).
+    #[arg(long)]
+    pub preempt: bool,
+    /// With --preempt: jobs checkpoint this often; a preempted job loses the work since its last one.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub checkpoint_every: Duration,
+    /// With --preempt: what a restart costs a preempted job (loading the checkpoint, warming up).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub restart_cost: Duration,
+    /// With --preempt: how long a preempted job keeps its GPUs after the checkpoint signal.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// With --preempt: the share of jobs that are preemptible (a fixed hash of each job picks them).
+    #[arg(long, default_value_t = 1.0)]
+    pub preemptible: f64,
+    /// With --preempt: which rules apply, comma-separated: overdue, priority, fair-share (or none);
+    /// the default is the lab config's.
+    #[arg(long, default_value = "overdue,priority")]
+    pub preempt_rules: String,
+    /// With --preempt: a job runs at least this long before it may be preempted.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub min_run: Duration,
+    /// With --preempt: at most this many preemptions of one job in a day.
+    #[arg(long, default_value_t = 3)]
+    pub max_per_day: u32,
+    /// With --preempt: the priority rule's gap.
+    #[arg(long, default_value_t = 10)]
+    pub priority_gap: i32,
 }

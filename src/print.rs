@@ -249,10 +249,14 @@ pub fn print_usage(r: &UsageReport) {
         outln!("no use in this window");
         return;
     }
-    outln!("{:<16} {:>10} {:>6} {:>12} {:>11}", "USER", "GPU-HOURS", "JOBS", "MEAN WAIT", "FAIR SHARE");
+    // "GPU-hours preempted" only where preemption happened in the window.
+    let pre = r.users.iter().any(|u| u.gpu_hours_preempted > 0.0);
+    let head = if pre { format!(" {:>10}", "PREEMPTED") } else { String::new() };
+    outln!("{:<16} {:>10} {:>6} {:>12} {:>11}{head}", "USER", "GPU-HOURS", "JOBS", "MEAN WAIT", "FAIR SHARE");
     for u in &r.users {
+        let p = if pre { format!(" {:>10.2}", u.gpu_hours_preempted) } else { String::new() };
         outln!(
-            "{:<16} {:>10.2} {:>6} {:>12} {:>11.2}",
+            "{:<16} {:>10.2} {:>6} {:>12} {:>11.2}{p}",
             trunc(&esc(&u.user), 16),
             u.gpu_hours,
             u.jobs_finished,

@@ -51,6 +51,8 @@ async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, m
         gpu_total_memory: None,
         binding: GpuBinding::EnvOnly,
         container: Default::default(),
+        preemptible: false,
+        restart_count: 0,
         command: None,
         image: None,
     };

@@ -131,6 +131,9 @@ fn session_spec(args: &ShellArgs, name: &str, image: String) -> gantry_core::spe
         interactive: true,
         ports: vec![],
         notify: None,
+        // Someone is at the terminal: a session is never preempted.
+        preemptible: Some(false),
+        checkpoint: None,
     }
 }
 

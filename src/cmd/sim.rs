@@ -34,6 +34,7 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
         "worst-fit" => gantry_core::scheduler::Packing::WorstFit,
         p => bail!("unknown packing {p:?}: fgd, best-fit or worst-fit"),
     };
+    let preempt = if a.preempt { Some(preempt_model(a)?) } else { None };
     let learn = match a.estimates.as_str() {
         "learned" => true,
         "none" => false,
@@ -49,14 +50,14 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     } else if a.protocol != "queue" {
         bail!("unknown protocol {:?}: queue or fgd", a.protocol);
     } else if a.seeds > 1 {
-        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction)?;
+        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref())?;
         if json {
             print_json(&runs)?;
         } else {
             print_seeds(&runs, a.seeds);
         }
     } else {
-        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction)?;
+        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref())?;
         if json {
             print_json(&reports)?;
         } else {
@@ -66,6 +67,26 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `--preempt` and its settings as the simulator's model.
+fn preempt_model(a: &SimArgs) -> Result<gantry_core::sim::SimPreempt> {
+    let ms = |d: Duration| d.as_millis() as i64;
+    let mut rules = gantry_core::scheduler::PreemptRules { overdue: false, priority_gap: None, fair_share: false, min_run_ms: ms(a.min_run), max_per_day: a.max_per_day };
+    for r in a.preempt_rules.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        match r {
+            "overdue" => rules.overdue = true,
+            "priority" => rules.priority_gap = Some(a.priority_gap),
+            "fair-share" => rules.fair_share = true,
+            "none" => {}
+            other => bail!("unknown --preempt-rules item {other:?}: overdue, priority, fair-share or none"),
+        }
+    }
+    if !(0.0..=1.0).contains(&a.preemptible) {
+        bail!("--preemptible {}: a share from 0 to 1", a.preemptible);
+    }
+    Ok(gantry_core::sim::SimPreempt { rules, checkpoint_every_ms: ms(a.checkpoint_every), restart_cost_ms: ms(a.restart_cost), grace_ms: ms(a.grace), preemptible_share: a.preemptible })
+}
+
+#[allow(clippy::too_many_arguments)]
 fn simulate(
     trace: &Path,
     gpus: &str,
@@ -77,6 +98,7 @@ fn simulate(
     learn: bool,
     seed: u64,
     from_fraction: f64,
+    preempt: Option<&gantry_core::sim::SimPreempt>,
 ) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
@@ -95,11 +117,17 @@ fn simulate(
     };
     let mut out = vec![];
     for p in policies {
-        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn };
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn, preempt: None };
         out.push(sim::simulate(&t, &cfg));
+        if p == Policy::Gantry && preempt.is_some() {
+            out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
+        }
         if p == Policy::Gantry && (runtimes || policy == "all") {
             cfg.declared_runtimes = true;
             out.push(sim::simulate(&t, &cfg));
+            if preempt.is_some() {
+                out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
+            }
         }
     }
     Ok(out)
@@ -116,6 +144,9 @@ struct SeedRow {
     big_over_one: Vec<f64>,
     /// Per-user mean wait (s), per seed.
     mean_wait_by_user: Vec<std::collections::BTreeMap<String, f64>>,
+    /// GPU-hours lost to preemption over the trace's GPU-hours, per seed.
+    lost_share: Vec<f64>,
+    preemptions: Vec<f64>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -130,20 +161,21 @@ fn sim_seeds(
     learn: bool,
     seeds: u64,
     from_fraction: f64,
+    preempt: Option<&gantry_core::sim::SimPreempt>,
 ) -> Result<Vec<SeedRow>> {
     let mut rows: Vec<SeedRow> = vec![];
     for seed in 0..seeds {
-        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction)?;
+        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt)?;
         // Waits are reported relative to strict FIFO on the same arrivals.
         let fifo = match reports.iter().find(|r| r.policy == "fifo") {
             Some(f) => f.mean_wait_s,
-            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction)?[0].mean_wait_s,
+            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None)?[0].mean_wait_s,
         };
         for r in reports.drain(..) {
             let row = match rows.iter_mut().position(|x| x.policy == r.policy) {
                 Some(i) => &mut rows[i],
                 None => {
-                    rows.push(SeedRow { policy: r.policy.clone(), makespan_ratio: vec![], alloc_share_while_waiting: vec![], wait_over_fifo: vec![], big_over_one: vec![], mean_wait_by_user: vec![] });
+                    rows.push(SeedRow { policy: r.policy.clone(), makespan_ratio: vec![], alloc_share_while_waiting: vec![], wait_over_fifo: vec![], big_over_one: vec![], mean_wait_by_user: vec![], lost_share: vec![], preemptions: vec![] });
                     rows.last_mut().unwrap()
                 }
             };
@@ -154,6 +186,8 @@ fn sim_seeds(
                 row.big_over_one.push(b);
             }
             row.mean_wait_by_user.push(r.mean_wait_by_user.clone());
+            row.lost_share.push(r.lost_share);
+            row.preemptions.push(r.preemptions as f64);
         }
     }
     Ok(rows)
@@ -162,7 +196,8 @@ fn sim_seeds(
 fn print_seeds(rows: &[SeedRow], seeds: u64) {
     use gantry_core::sim::mean_ci;
     outln!("{seeds} seeds (arrival perturbations; seed 0 = as recorded); mean ± 95% CI");
-    outln!("{:<18} {:>16} {:>16} {:>16} {:>16}", "policy", "makespan/LB", "alloc/wait %", "wait/fifo", "wait 4+/1 GPU");
+    let pre = rows.iter().any(|r| r.policy.contains("+preempt"));
+    outln!("{:<26} {:>16} {:>16} {:>16} {:>16}{}", "policy", "makespan/LB", "alloc/wait %", "wait/fifo", "wait 4+/1 GPU", if pre { format!(" {:>16} {:>14}", "GPU-h lost %", "preemptions") } else { String::new() });
     let f = |xs: &[f64], scale: f64, digits: usize| {
         if xs.is_empty() {
             "-".to_string()
@@ -173,12 +208,13 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
     };
     for r in rows {
         outln!(
-            "{:<18} {:>16} {:>16} {:>16} {:>16}",
+            "{:<26} {:>16} {:>16} {:>16} {:>16}{}",
             r.policy,
             f(&r.makespan_ratio, 1.0, 3),
             f(&r.alloc_share_while_waiting, 100.0, 1),
             f(&r.wait_over_fifo, 1.0, 3),
-            f(&r.big_over_one, 1.0, 2)
+            f(&r.big_over_one, 1.0, 2),
+            if pre { format!(" {:>16} {:>14}", f(&r.lost_share, 100.0, 2), f(&r.preemptions, 1.0, 0)) } else { String::new() }
         );
     }
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
@@ -193,7 +229,7 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
                     format!("{} {} ± {}", esc(u), h(m), h(c))
                 })
                 .collect();
-            outln!("{:<18} mean wait: {}", r.policy, w.join(", "));
+            outln!("{:<26} mean wait: {}", r.policy, w.join(", "));
         }
     }
 }
@@ -228,14 +264,16 @@ fn print_fgd(rs: &[gantry_core::sim::FgdReport]) {
 fn print_sim(reports: &[gantry_core::sim::Report]) {
     let Some(r0) = reports.first() else { return };
     outln!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
-    outln!("{:<18} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU");
+    let pre = reports.iter().any(|r| r.policy.contains("+preempt"));
+    outln!("{:<26} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}{}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU", if pre { format!(" {:>12} {:>12}", "GPU-h lost", "preemptions") } else { String::new() });
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
     for r in reports {
         let w1 = r.mean_wait_by_gpus.get(&1).copied().unwrap_or(0.0);
         let big: Vec<f64> = r.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
         let ratio = if big.is_empty() || w1 == 0.0 { "-".to_string() } else { format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1) };
+        let lost = if pre { format!(" {:>11.2}% {:>12}", 100.0 * r.lost_share, r.preemptions) } else { String::new() };
         outln!(
-            "{:<18} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}",
+            "{:<26} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}{lost}",
             r.policy, h(r.makespan_s), r.makespan_ratio, 100.0 * r.alloc_share_while_waiting, h(r.mean_wait_s), h(r.p95_wait_s), ratio
         );
     }
@@ -244,7 +282,7 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
         for r in reports {
             let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{} {:.1}%", esc(u), s * 100.0)).collect();
             let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{} {}", esc(u), h(*w))).collect();
-            outln!("{:<18} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
+            outln!("{:<26} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
         }
     }
 }

@@ -145,6 +145,8 @@ impl RunArgs {
             interactive: false,
             ports: self.ports.clone(),
             notify: None,
+            preemptible: None,
+            checkpoint: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

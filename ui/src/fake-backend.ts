@@ -47,8 +47,8 @@ export function usageReport(over: Partial<UsageReport> = {}): UsageReport {
   return {
     since_ms: now - 7 * 86_400_000, until_ms: now, fair_share_half_life_ms: 7 * 86_400_000,
     users: [
-      { user: "bob", gpu_hours: 40.5, jobs_finished: 12, mean_wait_ms: 3_720_000, fair_share_usage: 31.25 },
-      { user: "ada", gpu_hours: 2, jobs_finished: 3, mean_wait_ms: null, fair_share_usage: 1.5 },
+      { user: "bob", gpu_hours: 40.5, jobs_finished: 12, mean_wait_ms: 3_720_000, fair_share_usage: 31.25, gpu_hours_preempted: 1.5 },
+      { user: "ada", gpu_hours: 2, jobs_finished: 3, mean_wait_ms: null, fair_share_usage: 1.5, gpu_hours_preempted: 0 },
     ],
     ...over,
   };

@@ -131,6 +131,18 @@ memlock?: string | null,
  */
 stack?: string | null, };
 /**
+ * `checkpoint` in a spec: the signal a preempted job gets, and how long it has to save and exit.
+ */
+export type Checkpoint = { 
+/**
+ * `SIGTERM` (default), `SIGUSR1`, `SIGUSR2`, `SIGINT`, `SIGHUP` or `SIGQUIT` (with or without `SIG`).
+ */
+signal?: string | null, 
+/**
+ * Time from the signal to the stop, e.g. `5m`. Default: the lab's stop grace; at most 1 hour.
+ */
+grace?: string | null, };
+/**
  * A job reference in `after`.
  */
 export type IdOrName = number | string;
@@ -268,7 +280,19 @@ ports?: Array<number>,
  * target of yours (`gantry notify add`), in place of each target's `--on` for this job. Events:
  * started, finished, failed, timed_out, cancelled, preempted.
  */
-notify?: Array<NotifyEvent> | null, };
+notify?: Array<NotifyEvent> | null, 
+/**
+ * May Gantry stop this job (after its checkpoint signal and grace) and queue it again at its
+ * place, so that another job can start (the lab's `[preemption]` rules)? It then runs again from
+ * its checkpoint and sees `GANTRY_RESTART_COUNT`. Default: the lab's `default_preemptible`
+ * (`false` unless the lab config says otherwise).
+ */
+preemptible?: boolean | null, 
+/**
+ * How a preempted job is told to save its work: `{signal: SIGUSR1, grace: 5m}`. Default: SIGTERM
+ * with the lab's stop grace.
+ */
+checkpoint?: Checkpoint | null, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */
@@ -376,7 +400,7 @@ queued: number, };
 /**
  * Why an attempt ended.
  */
-export type EndReason = "exited" | "oom" | "timeout" | "cancelled" | "lost" | "engine_error";
+export type EndReason = "exited" | "oom" | "timeout" | "cancelled" | "lost" | "engine_error" | "preempted";
 export type Attempt = { id: number, job_id: number, n: number, container_id: string | null, gpus: Array<number>, gpu_uuids: Array<string>, started_at: number, ended_at: number | null, exit_code: number | null, reason: EndReason | null, message: string | null, 
 /**
  * The Slurm job id of an attempt submitted to Slurm (the Slurm backend).
@@ -550,7 +574,12 @@ mean_wait_ms: number | null,
 /**
  * Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
  */
-fair_share_usage: number, };
+fair_share_usage: number, 
+/**
+ * GPU-hours of attempts that ended by preemption in the window (part of `gpu_hours`): at most
+ * what preemption cost the user (the work since their last checkpoint is the real loss).
+ */
+gpu_hours_preempted: number, };
 /**
  * `gantry usage`: per user, over [since_ms, until_ms).
  */

@@ -247,8 +247,8 @@ describe("usage view", () => {
   it("formats each user's GPU-hours, jobs, mean wait and fair share, marking mine", () => {
     const rows = usageRows(usageReport(), "ada");
     expect(rows).toEqual([
-      { user: "bob", gpuHours: "40.50", jobs: "12", wait: "1h 2m", fairShare: "31.25", mine: false },
-      { user: "ada", gpuHours: "2.00", jobs: "3", wait: "-", fairShare: "1.50", mine: true },
+      { user: "bob", gpuHours: "40.50", jobs: "12", wait: "1h 2m", fairShare: "31.25", preempted: "1.50", mine: false },
+      { user: "ada", gpuHours: "2.00", jobs: "3", wait: "-", fairShare: "1.50", preempted: "0.00", mine: true },
     ]);
     expect(fairShareLine(7 * 86_400_000)).toContain("halved every 7d");
   });
@@ -261,7 +261,7 @@ describe("usage view", () => {
     expect(since()[0]).toBeLessThan(7 * 86_400_000 + 60_000);
     const ada = v.el.querySelector("[data-testid=usage-row-ada]")!;
     expect(ada.classList.contains("mine")).toBe(true);
-    expect(Array.from(ada.querySelectorAll("td")).map((td) => td.textContent)).toEqual(["ada (you)", "2.00", "3", "-", "1.50"]);
+    expect(Array.from(ada.querySelectorAll("td")).map((td) => td.textContent)).toEqual(["ada (you)", "2.00", "3", "-", "1.50", "0.00"]);
     expect(v.el.querySelector("[data-testid=usage-row-bob]")!.classList.contains("mine")).toBe(false);
     expect(v.el.querySelector("[data-testid=usage-fair-share]")!.textContent).toContain("halved every 7d");
     (v.el.querySelector("[data-window='24 h']") as HTMLButtonElement).click();

@@ -197,6 +197,10 @@ pub struct Launch<'a> {
     pub command: Option<Vec<String>>,
     /// The image when Gantry chooses it (the host root of an `image: host` job); `None`: the spec's.
     pub image: Option<String>,
+    /// The job may be preempted (`GANTRY_PREEMPTIBLE=1`).
+    pub preemptible: bool,
+    /// Its attempts that ended by preemption so far (`GANTRY_RESTART_COUNT`).
+    pub restart_count: u32,
 }
 
 /// The image an `image: host` job starts from: empty folders and this machine's top-level links
@@ -326,6 +330,11 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     }
     set("GANTRY_JOB_ID", l.job_id.to_string());
     set("GANTRY_ATTEMPT", l.attempt_n.to_string());
+    // Attempts that ended by preemption (as Slurm's SLURM_RESTART_COUNT): resume from the checkpoint.
+    set("GANTRY_RESTART_COUNT", l.restart_count.to_string());
+    if l.preemptible {
+        set("GANTRY_PREEMPTIBLE", "1".into());
+    }
     set("GANTRY_GPU_UUIDS", l.gpu_uuids.join(","));
     if l.gpu_uuids.is_empty() {
         // Images such as nvidia/cuda set NVIDIA_VISIBLE_DEVICES=all: make a CPU job see no GPU.
@@ -419,6 +428,8 @@ pub trait Executor: Send + Sync + 'static {
     async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError>;
     /// SIGTERM, then SIGKILL after `grace`.
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError>;
+    /// `signal` (a job's checkpoint signal, e.g. `SIGUSR1`), then SIGKILL after `grace` (preemption).
+    async fn stop_signal(&self, id: &str, signal: &str, grace: Duration) -> Result<(), ExecError>;
     async fn remove(&self, id: &str) -> Result<(), ExecError>;
     /// Every container this engine created that still exists.
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError>;
@@ -916,6 +927,14 @@ impl Executor for DockerExecutor {
         }
     }
 
+    async fn stop_signal(&self, id: &str, signal: &str, grace: Duration) -> Result<(), ExecError> {
+        let opts = qp::StopContainerOptions { t: Some(grace.as_secs().max(1) as i32), signal: Some(signal.to_string()) };
+        match self.docker.stop_container(id, Some(opts)).await {
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
     async fn remove(&self, id: &str) -> Result<(), ExecError> {
         // Its user's network goes with the user's last container (bridge networks come from a small
         // address pool: about 30 on Docker's defaults).
@@ -1104,6 +1123,8 @@ mod tests {
 
     fn launch(job: &ValidJob, uuids: &[&str]) -> Vec<String> {
         job_env(&Launch {
+            preemptible: false,
+            restart_count: 0,
             engine_id: "e",
             db_uid: "d",
             name: "gantry-d-j7-a1".into(),

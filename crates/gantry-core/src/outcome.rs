@@ -11,6 +11,9 @@ pub enum Stop {
     Cancel,
     /// Its `timeout` passed.
     Timeout,
+    /// The scheduler preempted it for another job: its checkpoint signal, its grace, then stopped,
+    /// and queued again at its place.
+    Preempt,
 }
 
 /// How an attempt ended, as the supervisor or recovery saw it.
@@ -24,6 +27,8 @@ pub enum How {
     TimedOut { code: Option<i64>, timeout_ms: i64 },
     /// Stopped on its owner's request.
     Cancelled { code: Option<i64> },
+    /// Preempted (`Stop::Preempt`): `by` says for which job and why.
+    Preempted { code: Option<i64>, by: String },
     CancelledBeforeStart,
     /// Its container vanished or cannot be read.
     Lost(String),
@@ -84,6 +89,9 @@ pub fn outcome(how: &How, p: &RetryPolicy) -> Ending {
             end(*code, EndReason::Timeout, format!("stopped after the {} timeout{not_retried}", duration_ms(*timeout_ms)), JobState::TimedOut)
         }
         How::Cancelled { code } => end(*code, EndReason::Cancelled, "cancelled".into(), JobState::Cancelled),
+        // Back to its place in the queue at once; not a failure, so its retries are untouched
+        // (`attempt_n` counts only attempts that did not end by preemption).
+        How::Preempted { code, by } => end(*code, EndReason::Preempted, format!("preempted by {by} · resumes when GPUs free"), JobState::Queued),
         How::CancelledBeforeStart => end(None, EndReason::Cancelled, "cancelled before it started".into(), JobState::Cancelled),
         How::Lost(why) => failure(None, EndReason::Lost, why.clone()),
         How::NeverStarted => end(None, EndReason::Lost, "the engine stopped before the container started; queued again".into(), JobState::Queued),
@@ -125,6 +133,9 @@ mod tests {
             (How::TimedOut { code: Some(143), timeout_ms: 60_000 }, p(1, 0), TimedOut, Some(143), EndReason::Timeout, None, "after the 1m timeout"),
             (How::Cancelled { code: Some(143) }, p(1, 5), Cancelled, Some(143), EndReason::Cancelled, None, "cancelled"),
             (How::CancelledBeforeStart, p(1, 5), Cancelled, None, EndReason::Cancelled, None, "before it started"),
+            // Preempted: queued again at once, whatever the retries (0 left, or some), never failed.
+            (How::Preempted { code: Some(0), by: "job 41 (alice's 4-GPU job waited 3h)".into() }, p(1, 0), Queued, Some(0), EndReason::Preempted, None, "preempted by job 41 (alice's 4-GPU job waited 3h) · resumes when GPUs free"),
+            (How::Preempted { code: Some(143), by: "job 2".into() }, p(3, 2), Queued, Some(143), EndReason::Preempted, None, "preempted by job 2"),
             (How::Lost("its container is gone".into()), p(1, 1), Queued, None, EndReason::Lost, Some(1_010_000), "its container is gone"),
             (How::Lost("its container is gone".into()), p(1, 0), Failed, None, EndReason::Lost, None, "its container is gone"),
             // It never ran: queued again at once, whatever the retries.

@@ -188,6 +188,31 @@ pub struct SimConfig {
     /// does from its store). Off: the scheduler knows no runtimes at all.
     #[serde(default)]
     pub learn_runtimes: bool,
+    /// Preemption (Gantry's policy only): `None` = off.
+    #[serde(default)]
+    pub preempt: Option<SimPreempt>,
+}
+
+/// How `gantry sim --preempt` models preemption: the lab's rules (the same `plan()` decides), which
+/// jobs are preemptible, and what a preemption costs. A preempted job keeps its GPUs for the grace,
+/// then goes back to the queue at its place; it loses the work since its last checkpoint (taken every
+/// `checkpoint_every_ms` of its attempt, so on average half of that) plus the grace, and pays
+/// `restart_cost_ms` when it starts again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimPreempt {
+    pub rules: scheduler::PreemptRules,
+    pub checkpoint_every_ms: i64,
+    pub restart_cost_ms: i64,
+    pub grace_ms: i64,
+    /// The share of jobs that are preemptible (chosen by a fixed hash of the job's index).
+    pub preemptible_share: f64,
+}
+
+impl SimPreempt {
+    /// Whether job `j` of the trace is preemptible: a fixed hash, so every policy and seed agrees.
+    pub fn preemptible(&self, j: usize) -> bool {
+        self.preemptible_share >= 1.0 || Rng::new((j as u64).wrapping_mul(0xA24B_AED4_963E_E407)).unit() < self.preemptible_share
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -227,6 +252,15 @@ pub struct Report {
     /// Idle capacity while only jobs asking for 2+ GPUs waited (drains no policy can fill).
     #[serde(default)]
     pub idle_share_only_wide_waiting: f64,
+    /// Preemptions made (`--preempt`).
+    #[serde(default)]
+    pub preemptions: usize,
+    /// GPU-hours lost to preemption (work since the last checkpoint, the grace, the restart cost).
+    #[serde(default)]
+    pub gpu_hours_lost: f64,
+    /// The same as a share of the trace's GPU-hours of work.
+    #[serde(default)]
+    pub lost_share: f64,
     /// Each job's start (ms on the virtual clock), for tests.
     #[serde(skip)]
     pub starts_ms: Vec<Option<i64>>,
@@ -273,6 +307,23 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut idle_reserved = 0.0f64;
     let (mut idle_frag, mut idle_wide) = (0.0f64, 0.0f64);
     let mut drain_bound: Vec<f64> = vec![];
+    // Preemption: each job's work left (ms), its current attempt's start, when it was last queued
+    // again, how long it waited after preemptions, its preemption times, and the loop guards.
+    let pre = cfg.preempt.as_ref().filter(|_| cfg.policy == Policy::Gantry);
+    let mut left_ms: Vec<i64> = jobs.iter().map(|j| (j.duration_s * MS).round().max(1.0) as i64).collect();
+    let mut attempt_at: Vec<i64> = vec![0; n];
+    let mut requeued_at: Vec<Option<i64>> = vec![None; n];
+    let mut rewait_ms: Vec<i64> = vec![0; n];
+    let mut end_ms: Vec<Option<i64>> = vec![None; n];
+    let mut preempted_times: Vec<Vec<i64>> = vec![vec![]; n];
+    let mut preempted_for: Vec<Vec<i64>> = vec![vec![]; n];
+    let mut took_from: Vec<Vec<i64>> = vec![vec![]; n];
+    let mut stopping: HashMap<usize, i64> = HashMap::new();
+    let mut claims: BTreeMap<i64, Vec<u32>> = BTreeMap::new();
+    let (mut preemptions, mut lost_gpu_ms) = (0usize, 0.0f64);
+    if let Some(p) = pre {
+        sched.preemption = Some(p.rules.clone());
+    }
     loop {
         // Admit arrivals and completions at `now`.
         let arrived = next_arrival;
@@ -291,9 +342,16 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         if next_arrival > arrived && sched.packing == scheduler::Packing::Fgd {
             sched.shapes = scheduler::shape_mix(recent.iter().copied());
         }
-        if learn {
-            for (end, j, _) in running.iter().filter(|r| r.0 <= now) {
-                history.record(&class_keys[class_of[*j]], end - start[*j].unwrap_or(*end));
+        for (end, j, _) in running.iter().filter(|r| r.0 <= now) {
+            if stopping.remove(j).is_some() {
+                // Preempted: back to its place in the queue.
+                queued.push(*j);
+                requeued_at[*j] = Some(*end);
+                continue;
+            }
+            end_ms[*j] = Some(*end);
+            if learn {
+                history.record(&class_keys[class_of[*j]], end - attempt_at[*j]);
                 cache.clear();
             }
         }
@@ -319,16 +377,24 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         expected_end_ms: if cfg.declared_runtimes {
                             Some(*end)
                         } else if learn {
-                            let s = start[*j].unwrap_or(now);
-                            est(*j, now - s).map(|e| now + e.p50_ms)
+                            est(*j, now - attempt_at[*j]).map(|e| now + e.p50_ms)
                         } else {
                             None
                         },
                         needs: Default::default(), // traces have no CPU or RAM
+                        victim: pre.filter(|p| p.preemptible(*j)).map(|_| scheduler::Victim {
+                            priority: jobs[*j].priority,
+                            started_ms: attempt_at[*j],
+                            preempted_today: preempted_times[*j].iter().filter(|t| now - **t < 86_400_000).count() as u32,
+                            preempted_for: preempted_for[*j].clone(),
+                            took_from: took_from[*j].clone(),
+                            checkpoint_ms: None,
+                            stopping_for: stopping.get(j).copied(),
+                        }),
                     })
                     .collect(),
-                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, |j| if learn { est(j, 0) } else { None }),
-                config: sched.clone(),
+                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None }),
+                config: scheduler::Config { claims: claims.iter().map(|(j, g)| (*j, g.clone())).collect(), ..sched.clone() },
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
                 host: None,
             };
@@ -337,6 +403,29 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                 Policy::Gantry => {
                     let p = scheduler::plan(&state);
                     reserving = p.waiting.iter().any(|w| !w.reserved.is_empty());
+                    if let Some(m) = pre {
+                        for d in &p.preempt {
+                            let v = d.job as usize;
+                            let Some(r) = running.iter_mut().find(|r| r.1 == v) else { continue };
+                            if stopping.contains_key(&v) {
+                                continue;
+                            }
+                            // It keeps its GPUs for the grace, keeps the work up to its last checkpoint,
+                            // and pays the restart cost when it runs again.
+                            let ran = now - attempt_at[v];
+                            let kept = if m.checkpoint_every_ms > 0 { ran - ran % m.checkpoint_every_ms } else { 0 };
+                            let share = jobs[v].gpu_milli.map(|x| x as f64 / 1000.0).unwrap_or(r.2.len() as f64);
+                            lost_gpu_ms += share * ((ran - kept) + m.grace_ms + m.restart_cost_ms) as f64;
+                            left_ms[v] = (left_ms[v] - kept).max(1) + m.restart_cost_ms;
+                            r.0 = now + m.grace_ms.max(1);
+                            stopping.insert(v, d.for_job);
+                            claims.entry(d.for_job).or_default().extend(r.2.iter().copied());
+                            preempted_times[v].push(now);
+                            preempted_for[v].push(d.for_job);
+                            took_from[d.for_job as usize].push(d.job);
+                            preemptions += 1;
+                        }
+                    }
                     p.placements
                 }
                 Policy::Greedy => {
@@ -362,11 +451,21 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             };
             for p in placements {
                 let j = p.job_id as usize;
-                start[j] = Some(now);
-                let w = (now - arrival_ms(&jobs[j])) as f64;
+                claims.remove(&p.job_id);
+                let w = match requeued_at[j] {
+                    Some(at) => {
+                        rewait_ms[j] += now - at;
+                        (now - at) as f64
+                    }
+                    None => {
+                        start[j] = Some(now);
+                        (now - arrival_ms(&jobs[j])) as f64
+                    }
+                };
+                attempt_at[j] = now;
                 typical_n += 1.0;
                 typical += (w - typical) / typical_n.min(100.0);
-                let end = now + (jobs[j].duration_s * MS).round().max(1.0) as i64;
+                let end = now + left_ms[j];
                 running.push((end, j, p.gpus));
                 queued.retain(|q| *q != j);
             }
@@ -384,7 +483,12 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         let next = if cfg.policy == Policy::Gantry {
             queued
                 .iter()
-                .map(|q| arrival_ms(&jobs[*q]).saturating_add(cfg.scheduler.reserve_after_ms))
+                .map(|q| requeued_at[*q].unwrap_or(arrival_ms(&jobs[*q])).saturating_add(cfg.scheduler.reserve_after_ms))
+                // A running job becomes preemptible once it ran `min_run`.
+                .chain(pre.filter(|_| !queued.is_empty()).into_iter().flat_map(|p| {
+                    let at = &attempt_at;
+                    running.iter().map(move |r| at[r.1] + p.rules.min_run_ms)
+                }))
                 .filter(|t| *t > now && *t < next)
                 .min()
                 .unwrap_or(next)
@@ -426,8 +530,12 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         }
         now = next;
     }
-    let mut r = report(trace, cfg, &start, waiting_time, alloc_integral, user_integral, plan_calls);
+    let mut r = report(trace, cfg, &start, &rewait_ms, &end_ms, waiting_time, alloc_integral, user_integral, plan_calls);
     r.starts_ms = start.clone();
+    r.preemptions = preemptions;
+    r.gpu_hours_lost = lost_gpu_ms / 3_600_000.0;
+    let work: f64 = jobs.iter().map(gpu_seconds).sum::<f64>() / 3600.0;
+    r.lost_share = if work > 0.0 { r.gpu_hours_lost / work } else { 0.0 };
     r.idle_share_while_reserving = if waiting_time > 0.0 { idle_reserved / waiting_time } else { 0.0 };
     r.idle_share_fragments = if waiting_time > 0.0 { idle_frag / waiting_time } else { 0.0 };
     r.idle_share_only_wide_waiting = if waiting_time > 0.0 { idle_wide / waiting_time } else { 0.0 };
@@ -442,6 +550,7 @@ fn queued_view(
     mem_of: &impl Fn(&TraceJob) -> Option<u64>,
     arrival_ms: &impl Fn(&TraceJob) -> i64,
     usage: &HashMap<String, f64>,
+    requeued_at: &[Option<i64>],
     mut learned: impl FnMut(usize) -> Option<Estimate>,
 ) -> Vec<QueuedJob> {
     queued
@@ -460,6 +569,7 @@ fn queued_view(
                 user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
                 filter: Default::default(),
                 needs: Default::default(),
+                preempted_at_ms: requeued_at[*q],
             }
         })
         .collect()
@@ -525,6 +635,7 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
                 user_usage: 0.0,
                 filter: Default::default(),
                 needs: Default::default(),
+                preempted_at_ms: None,
             };
             // (score, node, gpus): lower is better.
             let mut best: Option<(f64, usize, Vec<u32>)> = None;
@@ -559,7 +670,7 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
             match best {
                 Some((_, k, g)) => {
                     allocated += demand(job);
-                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default() });
+                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None });
                 }
                 None => failed += 1,
             }
@@ -657,6 +768,8 @@ fn report(
     trace: &Trace,
     cfg: &SimConfig,
     start: &[Option<i64>],
+    rewait_ms: &[i64],
+    end_ms: &[Option<i64>],
     waiting_time: f64,
     alloc_integral: f64,
     user_integral: HashMap<String, f64>,
@@ -667,9 +780,10 @@ fn report(
     let mut by_gpus: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
     let mut by_user: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut makespan = 0.0f64;
-    for (j, s) in jobs.iter().zip(start) {
+    for (k, (j, s)) in jobs.iter().zip(start).enumerate() {
         let Some(s) = s else { continue };
-        let w = (*s as f64 / MS - j.submit_s).max(0.0);
+        // Every wait counts: before its first start and after each preemption.
+        let w = (*s as f64 / MS - j.submit_s).max(0.0) + rewait_ms.get(k).copied().unwrap_or(0) as f64 / MS;
         waits.push(w);
         let e = by_gpus.entry(j.gpus).or_default();
         e.0 += w;
@@ -677,7 +791,10 @@ fn report(
         let u = by_user.entry(j.user.clone()).or_default();
         u.0 += w;
         u.1 += 1;
-        makespan = makespan.max(*s as f64 / MS + j.duration_s);
+        makespan = makespan.max(match (rewait_ms.get(k), end_ms.get(k)) {
+            (Some(r), Some(Some(e))) if *r > 0 || e - s > (j.duration_s * MS).round().max(1.0) as i64 => *e as f64 / MS,
+            _ => *s as f64 / MS + j.duration_s,
+        });
     }
     let total: f64 = jobs.iter().map(gpu_seconds).sum();
     let first = jobs.first().map(|j| j.submit_s).unwrap_or(0.0);
@@ -689,7 +806,8 @@ fn report(
     Report {
         policy: format!("{:?}", cfg.policy).to_lowercase()
             + if cfg.declared_runtimes { "+runtimes" } else { "" }
-            + if cfg.fair_share_half_life_s.is_some() { "+fairshare" } else { "" },
+            + if cfg.fair_share_half_life_s.is_some() { "+fairshare" } else { "" }
+            + if cfg.preempt.is_some() && cfg.policy == Policy::Gantry { "+preempt" } else { "" },
         jobs: jobs.len(),
         gpus: cfg.gpus,
         dropped_cpu_only: trace.dropped_cpu_only,
@@ -718,7 +836,7 @@ mod tests {
 
     fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
         let t = parse_trace(csv, gpus).unwrap();
-        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false };
+        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
         cfg.scheduler.reserve_after_ms = 3_600_000;
         simulate(&t, &cfg)
     }
@@ -764,7 +882,7 @@ mod tests {
             csv += &format!("{},20,1\n", 2 + i * 5);
         }
         let t = parse_trace(&csv, 2).unwrap();
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false };
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
         let greedy = simulate(&t, &cfg);
         cfg.policy = Policy::Gantry;
         cfg.scheduler.reserve_after_ms = 30_000;
@@ -802,7 +920,7 @@ mod tests {
         }
         csv += "60,3600,1,,ben,0\n60,3600,1,,ben,0\n";
         let t = parse_trace(&csv, 1).unwrap();
-        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false };
+        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
         cfg.scheduler.reserve_after_ms = i64::MAX;
         let plain = simulate(&t, &cfg);
         cfg.fair_share_half_life_s = Some(86_400.0);
@@ -828,7 +946,7 @@ mod tests {
         }
         let run = |dur: &str| {
             let t = parse_trace(&csv.replace("DUR", dur), 2).unwrap();
-            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true };
+            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None };
             cfg.scheduler.reserve_after_ms = 5_000;
             cfg.scheduler.wide_reserve_factor = 0.0;
             simulate(&t, &cfg)
@@ -844,8 +962,36 @@ mod tests {
         }
         // And the estimates were in use: an oracle-free gantry differs from knowing nothing.
         let t = parse_trace(&csv.replace("DUR", "10"), 2).unwrap();
-        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false };
+        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
         assert_ne!(simulate(&t, &cfg).starts_ms, short.starts_ms, "learning changed nothing: the test would not catch a leak");
+    }
+
+    #[test]
+    fn preemption_starts_a_wide_job_early_and_counts_what_it_costs() {
+        // Two 1-GPU jobs of 10 hours hold both GPUs; a 2-GPU job of 1 hour arrives at 60 s. Without
+        // preemption it waits 10 hours. With it (reserve_after 30 min), the two are preempted at
+        // 30 min + 60 s, keep their GPUs for the 1-minute grace, and lose the 31 minutes since their
+        // last checkpoint (every 30 min: at 30 min) minus nothing, plus the grace and a 2-minute restart.
+        let csv = "submit_s,duration_s,gpus\n0,36000,1\n0,36000,1\n60,3600,2\n";
+        let t = parse_trace(csv, 2).unwrap();
+        let rules = scheduler::PreemptRules { overdue: true, priority_gap: None, fair_share: false, min_run_ms: 600_000, max_per_day: 3 };
+        let pre = SimPreempt { rules, checkpoint_every_ms: 1_800_000, restart_cost_ms: 120_000, grace_ms: 60_000, preemptible_share: 1.0 };
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        cfg.scheduler.reserve_after_ms = 1_800_000;
+        let plain = simulate(&t, &cfg);
+        assert_eq!((plain.mean_wait_by_gpus[&2], plain.preemptions), (36000.0 - 60.0, 0));
+        cfg.preempt = Some(pre.clone());
+        let p = simulate(&t, &cfg);
+        assert_eq!(p.preemptions, 2);
+        // Preempted at 1860 s, the GPUs free at 1920 s: the wide job waited 1860 s.
+        assert_eq!(p.mean_wait_by_gpus[&2], 1860.0);
+        // Each victim: 60 s of work since its checkpoint at 1800 s, 60 s grace, 120 s restart.
+        assert!((p.gpu_hours_lost - 2.0 * 240.0 / 3600.0).abs() < 1e-9, "{}", p.gpu_hours_lost);
+        // They run again after the wide job (1920 + 3600 s) and finish their remaining work plus the restart.
+        assert_eq!(p.makespan_s, 5520.0 + (36000.0 - 1800.0) + 120.0);
+        // None preemptible: nothing happens.
+        cfg.preempt = Some(SimPreempt { preemptible_share: 0.0, ..pre });
+        assert_eq!(simulate(&t, &cfg).starts_ms, plain.starts_ms);
     }
 
     #[test]

@@ -11,13 +11,13 @@ import type { UsageReport } from "../types";
 export const WINDOWS: [string, number][] = [["24 h", 24 * 3_600_000], ["7 d", 7 * 86_400_000], ["30 d", 30 * 86_400_000]];
 export const DEFAULT_WINDOW = "7 d";
 
-export interface UsageRow { user: string; gpuHours: string; jobs: string; wait: string; fairShare: string; mine: boolean }
+export interface UsageRow { user: string; gpuHours: string; jobs: string; wait: string; fairShare: string; preempted: string; mine: boolean }
 
 /** Table rows in the engine's order (most GPU-hours first); `me` is the caller's user name. */
 export function usageRows(r: UsageReport, me: string | null): UsageRow[] {
   return r.users.map((u) => ({
     user: u.user, gpuHours: u.gpu_hours.toFixed(2), jobs: String(u.jobs_finished), wait: duration(u.mean_wait_ms),
-    fairShare: u.fair_share_usage.toFixed(2), mine: u.user === me,
+    fairShare: u.fair_share_usage.toFixed(2), preempted: (u.gpu_hours_preempted ?? 0).toFixed(2), mine: u.user === me,
   }));
 }
 
@@ -53,7 +53,7 @@ export function usageView(backend: Backend, me: string | null): View {
   const period = h("span", { class: "muted", "data-testid": "usage-period" });
   const body = h("tbody", {});
   const table = h("table", { class: "grid", "data-testid": "usage-table" },
-    h("thead", {}, h("tr", {}, ["User", "GPU-hours", "Jobs finished", "Mean wait", "Fair share"].map((c) => h("th", {}, c)))), body);
+    h("thead", {}, h("tr", {}, ["User", "GPU-hours", "Jobs finished", "Mean wait", "Fair share", "GPU-hours preempted"].map((c) => h("th", {}, c)))), body);
   const empty = h("p", { class: "muted", hidden: true, "data-testid": "usage-empty" }, "No GPU use in this window.");
   const explain = h("p", { class: "muted", "data-testid": "usage-fair-share" });
   const barsEl = h("div", { class: "chart", "data-testid": "usage-stacked", role: "img", "aria-label": "GPU-hours per user" });
@@ -99,7 +99,7 @@ export function usageView(backend: Backend, me: string | null): View {
       const rows = usageRows(r, me);
       body.replaceChildren(...rows.map((u) => h("tr", { class: u.mine ? "mine" : "", "data-testid": `usage-row-${u.user}`, "aria-current": u.mine ? "true" : null },
         h("td", {}, u.user, u.mine ? h("span", { class: "muted" }, " (you)") : null),
-        h("td", { class: "num" }, u.gpuHours), h("td", { class: "num" }, u.jobs), h("td", { class: "num" }, u.wait), h("td", { class: "num" }, u.fairShare))));
+        h("td", { class: "num" }, u.gpuHours), h("td", { class: "num" }, u.jobs), h("td", { class: "num" }, u.wait), h("td", { class: "num" }, u.fairShare), h("td", { class: "num" }, u.preempted))));
       table.hidden = rows.length === 0;
       empty.textContent = "No GPU use in this window.";
       empty.hidden = rows.length > 0;

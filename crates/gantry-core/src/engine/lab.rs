@@ -110,15 +110,17 @@ impl Engine {
         let attempts = st.usage_since(since.min(reach))?;
         let in_window: Vec<_> = attempts.iter().filter(|a| a.3.is_none_or(|e| e >= since)).cloned().collect();
         let mut r = crate::store::usage_report(since, now, hl, &in_window, &st.finished_since(since)?, &st.waits_since(since)?);
+        let preempted: std::collections::HashMap<String, f64> = st.preempted_since(since)?.into_iter().collect();
         drop(st);
         // Fair share counts what the scheduler counts (CPU/RAM in per-GPU shares too), also before the window.
         let decayed = crate::store::decayed_worth(&self.usage_worth(reach)?, now, hl);
         for u in &mut r.users {
             u.fair_share_usage = decayed.get(&u.user).copied().unwrap_or(0.0);
+            u.gpu_hours_preempted = preempted.get(&u.user).copied().unwrap_or(0.0);
         }
         for (user, v) in decayed {
             if !r.users.iter().any(|u| u.user == user) {
-                r.users.push(crate::store::UserUsage { user, gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: v });
+                r.users.push(crate::store::UserUsage { user, gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: v, gpu_hours_preempted: 0.0 });
             }
         }
         Ok(r)

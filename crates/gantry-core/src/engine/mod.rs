@@ -103,6 +103,10 @@ pub(crate) struct RunHandle {
     pub needs: crate::scheduler::CpuRam,
     /// The CPUs it is pinned to (a whole-CPU share), chosen at launch; none pinned by another job.
     pub cpuset: Vec<u32>,
+    /// What the scheduler needs to preempt it; `None`: not preemptible.
+    pub victim: Option<crate::scheduler::Victim>,
+    /// Cancelled when the scheduler preempts it: its supervisor stops it with its checkpoint signal.
+    pub preempt: CancellationToken,
 }
 
 /// Figures the scheduler needs that change slowly.
@@ -159,6 +163,11 @@ pub struct Engine {
     last_pass: Mutex<Option<(u64, i64)>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
+    /// When each job was last preempted (its wait toward the overdue rule counts from then), and
+    /// by what (its reason in the queue until it runs again).
+    preempted_at: Mutex<HashMap<i64, (i64, String)>>,
+    /// GPUs freed by preemption for a job, until it starts (`scheduler::Config::claims`).
+    claims: Mutex<BTreeMap<i64, Vec<u32>>>,
     health: RwLock<Health>,
     /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
     id_mark: Mutex<std::fs::File>,
@@ -353,6 +362,8 @@ impl Engine {
             last_pass: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
+            preempted_at: Mutex::new(HashMap::new()),
+            claims: Mutex::new(BTreeMap::new()),
             health: RwLock::new(Health::default()),
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::backend::{Dispatch, Placed, Start};
-use super::{Engine, RunHandle, Stats};
+use super::{append_log, Engine, RunHandle, Stats};
 use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FULL_PASS_EVERY_MS, STATS_EVERY_MS};
 use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
 use crate::store::{Attempt, JobState, QueuedRow};
@@ -79,6 +79,9 @@ impl Engine {
             Ok(Some(a)) => {
                 let cancel = CancellationToken::new();
                 let now = self.now();
+                let victim = self.victim_of(job, now);
+                self.claims.lock().unwrap().remove(&job.id);
+                self.preempted_at.lock().unwrap().remove(&job.id);
                 self.running.lock().unwrap().insert(
                     job.id,
                     RunHandle {
@@ -92,6 +95,8 @@ impl Engine {
                         learn: job.job.expected_runtime.is_none().then(|| (job.key(), now)),
                         needs: s.placed.needs,
                         cpuset: vec![],
+                        victim,
+                        preempt: CancellationToken::new(),
                     },
                 );
                 self.notify_job(job.id, JobState::Starting);
@@ -102,6 +107,61 @@ impl Engine {
                 self.store_failed(&format!("starting job {}", job.id), &e);
                 None
             }
+        }
+    }
+
+    /// What the scheduler needs to preempt `job`'s attempt that starts (or was found) at `started`;
+    /// `None` when it is not preemptible (its spec, else the lab's `default_preemptible`) or
+    /// preemption is off. The counts come from its attempts (a failed read: not preemptible now).
+    pub(super) fn victim_of(&self, job: &crate::store::Job, started: i64) -> Option<scheduler::Victim> {
+        let policy = self.policy();
+        if !policy.preemption.enabled || !policy.preemption.preemptible(&job.job.spec) {
+            return None;
+        }
+        let st = self.reader();
+        let (_, today, _) = st.preemptions(job.id, started - 24 * 3_600_000).ok()?;
+        Some(scheduler::Victim {
+            priority: job.priority,
+            started_ms: started,
+            preempted_today: today,
+            preempted_for: st.preempted_for(job.id).ok()?,
+            took_from: st.took_from(job.id).ok()?,
+            checkpoint_ms: None,
+            stopping_for: None,
+        })
+    }
+
+    /// Carry out the plan's preemptions: record each one on its attempt (so an engine killed now
+    /// finishes it on restart), then tell its supervisor. A failed write preempts nothing.
+    pub(super) fn preempt(&self, decisions: Vec<scheduler::Preempt>) {
+        for d in decisions {
+            let (token, gpus) = {
+                let r = self.running.lock().unwrap();
+                let Some(h) = r.get(&d.job) else { continue };
+                if h.victim.as_ref().is_none_or(|v| v.stopping_for.is_some()) {
+                    continue;
+                }
+                (h.preempt.clone(), h.gpus.clone())
+            };
+            let attempt = self.reader().open_attempt(d.job);
+            let Ok(Some(attempt)) = attempt else { continue };
+            let why = format!("job {} ({})", d.for_job, d.why);
+            let marked = self.store().mark_preempting(attempt.id, d.for_job, &why);
+            match marked {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    self.store_failed(&format!("recording the preemption of job {}", d.job), &e);
+                    return;
+                }
+            }
+            if let Some(v) = self.running.lock().unwrap().get_mut(&d.job).and_then(|h| h.victim.as_mut()) {
+                v.stopping_for = Some(d.for_job);
+            }
+            tracing::info!(job = d.job, for_job = d.for_job, "preempting job {} for {why}", d.job);
+            append_log(&self.log_of(d.job), &format!("preempted by {why}: checkpoint signal, then stop; queued again at its place"));
+            self.claims.lock().unwrap().entry(d.for_job).or_default().extend(gpus);
+            token.cancel();
         }
     }
 
@@ -120,7 +180,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone() })
             .collect();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
@@ -146,7 +206,7 @@ impl Engine {
         let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         let me = self.clone();
         let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down), held_back)).await;
-        let (placements, gpus) = match planned {
+        let (placements, gpus, preempt) = match planned {
             Ok(p) => p,
             Err(e) => {
                 error!("the scheduling pass failed: {e}");
@@ -154,6 +214,7 @@ impl Engine {
                 return vec![];
             }
         };
+        self.preempt(preempt);
         let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
         let mut starts = vec![];
         for (p, needs, runtime) in placements {
@@ -185,7 +246,7 @@ impl Engine {
         now: i64,
         no_starts: Option<String>,
         held_back: Vec<(i64, String)>,
-    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>) {
+    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>, Vec<scheduler::Preempt>) {
         let mut blocked = self.check_dependencies(&mut queued);
         let out: std::collections::HashSet<i64> = held_back.iter().map(|h| h.0).collect();
         queued.retain(|j| !out.contains(&j.id));
@@ -204,6 +265,12 @@ impl Engine {
         let (usage, typical_wait, shapes, history) = {
             let s = self.stats.lock().unwrap();
             (s.usage.clone(), s.typical_wait, s.shapes.clone(), s.history.clone())
+        };
+        let preempted_at = self.preempted_at.lock().unwrap().clone();
+        let claims: Vec<(i64, Vec<u32>)> = {
+            let mut c = self.claims.lock().unwrap();
+            c.retain(|j, _| queued.iter().any(|q| q.id == *j));
+            c.iter().map(|(j, g)| (*j, g.clone())).collect()
         };
         let state = scheduler::State {
             now_ms: now,
@@ -224,12 +291,15 @@ impl Engine {
                     filter: j.gpu_filter.clone(),
                     // A job queued before the lab's share shrank is held to the ceiling, like new ones.
                     needs: ceil_needs(policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count), policy.containers.ceiling(j.gpus, host, gpu_count)),
+                    preempted_at_ms: preempted_at.get(&j.id).map(|p| p.0),
                 })
                 .collect(),
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
+                preemption: policy.preemption.rules(),
+                claims,
                 shapes,
                 ..self.cfg.scheduler.clone()
             },
@@ -242,10 +312,20 @@ impl Engine {
             *self.eta.write().unwrap() =
                 if state.queued.len() <= ETA_MAX_QUEUE { scheduler::estimate_starts(&state, 3_600_000, ETA_MAX_QUEUE) } else { HashMap::new() };
         }
+        // A preempted job says so until it runs again.
+        for w in plan.waiting.iter_mut() {
+            if let Some((_, by)) = preempted_at.get(&w.job_id) {
+                w.reason = format!("preempted by {by} · resumes when GPUs free");
+            }
+        }
         for (id, reason) in blocked {
             plan.waiting.push(Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
         }
-        // Nothing starts while Docker is away or the database cannot record a start.
+        // Nothing starts while Docker is away or the database cannot record a start; nothing is
+        // preempted either.
+        if no_starts.is_some() {
+            plan.preempt.clear();
+        }
         if let Some(msg) = no_starts {
             for (i, p) in plan.placements.drain(..).enumerate() {
                 plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
@@ -260,7 +340,7 @@ impl Engine {
             let q = state.queued.iter().find(|q| q.job_id == p.job_id);
             (p, q.map(|q| q.needs).unwrap_or_default(), q.and_then(|q| q.expected_runtime_ms))
         });
-        (placements.collect(), state.gpus)
+        (placements.collect(), state.gpus, std::mem::take(&mut plan.preempt))
     }
 
     /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
@@ -343,8 +423,9 @@ fn scheduling_priority(j: &QueuedRow, policy: &crate::policy::Policy) -> i32 {
 }
 
 /// Above any priority a lab gives batch jobs (the admins' range is ±1,000 by default), with room
-/// for sessions' own priorities to order them among themselves.
-const SESSION_PRIORITY: i32 = 1 << 30;
+/// for sessions' own priorities to order them among themselves (the scheduler names a preemption
+/// for one "an interactive session").
+use crate::scheduler::SESSION_PRIORITY;
 
 fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow) -> Option<i64> {
     j.expected_runtime_ms.or_else(|| history.estimate(&j.key(), 0).map(|e| e.p50_ms))
@@ -374,6 +455,8 @@ mod tests {
             learn,
             needs: Default::default(),
             cpuset: vec![],
+            victim: None,
+            preempt: CancellationToken::new(),
         }
     }
 

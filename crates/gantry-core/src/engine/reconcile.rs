@@ -19,8 +19,20 @@ impl Engine {
         // Hold their GPUs (and CPU and RAM) before anything else is scheduled.
         {
             let policy = self.policy();
+            let victims: Vec<Option<crate::scheduler::Victim>> = open
+                .iter()
+                .map(|(j, a)| {
+                    self.victim_of(j, a.started_at).map(|mut v| {
+                        // An engine killed mid-preemption: the preemption goes on (its supervisor finishes it).
+                        v.stopping_for = self.reader().preempting(a.id).ok().flatten().map(|p| p.0);
+                        v
+                    })
+                })
+                .collect();
+            let mut victims = victims.into_iter();
             let mut r = self.running.lock().unwrap();
             for (j, a) in &open {
+                let victim = victims.next().flatten();
                 r.entry(j.id).or_insert_with(|| RunHandle {
                     owner: j.owner.clone(),
                     gpus: a.gpus.clone(),
@@ -33,6 +45,8 @@ impl Engine {
                     needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
                     // Running containers' pins are read from Docker when the next job is pinned.
                     cpuset: vec![],
+                    victim,
+                    preempt: CancellationToken::new(),
                 });
             }
         }

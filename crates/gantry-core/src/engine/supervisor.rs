@@ -84,6 +84,11 @@ impl Engine {
     pub(super) async fn follow(self: Arc<Self>, job: Job, attempt: Attempt, run: RunRef, cancel: CancellationToken, since: Since) {
         let mut watch = self.backend.watch(&self, &job, &attempt, &run, since);
         let mut stop: Option<Stop> = None;
+        let preempt = self.running.lock().unwrap().get(&job.id).map(|h| h.preempt.clone()).unwrap_or_default();
+        // An engine killed mid-preemption: the preemption recorded on the attempt goes on.
+        if matches!(self.reader().preempting(attempt.id), Ok(Some(_))) {
+            preempt.cancel();
+        }
         let mut running_since: Option<i64> = None;
         let how = loop {
             let deadline = running_since.zip(job.timeout_ms).map(|(s, t)| s + t).filter(|_| stop.is_none());
@@ -104,7 +109,8 @@ impl Engine {
                     Some(Seen::Ended(how)) => break how,
                     None => return,
                 },
-                _ = cancel.cancelled(), if stop.is_none() => Some(Stop::Cancel),
+                _ = cancel.cancelled(), if stop.is_none() || stop == Some(Stop::Preempt) => Some(Stop::Cancel),
+                _ = preempt.cancelled(), if stop.is_none() => Some(Stop::Preempt),
                 _ = until_deadline => Some(Stop::Timeout),
                 _ = self.shutdown.cancelled() => {
                     // Leave it running; it is followed again on the next start.
@@ -132,9 +138,29 @@ impl Engine {
             Ok(Some(j)) => j.retries,
             _ => 0,
         };
+        // Attempts that ended by preemption do not count against `retries`.
+        let preempted = self.reader().preemptions(job_id, 0).map(|p| p.0).unwrap_or(0);
+        let recorded = self.reader().preempting(attempt.id).ok().flatten();
+        let how = &match (how, recorded) {
+            // An attempt being preempted ends preempted however it exited (a checkpointing job may
+            // exit 0; an engine killed mid-preemption finds it ended or gone): it is queued again.
+            (How::Exited { code, .. } | How::ExitedWhileAway { code, .. }, Some((_, by))) => How::Preempted { code: Some(*code), by },
+            (How::Lost(_), Some((_, by))) => How::Preempted { code: None, by },
+            (How::Preempted { code, .. }, Some((_, by))) => How::Preempted { code: *code, by },
+            (How::Preempted { code, by }, None) if by.is_empty() => How::Preempted { code: *code, by: "the scheduler".into() },
+            (other, _) => other.clone(),
+        };
+        // What it had used of its GPUs this attempt (what the preemption cost, at most).
+        let how = &match how {
+            How::Preempted { code, by } => {
+                let gpus = attempt.gpus.len().max(1) as i64;
+                How::Preempted { code: *code, by: format!("{by} after {} GPU-minutes", (self.now() - attempt.started_at).max(0) * gpus / 60_000) }
+            }
+            other => other.clone(),
+        };
         let policy = RetryPolicy {
             retries,
-            attempt_n: attempt.n,
+            attempt_n: attempt.n.saturating_sub(preempted),
             backoff_ms: self.policy().retry_backoff.as_millis() as i64,
             backoff_max_ms: RETRY_BACKOFF_MAX.as_millis() as i64,
             transient_retry_ms: TRANSIENT_RETRY_MS,
@@ -159,6 +185,9 @@ impl Engine {
             }
         }
         self.running.lock().unwrap().remove(&job_id);
+        if let How::Preempted { by, .. } = how {
+            self.preempted_at.lock().unwrap().insert(job_id, (self.now(), by.clone()));
+        }
         info!(job = job_id, state = end.next.as_str(), "attempt ended");
         self.notify_job(job_id, end.next);
         self.wake.notify_one();

@@ -20,13 +20,16 @@ pub struct Script {
     pub runtime: Duration,
     pub code: i64,
     pub output: Vec<String>,
+    /// On its checkpoint signal it saves for this long, then exits 0 (`None`: it ignores the
+    /// signal and is killed at the end of the grace, code 137).
+    pub checkpoint: Option<Duration>,
     /// `wait` panics (a bug in a monitor).
     pub panic_on_wait: bool,
 }
 
 impl Default for Script {
     fn default() -> Self {
-        Script { runtime: Duration::from_secs(1), code: 0, output: vec![], panic_on_wait: false }
+        Script { runtime: Duration::from_secs(1), code: 0, output: vec![], panic_on_wait: false, checkpoint: None }
     }
 }
 
@@ -46,11 +49,18 @@ pub struct FakeExecutor {
     pub down: AtomicBool,
     /// Every container ever started, by name (to assert "never ran twice").
     pub started: Mutex<Vec<String>>,
+    /// Each container's environment as created, by name.
+    pub envs: Mutex<Vec<(String, Vec<String>)>>,
+    /// Every checkpoint signal sent: (container name, signal, grace).
+    pub signals: Mutex<Vec<(String, String, Duration)>>,
+    self_ref: Mutex<Option<std::sync::Weak<FakeExecutor>>>,
 }
 
 impl FakeExecutor {
     pub fn new() -> Arc<FakeExecutor> {
-        Arc::new(FakeExecutor::default())
+        let f = Arc::new(FakeExecutor::default());
+        *f.self_ref.lock().unwrap() = Some(Arc::downgrade(&f));
+        f
     }
     pub fn script(&self, job_name: &str, s: Script) {
         self.scripts.lock().unwrap().insert(job_name.into(), s);
@@ -90,6 +100,7 @@ impl Executor for FakeExecutor {
         self.up()?;
         let id = format!("fake{:08}", self.next.fetch_add(1, Ordering::SeqCst));
         let script = self.scripts.lock().unwrap().get(&l.job.name).cloned().unwrap_or_default();
+        self.envs.lock().unwrap().push((l.job.name.clone(), super::job_env(l)));
         let found = Found {
             container_id: id.clone(),
             name: l.name.clone(),
@@ -149,6 +160,39 @@ impl Executor for FakeExecutor {
             c.found.life = Life::Exited;
         }
         c.stopped.notify_waiters();
+        Ok(())
+    }
+    async fn stop_signal(&self, id: &str, signal: &str, grace: Duration) -> Result<(), ExecError> {
+        self.up()?;
+        let (after, code, stopped) = {
+            let mut cs = self.containers.lock().unwrap();
+            let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
+            Self::age(c);
+            if c.exit.is_some() {
+                return Ok(());
+            }
+            self.signals.lock().unwrap().push((c.found.name.clone(), signal.to_string(), grace));
+            match c.script.checkpoint.filter(|t| *t < grace) {
+                Some(t) => (t, 0, c.stopped.clone()),
+                None => (grace, 137, c.stopped.clone()),
+            }
+        };
+        // It exits on its own time; the call returns at once (so an engine can be stopped meanwhile,
+        // as a killed one would be).
+        let id = id.to_string();
+        let me = self.self_ref.lock().unwrap().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some(me) = me.and_then(|w| w.upgrade()) {
+                if let Some(c) = me.containers.lock().unwrap().get_mut(&id) {
+                    if c.exit.is_none() {
+                        c.exit = Some(Exit { code, oom_killed: false });
+                        c.found.life = Life::Exited;
+                    }
+                }
+            }
+            stopped.notify_waiters();
+        });
         Ok(())
     }
     async fn remove(&self, id: &str) -> Result<(), ExecError> {

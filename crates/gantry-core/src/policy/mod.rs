@@ -69,6 +69,8 @@ pub struct Policy {
     pub stop_grace: Duration,
     pub retry_backoff: Duration,
     pub reserve_after: Duration,
+    /// `[preemption]`: off unless `enabled`.
+    pub preemption: Preemption,
     pub log_cap: u64,
     /// Log files of jobs that ended longer ago are deleted (`None`: kept).
     pub log_keep: Option<Duration>,
@@ -108,6 +110,7 @@ impl Default for Policy {
             stop_grace: config::STOP_GRACE,
             retry_backoff: config::RETRY_BACKOFF,
             reserve_after: config::RESERVE_AFTER,
+            preemption: Preemption::default(),
             log_cap: config::LOG_CAP,
             log_keep: None,
             log_streams_per_user: config::LOG_STREAMS_PER_USER,
@@ -170,6 +173,13 @@ impl Policy {
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),
             ("jobs.reserve_after", d(Some(self.reserve_after))),
+            ("preemption.enabled", self.preemption.enabled.to_string()),
+            ("preemption.default_preemptible", self.preemption.default_preemptible.to_string()),
+            ("preemption.reserve_after", self.preemption.rules.overdue.to_string()),
+            ("preemption.priority_gap", self.preemption.rules.priority_gap.map_or("0 (off)".into(), |g| g.to_string())),
+            ("preemption.fair_share", self.preemption.rules.fair_share.to_string()),
+            ("preemption.min_run", d(Some(Duration::from_millis(self.preemption.rules.min_run_ms as u64)))),
+            ("preemption.max_per_day", self.preemption.rules.max_per_day.to_string()),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
             ("logs.streams_per_user", self.log_streams_per_user.to_string()),
@@ -219,6 +229,34 @@ pub struct Sessions {
 impl Default for Sessions {
     fn default() -> Self {
         Sessions { max_gpus: None, default_length: config::SESSION_LENGTH, max_length: config::SESSION_MAX_LENGTH, before_batch: true, notebook_image: None }
+    }
+}
+
+/// `[preemption]`: whether Gantry may stop preemptible jobs for others, by which rules, and whether
+/// jobs are preemptible unless their spec says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preemption {
+    pub enabled: bool,
+    /// A spec without `preemptible` is preemptible.
+    pub default_preemptible: bool,
+    pub rules: crate::scheduler::PreemptRules,
+}
+
+impl Default for Preemption {
+    fn default() -> Self {
+        Preemption { enabled: false, default_preemptible: false, rules: crate::scheduler::PreemptRules::default() }
+    }
+}
+
+impl Preemption {
+    /// The scheduler's rules, `None` when preemption is off.
+    pub fn rules(&self) -> Option<crate::scheduler::PreemptRules> {
+        self.enabled.then(|| self.rules.clone())
+    }
+    /// Whether a job with this spec may be preempted.
+    pub fn preemptible(&self, spec: &crate::spec::JobSpec) -> bool {
+        // Someone is at a session's terminal: never preempted, whatever its spec says.
+        !spec.interactive && spec.preemptible.unwrap_or(self.default_preemptible)
     }
 }
 
@@ -559,6 +597,31 @@ max_watches = 32
         }
         let changed = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap().restart_only_changes(&LabConfig::default());
         assert_eq!(changed, ["metrics"]);
+    }
+
+    #[test]
+    fn preemption_table_parses_and_explains_its_mistakes() {
+        let p = Policy::default().preemption;
+        assert_eq!((p.enabled, p.default_preemptible, p.rules()), (false, false, None), "off out of the box");
+        assert_eq!((p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap), (10 * 60_000, 3, Some(10)));
+        let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = true\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
+        let want = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(5), fair_share: true, min_run_ms: 30 * 60_000, max_per_day: 2 };
+        assert_eq!((p.enabled, p.default_preemptible, p.rules()), (true, true, Some(want)));
+        assert_eq!(parse("[preemption]\npriority_gap = 0\n").unwrap().policy.preemption.rules.priority_gap, None);
+        let cases: &[(&str, &str)] = &[
+            ("[preemption]\nenable = true\n", "config.toml:2:1: unknown field `enable`"),
+            ("[preemption]\nenabled = \"yes\"\n", "config.toml:2:11: invalid type: string \"yes\", expected a boolean"),
+            ("[preemption]\npriority_gap = -1\n", "config.toml:2:16: `priority_gap` = -1 is out of range; use a number from 1 to 2000"),
+            ("[preemption]\nmin_run = \"soon\"\n", "config.toml:2:11: `min_run` = \"soon\" is not a duration"),
+            ("[preemption]\nmin_run = \"2d\"\n", "`min_run` = \"2d\" is longer than 1d"),
+            ("[preemption]\nmax_per_day = 0\n", "config.toml:2:15: `max_per_day` = 0 is out of range"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[preemption]\nenabled = true\n").unwrap().policy.changes_from(&Policy::default());
+        assert_eq!(changed, vec!["preemption.enabled: false -> true"]);
     }
 
     #[test]

@@ -146,6 +146,8 @@ pub(super) struct RawFile {
     #[serde(default)]
     jobs: RawJobs,
     #[serde(default)]
+    preemption: RawPreemption,
+    #[serde(default)]
     logs: RawLogs,
     #[serde(default)]
     history: RawHistory,
@@ -276,6 +278,18 @@ pub(super) struct RawJobs {
     stop_grace: S<String>,
     retry_backoff: S<String>,
     reserve_after: S<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPreemption {
+    enabled: S<bool>,
+    default_preemptible: S<bool>,
+    reserve_after: S<bool>,
+    priority_gap: S<i64>,
+    fair_share: S<bool>,
+    min_run: S<String>,
+    max_per_day: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -444,6 +458,26 @@ impl Check<'_> {
         }
         if let Some(d) = self.duration("reserve_after", &raw.jobs.reserve_after, 365 * day) {
             p.reserve_after = d;
+        }
+        // [preemption]
+        let pr = &raw.preemption;
+        let flag = |v: &S<bool>, d: bool| v.as_ref().map_or(d, |b| *b.get_ref());
+        p.preemption.enabled = flag(&pr.enabled, p.preemption.enabled);
+        p.preemption.default_preemptible = flag(&pr.default_preemptible, p.preemption.default_preemptible);
+        p.preemption.rules.overdue = flag(&pr.reserve_after, p.preemption.rules.overdue);
+        p.preemption.rules.fair_share = flag(&pr.fair_share, p.preemption.rules.fair_share);
+        if let Some(g) = &pr.priority_gap {
+            match *g.get_ref() {
+                0 => p.preemption.rules.priority_gap = None,
+                n @ 1..=2000 => p.preemption.rules.priority_gap = Some(n as i32),
+                n => self.fail(g.span(), format!("`priority_gap` = {n} is out of range"), "use a number from 1 to 2000 (how far above a preemptible job's priority a job must be to preempt it), or 0 to turn the priority rule off"),
+            }
+        }
+        if let Some(d) = self.duration("min_run", &pr.min_run, day) {
+            p.preemption.rules.min_run_ms = d.as_millis() as i64;
+        }
+        if let Some(n) = self.count("max_per_day", &pr.max_per_day, 1000) {
+            p.preemption.rules.max_per_day = n as u32;
         }
         // [logs], [history]
         if let Some(c) = &raw.logs.cap {

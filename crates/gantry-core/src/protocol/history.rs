@@ -68,6 +68,10 @@ pub struct UserUsage {
     pub mean_wait_ms: Option<i64>,
     /// Decayed GPU-hours now: what fair share orders equal-priority jobs by (lighter users first).
     pub fair_share_usage: f64,
+    /// GPU-hours of attempts that ended by preemption in the window (part of `gpu_hours`): at most
+    /// what preemption cost the user (the work since their last checkpoint is the real loss).
+    #[serde(default)]
+    pub gpu_hours_preempted: f64,
 }
 
 /// `gantry usage`: per user, over [since_ms, until_ms).

@@ -60,6 +60,8 @@ pub enum EndReason {
     Cancelled,
     Lost,
     EngineError,
+    /// Stopped for another job and queued again (preemption).
+    Preempted,
 }
 
 impl EndReason {
@@ -71,10 +73,11 @@ impl EndReason {
             EndReason::Cancelled => "cancelled",
             EndReason::Lost => "lost",
             EndReason::EngineError => "engine_error",
+            EndReason::Preempted => "preempted",
         }
     }
     pub fn parse(s: &str) -> Option<EndReason> {
-        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError]
+        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError, Self::Preempted]
             .into_iter()
             .find(|r| r.as_str() == s)
     }

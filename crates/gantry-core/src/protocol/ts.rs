@@ -56,7 +56,7 @@ pub fn typescript() -> String {
     o.decl::<EngineKind>().decl::<EngineView>().decl::<Machines>().decl::<ConnectionEvent>();
     o.decl::<BackendKind>().decl::<Orphan>().decl::<StatusInfo>().decl::<WhoAmI>();
     o.decl::<NotifyEvent>();
-    o.decl::<Command>().decl::<Ipc>().decl::<Home>().decl::<Ulimits>().decl::<IdOrName>().decl::<Scalar>().decl::<JobSpec>();
+    o.decl::<Command>().decl::<Ipc>().decl::<Home>().decl::<Ulimits>().decl::<crate::spec::Checkpoint>().decl::<IdOrName>().decl::<Scalar>().decl::<JobSpec>();
     o.decl::<crate::spec::Limits>().decl::<MatrixPart>().decl::<Mount>().decl::<ValidJob>().decl::<SpecError>().decl::<Preview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
     o.line(&format!("export type SubmitResult = {};", <Result<Vec<i64>, String> as TS>::inline(&o.cfg)));

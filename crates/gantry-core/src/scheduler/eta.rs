@@ -24,7 +24,7 @@ pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize)
             if let Some(i) = s.queued.iter().position(|q| q.job_id == pl.job_id) {
                 let q = s.queued.remove(i);
                 let rt = q.expected_runtime_ms.unwrap_or(default_runtime_ms).max(1);
-                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs });
+                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs, victim: None });
             }
         }
         // Jump to the next end (or backoff expiry), when something can change.
@@ -45,11 +45,11 @@ mod estimate_tests {
     #[test]
     pub(super) fn start_estimates_follow_the_running_jobs_ends() {
         let g = |i| GpuView { index: i, memory_total: 1 << 34, ..Default::default() };
-        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() };
+        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None };
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],
-            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default() }],
+            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default(), victim: None }],
             queued: vec![q(1, 1, Some(5_000)), q(2, 2, Some(100)), q(3, 1, None)],
             config: Config { reserve_after_ms: i64::MAX, ..Config::default() },
             typical_wait_ms: None,

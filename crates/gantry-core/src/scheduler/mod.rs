@@ -24,11 +24,13 @@ mod eta;
 mod explain;
 mod fit;
 mod order;
+mod preempt;
 mod reserve;
 pub use eta::*;
 use explain::*;
 pub use fit::*;
 pub use order::*;
+pub use preempt::*;
 use reserve::*;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,6 +68,9 @@ pub struct RunningJob {
     /// CPU and RAM it holds.
     #[serde(default)]
     pub needs: CpuRam,
+    /// What preemption needs to know of it; `None`: not preemptible (never a victim).
+    #[serde(default)]
+    pub victim: Option<Victim>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +97,10 @@ pub struct QueuedJob {
     /// CPU and RAM it needs (its limits).
     #[serde(default)]
     pub needs: CpuRam,
+    /// When it was last preempted (it went back to its place in the queue): its wait toward a
+    /// reservation or a preemption counts from then, so a preempted job does not preempt back.
+    #[serde(default)]
+    pub preempted_at_ms: Option<i64>,
 }
 
 /// CPU (thousandths) and RAM (bytes): a job's limits, or what the machine has for jobs.
@@ -151,6 +160,14 @@ pub struct Config {
     /// input rather than a setting: the engine and the simulator fill it from recent submissions.
     #[serde(default)]
     pub shapes: Vec<Shape>,
+    /// Preemption (lab `[preemption]`): `None` = off, the default.
+    #[serde(default)]
+    pub preemption: Option<PreemptRules>,
+    /// GPUs freed by preemption for a job that has not started yet: reserved for it, so the jobs
+    /// ahead of it in the order do not take what was freed for it. Part of the pass's input (the
+    /// engine and the simulator keep them from the plan's `preempt` until the job starts).
+    #[serde(default)]
+    pub claims: Vec<(i64, Vec<u32>)>,
 }
 
 fn explain_default() -> usize {
@@ -222,6 +239,8 @@ impl Default for Config {
             max_running_gpus_per_user: None,
             gpu_share: None,
             shapes: vec![],
+            preemption: None,
+            claims: vec![],
         }
     }
 }
@@ -285,6 +304,9 @@ impl std::fmt::Display for Behind {
 pub struct Plan {
     pub placements: Vec<Placement>,
     pub waiting: Vec<Waiting>,
+    /// Running jobs to stop and requeue so that waiting jobs can start (see [`preempt`]).
+    #[serde(default)]
+    pub preempt: Vec<Preempt>,
 }
 
 #[derive(Debug, Clone)]
@@ -465,6 +487,13 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
+    for (job, gpus) in &state.config.claims {
+        if state.queued.iter().any(|q| q.job_id == *job) {
+            for s in slots.iter_mut().filter(|s| gpus.contains(&s.index) && s.reserved_by.is_none()) {
+                s.reserved_by = Some((*job, None));
+            }
+        }
+    }
     let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
@@ -562,6 +591,9 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
+    if let Some(rules) = &state.config.preemption {
+        preempt::decide(state, rules, &mut slots, &pool, &ctx, starving.map(|s| s.job_id), &mut out);
+    }
     out
 }
 
@@ -582,10 +614,10 @@ mod tests {
         (0..n).map(|i| GpuView { index: i, memory_total: mem, ..Default::default() }).collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default() }
+        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default() }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default(), victim: None }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
         State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None, host: None }

@@ -66,7 +66,7 @@ pub(super) fn threshold(state: &State, factor: f64) -> i64 {
 /// Has `q` waited long enough to reserve GPUs (2+ GPUs) or, with `age_narrow`, to go first (1 GPU)?
 pub(super) fn overdue(state: &State, q: &QueuedJob) -> bool {
     let factor = if q.gpus >= 2 { state.config.wide_reserve_factor } else { state.config.reserve_factor };
-    q.gpus > 0 && state.now_ms - q.submitted_at_ms >= threshold(state, factor)
+    q.gpus > 0 && state.now_ms - q.waiting_since_ms() >= threshold(state, factor)
 }
 
 /// The job that has waited longest past `reserve_after_ms` (it gets the one reservation), among

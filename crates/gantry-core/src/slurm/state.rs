@@ -190,7 +190,9 @@ pub fn seen(state: &str, reason: &str, exit: Option<i64>, started: bool, stopped
             _ if !started => How::CancelledBeforeStart,
             _ => How::Cancelled { code },
         }),
-        "NODE_FAIL" | "BOOT_FAIL" | "PREEMPTED" | "DEADLINE" | "REVOKED" => Seen::Ended(How::Lost(format!("Slurm ended it: {state}{}", if reason.is_empty() || reason == "None" { String::new() } else { format!(" ({reason})") }))),
+        // Slurm's own preemption (PreemptMode=CANCEL ends it so): recorded as preempted, queued again.
+        "PREEMPTED" => Seen::Ended(How::Preempted { code, by: "Slurm (the cluster's own preemption)".into() }),
+        "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "REVOKED" => Seen::Ended(How::Lost(format!("Slurm ended it: {state}{}", if reason.is_empty() || reason == "None" { String::new() } else { format!(" ({reason})") }))),
         other => Seen::Pending(format!("in Slurm state {other}")),
     }
 }

@@ -138,6 +138,8 @@ fn slurm_states_to_gantry_table() {
         ("CANCELLED", "None", None, false, Some(Stop::Cancel), Seen::Ended(CancelledBeforeStart)),
         ("CANCELLED", "DependencyNeverSatisfied", None, false, None, Seen::Ended(Refused("a job it runs after did not succeed, so Slurm cancelled it".into()))),
         ("NODE_FAIL", "None", None, true, None, Seen::Ended(Lost("Slurm ended it: NODE_FAIL".into()))),
+        // Slurm's own preemption: recorded as a preemption (queued again, retries untouched).
+        ("PREEMPTED", "None", Some(0), true, None, Seen::Ended(Preempted { code: Some(0), by: "Slurm (the cluster's own preemption)".into() })),
     ];
     for (state, reason, exit, started, stop, want) in rows {
         assert_eq!(seen(state, reason, exit, started, stop, Some(60_000)), want, "{state} {reason}");

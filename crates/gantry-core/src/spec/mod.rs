@@ -194,6 +194,52 @@ pub struct JobSpec {
     /// started, finished, failed, timed_out, cancelled, preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Vec<crate::protocol::notify::NotifyEvent>>,
+    /// May Gantry stop this job (after its checkpoint signal and grace) and queue it again at its
+    /// place, so that another job can start (the lab's `[preemption]` rules)? It then runs again from
+    /// its checkpoint and sees `GANTRY_RESTART_COUNT`. Default: the lab's `default_preemptible`
+    /// (`false` unless the lab config says otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
+    /// How a preempted job is told to save its work: `{signal: SIGUSR1, grace: 5m}`. Default: SIGTERM
+    /// with the lab's stop grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// `checkpoint` in a spec: the signal a preempted job gets, and how long it has to save and exit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// `SIGTERM` (default), `SIGUSR1`, `SIGUSR2`, `SIGINT`, `SIGHUP` or `SIGQUIT` (with or without `SIG`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Time from the signal to the stop, e.g. `5m`. Default: the lab's stop grace; at most 1 hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<String>,
+}
+
+/// The signals a `checkpoint` may name (what frameworks use to save: Lightning SIGUSR1, HF SIGTERM).
+pub const CHECKPOINT_SIGNALS: [&str; 6] = ["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT"];
+
+/// The longest `checkpoint.grace`: a preemption may hold the GPUs it frees this long.
+pub const MAX_CHECKPOINT_GRACE: Duration = Duration::from_secs(3600);
+
+impl JobSpec {
+    /// The checkpoint signal's name (`SIGTERM` unless the spec says), checked at submit.
+    pub fn checkpoint_signal(&self) -> String {
+        self.checkpoint.as_ref().and_then(|c| c.signal.as_deref()).and_then(signal_name).unwrap_or_else(|| "SIGTERM".into())
+    }
+    /// The checkpoint grace, if the spec sets one (else the lab's stop grace).
+    pub fn checkpoint_grace(&self) -> Option<Duration> {
+        self.checkpoint.as_ref().and_then(|c| c.grace.as_deref()).and_then(|g| humantime::parse_duration(g.trim()).ok())
+    }
+}
+
+/// `usr1`, `SIGUSR1`, `sigusr1` -> `SIGUSR1` (`None`: not a checkpoint signal).
+pub fn signal_name(s: &str) -> Option<String> {
+    let up = s.trim().to_ascii_uppercase();
+    let full = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+    CHECKPOINT_SIGNALS.contains(&full.as_str()).then_some(full)
 }
 
 /// `ipc` in a spec.
@@ -443,6 +489,26 @@ mod tests {
     }
 
     #[test]
+    fn preemptible_and_checkpoint_parse_and_are_checked() {
+        let j = ok_yaml("image: a\npreemptible: true\ncheckpoint: {signal: usr1, grace: 5m}\n");
+        assert_eq!(j.spec.preemptible, Some(true));
+        assert_eq!((j.spec.checkpoint_signal(), j.spec.checkpoint_grace()), ("SIGUSR1".to_string(), Some(Duration::from_secs(300))));
+        let d = ok_yaml("image: a\n");
+        assert_eq!((d.spec.preemptible, d.spec.checkpoint_signal(), d.spec.checkpoint_grace()), (None, "SIGTERM".to_string(), None));
+        for (text, want, line) in [
+            ("image: a\ncheckpoint: {signal: SIGKILL}\n", "`checkpoint.signal` \"SIGKILL\" is not a checkpoint signal", 2),
+            ("image: a\ncheckpoint:\n  grace: 2h\n", "`checkpoint.grace` \"2h\" is longer than an hour", 2),
+            ("image: a\ncheckpoint: {grace: soon}\n", "is not a duration", 2),
+            ("image: a\ncheckpoint: {signal: SIGUSR1, every: 5m}\n", "unknown field `every`", 2),
+            ("image: a\npreemptible: sometimes\n", "preemptible", 2),
+        ] {
+            let e = err_yaml(text);
+            assert!(e.message.contains(want), "{text}: {e}");
+            assert_eq!(e.line, Some(line), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_field_points_at_line() {
         let e = err_yaml("image: a\ngpu: 2\n");
         assert!(e.message.contains("unknown field `gpu`"), "{e}");
@@ -612,7 +678,7 @@ mod tests {
     fn schema_lists_fields() {
         let s = json_schema();
         let props = s["properties"].as_object().unwrap();
-        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "gpu_type", "min_gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"] {
+        for f in ["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "gpu_type", "min_gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix", "preemptible", "checkpoint"] {
             assert!(props.contains_key(f), "{f}");
         }
         assert_eq!(s["additionalProperties"], serde_json::json!(false));

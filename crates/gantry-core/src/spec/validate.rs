@@ -181,6 +181,20 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             return err("an `interactive` session has `retries`".into(), "a session is never run again on its own: remove `retries`", "retries");
         }
     }
+    if let Some(c) = &spec.checkpoint {
+        if let Some(sig) = &c.signal {
+            if signal_name(sig).is_none() {
+                return err(format!("`checkpoint.signal` {sig:?} is not a checkpoint signal"), &format!("use one of {}", CHECKPOINT_SIGNALS.join(", ")), "checkpoint");
+            }
+        }
+        if let Some(g) = &c.grace {
+            match humantime::parse_duration(g.trim()) {
+                Ok(d) if d > Duration::ZERO && d <= MAX_CHECKPOINT_GRACE => {}
+                Ok(d) if d > MAX_CHECKPOINT_GRACE => return err(format!("`checkpoint.grace` {g:?} is longer than an hour"), "a preemption holds the GPUs it frees for the grace: use at most `1h`", "checkpoint"),
+                _ => return err(format!("`checkpoint.grace` {g:?} is not a duration"), "write e.g. `5m` or `90s`", "checkpoint"),
+            }
+        }
+    }
     let limits = validate_limits(&spec)?;
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec, matrix_part: None })
 }

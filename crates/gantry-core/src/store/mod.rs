@@ -31,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0007_slurm.sql"),
     include_str!("../../migrations/0008_submit_keys.sql"),
     include_str!("../../migrations/0009_notify.sql"),
+    include_str!("../../migrations/0010_preemption.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of

@@ -356,6 +356,43 @@ impl Store {
         Ok(())
     }
 
+    /// Record, before the attempt is signalled, that it is being preempted: for which job, and the
+    /// reason its end will show. False: the attempt has already ended.
+    pub fn mark_preempting(&mut self, attempt_id: i64, for_job: i64, why: &str) -> Result<bool> {
+        Ok(self.conn.execute("UPDATE attempts SET preempt_for = ?2, preempt_why = ?3 WHERE id = ?1 AND ended_at IS NULL", params![attempt_id, for_job, why])? == 1)
+    }
+
+    /// The preemption recorded for an attempt (for which job, why), if any.
+    pub fn preempting(&self, attempt_id: i64) -> Result<Option<(i64, String)>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT preempt_for, preempt_why FROM attempts WHERE id = ?1 AND preempt_for IS NOT NULL")?
+            .query_row([attempt_id], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))
+            .optional()?)
+    }
+
+    /// How often a job's attempts ended by preemption: all of them, and those since `since` (ms).
+    pub fn preemptions(&self, job_id: i64, since: i64) -> Result<(u32, u32, Option<i64>)> {
+        Ok(self.conn.prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(ended_at >= ?2), 0), MAX(ended_at) FROM attempts WHERE job_id = ?1 AND reason = 'preempted'",
+        )?
+        .query_row(params![job_id, since], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u32, r.get(2)?)))?)
+    }
+
+    /// The jobs a job's attempts were preempted for (no loop: they may not preempt it now).
+    pub fn preempted_for(&self, job_id: i64) -> Result<Vec<i64>> {
+        let mut st = self.conn.prepare_cached("SELECT DISTINCT preempt_for FROM attempts WHERE job_id = ?1 AND preempt_for IS NOT NULL")?;
+        let v = st.query_map([job_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+        Ok(v)
+    }
+
+    /// The jobs preempted so that this one could start (no loop: they may not preempt it).
+    pub fn took_from(&self, job_id: i64) -> Result<Vec<i64>> {
+        let mut st = self.conn.prepare_cached("SELECT DISTINCT job_id FROM attempts WHERE preempt_for = ?1")?;
+        let v = st.query_map([job_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+        Ok(v)
+    }
+
     /// The GPUs Slurm gave a running attempt (indexes on its node), for `gantry ls` and the GPUs view.
     pub fn set_attempt_gpus(&mut self, attempt_id: i64, gpus: &[u32]) -> Result<()> {
         self.conn.execute("UPDATE attempts SET gpus = ?2 WHERE id = ?1", params![attempt_id, serde_json::to_string(gpus)?])?;

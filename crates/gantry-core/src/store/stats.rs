@@ -33,6 +33,16 @@ impl Store {
         Ok(rows)
     }
 
+    /// GPU-hours of attempts that ended by preemption since `since` (ms), per owner.
+    pub fn preempted_since(&self, since: i64) -> Result<Vec<(String, f64)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT j.owner, SUM((a.ended_at - MAX(a.started_at, ?1)) * json_array_length(a.gpus)) / 3600000.0 FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.reason = 'preempted' AND a.ended_at >= ?1 GROUP BY j.owner",
+        )?;
+        let rows = st.query_map([since], |r| Ok((r.get(0)?, r.get::<_, Option<f64>>(1)?.unwrap_or(0.0))))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
     /// Finished jobs per owner since `since` (ms), as `gantry history --since` counts them.
     pub fn finished_since(&self, since: i64) -> Result<Vec<(String, u64)>> {
         let mut st = self.conn.prepare_cached("SELECT owner, COUNT(*) FROM jobs WHERE finished_at >= ?1 GROUP BY owner")?;
@@ -208,7 +218,7 @@ pub fn decayed_usage(rows: &UsageRows, now: i64, half_life_ms: i64) -> std::coll
 pub fn usage_report(since: i64, now: i64, half_life_ms: i64, attempts: &UsageRows, finished: &[(String, u64)], waits: &[(String, i64)]) -> UsageReport {
     let mut users: std::collections::BTreeMap<String, UserUsage> = std::collections::BTreeMap::new();
     fn entry<'a>(users: &'a mut std::collections::BTreeMap<String, UserUsage>, u: &str) -> &'a mut UserUsage {
-        users.entry(u.to_string()).or_insert_with(|| UserUsage { user: u.to_string(), gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: 0.0 })
+        users.entry(u.to_string()).or_insert_with(|| UserUsage { user: u.to_string(), gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: 0.0, gpu_hours_preempted: 0.0 })
     }
     for (owner, gpus, start, end) in attempts {
         let (a, b) = ((*start).max(since), end.unwrap_or(now).min(now));

@@ -42,6 +42,8 @@ pub(super) struct DockerWatch {
     logs: Option<JoinHandle<()>>,
     log_stop: CancellationToken,
     stop: Option<Stop>,
+    /// Its checkpoint signal and grace (preemption); the lab's stop grace where the spec sets none.
+    checkpoint: (String, Option<std::time::Duration>),
     /// How it ended, decided when `wait` returned (a stop asked after that does not change it).
     ended: Option<How>,
 }
@@ -70,6 +72,7 @@ impl DockerWatch {
             logs,
             log_stop,
             stop: None,
+            checkpoint: (job.job.spec.checkpoint_signal(), job.job.spec.checkpoint_grace()),
             ended: None,
             e,
         }
@@ -110,6 +113,7 @@ impl Watch for DockerWatch {
             self.ended = Some(match (self.stop, result) {
                 (Some(Stop::Timeout), _) => How::TimedOut { code, timeout_ms: self.timeout_ms.unwrap_or(0) },
                 (Some(Stop::Cancel), _) => How::Cancelled { code },
+                (Some(Stop::Preempt), _) => How::Preempted { code, by: String::new() },
                 (None, Ok(x)) => How::Exited { code: x.code, oom: x.oom_killed },
                 (None, Err(err)) => How::Lost(format!("container vanished: {err}")),
             });
@@ -126,10 +130,17 @@ impl Watch for DockerWatch {
     }
 
     async fn stop(&mut self, why: Stop) -> bool {
-        if let Err(err) = self.exec.stop(&self.cid, self.e.policy().stop_grace).await {
+        // Recorded first: the stop below returns only once the container exited.
+        self.stop = Some(why);
+        let done = if why == Stop::Preempt {
+            let (signal, grace) = (&self.checkpoint.0, self.checkpoint.1.unwrap_or(self.e.policy().stop_grace));
+            self.exec.stop_signal(&self.cid, signal, grace).await
+        } else {
+            self.exec.stop(&self.cid, self.e.policy().stop_grace).await
+        };
+        if let Err(err) = done {
             warn!(job = self.job_id, "stop failed: {err}");
         }
-        self.stop = Some(why);
         true
     }
 

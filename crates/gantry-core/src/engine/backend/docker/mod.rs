@@ -341,7 +341,11 @@ impl Backend for DockerBackend {
                 mounts.extend(files);
                 container.user = Some(user);
             }
+            let preemptible = policy.preemption.enabled && policy.preemption.preemptible(&job.job.spec);
+            let restart_count = e.reader().preemptions(job.id, 0).map(|p| p.0).unwrap_or(0);
             let l = Launch {
+                preemptible,
+                restart_count,
                 engine_id: &e.engine_id,
                 db_uid: &e.db_uid,
                 name,
