@@ -18,6 +18,7 @@ mod log_readers;
 mod metrics;
 mod notify;
 mod policy;
+mod preemption;
 mod remote;
 mod nvml;
 mod run_and_hold;

@@ -928,11 +928,20 @@ impl Executor for DockerExecutor {
     }
 
     async fn stop_signal(&self, id: &str, signal: &str, grace: Duration) -> Result<(), ExecError> {
-        let opts = qp::StopContainerOptions { t: Some(grace.as_secs().max(1) as i32), signal: Some(signal.to_string()) };
-        match self.docker.stop_container(id, Some(opts)).await {
-            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
-            Err(e) => Err(classify(e)),
+        // The signal is sent with `kill`, not as `stop`'s `signal`: Docker before API 1.42 (Debian 12's
+        // 20.10 speaks 1.41) ignores that parameter and sends SIGTERM, which kills a job that saves
+        // its checkpoint on SIGUSR1. Then the grace, then `stop` (SIGTERM, SIGKILL a second later).
+        match self.docker.kill_container(id, Some(qp::KillContainerOptions { signal: signal.to_string() })).await {
+            Ok(()) => {}
+            // Not running (any more): nothing to stop.
+            Err(DockerError::DockerResponseServerError { status_code: 304 | 409, .. }) => return Ok(()),
+            Err(e) => return Err(classify(e)),
         }
+        let mut exited = self.docker.wait_container(id, None::<qp::WaitContainerOptions>);
+        if tokio::time::timeout(grace, exited.next()).await.is_ok() {
+            return Ok(());
+        }
+        self.stop(id, Duration::from_secs(1)).await
     }
 
     async fn remove(&self, id: &str) -> Result<(), ExecError> {
