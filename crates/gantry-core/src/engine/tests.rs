@@ -402,6 +402,9 @@ async fn a_preempted_job_gets_its_signal_and_grace_then_resumes_at_its_place_wit
     fake.script("urgent", Script { runtime: Duration::from_secs(60), ..Default::default() });
     let (e, _h) = start_with(preempting(dir.path()), &fake);
     let root = Owner { uid: 0, gid: 0, name: "root".into() };
+    // alice hears of her job's preemption (issue 20's outbox): a target of hers for that event.
+    let hook = crate::protocol::notify::NotifyTarget::Webhook { url: "http://hooks.example/p".into() };
+    e.store().notify_subscribe(1000, "alice", &hook, &[crate::protocol::notify::NotifyEvent::Preempted], None, 10).unwrap().unwrap();
     let train = submit(&e, "name: train\nimage: a\npreemptible: true\nretries: 0\ncheckpoint: {signal: SIGUSR1, grace: 2m}\n");
     wait_state(&e, train, |s| s == JobState::Running).await;
     // A job later in the queue behind the preempted one, and the high-priority one.
@@ -425,6 +428,10 @@ async fn a_preempted_job_gets_its_signal_and_grace_then_resumes_at_its_place_wit
     assert_eq!(d.attempts.len(), 2, "{:?}", d.attempts);
     assert_eq!(d.attempts[0].reason, Some(EndReason::Preempted));
     assert_eq!(d.attempts[0].exit_code, Some(0), "it saved and exited on its signal");
+    // One `preempted` notification for alice's job, none for the urgent job or the retry-free restart.
+    let db = rusqlite::Connection::open(dir.path().join("state/gantry.db")).unwrap();
+    let kinds: Vec<(String, i64)> = db.prepare("SELECT kind, job_id FROM notify_events ORDER BY id").unwrap().query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(kinds.iter().filter(|k| k.0 == "preempted").collect::<Vec<_>>(), [&("preempted".to_string(), train)], "{kinds:?}");
     let msg = d.attempts[0].message.clone().unwrap_or_default();
     assert_eq!(msg, format!("preempted by job {urgent} (root's 1-GPU job has priority 10, this one 0) after 10 GPU-minutes · resumes when GPUs free"));
     // Its 20 s of saving were honoured: the urgent job started after the train job exited.

@@ -22,11 +22,24 @@ pub fn event_of_state(to: JobState) -> Option<NotifyEvent> {
 /// Called by [`Store::event`] inside every state change's transaction: the notification is
 /// committed with the change or not at all. Written only while the job's owner or the lab has a
 /// subscription (one indexed look-up otherwise).
-pub(super) fn on_transition(tx: &Connection, job_id: i64, at: i64, _from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
+pub(super) fn on_transition(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
     match event_of_state(to) {
         Some(kind) => record_job_event(tx, kind, job_id, at, msg),
+        // A running job queued again because its last attempt ended by preemption (not a retry).
+        None if to == JobState::Queued && matches!(from, Some(JobState::Running | JobState::Starting)) && last_attempt_preempted(tx, job_id)? => {
+            record_job_event(tx, NotifyEvent::Preempted, job_id, at, msg)
+        }
         None => Ok(()),
     }
+}
+
+fn last_attempt_preempted(tx: &Connection, job_id: i64) -> Result<bool> {
+    let reason: Option<String> = tx
+        .prepare_cached("SELECT reason FROM attempts WHERE job_id = ?1 ORDER BY id DESC LIMIT 1")?
+        .query_row([job_id], |r| r.get(0))
+        .optional()?
+        .flatten();
+    Ok(reason.as_deref() == Some("preempted"))
 }
 
 /// Write `kind` for `job_id` (to its owner and the lab's webhooks) in the caller's transaction. Other
