@@ -11,6 +11,9 @@ pub enum Stop {
     Cancel,
     /// Its `timeout` passed.
     Timeout,
+    /// It used more GPU memory than it declared, past the lab's margin and grace (the reason is in
+    /// its `RunHandle`).
+    GpuMemory,
 }
 
 /// How an attempt ended, as the supervisor or recovery saw it.
@@ -35,6 +38,8 @@ pub enum How {
     Refused(String),
     /// The engine's supervisor of this attempt crashed; the container was stopped.
     EngineFault(String),
+    /// Stopped by Gantry: it used more GPU memory than its `gpu_memory` on a shared GPU (`message`).
+    GpuMemoryExceeded { code: Option<i64>, message: String },
 }
 
 /// What the outcome depends on besides `How`.
@@ -84,6 +89,8 @@ pub fn outcome(how: &How, p: &RetryPolicy) -> Ending {
             end(*code, EndReason::Timeout, format!("stopped after the {} timeout{not_retried}", duration_ms(*timeout_ms)), JobState::TimedOut)
         }
         How::Cancelled { code } => end(*code, EndReason::Cancelled, "cancelled".into(), JobState::Cancelled),
+        // Not retried: it would break its neighbours again.
+        How::GpuMemoryExceeded { code, message } => end(*code, EndReason::Oom, message.clone(), JobState::Failed),
         How::CancelledBeforeStart => end(None, EndReason::Cancelled, "cancelled before it started".into(), JobState::Cancelled),
         How::Lost(why) => failure(None, EndReason::Lost, why.clone()),
         How::NeverStarted => end(None, EndReason::Lost, "the engine stopped before the container started; queued again".into(), JobState::Queued),

@@ -83,6 +83,9 @@ pub enum EngineError {
 }
 
 pub(crate) struct RunHandle {
+    /// Since when (ms) it uses more GPU memory than declared (past the margin): warned, stopped after
+    /// the grace; and, once stopping, why (see `Engine::enforce_gpu_memory`).
+    pub over_memory: Option<(i64, Option<String>)>,
     /// The job owner's name (per-user GPU cap).
     pub owner: String,
     pub gpus: Vec<u32>,

@@ -82,6 +82,7 @@ impl Engine {
                 self.running.lock().unwrap().insert(
                     job.id,
                     RunHandle {
+                        over_memory: None,
                         owner: job.owner.clone(),
                         gpus: s.gpus.clone(),
                         gpu_memory: job.gpu_memory,
@@ -349,6 +350,7 @@ mod tests {
 
     fn handle(learn: Option<(JobKey, i64)>, declared_end: Option<i64>) -> super::super::RunHandle {
         super::super::RunHandle {
+            over_memory: None,
             owner: "ada".into(),
             gpus: vec![0],
             gpu_memory: None,

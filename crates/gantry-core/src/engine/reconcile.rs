@@ -22,6 +22,7 @@ impl Engine {
             let mut r = self.running.lock().unwrap();
             for (j, a) in &open {
                 r.entry(j.id).or_insert_with(|| RunHandle {
+                    over_memory: None,
                     owner: j.owner.clone(),
                     gpus: a.gpus.clone(),
                     gpu_memory: j.gpu_memory,

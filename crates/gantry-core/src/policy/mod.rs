@@ -80,6 +80,10 @@ pub struct Policy {
     pub images: Images,
     /// `[disk]`: free space Docker's disk keeps, each job's writable layer.
     pub disk: Disk,
+    /// A job on a shared GPU using more than its `gpu_memory` by this many percent is warned ...
+    pub gpu_memory_margin_pct: f64,
+    /// ... and stopped once it has stayed over this long.
+    pub gpu_memory_grace: Duration,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -108,6 +112,8 @@ impl Default for Policy {
             containers: Default::default(),
             images: Default::default(),
             disk: Default::default(),
+            gpu_memory_margin_pct: config::GPU_MEMORY_MARGIN_PCT,
+            gpu_memory_grace: config::GPU_MEMORY_GRACE,
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -161,6 +167,8 @@ impl Policy {
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),
             ("jobs.reserve_after", d(Some(self.reserve_after))),
+            ("jobs.gpu_memory_margin", format!("{}%", self.gpu_memory_margin_pct)),
+            ("jobs.gpu_memory_grace", d(Some(self.gpu_memory_grace))),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
             ("history.keep", d(self.history_keep)),
@@ -381,6 +389,17 @@ templates = "/etc/gantry/templates"
         }
         let changed = parse("[images]\npull_timeout = \"1h\"\n").unwrap().policy.changes_from(&Policy::default());
         assert_eq!(changed, vec!["images.pull_timeout: 30m -> 1h"]);
+    }
+
+    #[test]
+    fn gpu_memory_enforcement_settings_parse() {
+        let p = parse("[jobs]\ngpu_memory_margin = \"50%\"\ngpu_memory_grace = \"1m\"\n").unwrap().policy;
+        assert_eq!((p.gpu_memory_margin_pct, p.gpu_memory_grace), (50.0, Duration::from_secs(60)));
+        let d = Policy::default();
+        assert_eq!((d.gpu_memory_margin_pct, d.gpu_memory_grace), (20.0, Duration::from_secs(30)));
+        assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n").contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
+        assert!(err("[jobs]\ngpu_memory_margin = \"20\"\n").contains("is not a percentage"));
+        assert!(err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration"));
     }
 
     #[test]
