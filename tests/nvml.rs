@@ -251,4 +251,20 @@ fn a_shared_job_over_its_declared_gpu_memory_is_warned_then_stopped() {
     assert_eq!(row["status"], "failed", "{row}");
     assert!(!e.logs(fair).contains("WARNING"), "{}", e.logs(fair));
     assert_eq!(e.show(fair)["job"]["state"], "running", "the neighbour within its declaration runs on");
+
+    // The learned estimate is corrected: the same job again is placed, and held, at the 10 GiB it
+    // used, not the 4 GiB it declares. 24 - 4 (fair) - 10 = 10 GiB are left: a 12 GiB job waits
+    // (with the declaration trusted, 16 GiB would be left and it would start).
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 4, &[(fair_pid, 4)])]));
+    e.wait_until("the engine to read 4 GiB used", || e.json(&["gpus"])["gpus"][0]["memory_used"] == 4u64 << 30);
+    let again = e.submit_yaml("greedy", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\ngpu_memory: 4GiB\n"));
+    let (again_pid, _) = job_pid(&e, again);
+    let big = e.submit_yaml("big", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\ngpu_memory: 12GiB\n"));
+    e.wait_until("the 12 GiB job to wait for the corrected memory", || e.show(big)["reason"].as_str().is_some_and(|r| r.contains("needs 12.0 GiB")));
+    assert_eq!(e.show(big)["job"]["state"], "queued", "{}", e.show(big));
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 14, &[(again_pid, 10), (fair_pid, 4)])]));
+    // Within what it is now held to (10 GiB + 20%), it is not warned.
+    e.wait_until("the engine to read the rerun's 10 GiB", || e.json(&["gpus"])["users"].as_array().unwrap().iter().any(|u| u["job_id"] == again && u["used_memory"] == 10u64 << 30));
+    assert_eq!(e.show(again)["job"]["state"], "running");
+    assert!(!e.logs(again).contains("WARNING"), "{}", e.logs(again));
 }

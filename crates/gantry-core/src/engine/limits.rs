@@ -114,6 +114,13 @@ pub(crate) fn memory_verdict(declared: u64, used: (u32, u64), over_since: Option
 }
 
 impl Engine {
+    /// The GPU memory a job is placed and held to: its declaration, or what its shape was stopped
+    /// for using if that is more (the measure is trusted, not the declaration, next time).
+    pub(super) fn gpu_memory_of(&self, key: &crate::estimate::JobKey, declared: Option<u64>) -> Option<u64> {
+        let d = declared?;
+        Some(self.learned_gpu_memory.lock().unwrap().get(key).map_or(d, |l| d.max(*l)))
+    }
+
     /// After each GPU sample: a job on a shared GPU (`gpu_memory` declared) using more than it
     /// declared by the lab's margin is warned in its log, and stopped after the grace with the reason
     /// (its end in history says why). Only where NVML reports each of its processes' memory.
@@ -121,6 +128,7 @@ impl Engine {
         let p = self.policy();
         let set_in = self.set_in("jobs.gpu_memory_margin");
         let mut logs = vec![];
+        let mut learned = vec![];
         {
             let mut running = self.running.lock().unwrap();
             for (id, h) in running.iter_mut() {
@@ -154,6 +162,7 @@ impl Engine {
                         h.over_memory = Some((h.over_memory.as_ref().map_or(now, |o| o.0), Some(why.clone())));
                         h.cancel.cancel();
                         logs.push((*id, why));
+                        learned.push((h.key.clone(), used.1));
                     }
                 }
             }
@@ -161,6 +170,12 @@ impl Engine {
         for (id, m) in logs {
             tracing::warn!(job = id, "{m}");
             super::append_log(&self.log_of(id), &m);
+        }
+        // The next job of that user's shape is placed (and held) at what this one used.
+        let mut l = self.learned_gpu_memory.lock().unwrap();
+        for (key, used) in learned {
+            let e = l.entry(key).or_insert(0);
+            *e = (*e).max(used);
         }
     }
 }
