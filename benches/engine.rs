@@ -11,6 +11,8 @@
 //!    the output (lines are cut at 64 KiB in one pass; this was quadratic and unbounded).
 //! 6. `gantry ls` with 100,000 jobs queued (one running): the queue through the API, and the whole
 //!    command printing its table.
+//! 7. slow log readers: 16 streams (the default per-user cap) of one 32 MiB log, each read at
+//!    1 KiB/s: `gantry ls`'s API call meanwhile, and the engine's memory before and while they read.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -79,7 +81,16 @@ fn main() {
         let c = rt.block_on(ls_cost(n));
         rows.push((format!("ls: the queue through the API, {n} jobs queued (median of 20)"), ms(c.api), "goal < 100 ms".into()));
         rows.push(("ls through the API: CPU time per call".into(), ms(c.engine_cpu + c.client_cpu), format!("engine {}, client {}", ms(c.engine_cpu), ms(c.client_cpu))));
-        rows.push((format!("`gantry ls` with {n} jobs queued, table to /dev/null (median of 5)"), ms(c.cli), "the whole command".into()));
+        rows.push((format!("`gantry ls` with {n} jobs queued: its page through the API (median of 20)"), ms(c.page), "goal < 100 ms".into()));
+        rows.push((format!("`gantry ls` with {n} jobs queued, table to /dev/null (median of 5)"), ms(c.cli), "the whole command: the next 100 to start and the caller's first 100".into()));
+        rows.push((format!("`gantry ls --all` with {n} jobs queued, table to /dev/null (median of 5)"), ms(c.cli_all), "every job".into()));
+    }
+
+    // 7. Slow readers of a big log.
+    if run("slowlogs") {
+        let (ls, before, during) = rt.block_on(slow_log_readers(16, 32 << 20));
+        rows.push(("ls through the API while 16 slow readers (1 KiB/s) stream a 32 MiB log (median of 10)".into(), ms(ls), "goal < 100 ms".into()));
+        rows.push(("engine memory while they read".into(), format!("{during:.1} MB"), format!("{before:.1} MB before; unbounded readers once took 1.7 GB")));
     }
 
     let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
@@ -206,6 +217,8 @@ async fn dispatch(n: usize) -> (f64, f64) {
             gpu_total_memory: None,
             binding: GpuBinding::EnvOnly,
             container: Default::default(),
+            command: None,
+            image: None,
         };
         let t0 = Instant::now();
         let id = exec.create(&l).await.unwrap();
@@ -284,19 +297,31 @@ async fn ls_cost(queued: usize) -> LsCost {
     }
     let ticks = |t0: u64, pid: u32| (proc_cpu_ticks(pid) - t0) as f64 / 100.0 / n as f64; // USER_HZ
     let (engine_cpu, client_cpu) = (ticks(engine0, d.child.id()), ticks(client0, std::process::id()));
-    let mut cli = vec![];
-    for _ in 0..5 {
+    let mut page = vec![];
+    for _ in 0..n {
         let t0 = Instant::now();
-        let st = Command::new(env!("CARGO_BIN_EXE_gantry")).arg("--state-dir").arg(&d.state).arg("ls").stdout(Stdio::null()).status().unwrap();
-        cli.push(t0.elapsed().as_secs_f64());
-        assert!(st.success());
+        let p = client.queue_page(gantry_core::defaults::LS_QUEUED_SHOWN).await.unwrap();
+        page.push(t0.elapsed().as_secs_f64());
+        assert!(p.queued + 10 > queued, "{} jobs queued", p.queued);
     }
-    LsCost { api: median(api), cli: median(cli), engine_cpu, client_cpu }
+    let cli = |args: &[&str]| {
+        let mut t = vec![];
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let st = Command::new(env!("CARGO_BIN_EXE_gantry")).arg("--state-dir").arg(&d.state).args(args).stdout(Stdio::null()).status().unwrap();
+            t.push(t0.elapsed().as_secs_f64());
+            assert!(st.success());
+        }
+        median(t)
+    };
+    LsCost { api: median(api), page: median(page), cli: cli(&["ls"]), cli_all: cli(&["ls", "--all"]), engine_cpu, client_cpu }
 }
 
 struct LsCost {
     api: f64,
+    page: f64,
     cli: f64,
+    cli_all: f64,
     engine_cpu: f64,
     client_cpu: f64,
 }
@@ -429,6 +454,54 @@ async fn long_line(bytes: u64) -> (f64, f64, f64) {
     }
     let cpu = (proc_cpu_ticks(pid) - t0) as f64 / 100.0; // USER_HZ
     (cpu, peak_rss_mb(pid), base)
+}
+
+/// `readers` raw connections streaming one job's `bytes`-long log (every other one following it),
+/// each read 1 KiB a second: the median `ls` API call meanwhile, and the engine's resident memory
+/// (MB) before the readers and at most while they read.
+async fn slow_log_readers(readers: usize, bytes: u64) -> (f64, f64, f64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start("sim:2x24GiB", |_| {});
+    let client = d.client();
+    let text = format!("name: chatty\nimage: {IMAGE}\ngpus: 0\ncommand: \"busybox yes 'a line of a long log read slowly by many' | busybox head -c {}; exec sleep 600\"\n", bytes + (1 << 20));
+    let id = client.submit(&SubmitRequest { text, file_name: "chatty.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() }).await.unwrap().job_id;
+    let t = Instant::now();
+    let size = || std::fs::read_dir(d.state.join("logs")).unwrap().flatten().find(|f| f.file_name().to_string_lossy().ends_with(&format!("-{id}.log"))).and_then(|f| f.metadata().ok()).map_or(0, |m| m.len());
+    while size() < bytes {
+        assert!(t.elapsed() < Duration::from_secs(300), "the log did not grow");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = d.child.id();
+    let before = rss_mb(pid);
+    let mut tasks = vec![];
+    for i in 0..readers {
+        let socket = d.state.join("gantry.sock");
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+            let q = if i % 2 == 1 { "?follow=true" } else { "" };
+            s.write_all(format!("GET /v1/jobs/{id}/logs{q} HTTP/1.1\r\nHost: gantry\r\n\r\n").as_bytes()).await.unwrap();
+            let mut buf = [0u8; 1024];
+            loop {
+                if s.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut times, mut during) = (vec![], 0.0f64);
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        client.queue().await.unwrap();
+        times.push(t0.elapsed().as_secs_f64());
+        during = during.max(rss_mb(pid));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for t in tasks {
+        t.abort();
+    }
+    (median(times), before, during)
 }
 
 fn idle(secs: u64) -> (f64, f64) {

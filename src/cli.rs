@@ -37,8 +37,31 @@ pub enum Cmd {
     },
     /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
     Run(RunArgs),
-    /// Running and queued jobs, and why each queued job waits.
-    Ls,
+    /// An interactive session: queue a shell in a container (GPUs, a time limit), wait for it,
+    /// and attach your terminal to it. Ctrl-P Ctrl-Q detaches; `gantry attach ID` comes back.
+    Shell(ShellArgs),
+    /// Attach your terminal to one of your running sessions (`gantry shell`).
+    Attach { id: i64 },
+    /// A Jupyter notebook session: `jupyter lab` in a container with GPUs, and the URL (with its
+    /// token) to open it from here.
+    Notebook(NotebookArgs),
+    /// Print a URL on this computer that reaches one of your job's `ports` (only you can use it).
+    /// With --host, forwards it through ssh until Ctrl-C.
+    Open {
+        id: i64,
+        /// Which of the job's ports (default: its first).
+        port: Option<u16>,
+    },
+    /// Running and queued jobs, and why each queued job waits: every running job, the next queued
+    /// ones in scheduling order and your own (up to `--limit` of each).
+    Ls {
+        /// Queued jobs shown: the next N to start, and your first N.
+        #[arg(short = 'n', long, default_value_t = gantry_core::defaults::LS_QUEUED_SHOWN)]
+        limit: usize,
+        /// Every queued job (a deep queue is long).
+        #[arg(long)]
+        all: bool,
+    },
     /// One job: spec, attempts, events.
     Show { id: i64 },
     /// A job's output.
@@ -117,9 +140,10 @@ pub enum ConfigCmd {
 /// `gantry run`: the fields of a job spec as flags; the engine checks them as if written in a file.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Docker image.
+    /// Docker image. Left out: this machine's own folders and your home (`image: host`), with
+    /// this directory, PATH and an active conda env or venv carried over.
     #[arg(long)]
-    pub image: String,
+    pub image: Option<String>,
     /// Number of GPUs (0 for a CPU-only job).
     #[arg(long, default_value_t = 1)]
     pub gpus: i64,
@@ -159,6 +183,9 @@ pub struct RunArgs {
     /// Working directory inside the container.
     #[arg(long)]
     pub workdir: Option<String>,
+    /// A port the job serves inside its container (repeatable); `gantry open ID` reaches it.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
     /// Run this string with `/bin/sh -c` instead of a command after `--`.
     #[arg(long, conflicts_with = "command")]
     pub shell: Option<String>,
@@ -166,6 +193,45 @@ pub struct RunArgs {
     /// Everything after `--` belongs to the job, so global flags (`--json`) go before it.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `gantry shell`: a session's resources and length (the lab's `[sessions]` bounds them).
+#[derive(clap::Args)]
+pub struct ShellArgs {
+    /// Number of GPUs (0 for none).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: i64,
+    /// GPU memory per GPU (`20GiB`): share a GPU instead of taking a whole one.
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_memory: Option<String>,
+    /// Only GPUs whose name contains this, any case (`H100`).
+    #[arg(long, value_name = "NAME")]
+    pub gpu_type: Option<String>,
+    /// Docker image.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// How long the session may last (`2h`, `90m`) [default: the lab's `[sessions] default_length`].
+    #[arg(long = "for", value_name = "DURATION")]
+    pub length: Option<String>,
+    /// CPUs (`8`, `0.5`). Default: the lab's share per GPU.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// RAM (`64GiB`). Default: the lab's share per GPU.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Its name in the queue (default: shell).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// `gantry notebook`: a session running `jupyter lab`.
+#[derive(clap::Args)]
+pub struct NotebookArgs {
+    #[command(flatten)]
+    pub session: ShellArgs,
+    /// The port Jupyter listens on inside the container.
+    #[arg(long, default_value_t = 8888)]
+    pub port: u16,
 }
 
 #[derive(Subcommand)]

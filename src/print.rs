@@ -21,6 +21,9 @@ pub fn print_inbox(i: &InboxInfo, init: bool) {
     if !i.watched {
         return;
     }
+    if let Some(p) = &i.problem {
+        outln!("Note: {}", esc(p));
+    }
     outln!("Drop a job spec (.yaml or .toml) into it to queue it as you. Each file moves to accepted/ (named");
     outln!("<job id>-<file>) or to rejected/ with <file>.error.txt saying why. Write files elsewhere and move");
     outln!("them in, or save them in place: only finished files are read.");

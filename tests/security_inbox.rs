@@ -261,3 +261,112 @@ fn a_file_dropped_into_a_setgid_folder_does_not_hand_its_dropper_the_folders_gro
         }
     }
 }
+
+/// Issue 18, item 16: a drop that only time can let in (its owner's queue is full) waits with one
+/// error file, is not read again at every rescan, and is queued once there is room.
+#[test]
+fn a_drop_refused_by_a_full_queue_waits_with_one_error_file_and_is_queued_once_there_is_room() {
+    let bob = user("gantry-bob");
+    let inbox = tmp_dir_of(&bob, "inbox", 0o700);
+    let tag = tag_of(&inbox);
+    let specs = tmp_dir_of(&bob, "specs", 0o700);
+    let lab = specs.join("config.toml");
+    std::fs::write(&lab, "[limits]\nmax_queued_jobs = 1\n").unwrap();
+    let e = Engine::start(&["--inbox", inbox.to_str().unwrap(), "--config", lab.to_str().unwrap()]);
+    // bob's queue is full: a job holds both GPUs and another waits behind it.
+    let submit = |name: &str, text: String| {
+        let f = bob.write(&specs.join(name), &text);
+        e.json_as(&bob, &["submit", f.to_str().unwrap()])[0]["job_id"].as_i64().unwrap()
+    };
+    let hog = submit("hog.yaml", format!("name: hog\nimage: {IMAGE}\ngpus: 2\ncommand: [sleep, '300']\n"));
+    e.wait_state(hog, "running");
+    let waiter = submit("waiter.yaml", format!("name: waiter\nimage: {IMAGE}\ngpus: 1\ncommand: [echo, waited]\n"));
+    let names: Vec<String> = (0..4).map(|i| format!("wait-{i}-{tag}.yaml")).collect();
+    for n in &names {
+        run_as(&bob, &format!("printf 'image: {IMAGE}\\ngpus: 1\\ncommand: [echo, dropped]\\n' > {}/{n}", inbox.display()));
+    }
+    let report = |n: &str| inbox.join(format!("{n}.error.txt"));
+    e.wait_until("an error file next to each waiting drop", || names.iter().all(|n| report(n).exists()));
+    let mtimes: Vec<_> = names.iter().map(|n| std::fs::metadata(report(n)).unwrap().modified().unwrap()).collect();
+    for n in &names {
+        let text = std::fs::read_to_string(report(n)).unwrap();
+        assert!(text.contains("did not queue") && text.contains("queued jobs per user") && text.contains("tries it again by itself"), "{text}");
+        assert_eq!(std::fs::metadata(report(n)).unwrap().uid(), bob.uid, "the report is bob's");
+        assert!(inbox.join(n).exists(), "the file stays where it is");
+    }
+    // Two rescans (every 10 s) pass: a waiting file is not read, checked and logged again at each.
+    std::thread::sleep(std::time::Duration::from_secs(25));
+    let log = e.daemon_log();
+    for (n, m) in names.iter().zip(&mtimes) {
+        assert_eq!(std::fs::metadata(report(n)).unwrap().modified().unwrap(), *m, "{n}: one error file, written once");
+        let lines = log.lines().filter(|l| l.contains(n.as_str())).count();
+        assert_eq!(lines, 1, "{n} is logged once while it waits:\n{log}");
+    }
+    // Room for one: one of the files is queued at its next try, and its error file goes.
+    assert!(e.gantry(&["cancel", &waiter.to_string()]).status.success());
+    e.wait_until("a waiting drop to be queued", || std::fs::read_dir(inbox.join("accepted")).unwrap().flatten().count() == 1);
+    let accepted = std::fs::read_dir(inbox.join("accepted")).unwrap().flatten().next().unwrap().file_name().to_string_lossy().into_owned();
+    let queued = names.iter().find(|n| accepted.ends_with(n.as_str())).unwrap();
+    assert!(!report(queued).exists(), "the queued file's error file is gone");
+    assert_eq!(names.iter().filter(|n| inbox.join(n).exists() && report(n).exists()).count(), 3, "the others wait on");
+    let _ = std::fs::remove_dir_all(&specs);
+}
+
+/// Issue 18, item 17: a file name with a line break cannot forge a line in the engine's log.
+#[test]
+fn a_file_name_with_a_line_break_cannot_forge_a_line_in_the_engines_log() {
+    let alice = user("gantry-alice");
+    let inbox = tmp_dir_of(&alice, "inbox", 0o700);
+    let tag = tag_of(&inbox);
+    let e = Engine::start(&["--inbox", inbox.to_str().unwrap()]);
+    let forged = format!("2026-01-01T00:00:00.000000Z  INFO gantry: forged-{tag} job 1 ran as root");
+    run_as(&alice, &format!("cd {}; n=\"$(printf 'evil\\n{forged}.yaml')\"; printf 'not: [valid' > \"$n\"", inbox.display()));
+    let name = format!("evil\n{forged}.yaml");
+    e.wait_until("the file to be rejected", || inbox.join("rejected").join(format!("{name}.error.txt")).exists());
+    let log = e.daemon_log();
+    assert!(!log.lines().any(|l| l.starts_with("2026-01-01T00:00:00.000000Z")), "a forged line in the engine's log:\n{log}");
+    assert!(log.contains(&format!("evil\\n{forged}.yaml")), "the name is logged escaped:\n{log}");
+}
+
+/// Issue 18, item 17: a file its writer keeps open is not read half-written, however long the
+/// writer pauses: only its close (or a rename into the folder) counts.
+#[test]
+fn a_file_still_being_written_is_queued_once_from_the_whole_file() {
+    let alice = user("gantry-alice");
+    let inbox = tmp_dir_of(&alice, "inbox", 0o700);
+    let tag = tag_of(&inbox);
+    let side = tmp_dir_of(&alice, "side", 0o700);
+    let e = Engine::start(&["--inbox", inbox.to_str().unwrap()]);
+    let (file, go) = (inbox.join(format!("slow-{tag}.yaml")), side.join("go"));
+    let mut writer = alice
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "exec 3> {}; printf 'image: {IMAGE}\\ngpus: 0\\n' >&3; while [ ! -e {} ]; do sleep 0.2; done; printf 'command: [echo, whole-{tag}]\\n' >&3; exec 3>&-",
+            file.display(),
+            go.display()
+        ))
+        .spawn()
+        .unwrap();
+    // A failed test must not leave the writer waiting forever (it holds the test's output open).
+    struct Stop(std::path::PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, "");
+        }
+    }
+    let _stop = Stop(go.clone());
+    e.wait_until("the first half to be written", || std::fs::metadata(&file).is_ok_and(|m| m.len() > 0));
+    // The writer pauses past two rescans (every 10 s), holding the file open.
+    std::thread::sleep(std::time::Duration::from_secs(25));
+    assert!(file.exists(), "the half-written file was taken: {}", e.daemon_log());
+    std::fs::write(&go, "").unwrap();
+    assert!(writer.wait().unwrap().success());
+    let id = wait_verdict(&e, &inbox, &format!("slow-{tag}.yaml")).unwrap_or_else(|r| panic!("rejected: {r}"));
+    let id: i64 = id.split('-').next().unwrap().parse().unwrap();
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
+    assert!(e.logs(id).contains(&format!("whole-{tag}")), "the job ran the whole file: {}", e.logs(id));
+    let jobs = e.json(&["history"]).as_array().unwrap().len() + e.json(&["ls"]).as_array().unwrap().len();
+    assert_eq!(jobs, 1, "exactly one job");
+    let _ = std::fs::remove_dir_all(&side);
+}

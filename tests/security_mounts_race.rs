@@ -51,6 +51,8 @@ async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, m
         gpu_total_memory: None,
         binding: GpuBinding::EnvOnly,
         container: Default::default(),
+        command: None,
+        image: None,
     };
     let _ = Command::new("docker").args(["rm", "-f", name]).output();
     let cid = exec.create(&l).await.unwrap();

@@ -14,11 +14,14 @@ mod identity;
 mod images;
 mod job_output;
 mod limits;
+mod log_readers;
 mod policy;
 mod remote;
 mod nvml;
 mod run_and_hold;
 mod security_api;
+mod sessions;
+mod usual_env;
 mod two_engines;
 mod security_inbox;
 mod security_mounts;
@@ -205,7 +208,7 @@ fn malformed_specs_are_rejected_with_clear_errors_and_the_engine_keeps_running()
         ("bad-yaml.yaml", b"image: [unclosed\n".to_vec(), "line 1"),
         ("unknown.yaml", format!("image: {IMAGE}\ngpu: 2\n").into_bytes(), "unknown field `gpu`"),
         ("negative.toml", format!("image = \"{IMAGE}\"\ngpus = -1\n").into_bytes(), "must be 0 or more"),
-        ("noimage.yaml", b"command: echo\n".to_vec(), "missing field `image`"),
+        ("emptyimage.yaml", b"image: ''\ncommand: echo\n".to_vec(), "`image` is empty"),
         ("huge.yaml", vec![b'#'; 10 * 1024 * 1024], "limited to"),
         ("notes.txt", b"hello".to_vec(), "not a job file"),
     ];
@@ -300,7 +303,7 @@ fn cli_explains_when_no_engine_runs_and_prints_the_schema() {
     let out = gantry_in(dir.path(), &["schema"]);
     let schema: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(schema["properties"]["gpu_memory"]["type"].to_string().contains("string"), "{schema}");
-    assert_eq!(schema["required"], serde_json::json!(["image"]));
+    assert_eq!(schema["properties"]["image"]["default"], "host", "no image: this machine's own folders: {schema}");
 }
 
 #[test]

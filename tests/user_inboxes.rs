@@ -226,3 +226,61 @@ fn lab_templates_apply_to_drops_in_their_folder_only_when_root_owns_them() {
     }
     assert!(!all_jobs(&e).contains("bobs"), "bob's template never ran");
 }
+
+/// The inotify watches a process holds (every `inotify wd:` line of its inotify descriptors).
+fn inotify_watches(pid: u32) -> usize {
+    let mut n = 0;
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().contains("inotify")) {
+            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy())).unwrap_or_default();
+            n += info.lines().filter(|l| l.starts_with("inotify wd:")).count();
+        }
+    }
+    n
+}
+
+/// Issue 18, item 6: bob's drop folder with hundreds of folders takes at most the lab's bound of
+/// watches, says so (in `gantry inbox` and an error file), is still served, and never starves
+/// alice's; removing the folders gives the watches back.
+#[test]
+fn one_users_tree_of_folders_cannot_use_up_the_watches_or_starve_anothers_drop_folder() {
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+    let p = InboxPath::new("Gantry/test-", &[&alice, &bob]);
+    let conf = bob.private_dir("watch-bound");
+    let lab = conf.join("config.toml");
+    std::fs::write(&lab, "[inbox]\nmax_watches = 8\n").unwrap();
+    let e = Engine::system_with(&["--inbox-path", &p.rel(), "--config", lab.to_str().unwrap()]);
+    for u in [&alice, &bob] {
+        run_as(u, &format!("mkdir -p {}", p.of(u).display()));
+        let out = as_user(&e, u, &["inbox", "init"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (ai, bi) = (p.of(&alice), p.of(&bob));
+    run_as(&bob, &format!("cd {}; i=0; while [ $i -lt 300 ]; do mkdir d$i; i=$((i+1)); done", bi.display()));
+    let note = bi.join("gantry-folders.error.txt");
+    e.wait_until("bob's drop folder to say that it is not all watched", || note.exists());
+    let text = std::fs::read_to_string(&note).unwrap();
+    assert!(text.contains("watches at most 8 folders per user") && text.contains("max_watches") && text.contains("Remove the folders"), "{text}");
+    assert_eq!(std::fs::metadata(&note).unwrap().uid(), bob.uid, "the note is bob's");
+    let info = json_as(&e, &bob, &["inbox"]);
+    assert_eq!(info["watched"], true, "{info}");
+    assert!(info["problem"].as_str().unwrap_or_default().contains("watches at most 8 folders per user"), "{info}");
+    assert!(String::from_utf8_lossy(&as_user(&e, &bob, &["inbox"]).stdout).contains("Note: "), "`gantry inbox` says it too");
+    let watches = inotify_watches(e.pid());
+    assert!(watches <= 8 + 8 + 1, "bob's 300 folders hold {watches} watches");
+    assert!(json_as(&e, &alice, &["inbox"])["problem"].is_null(), "alice's folder is all watched");
+
+    // Both are still served: alice's drop promptly, bob's top-level file too.
+    run_as(&alice, &format!("printf '{}' > {}/alice.yaml", spec("echo alice").replace('\n', "\\n"), ai.display()));
+    accepted_id(&e, &ai, "alice.yaml");
+    run_as(&bob, &format!("printf '{}' > {}/bob.yaml", spec("echo bob").replace('\n', "\\n"), bi.display()));
+    accepted_id(&e, &bi, "bob.yaml");
+
+    // Removing the folders gives the watches back and the note goes.
+    run_as(&bob, &format!("cd {}; rmdir d*", bi.display()));
+    e.wait_until("bob's note to go", || !note.exists() && json_as(&e, &bob, &["inbox"])["problem"].is_null());
+    assert!(inotify_watches(e.pid()) <= 2 * 3 + 1, "{} watches after the folders went", inotify_watches(e.pid()));
+    run_as(&bob, &format!("printf '{}' > {}/again.yaml", spec("echo again").replace('\n', "\\n"), bi.display()));
+    accepted_id(&e, &bi, "again.yaml");
+    let _ = std::fs::remove_dir_all(&conf);
+}

@@ -8,14 +8,29 @@ use super::Ctx;
 use crate::print::{print_detail, print_json, print_queue};
 use crate::term::{outln, write_out, TermSafe};
 
-pub async fn ls(ctx: &Ctx) -> Result<()> {
-    let q = ctx.client.queue().await?;
+/// `gantry ls`: with `limit`, a page of the queue (the next jobs to start and the caller's own);
+/// without, all of it.
+pub async fn ls(ctx: &Ctx, limit: Option<usize>) -> Result<()> {
+    let (q, queued) = match limit {
+        Some(n) => {
+            let p = ctx.client.queue_page(n).await?;
+            (p.jobs, p.queued)
+        }
+        None => {
+            let q = ctx.client.queue().await?;
+            let n = q.iter().filter(|e| e.job.state == JobState::Queued).count();
+            (q, n)
+        }
+    };
     if ctx.json {
-        print_json(&q)
-    } else {
-        print_queue(&q);
-        Ok(())
+        return print_json(&q);
     }
+    print_queue(&q);
+    let shown = q.iter().filter(|e| e.job.state == JobState::Queued).count();
+    if shown < queued {
+        outln!("… {} more queued jobs not shown (gantry ls --all shows every job)", queued - shown);
+    }
+    Ok(())
 }
 
 pub async fn show(ctx: &Ctx, id: i64) -> Result<()> {
@@ -44,7 +59,12 @@ pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
             })
             .await?;
     } else {
-        show(&ctx.client.logs(id).await?);
+        ctx.client
+            .logs_chunks(id, |chunk| {
+                show(chunk);
+                true
+            })
+            .await?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ mod gpus;
 mod history;
 mod inbox;
 mod jobs;
+mod session;
 mod sim;
 mod status;
 mod submit;
@@ -48,13 +49,17 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Submit { files } => return submit::submit(&ctx, files).await,
         Cmd::Config { cmd: ConfigCmd::Check { file } } => return config::check(file.clone(), ctx.json),
         Cmd::Inbox { action } => return inbox::inbox(&ctx, action.as_ref()).await,
+        Cmd::Shell(args) => return session::shell(&ctx, args).await,
+        Cmd::Attach { id } => return session::attach(&ctx, *id).await,
+        Cmd::Notebook(args) => return session::notebook(&ctx, args).await,
+        Cmd::Open { id, port } => return session::open(&ctx, *id, *port).await,
         Cmd::Daemon(args) => daemon::daemon(cli.state_dir.clone(), args).await?,
         Cmd::Proxy => gantry_core::client::proxy(&ctx.socket).await?,
         Cmd::Generate { dir } => generate::generate(dir)?,
         Cmd::Schema => generate::schema()?,
         Cmd::Run(args) => submit::run(&ctx, args).await?,
         Cmd::Rerun { id } => submit::rerun(&ctx, *id).await?,
-        Cmd::Ls => jobs::ls(&ctx).await?,
+        Cmd::Ls { limit, all } => jobs::ls(&ctx, (!*all).then_some(*limit)).await?,
         Cmd::Show { id } => jobs::show(&ctx, *id).await?,
         Cmd::Logs { id, follow } => jobs::logs(&ctx, *id, *follow).await?,
         Cmd::Cancel { id } => jobs::cancel(&ctx, *id).await?,

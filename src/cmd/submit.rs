@@ -45,12 +45,12 @@ pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
 }
 
 pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
-    let (text, file_name) = args.spec_text()?;
     // Remote: this computer's folder means nothing on the workstation (relative mounts are refused there).
     let base_dir = match ctx.remote {
         Some(_) => None,
         None => Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?),
     };
+    let (text, file_name) = args.spec_text(base_dir.as_deref())?;
     let s = ctx.client.submit(&SubmitRequest { text, file_name, base_dir, idempotency_key: None, origin: SpecOrigin::RunFlags }).await.map_err(|e| match e {
         // The line numbers point into text the user never saw: name the field only.
         ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
@@ -74,14 +74,40 @@ pub async fn rerun(ctx: &Ctx, id: i64) -> Result<()> {
     Ok(())
 }
 
+/// What `gantry run` without `--image` carries over from your shell: the programs it finds and
+/// the conda env or venv it has active.
+const CARRIED_ENV: [&str; 5] = ["PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "PYTHONPATH"];
+
 impl RunArgs {
     /// The spec a user would have written, as YAML text (serialized, so any value quotes right).
-    pub fn spec_text(&self) -> Result<(String, String)> {
-        use gantry_core::spec::{Command, JobSpec};
+    /// `here`: the current directory, when the engine is on this machine: a job without `--image`
+    /// starts there, with PATH and an active conda env or venv (what this shell runs).
+    pub fn spec_text(&self, here: Option<&std::path::Path>) -> Result<(String, String)> {
+        use gantry_core::spec::{Command, JobSpec, HOST_IMAGE};
         let mut env = std::collections::BTreeMap::new();
         for kv in &self.env {
             let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} is not K=V: write e.g. --env CUDA_LAUNCH_BLOCKING=1") };
             env.insert(k.to_string(), v.to_string());
+        }
+        let image = self.image.clone().unwrap_or_else(|| HOST_IMAGE.into());
+        let mut workdir = self.workdir.clone();
+        let mut mounts = self.mounts.clone();
+        if let (HOST_IMAGE, Some(here)) = (image.as_str(), here) {
+            for k in CARRIED_ENV {
+                if let Some(v) = std::env::var_os(k).and_then(|v| v.into_string().ok()) {
+                    env.entry(k.to_string()).or_insert(v);
+                }
+            }
+            if workdir.is_none() {
+                let dir = here.to_string_lossy().into_owned();
+                workdir = Some(dir.clone());
+                // The home is there already; a folder elsewhere is mounted (checked as you, like any mount).
+                let home = std::env::var("HOME").unwrap_or_default();
+                let in_home = !home.is_empty() && home != "/" && (dir == home || dir.starts_with(&format!("{}/", home.trim_end_matches('/'))));
+                if !in_home && !gantry_core::spec::HOST_SYSTEM_FOLDERS.iter().any(|d| dir == *d || dir.starts_with(&format!("{d}/"))) && dir != "/" {
+                    mounts.push(format!("{dir}:{dir}"));
+                }
+            }
         }
         let command = match (&self.shell, self.command.is_empty()) {
             (Some(s), _) => Some(Command::Shell(s.clone())),
@@ -90,15 +116,15 @@ impl RunArgs {
         };
         let name = self.name.clone().unwrap_or_else(|| match self.command.first() {
             Some(prog) => prog.rsplit('/').next().unwrap_or(prog).to_string(),
-            None => self.image.rsplit('/').next().unwrap_or(&self.image).split(':').next().unwrap_or("run").to_string(),
+            None => image.rsplit('/').next().unwrap_or(&image).split(':').next().unwrap_or("run").to_string(),
         });
         let spec = JobSpec {
             name: Some(name.clone()),
-            image: self.image.clone(),
+            image,
             command,
-            workdir: self.workdir.clone(),
+            workdir,
             env,
-            mounts: self.mounts.clone(),
+            mounts,
             gpus: self.gpus,
             gpu_memory: self.mem.clone(),
             gpu_type: self.gpu_type.clone(),
@@ -116,6 +142,8 @@ impl RunArgs {
             home: None,
             ulimits: None,
             pids_limit: None,
+            interactive: false,
+            ports: self.ports.clone(),
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

@@ -92,7 +92,11 @@ config_file: string | null,
 /**
  * The machine's engine (`gantry daemon --system`), for every user.
  */
-system: boolean, };
+system: boolean, 
+/**
+ * The image `gantry notebook` uses without `--image` (`[sessions] notebook_image`).
+ */
+notebook_image?: string | null, };
 /**
  * `GET /v1/whoami`: the caller, from the socket's peer credentials.
  */
@@ -138,7 +142,10 @@ export type JobSpec = {
  */
 name?: string | null, 
 /**
- * Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+ * Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`. Left out, or
+ * `host`: this machine's own system folders (`/usr`, `/etc`, `/opt`, … read-only) and your home
+ * (read-write), so your conda env or venv runs as on the machine, still in a container with
+ * its GPUs and limits (unless the lab turns it off).
  */
 image: string, 
 /**
@@ -237,7 +244,20 @@ ulimits?: Ulimits | null,
  * there). Default, and the most a job may ask for: the lab's `pids_limit` (4096 unless the lab
  * config says otherwise).
  */
-pids_limit?: number | null, };
+pids_limit?: number | null, 
+/**
+ * An interactive session (what `gantry shell` queues): the container gets a terminal that
+ * `gantry attach ID` joins, its command defaults to your login shell (or `/bin/sh` where the
+ * image lacks it), `timeout` is its length (bounded by the lab's `[sessions]`), it is never
+ * retried and goes before batch jobs. Default false.
+ */
+interactive?: boolean, 
+/**
+ * Ports the job serves inside its container (a notebook, TensorBoard), e.g. `[8888]`.
+ * `gantry open ID [PORT]` gives you (only you) a URL on this machine's loopback that reaches
+ * it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
+ */
+ports?: Array<number>, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */
@@ -333,6 +353,15 @@ estimated_start?: number | null,
  * How sure `estimated_start` is (`p50`: even odds).
  */
 eta_confidence?: string | null, };
+/**
+ * `GET /v1/queue`: the part of the queue `gantry ls` shows: every starting and running job, the
+ * first `limit` queued jobs in scheduling order and the first `limit` of the caller's own (by id).
+ */
+export type QueuePage = { jobs: Array<QueueEntry>, 
+/**
+ * Jobs queued in all (shown or not).
+ */
+queued: number, };
 /**
  * Why an attempt ended.
  */

@@ -23,11 +23,11 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
+    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
     VALIDATE, WHOAMI,
 };
 use crate::protocol::{
-    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest,
+    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest, QueuePageQuery,
     Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
 use crate::spec::ValidJob;
@@ -145,12 +145,15 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
     Router::new()
         .route(STATUS, get(status))
         .route(JOBS, get(queue).post(submit))
+        .route(QUEUE_PAGE, get(queue_page))
         .route(JOB, get(job))
         .route(CANCEL, post(cancel))
         .route(PRIORITY, post(priority))
         .route(HOLD, post(hold))
         .route(RELEASE, post(release))
         .route(LOGS, get(logs))
+        .route(ATTACH, get(attach))
+        .route(OPEN, post(open_port))
         .route(GPUS, get(gpus))
         .route(HISTORY, get(history))
         .route(HISTORY_COUNT, get(history_count))
@@ -164,6 +167,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
         .route(EVENTS, get(events))
         .route(USAGE, get(usage))
         .layer(Extension(inboxes))
+        .layer(Extension(Arc::new(LogStreams::default())))
         .with_state(engine)
 }
 
@@ -188,6 +192,7 @@ async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, Conne
         engine_id: e.engine_id.clone(),
         reserved_gpus: e.reserved_gpus(),
         config_file: e.lab_file().map(Path::to_path_buf),
+        notebook_image: e.policy().sessions.notebook_image.clone(),
     })
 }
 
@@ -208,6 +213,12 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
 /// by the engine straight from the queue in memory (a deep queue is tens of MB of JSON).
 async fn queue(State(e): E) -> Result<Response, Failure> {
     let body = tokio::task::spawn_blocking(move || e.queue_json()).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// `gantry ls`'s page of the queue: public rows only, as [`queue`]; the caller's own jobs among them.
+async fn queue_page(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<QueuePageQuery>) -> Result<Response, Failure> {
+    let body = tokio::task::spawn_blocking(move || e.queue_page_json(q.limit, p.uid)).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -300,52 +311,154 @@ async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {
     Json(WhoAmI { uid: p.uid, name: user_name(p.uid) })
 }
 
-/// The job's log file; with `follow`, keep streaming until the job has ended.
-async fn logs(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Query(q): Query<LogQuery>) -> Result<Response, Failure> {
+/// The job's log file, streamed: read a chunk at a time as the socket drains (never the whole
+/// file per reader); with `follow`, until the job has ended. Each uid has at most the lab's
+/// `[logs] streams_per_user` streams open; one more is refused, saying so.
+async fn logs(
+    State(e): E,
+    Extension(streams): Extension<Arc<LogStreams>>,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+    Query(q): Query<LogQuery>,
+) -> Result<Response, Failure> {
     let job = e.job_detail(id)?.job;
     if !e.policy().may_see_private(p.uid, job.owner_uid) {
         return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can read its output", job.owner)));
     }
+    let slot = streams.open(p.uid, e.policy().log_streams_per_user).map_err(|open| {
+        let set = match e.lab_file() {
+            Some(f) => format!("`[logs] streams_per_user` in {}", f.display()),
+            None => "the default; a lab config's `[logs] streams_per_user` sets it".into(),
+        };
+        let error = format!(
+            "{} has {open} log streams open (`gantry logs`, `logs -f`, the app's log views), the most one user may have ({set}); close one and try again",
+            user_name(p.uid)
+        );
+        Failure(StatusCode::TOO_MANY_REQUESTS, ApiError { error, spec_error: None })
+    })?;
     let path = e.log_of(id);
-    if !q.follow {
-        let bytes = tokio::fs::read(&path).await.unwrap_or_default();
-        return Ok(crate::engine::strip_stamps(&bytes).into_response());
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
+    // One chunk in the channel and one being read: with hyper's own bounded write buffer, what a
+    // slow reader pins is a few chunks, not the log.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
     tokio::spawn(async move {
-        let mut offset = 0u64;
+        use tokio::io::AsyncReadExt;
+        let _slot = slot;
+        let mut reader = crate::engine::LogReader::default();
+        let mut buf = vec![0u8; LOG_CHUNK];
+        let mut file: Option<tokio::fs::File> = None;
         loop {
-            let ended = e.job_detail(id).map(|d| d.job.state.is_final()).unwrap_or(true);
-            if let Ok(mut data) = read_from(&path, offset).await {
-                // Whole lines only (their timestamps are stripped), unless the job has ended or one
-                // line fills a whole read.
-                if !ended && data.len() < 1 << 20 {
-                    data.truncate(data.iter().rposition(|c| *c == b'\n').map_or(0, |p| p + 1));
+            let ended = !q.follow || e.job_detail(id).map(|d| d.job.state.is_final()).unwrap_or(true);
+            if file.is_none() {
+                file = tokio::fs::File::open(&path).await.ok();
+            }
+            // Read to the end, a chunk per send: a send waits until the reader took the last one.
+            while let Some(f) = file.as_mut() {
+                let n = match f.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let out = reader.feed(&buf[..n]);
+                if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                    return;
                 }
-                if !data.is_empty() {
-                    offset += data.len() as u64;
-                    if tx.send(Ok(crate::engine::strip_stamps(&data))).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
+            }
+            let out = if ended { reader.finish() } else { reader.caught_up() };
+            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                return;
             }
             if ended {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = tx.closed() => return,
+            }
         }
     });
     Ok(Body::from_stream(tokio_stream_from(rx)).into_response())
 }
 
-async fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut f = tokio::fs::File::open(path).await?;
-    f.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut buf = Vec::new();
-    (&mut f).take(1 << 20).read_to_end(&mut buf).await?;
-    Ok(buf)
+/// How much of a log one stream reads at a time.
+const LOG_CHUNK: usize = 32 << 10;
+
+/// Open log streams per uid (see [`logs`]).
+#[derive(Default)]
+pub struct LogStreams(Mutex<HashMap<u32, usize>>);
+
+/// One open log stream; frees its place when dropped (the stream ended or its reader went away).
+struct StreamSlot {
+    streams: Arc<LogStreams>,
+    uid: u32,
+}
+
+impl LogStreams {
+    /// A place for one more stream of `uid`, or how many it has open (`cap` of them).
+    fn open(self: &Arc<Self>, uid: u32, cap: usize) -> Result<StreamSlot, usize> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = open.entry(uid).or_default();
+        if *mine >= cap {
+            return Err(*mine);
+        }
+        *mine += 1;
+        Ok(StreamSlot { streams: self.clone(), uid })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// A session's terminal: checked (the caller's own running session), its TTY attached, then the
+/// connection is upgraded and carries [`crate::protocol::terminal`] frames both ways.
+async fn attach(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, mut req: axum::extract::Request) -> Result<Response, Failure> {
+    use crate::engine::session::AttachError;
+    use crate::protocol::terminal::UPGRADE;
+    let asked = req.headers().get(axum::http::header::UPGRADE).and_then(|v| v.to_str().ok()) == Some(UPGRADE);
+    if !asked {
+        let error = format!("this route is a terminal: ask for `Upgrade: {UPGRADE}` (`gantry attach {id}` does)");
+        return Err(Failure(StatusCode::UPGRADE_REQUIRED, ApiError { error, spec_error: None }));
+    }
+    let fail = |status, e: AttachError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    let s = e.attachable(id, p.uid).map_err(|err| match err {
+        AttachError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
+        AttachError::NotASession(_) | AttachError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        AttachError::Engine(err) => Failure::from(err),
+    })?;
+    let slot = crate::engine::session::TerminalSlot::take(p.uid).map_err(|why| Failure(StatusCode::TOO_MANY_REQUESTS, ApiError { error: why, spec_error: None }))?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let term = e.open_terminal(&s).await?;
+    tokio::spawn(async move {
+        let _slot = slot;
+        match on_upgrade.await {
+            Ok(upgraded) => e.serve_terminal(s, term, TokioIo::new(upgraded)).await,
+            Err(err) => debug!(uid = p.uid, "a terminal connection was not upgraded: {err}"),
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(axum::http::header::CONNECTION, "upgrade")
+        .header(axum::http::header::UPGRADE, UPGRADE)
+        .body(Body::empty())
+        .expect("a valid response"))
+}
+
+/// A loopback URL reaching one of the caller's job's `ports` (see `engine::ports`).
+async fn open_port(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<crate::protocol::terminal::OpenRequest>) -> Res<crate::protocol::terminal::Opened> {
+    use crate::engine::ports::OpenError;
+    let fail = |status, e: OpenError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    e.open_port(id, p.uid, r.port).await.map(Json).map_err(|err| match err {
+        OpenError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
+        OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        OpenError::Engine(err) => Failure::from(err),
+    })
 }
 
 fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
@@ -429,7 +542,8 @@ pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, socket: &Path, s
                     req.extensions_mut().insert(ConnectInfo(peer));
                     tower_service::Service::call(&mut app.clone(), req)
                 });
-                let conn = http.serve_connection(TokioIo::new(stream), service);
+                // Upgrades: `gantry attach`'s terminal (the connection then leaves HTTP, and its slot).
+                let conn = http.serve_connection(TokioIo::new(stream), service).with_upgrades();
                 let stopping = stopping.clone();
                 conns.spawn(async move {
                     let _slot = slot;

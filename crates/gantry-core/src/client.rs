@@ -18,7 +18,7 @@ use crate::machine_lock::{Holder, LockError};
 use crate::protocol::routes::{self, fill, with_query};
 use crate::protocol::{
     ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, LogQuery,
-    Preview, PriorityRequest, QueueEntryView, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
+    Preview, PriorityRequest, QueueEntryView, QueuePage, QueuePageQuery, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
     WhoAmI,
 };
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
@@ -128,13 +128,36 @@ impl Target {
     /// connection (ControlMaster, kept 60 s after the last request), so a request costs a channel,
     /// not a handshake.
     fn command(&self) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["--", &host, "gantry", "proxy"]);
+        Some(c)
+    }
+
+    /// ssh with the options every connection uses (the shared ControlMaster), and the host.
+    fn ssh_base(&self) -> Option<(tokio::process::Command, String)> {
         let Target::Ssh { host, ssh } = self else { return None };
         let mut c = tokio::process::Command::new(&ssh[0]);
         c.args(&ssh[1..]).args(["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]);
         if let Some(dir) = control_dir() {
             c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/%C", dir.display())).args(["-o", "ControlPersist=60"]);
         }
-        c.args(["--", host, "gantry", "proxy"]);
+        Some((c, host.clone()))
+    }
+
+    /// `ssh -O forward -L 127.0.0.1:LOCAL:REMOTE HOST`: the shared connection (ControlMaster, which
+    /// every request of this client opens) forwards this computer's loopback port `local` to
+    /// `remote` (an address on the workstation, reached as the ssh user) until
+    /// [`Target::cancel_forward_command`], or until it closes (60 s after its last session).
+    pub fn forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["-O", "forward", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
+        Some(c)
+    }
+
+    /// `ssh -O cancel -L …`: the shared connection stops the forward of [`Target::forward_command`].
+    pub fn cancel_forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
+        let (mut c, host) = self.ssh_base()?;
+        c.args(["-O", "cancel", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
         Some(c)
     }
 }
@@ -264,14 +287,46 @@ impl Client {
             (Err(e), _, _) => return Err(e),
         };
         if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let bytes = resp.into_body().collect().await.map_err(|e| ClientError::Protocol(e.to_string()))?.to_bytes();
-            return Err(match serde_json::from_slice::<ApiError>(&bytes) {
-                Ok(e) => ClientError::Api { status, message: e.error, spec_error: e.spec_error },
-                Err(_) => ClientError::Api { status, message: String::from_utf8_lossy(&bytes).into_owned(), spec_error: None },
-            });
+            return Err(refusal(resp).await);
         }
         Ok(resp)
+    }
+
+    /// Join a running session's terminal (`gantry attach`, `gantry shell`): the connection, upgraded,
+    /// carries [`crate::protocol::terminal`] frames both ways until the session ends or it is
+    /// dropped (detaching). Only connecting and the engine's answer are bounded by the timeout.
+    pub async fn attach(&self, id: i64) -> Result<TokioIo<hyper::upgrade::Upgraded>, ClientError> {
+        use crate::protocol::terminal::UPGRADE;
+        self.bounded(async {
+            let (stream, errors) = self.connect().await?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            let req = Request::builder()
+                .method("GET")
+                .uri(fill(routes::ATTACH, id))
+                .header("host", "gantry")
+                .header("connection", "upgrade")
+                .header("upgrade", UPGRADE)
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let resp = match (sender.send_request(req).await, errors, &self.target) {
+                (Ok(r), _, _) => r,
+                (Err(e), Some(errors), Target::Ssh { host, .. }) => {
+                    let said = tokio::time::timeout(Duration::from_secs(5), errors).await.ok().and_then(Result::ok).unwrap_or_default();
+                    let message = if said.is_empty() { format!("ssh closed the connection ({e})") } else { said };
+                    return Err(ClientError::Remote { host: host.clone(), message });
+                }
+                (Err(e), _, _) => return Err(ClientError::Interrupted(e.to_string())),
+            };
+            if resp.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+                return Err(refusal(resp).await);
+            }
+            let upgraded = hyper::upgrade::on(resp).await.map_err(|e| ClientError::Protocol(format!("the terminal connection failed: {e}")))?;
+            Ok(TokioIo::new(upgraded))
+        })
+        .await
     }
 
     async fn json<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T, ClientError> {
@@ -331,6 +386,12 @@ impl Client {
     /// Running and queued jobs, with why each queued one waits.
     pub async fn queue(&self) -> Result<Vec<QueueEntryView>, ClientError> {
         self.get(routes::JOBS).await
+    }
+
+    /// What `gantry ls` shows: every started job, the first `limit` queued ones in scheduling
+    /// order and the first `limit` of the caller's own, with how many are queued in all.
+    pub async fn queue_page(&self, limit: usize) -> Result<QueuePage, ClientError> {
+        self.get(&with_query(routes::QUEUE_PAGE, &QueuePageQuery { limit })?).await
     }
 
     /// Queue one spec (its text); [`Client::submit_file`] reads a file first. The request carries an
@@ -401,9 +462,20 @@ impl Client {
         self.raw(&fill(routes::LOGS, id)).await
     }
 
+    /// The job's output so far, chunk by chunk as the engine streams it (`on_chunk` returns false
+    /// to stop): a long log is never held whole, and only its start is bounded by the timeout.
+    pub async fn logs_chunks(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
+        self.stream(&fill(routes::LOGS, id), on_chunk).await
+    }
+
     /// The job's output as it is written, until the job ends or `on_chunk` returns false.
     pub async fn follow_logs(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
         self.stream(&with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?, on_chunk).await
+    }
+
+    /// A loopback URL on the engine's machine reaching one of the job's `ports` (default: its first).
+    pub async fn open_port(&self, id: i64, port: Option<u16>) -> Result<crate::protocol::terminal::Opened, ClientError> {
+        self.post(&fill(routes::OPEN, id), &crate::protocol::terminal::OpenRequest { port }).await
     }
 
     /// Check a spec without queueing it.
@@ -489,6 +561,19 @@ impl Client {
             Target::Socket(_) => req,
             Target::Ssh { .. } => SubmitRequest { base_dir: None, ..req },
         })
+    }
+}
+
+/// The engine's refusal (its JSON error, or the body as text).
+async fn refusal(resp: hyper::Response<hyper::body::Incoming>) -> ClientError {
+    let status = resp.status().as_u16();
+    let bytes = match resp.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return ClientError::Protocol(e.to_string()),
+    };
+    match serde_json::from_slice::<ApiError>(&bytes) {
+        Ok(e) => ClientError::Api { status, message: e.error, spec_error: e.spec_error },
+        Err(_) => ClientError::Api { status, message: String::from_utf8_lossy(&bytes).into_owned(), spec_error: None },
     }
 }
 

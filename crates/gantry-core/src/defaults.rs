@@ -48,6 +48,14 @@ pub const DOCKER_LOG_FILES: u64 = 4;
 /// Processes (threads count) a job may have, unless the lab sets `[containers] pids_limit`: far above
 /// what a training with many DataLoader workers uses, far below what takes a machine down.
 pub const PIDS_LIMIT: i64 = 4096;
+/// An interactive session without `--for` lasts this long: an afternoon's debugging; a session is
+/// a held GPU, so it should end on its own when forgotten.
+pub const SESSION_LENGTH: Duration = Duration::from_secs(4 * 3600);
+/// The longest session the lab allows unless `[sessions] max_length` says otherwise: a working day.
+pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
+/// Warnings written into a session's terminal this long before its end: time to save work (15 min)
+/// and a last call (5 min).
+pub const SESSION_WARNINGS: [Duration; 2] = [Duration::from_secs(15 * 60), Duration::from_secs(5 * 60)];
 /// First retry delay; doubles per attempt, capped at [`RETRY_BACKOFF_MAX`].
 pub const RETRY_BACKOFF: Duration = Duration::from_secs(10);
 /// A failing job retries at most every 10 minutes, so it cannot churn through containers.
@@ -103,6 +111,15 @@ pub const SYSTEM_STATE_DIR: &str = "/var/lib/gantry";
 pub const SYSTEM_TEMPLATES_DIR: &str = "/etc/gantry/templates";
 /// Each user's drop folder under the system engine, relative to their home.
 pub const INBOX_PATH: &str = "Gantry/inbox";
+/// Folders of one user's drop folder (the folder and its template folders) the engine watches with
+/// inotify: far more template folders than anyone uses, and small next to root's
+/// `fs.inotify.max_user_watches` (8,192 on older kernels; shared by every root process), so one
+/// user's tree of folders cannot use up the watches of the others and of root's other programs.
+/// Past it, or when the kernel refuses a watch, the folder's other folders are scanned instead.
+pub const INBOX_WATCHES_PER_USER: usize = 256;
+/// How often a drop folder is scanned (the safety net for lost events; the only way to see the
+/// folders past [`INBOX_WATCHES_PER_USER`]).
+pub const INBOX_RESCAN: Duration = Duration::from_secs(10);
 /// The system engine looks for new group members (and drop folders that went away) this often.
 pub const USER_INBOX_RESCAN: Duration = Duration::from_secs(60);
 
@@ -123,6 +140,11 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A CLI holds one connection at a time; the app holds a few (events, a log tail, polling). 64 is
 /// room for several apps, scripts and `logs -f` tails of one person, and 8 people's worth is `MAX_CONNECTIONS`.
 pub const MAX_CONNECTIONS_PER_UID: usize = 64;
+/// Log streams (`gantry logs`, `logs -f`, the app's log views) one uid may have open: a person
+/// follows a few jobs in a few terminals and the app; each stream costs a descriptor, a task and up
+/// to ~1 MiB of buffers (a chunk in flight plus hyper's write queue), so 16 of one user's slow
+/// readers pin at most ~16 MiB, where unbounded readers of a 64 MiB log once pinned 1.7 GiB.
+pub const LOG_STREAMS_PER_USER: usize = 16;
 /// Half of the usual 1024 soft descriptor limit, so even if raising it fails the store, logs,
 /// Docker and the drop folder keep 500+ descriptors.
 pub const MAX_CONNECTIONS: usize = 512;
@@ -141,3 +163,7 @@ pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
 /// passed since its creation before it is taken for never started: the engine that created it calls
 /// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
 pub const START_SETTLE: Duration = Duration::from_secs(5);
+
+/// Queued jobs `gantry ls` shows by default: the next 100 to start and the caller's first 100 (a
+/// terminal shows a few dozen lines; `--all` lists a queue of 100,000, which is 25 MB of JSON).
+pub const LS_QUEUED_SHOWN: usize = 100;

@@ -192,6 +192,125 @@ pub struct Launch<'a> {
     pub binding: GpuBinding,
     /// CPU/RAM limits, shm, ulimits, IPC and HOME (`Default`: Docker's own).
     pub container: ContainerSettings,
+    /// The argv when Gantry chooses it (an interactive session's login shell); `None`: the spec's
+    /// command, or the image's CMD.
+    pub command: Option<Vec<String>>,
+    /// The image when Gantry chooses it (the host root of an `image: host` job); `None`: the spec's.
+    pub image: Option<String>,
+}
+
+/// The image an `image: host` job starts from: empty folders and this machine's top-level links
+/// (`/bin -> usr/bin` on a merged-/usr system), with the machine's system folders bind-mounted
+/// read-only on it ([`HostRoot::binds`]). Made once per layout with `docker import`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoot {
+    /// `gantry-host-root:<hash of the layout>`.
+    pub tag: String,
+    /// Its only layer, a tar archive.
+    pub tar: Vec<u8>,
+    /// The machine's folders mounted read-only at the same path.
+    pub binds: Vec<String>,
+}
+
+/// Empty folders of the host root (mount points, scratch space; `tmp` is sticky and writable by all).
+/// `sbin` is the container's own: Docker puts its init at `/sbin/docker-init`, which it could not
+/// create inside the machine's read-only `/sbin` (the machine's are in `/usr/sbin` on a merged-/usr
+/// system, which Debian 12 and Ubuntu are).
+const HOST_ROOT_DIRS: [(&str, u32); 13] =
+    [("sbin", 0o755), ("tmp", 0o1777), ("var", 0o755), ("var/tmp", 0o1777), ("home", 0o755), ("root", 0o700), ("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("run", 0o755), ("mnt", 0o755), ("media", 0o755), ("srv", 0o755)];
+
+/// What a top-level system folder is on this machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopLevel {
+    Dir,
+    /// A symbolic link, and where it points (`usr/bin`).
+    Link(String),
+}
+
+impl HostRoot {
+    /// The host root of a machine whose top-level system folders are `layout` (name, what it is).
+    pub fn of(layout: &[(&str, TopLevel)]) -> HostRoot {
+        let mut tar = vec![];
+        for (dir, mode) in HOST_ROOT_DIRS {
+            tar.extend(tar_header(dir, b'5', mode, ""));
+        }
+        let mut binds = vec![];
+        let mut described = String::new();
+        for (name, what) in layout.iter().filter(|(n, _)| *n != "sbin") {
+            match what {
+                TopLevel::Dir => {
+                    tar.extend(tar_header(name, b'5', 0o755, ""));
+                    binds.push(format!("/{name}"));
+                    described.push_str(&format!("{name}/;"));
+                }
+                TopLevel::Link(to) => {
+                    tar.extend(tar_header(name, b'2', 0o777, to));
+                    described.push_str(&format!("{name}->{to};"));
+                }
+            }
+        }
+        tar.extend([0u8; 1024]);
+        // FNV-1a of the layout: another machine's (or a changed) layout is another image.
+        let hash = described.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        HostRoot { tag: format!("gantry-host-root:{:012x}", hash >> 16), tar, binds }
+    }
+
+    /// This machine's.
+    pub fn of_this_machine() -> HostRoot {
+        let mut layout = vec![];
+        for name in crate::spec::HOST_SYSTEM_FOLDERS.map(|d| d.trim_start_matches('/')) {
+            match std::fs::symlink_metadata(format!("/{name}")) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if let Ok(to) = std::fs::read_link(format!("/{name}")) {
+                        layout.push((name, TopLevel::Link(to.to_string_lossy().into_owned())));
+                    }
+                }
+                Ok(m) if m.is_dir() => layout.push((name, TopLevel::Dir)),
+                _ => {}
+            }
+        }
+        HostRoot::of(&layout)
+    }
+}
+
+/// One ustar header (a directory or a symbolic link: no data follows), owned by root.
+fn tar_header(name: &str, kind: u8, mode: u32, link: &str) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    let name = if kind == b'5' { format!("{name}/") } else { name.to_string() };
+    h[..name.len().min(100)].copy_from_slice(&name.as_bytes()[..name.len().min(100)]);
+    let octal = |h: &mut [u8; 512], at: usize, width: usize, v: u64| {
+        let s = format!("{v:0w$o}\0", w = width - 1);
+        h[at..at + width].copy_from_slice(s.as_bytes());
+    };
+    octal(&mut h, 100, 8, u64::from(mode));
+    octal(&mut h, 108, 8, 0);
+    octal(&mut h, 116, 8, 0);
+    octal(&mut h, 124, 12, 0);
+    octal(&mut h, 136, 12, 0);
+    h[156] = kind;
+    h[157..157 + link.len().min(100)].copy_from_slice(&link.as_bytes()[..link.len().min(100)]);
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// An interactive session's terminal, joined to its container's TTY ([`Executor::terminal`]).
+pub struct Terminal {
+    /// What the terminal shows from now on (raw bytes: the TTY merges stdout and stderr). Ends when
+    /// the container does.
+    pub output: BoxStream<'static, Result<Bytes, ExecError>>,
+    /// Keys typed. Dropping it leaves the container running (its stdin stays open).
+    pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+}
+
+/// The argv of a session without a command: `shell` (the owner's login shell on this machine) as a
+/// login shell where the image has it, else the image's `/bin/sh`.
+pub fn session_argv(shell: Option<&str>) -> Vec<String> {
+    let shell = shell.filter(|s| s.starts_with('/') && !s.ends_with("/nologin") && !s.ends_with("/false")).unwrap_or("/bin/sh");
+    vec!["/bin/sh".into(), "-c".into(), r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#.into(), shell.into()]
 }
 
 /// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
@@ -338,6 +457,23 @@ pub trait Executor: Send + Sync + 'static {
     /// once, never started (nothing of the image runs); cached per image id.
     async fn image_files(&self, _image: &str, paths: &[&str], _max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
         Ok(vec![None; paths.len()])
+    }
+    /// Make sure the host root image exists (`docker import` of its tar when missing); its tag.
+    async fn ensure_host_root(&self, root: &HostRoot) -> Result<String, ExecError> {
+        Ok(root.tag.clone())
+    }
+    /// An interactive session's terminal (its container was created with a TTY and open stdin).
+    async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
+        Err(ExecError::Rejected(format!("container {id} has no terminal to attach to here")))
+    }
+    /// Set the size of a session's terminal.
+    async fn resize(&self, _id: &str, _cols: u16, _rows: u16) -> Result<(), ExecError> {
+        Ok(())
+    }
+    /// A TCP connection to `port` on 127.0.0.1 inside the container's network namespace (or, where
+    /// this process may not enter it, to the container's own address).
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
+        Err(ExecError::Rejected(format!("cannot reach port {port} of container {id} here")))
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
@@ -619,9 +755,14 @@ impl Executor for DockerExecutor {
                 ..Default::default()
             }]
         });
+        let tty = l.job.spec.interactive;
         let body = ContainerCreateBody {
-            image: Some(l.job.spec.image.clone()),
-            cmd: l.job.spec.command.as_ref().map(|c| c.argv()),
+            image: Some(l.image.clone().unwrap_or_else(|| l.job.spec.image.clone())),
+            cmd: l.command.clone().or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
+            // A session's shell gets a terminal, and its stdin stays open between attachments.
+            tty: tty.then_some(true),
+            open_stdin: tty.then_some(true),
+            stdin_once: tty.then_some(false),
             env: Some(job_env(l)),
             working_dir: l.job.spec.workdir.clone(),
             user: Some(format!("{}:{}", l.uid, l.gid)),
@@ -890,6 +1031,52 @@ impl Executor for DockerExecutor {
         self.docker.logs(id, Some(opts)).map(|r| r.map(Frame::of).map_err(classify)).boxed()
     }
 
+    async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
+        // Docker's own detach keys stay its default (Ctrl-P Ctrl-Q), the ones the CLI detaches on itself.
+        let opts = qp::AttachContainerOptions { stream: true, stdin: true, stdout: true, stderr: true, ..Default::default() };
+        let a = self.docker.attach_container(id, Some(opts)).await.map_err(classify)?;
+        Ok(Terminal { output: a.output.map(|o| o.map(|o| Frame::of(o).data).map_err(classify)).boxed(), input: a.input })
+    }
+
+    async fn ensure_host_root(&self, root: &HostRoot) -> Result<String, ExecError> {
+        match self.docker.inspect_image(&root.tag).await {
+            Ok(_) => return Ok(root.tag.clone()),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(classify(e)),
+        }
+        let (repo, tag) = root.tag.split_once(':').unwrap_or((&root.tag, "latest"));
+        let opts = qp::CreateImageOptions { from_src: Some("-".into()), repo: Some(repo.into()), tag: Some(tag.into()), ..Default::default() };
+        let mut stream = self.docker.create_image(Some(opts), Some(bollard::body_full(Bytes::from(root.tar.clone()))), None);
+        while let Some(item) = stream.next().await {
+            item.map_err(|e| ExecError::ImageUnavailable { image: root.tag.clone(), detail: e.to_string() })?;
+        }
+        tracing::info!("made {}, the root of jobs in this machine's own folders", root.tag);
+        Ok(root.tag.clone())
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
+        let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
+        let pid = info.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0).ok_or_else(|| ExecError::Rejected(format!("container {id} is not running")))?;
+        let inside = tokio::task::spawn_blocking(move || connect_in_netns(pid as u32, port)).await.map_err(|e| ExecError::Rejected(e.to_string()))?;
+        let stream = match inside {
+            Ok(s) => s,
+            // Not root (a user's own engine): the container's address on its Docker network.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
+                let ip = info.network_settings.and_then(|n| n.networks).and_then(|n| n.into_values().find_map(|v| v.ip_address.filter(|a| !a.is_empty())));
+                let ip = ip.ok_or_else(|| ExecError::Rejected(format!("container {id} has no address to reach port {port} at")))?;
+                std::net::TcpStream::connect((ip.as_str(), port)).map_err(|e| ExecError::Rejected(format!("port {port} of the job: {e}")))?
+            }
+            Err(e) => return Err(ExecError::Rejected(format!("port {port} of the job: {e}; is its server listening on 127.0.0.1:{port} inside?"))),
+        };
+        stream.set_nonblocking(true).map_err(|e| ExecError::Rejected(e.to_string()))?;
+        tokio::net::TcpStream::from_std(stream).map_err(|e| ExecError::Rejected(e.to_string()))
+    }
+
+    async fn resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
+        let opts = qp::ResizeContainerTTYOptions { w: cols.max(1) as i32, h: rows.max(1) as i32 };
+        self.docker.resize_container_tty(id, opts).await.map_err(classify)
+    }
+
     fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         let (docker, id) = (self.docker.clone(), id.to_string());
         let opts = qp::AttachContainerOptions { stream: true, stdout: true, stderr: true, ..Default::default() };
@@ -933,7 +1120,30 @@ mod tests {
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,
             container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
+            command: None,
+            image: None,
         })
+    }
+
+    #[test]
+    fn the_host_root_mirrors_the_machines_links_and_mounts_its_folders() {
+        let merged = [("usr", TopLevel::Dir), ("bin", TopLevel::Link("usr/bin".into())), ("lib", TopLevel::Link("usr/lib".into())), ("etc", TopLevel::Dir), ("opt", TopLevel::Dir)];
+        let r = HostRoot::of(&merged);
+        assert_eq!(r.binds, ["/usr", "/etc", "/opt"]);
+        assert!(r.tag.starts_with("gantry-host-root:"));
+        let split = HostRoot::of(&[("usr", TopLevel::Dir), ("bin", TopLevel::Dir), ("sbin", TopLevel::Dir), ("etc", TopLevel::Dir)]);
+        assert_eq!(split.binds, ["/usr", "/bin", "/etc"], "/sbin is the container's own (Docker's init is there)");
+        assert_ne!(r.tag, split.tag, "another layout, another image");
+        assert_eq!(r.tag, HostRoot::of(&merged).tag);
+        // Headers a tar reader takes: checksum, link, sticky /tmp.
+        let h = &r.tar[512..1024];
+        assert_eq!(&h[..4], b"tmp/");
+        assert_eq!(&h[100..107], b"0001777");
+        let sum: u32 = h.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+        assert_eq!(std::str::from_utf8(&h[148..154]).unwrap(), format!("{sum:06o}"));
+        let link = r.tar.chunks(512).find(|c| c.starts_with(b"bin\0")).unwrap();
+        assert_eq!((link[156], &link[157..164]), (b'2', &b"usr/bin"[..]));
+        assert_eq!(r.tar.len() % 512, 0);
     }
 
     #[test]
@@ -1012,6 +1222,19 @@ mod tests {
         let env = launch(&cpu, &[]);
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
     }
+}
+
+/// Connect to 127.0.0.1:`port` in the network namespace of process `pid`, from a thread made for
+/// it (a thread's namespace is its own; the socket keeps the namespace it was made in, and the
+/// thread ends there).
+fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        std::net::TcpStream::connect_timeout(&std::net::SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
 }
 
 fn listed_name(c: &bollard::models::ContainerSummary) -> String {

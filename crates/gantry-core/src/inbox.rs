@@ -18,7 +18,18 @@
 //! rescan: it is never rejected for the engine's own trouble.
 //!
 //! Only complete files are read: the watcher acts on "closed after write" and "renamed in" events,
-//! never on a file still being written. Files dropped while the engine was down are picked up on start.
+//! never on a file still being written. A scan every [`INBOX_RESCAN`] is the safety net (events the
+//! kernel dropped, folders not watched, files dropped while the engine was down): it reads a file only
+//! once it is unchanged since the scan before, 5 s old, and not written to without a close since.
+//!
+//! One user's folder tree cannot take the machine's inotify watches: a drop folder holds at most the
+//! lab's `[inbox] max_watches` (the folder and its folders, one level deep; deeper ones are never
+//! looked into); past it, or when the kernel refuses a watch, the rest is scanned, a bound's worth
+//! of folders per scan, and `gantry inbox` and `gantry-folders.error.txt` say so.
+//!
+//! A file refused for now by what only time lifts (its owner's queue is full) stays, with one error
+//! file, and is tried again after a wait that doubles ([`WAIT_FIRST`] to [`WAIT_MAX`]); every
+//! name the log shows goes through [`log_safe`].
 //!
 //! A subfolder holding `gantry.toml` (or `.yaml`) is a template folder: any other file dropped there
 //! becomes a job from the template with that file mounted read-only at `/gantry/config/<name>`.
@@ -40,8 +51,13 @@ use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, renameat2, AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
-use notify::{EventKind, RecursiveMode, Watcher};
-use tracing::{info, warn};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, InotifyEvent, Inotify, WatchDescriptor};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use tokio::io::unix::AsyncFd;
+use tracing::{debug, info, warn};
+
+use crate::defaults::INBOX_RESCAN;
 
 use crate::engine::submit::{Spec, Submission};
 use crate::engine::{Engine, EngineError};
@@ -63,6 +79,9 @@ pub enum Outcome {
     Refused { error: String },
     /// A transient problem, not the file's fault: the file stays and is tried again later.
     Retry { reason: String },
+    /// Refused for now by something only time lifts (the owner's queue is full): the file stays,
+    /// with one `<name>.error.txt` saying so, and is tried again after a wait (see [`Waiting`]).
+    Waiting { reason: String, key: (u64, u64, i64, i64) },
     /// Not a job file (template itself, hidden/temporary file, our own folders), or already handled.
     Ignored,
 }
@@ -72,6 +91,8 @@ pub enum Outcome {
 enum Stop {
     Ignore,
     Retry(String),
+    /// Refused until something changes that is not the file (the queue cap): wait, then try again.
+    Wait(String),
     Refuse(SpecError),
     Reject(SpecError),
 }
@@ -124,6 +145,8 @@ pub struct Inbox {
     fd: OwnedFd,
     /// The only user whose files count here.
     owner: Ids,
+    /// What is only scanned, not watched, and why (`gantry inbox` shows it); `None` when all is watched.
+    pub note: Arc<Mutex<Option<String>>>,
 }
 
 /// The inbox itself or one template folder in it.
@@ -138,58 +161,269 @@ struct Folder {
     lab: bool,
 }
 
-/// Pick up what is already in the drop folder, then watch it until the engine stops.
-pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
-    let handler = move |res: notify::Result<notify::Event>| match res {
-        Ok(ev) => {
-            let complete = matches!(
-                ev.kind,
-                EventKind::Access(notify::event::AccessKind::Close(notify::event::AccessMode::Write))
-                    | EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::To))
-                    | EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::Both))
-            ) || matches!(ev.kind, EventKind::Create(notify::event::CreateKind::Folder))
-                || (matches!(ev.kind, EventKind::Create(_))
-                // A symlink is complete when created (it has no close-after-write); regular files
-                // being written also fire Create, and must wait for their close.
-                && ev.paths.last().and_then(|p| std::fs::symlink_metadata(p).ok()).is_some_and(|m| m.file_type().is_symlink()));
-            if complete {
-                // For a rename pair the destination is last.
-                if let Some(p) = ev.paths.last() {
-                    let _ = tx.send(p.clone());
+/// Events a drop folder's watches report: complete files (closed after writing, renamed in), new
+/// entries (folders, links), and writes (a file written to and not closed yet is never read).
+const EVENTS: AddWatchFlags = AddWatchFlags::IN_CLOSE_WRITE
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_CREATE)
+    .union(AddWatchFlags::IN_MODIFY)
+    .union(AddWatchFlags::IN_ONLYDIR)
+    .union(AddWatchFlags::IN_DONT_FOLLOW)
+    // No events for entries once unlinked (nix names no constant for it).
+    .union(AddWatchFlags::from_bits_retain(libc::IN_EXCL_UNLINK));
+
+/// A file written to and never closed is read by a scan after this long without a write: a writer
+/// that keeps a file open an hour without writing is taken to be gone (a crashed writer's file is
+/// closed by the kernel, which the watch reports at once).
+const WRITER_GONE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The name of the error file that says why some folders of a drop folder are scanned, not watched.
+pub const WATCH_NOTE: &str = "gantry-folders";
+
+struct InotifyFd(Inotify);
+
+impl std::os::fd::AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsFd::as_fd(&self.0).as_raw_fd()
+    }
+}
+
+/// Why a folder is not watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unwatched {
+    /// The user's bound (`inbox.max_watches`) is reached.
+    Bound,
+    /// The kernel refused (no inotify instance, `fs.inotify.max_user_watches` used up).
+    Kernel,
+}
+
+/// One drop folder's inotify watches: the folder itself and at most the lab's bound of its folders
+/// (`[inbox] max_watches`, the folder included), each on its own, one level deep. A watch goes in
+/// O(1) when its folder goes (`IN_IGNORED`), so deleting many folders costs one event each.
+struct Watches {
+    fd: Option<AsyncFd<InotifyFd>>,
+    /// Watch -> `None` (the drop folder) or the folder's name.
+    folders: HashMap<i32, Option<String>>,
+    names: HashMap<String, WatchDescriptor>,
+    top: Option<WatchDescriptor>,
+    /// Files written to and not closed yet (`IN_CREATE`/`IN_MODIFY` without `IN_CLOSE_WRITE`), with
+    /// the last write: never read until closed or moved in (or after [`WRITER_GONE`] without writes).
+    writing: HashMap<(Option<String>, String), tokio::time::Instant>,
+    /// What each file looked like at the last scan: a scan reads a file only once it is unchanged
+    /// since the one before (a writer the watches cannot see may still be writing it).
+    seen: HashMap<(Option<String>, String), (u64, u64, u64, i64, i64)>,
+    /// Folders not watched at the last scan, and why.
+    unwatched: Vec<(String, Unwatched)>,
+    /// Where the last scan's look into unwatched folders stopped (they are looked into in turns).
+    cursor: usize,
+    /// Refused drop files that only time can lift (a full queue), waiting to be tried again.
+    waiting: HashMap<(Option<String>, String), Waiting>,
+}
+
+/// A drop file refused for now: tried again at `next`, each wait twice the last.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    /// The file's identity when refused (dev, inode, size, mtime): a changed file is tried at once.
+    key: (u64, u64, i64, i64),
+    next: tokio::time::Instant,
+    delay: std::time::Duration,
+}
+
+/// A refused drop file is first tried again after 30 s (a queue's jobs start in seconds to
+/// minutes), each wait then doubles, up to 10 minutes: a file waiting all day is read about 150
+/// times, not every 10 s rescan (8,640 times).
+pub const WAIT_FIRST: std::time::Duration = std::time::Duration::from_secs(30);
+pub const WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl Waiting {
+    /// The wait after `prev` (none yet: the first).
+    fn after(prev: Option<&Waiting>, key: (u64, u64, i64, i64), now: tokio::time::Instant) -> Waiting {
+        let delay = match prev {
+            Some(p) if p.key == key => (p.delay * 2).min(WAIT_MAX),
+            _ => WAIT_FIRST,
+        };
+        Waiting { key, next: now + delay, delay }
+    }
+}
+
+fn file_key(st: &FileStat) -> (u64, u64, i64, i64) {
+    (st.st_dev, st.st_ino, st.st_size, st.st_mtime * 1_000_000_000 + st.st_mtime_nsec)
+}
+
+impl Watches {
+    fn new(ib: &Inbox) -> Watches {
+        let registered = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(std::io::Error::from).and_then(|i| {
+            // SAFETY: the descriptor is the `Inotify`'s own, which the `AsyncFd` owns (and closes) from here on.
+            unsafe { AsyncFd::register_with_interest(InotifyFd(i), tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
+        });
+        let fd = match registered {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!("drop folder {}: no inotify instance ({e}); it is scanned every {} s instead", log_safe(&ib.path.display().to_string()), INBOX_RESCAN.as_secs());
+                None
+            }
+        };
+        let mut w = Watches {
+            fd,
+            folders: HashMap::new(),
+            names: HashMap::new(),
+            top: None,
+            writing: HashMap::new(),
+            seen: HashMap::new(),
+            unwatched: vec![],
+            cursor: 0,
+            waiting: HashMap::new(),
+        };
+        w.watch_top(ib);
+        w
+    }
+
+    /// Watch the drop folder itself (again, after the kernel refused).
+    fn watch_top(&mut self, ib: &Inbox) -> bool {
+        if self.top.is_some() {
+            return true;
+        }
+        let Some(fd) = &self.fd else { return false };
+        match fd.get_ref().0.add_watch(&ib.path, EVENTS) {
+            Ok(wd) => {
+                self.folders.insert(wd.as_raw(), None);
+                self.top = Some(wd);
+                true
+            }
+            Err(e) => {
+                warn!("cannot watch the drop folder {}: {e}; it is scanned every {} s instead", log_safe(&ib.path.display().to_string()), INBOX_RESCAN.as_secs());
+                false
+            }
+        }
+    }
+
+    /// Watch folder `name` of the drop folder, within `max` watches (the drop folder's own counts).
+    fn watch(&mut self, ib: &Inbox, name: &str, max: usize) -> Result<(), Unwatched> {
+        if self.names.contains_key(name) {
+            return Ok(());
+        }
+        let Some(fd) = &self.fd else { return Err(Unwatched::Kernel) };
+        if self.names.len() + 1 >= max {
+            return Err(Unwatched::Bound);
+        }
+        match fd.get_ref().0.add_watch(&ib.path.join(name), EVENTS) {
+            Ok(wd) => {
+                // The same folder under a new name (renamed within the drop folder): one watch.
+                if let Some(Some(old)) = self.folders.insert(wd.as_raw(), Some(name.to_string())) {
+                    self.names.remove(&old);
+                }
+                self.names.insert(name.to_string(), wd);
+                Ok(())
+            }
+            Err(Errno::ENOSPC | Errno::ENOMEM) => Err(Unwatched::Kernel),
+            Err(_) => Ok(()), // gone, or not a folder: the scan says what it is
+        }
+    }
+
+    /// Stop watching folders that are no longer there (a watch on a folder moved away).
+    fn forget_except(&mut self, present: &HashSet<String>) {
+        let gone: Vec<String> = self.names.keys().filter(|n| !present.contains(*n)).cloned().collect();
+        for n in gone {
+            if let Some(wd) = self.names.remove(&n) {
+                self.folders.remove(&wd.as_raw());
+                if let Some(fd) = &self.fd {
+                    let _ = fd.get_ref().0.rm_watch(wd);
                 }
             }
         }
-        Err(e) => warn!("drop folder watch error: {e}"),
-    };
-    // The inbox and each template folder are watched on their own, one level deep: a recursive
-    // watch would walk users' folder trees (and links) as root.
-    let mut watcher = notify::RecommendedWatcher::new(handler, notify::Config::default().with_follow_symlinks(false))
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    watcher.watch(&ib.path, RecursiveMode::NonRecursive).map_err(|e| std::io::Error::other(e.to_string()))?;
-    info!("watching drop folder {} (owned by {})", ib.path.display(), user_name(ib.owner.uid));
-    ib.rescan(&engine, &mut watcher);
-    // A safety net for events the kernel drops (inotify queue overflow) and for files left to retry.
-    let mut rescan = tokio::time::interval(std::time::Duration::from_secs(10));
+    }
+
+    /// The next batch of events (never, without an inotify instance).
+    async fn events(&self) -> Vec<InotifyEvent> {
+        let Some(fd) = &self.fd else { return std::future::pending().await };
+        loop {
+            let mut guard = match fd.readable().await {
+                Ok(g) => g,
+                Err(e) => {
+                    warn!("drop folder watch error: {e}");
+                    return std::future::pending().await;
+                }
+            };
+            match guard.try_io(|f| f.get_ref().0.read_events().map_err(std::io::Error::from)) {
+                Ok(Ok(evs)) => return evs,
+                Ok(Err(e)) => {
+                    warn!("drop folder watch error: {e}");
+                    return vec![];
+                }
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// What `gantry inbox` and the error file say about folders that are only scanned.
+    fn note(&self, ib: &Inbox, engine: &Engine, max: usize) -> Option<String> {
+        let every = INBOX_RESCAN.as_secs();
+        if self.top.is_none() {
+            return Some(format!(
+                "the kernel refused an inotify watch for {} (its `fs.inotify.max_user_watches` or `max_user_instances` is used up on this machine), \
+                 so Gantry scans it every {every} s instead: files are picked up within about {} s. An admin can raise the kernel's limit (`sysctl fs.inotify.max_user_watches`)",
+                ib.path.display(),
+                3 * every
+            ));
+        }
+        let bound = self.unwatched.iter().filter(|(_, w)| *w == Unwatched::Bound).count();
+        let kernel = self.unwatched.len() - bound;
+        if kernel > 0 {
+            return Some(format!(
+                "the kernel refused inotify watches for {kernel} folders of {} (`fs.inotify.max_user_watches` is used up on this machine), \
+                 so Gantry scans them every {every} s instead: files there are picked up within about {} s",
+                ib.path.display(),
+                3 * every
+            ));
+        }
+        (bound > 0).then(|| {
+            let set = match engine.lab_file() {
+                Some(f) => format!("`[inbox] max_watches` in {}", f.display()),
+                None => "the default; a lab config's `[inbox] max_watches` sets it".into(),
+            };
+            format!(
+                "{} holds {} folders; Gantry watches at most {max} folders per user ({set}), so the other {bound} (e.g. {:?}) are only scanned, \
+                 a few at a time: files dropped there are picked up late. Remove the folders you do not use as template folders \
+                 (a template folder holds gantry.toml or gantry.yaml), or move them out of the drop folder",
+                ib.path.display(),
+                self.names.len() + bound,
+                self.unwatched.iter().find(|(_, w)| *w == Unwatched::Bound).map(|(n, _)| n.as_str()).unwrap_or_default(),
+            )
+        })
+    }
+}
+
+/// `text` for the engine's log: control characters (a line break in a file name) escaped, so what
+/// a user names a file can never forge a line of the log.
+pub fn log_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars().map(|c| if c.is_control() { c.escape_default().collect::<String>() } else { c.to_string() }).collect::<String>().into()
+}
+
+/// Pick up what is already in the drop folder, then watch it until the engine stops.
+pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
+    let mut w = Watches::new(&ib);
+    info!("watching drop folder {} (owned by {})", log_safe(&ib.path.display().to_string()), user_name(ib.owner.uid));
+    ib.rescan(&engine, &mut w);
+    // A safety net for events the kernel drops (inotify queue overflow), for folders not watched,
+    // and for files waiting to be tried again.
+    let mut rescan = tokio::time::interval(INBOX_RESCAN);
     rescan.tick().await;
     loop {
         tokio::select! {
-            p = rx.recv() => {
-                let Some(p) = p else { break };
-                match ib.locate(&p) {
-                    Some((None, name)) if ib.subfolder(&name) => {
-                        // A new (template) folder: files may have landed before its watch was added.
-                        ib.watch(&mut watcher, &name);
-                        let files = openat(&ib.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd));
-                        for (f, _) in files.unwrap_or_default().into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR) {
-                            ib.handle(&engine, Some(&name), &f);
-                        }
-                    }
-                    Some((sub, name)) => ib.handle(&engine, sub.as_deref(), &name),
-                    None => {}
+            evs = w.events() => {
+                let mut overflow = false;
+                for ev in evs {
+                    overflow |= ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW);
+                    ib.event(&engine, &mut w, ev);
+                }
+                if overflow {
+                    ib.rescan(&engine, &mut w);
                 }
             }
-            _ = rescan.tick() => ib.rescan(&engine, &mut watcher),
+            _ = rescan.tick() => ib.rescan(&engine, &mut w),
             _ = engine.stopped() => break,
         }
     }
@@ -420,24 +654,14 @@ impl Inbox {
     /// only user whose files count. Makes its `accepted/` and `rejected/`.
     pub fn at(path: PathBuf, fd: OwnedFd) -> std::io::Result<Inbox> {
         let owner = Ids::of(&fstat(&fd)?);
-        let ib = Inbox { path, fd, owner };
+        let ib = Inbox { path, fd, owner, note: Arc::default() };
         for d in [ACCEPTED, REJECTED] {
             // A problem here is explained next to each dropped file; the engine still starts.
             if let Err(e) = subdir(&ib.fd, &ib.path, d, owner) {
-                warn!("drop folder {}: {e:?}", ib.path.display());
+                warn!("drop folder {}: {}", log_safe(&ib.path.display().to_string()), log_safe(&format!("{e:?}")));
             }
         }
         Ok(ib)
-    }
-
-    /// `(template folder, name)` of a path in the inbox: `name` or `folder/name`.
-    fn locate(&self, p: &Path) -> Option<(Option<String>, String)> {
-        let rel: Vec<String> = p.strip_prefix(&self.path).ok()?.components().map(|c| c.as_os_str().to_str().map(String::from)).collect::<Option<_>>()?;
-        match rel.as_slice() {
-            [n] => Some((None, n.clone())),
-            [d, n] => Some((Some(d.clone()), n.clone())),
-            _ => None,
-        }
     }
 
     /// Whether `name` in the inbox is a real folder that may be a template folder.
@@ -445,49 +669,195 @@ impl Inbox {
         name != ACCEPTED && name != REJECTED && !name.starts_with('.') && fstatat(&self.fd, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFDIR)
     }
 
-    fn watch(&self, watcher: &mut notify::RecommendedWatcher, name: &str) {
-        if let Err(e) = watcher.watch(&self.path.join(name), RecursiveMode::NonRecursive) {
-            warn!("cannot watch {}: {e}", self.path.join(name).display());
+    /// One inotify event.
+    fn event(&self, engine: &Engine, w: &mut Watches, ev: InotifyEvent) {
+        let wd = ev.wd.as_raw();
+        if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
+            // The folder went (deleted, unmounted): forget its watch, in O(1).
+            match w.folders.remove(&wd) {
+                Some(Some(name)) => {
+                    if w.names.get(&name) == Some(&ev.wd) {
+                        w.names.remove(&name);
+                    }
+                }
+                Some(None) => {
+                    w.top = None;
+                    warn!("the drop folder {} is no longer watched (removed or unmounted)", log_safe(&self.path.display().to_string()));
+                }
+                None => {}
+            }
+            return;
+        }
+        let Some(folder) = w.folders.get(&wd).cloned() else { return };
+        let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()).map(String::from) else { return };
+        let arrived = ev.mask.intersects(AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO);
+        if ev.mask.contains(AddWatchFlags::IN_ISDIR) {
+            // Folders count one level deep only: in the drop folder itself.
+            if folder.is_none() && ev.mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) && self.subfolder(&name) {
+                // A new (template) folder: files may have landed before its watch was added. Past
+                // the user's bound it is not watched; the next scan says so.
+                let _ = w.watch(self, &name, engine.policy().inbox_watches_per_user);
+                let files = openat(&self.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd));
+                for (f, _) in files.unwrap_or_default().into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR) {
+                    self.handle(engine, w, Some(&name), &f);
+                }
+            }
+            return;
+        }
+        if ignorable(&name) {
+            return; // our own error files and their temporary names, editors' temporary files
+        }
+        let key = (folder.clone(), name.clone());
+        if arrived {
+            w.writing.remove(&key);
+            self.handle(engine, w, folder.as_deref(), &name);
+        } else if ev.mask.contains(AddWatchFlags::IN_MODIFY) {
+            // Being written: read only once it is closed (or moved in).
+            w.writing.insert(key, tokio::time::Instant::now());
+        } else if ev.mask.contains(AddWatchFlags::IN_CREATE) {
+            let dir = match &folder {
+                None => openat(&self.fd, ".", DIR, Mode::empty()),
+                Some(d) => openat(&self.fd, d.as_str(), DIR, Mode::empty()),
+            };
+            let link = dir.ok().and_then(|d| fstatat(&d, name.as_str(), NOFOLLOW).ok()).is_some_and(|st| kind(&st) == SFlag::S_IFLNK);
+            if link {
+                // A symbolic link is complete when made (it has no close-after-write).
+                self.handle(engine, w, folder.as_deref(), &name);
+            } else {
+                // Being written: read only once it is closed (or moved in).
+                w.writing.insert(key, tokio::time::Instant::now());
+            }
         }
     }
 
-    /// Watch every folder and handle every settled file: files changed in the last 5 seconds may still
-    /// be being written, and their close event will come.
-    fn rescan(&self, engine: &Engine, watcher: &mut notify::RecommendedWatcher) {
-        let settled = |st: &FileStat| {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-            now - st.st_mtime >= 5
-        };
+    /// Watch every folder (within the user's bound) and handle every file that is settled: unchanged
+    /// since the last scan, not written to in the last 5 seconds, and not open for writing as far as
+    /// the watches know (a file written to and not closed yet comes with its close event).
+    fn rescan(&self, engine: &Engine, w: &mut Watches) {
+        let max = engine.policy().inbox_watches_per_user;
+        w.watch_top(self);
         let top = match list(&self.fd) {
             Ok(t) => t,
-            Err(e) => return warn!("cannot list the drop folder {}: {e}; will retry", self.path.display()),
+            Err(e) => return warn!("cannot list the drop folder {}: {e}; will retry", log_safe(&self.path.display().to_string())),
         };
+        let now = tokio::time::Instant::now();
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let mut seen = HashMap::new();
         let mut files = vec![];
+        let mut look: Vec<String> = vec![];
+        let mut unwatched = vec![];
+        let mut present = HashSet::new();
+        let mut ready = |w: &Watches, key: (Option<String>, String), st: &FileStat, seen: &mut HashMap<_, _>| {
+            let id = (st.st_dev, st.st_ino, st.st_size as u64, st.st_mtime, st.st_mtime_nsec);
+            let unchanged = w.seen.get(&key) == Some(&id);
+            let writing = w.writing.get(&key).is_some_and(|t| now.duration_since(*t) < WRITER_GONE);
+            let waits = w.waiting.get(&key).is_some_and(|x| x.key == file_key(st) && x.next > now);
+            seen.insert(key.clone(), id);
+            if unchanged && !writing && !waits && wall - st.st_mtime >= 5 {
+                files.push(key);
+            }
+        };
         for (name, st) in top {
             if kind(&st) != SFlag::S_IFDIR {
-                if settled(&st) {
-                    files.push((None, name));
-                }
+                ready(w, (None, name), &st, &mut seen);
             } else if self.subfolder(&name) {
-                self.watch(watcher, &name);
-                match openat(&self.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd)) {
-                    Ok(sub) => files.extend(sub.into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR && settled(st)).map(|(n, _)| (Some(name.clone()), n))),
-                    Err(e) => warn!("cannot list {}: {e}; will retry", self.path.join(&name).display()),
+                present.insert(name.clone());
+                match w.watch(self, &name, max) {
+                    Ok(()) => look.push(name),
+                    Err(why) => unwatched.push((name, why)),
                 }
             }
         }
+        w.forget_except(&present);
+        // Folders not watched are looked into a bound's worth per scan, in turns: one user's tree of
+        // folders costs a scan what a full set of watched folders does.
+        let mut skipped = HashSet::new();
+        if !unwatched.is_empty() {
+            let n = unwatched.len();
+            let from = w.cursor % n;
+            for i in 0..n {
+                let name = &unwatched[(from + i) % n].0;
+                if i < max {
+                    look.push(name.clone());
+                } else {
+                    skipped.insert(name.clone());
+                }
+            }
+            w.cursor = (from + max.min(n)) % n;
+        }
+        for name in &look {
+            match openat(&self.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd)) {
+                Ok(sub) => {
+                    for (f, st) in sub.into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR) {
+                        ready(w, (Some(name.clone()), f), &st, &mut seen);
+                    }
+                }
+                Err(e) => warn!("cannot list {}: {e}; will retry", log_safe(&self.path.join(name).display().to_string())),
+            }
+        }
+        // What the folders not looked into held is kept for their turn.
+        let kept = |k: &(Option<String>, String)| k.0.as_ref().is_some_and(|d| skipped.contains(d));
+        w.seen.retain(|k, _| kept(k));
+        w.seen.extend(seen);
+        let Watches { seen: known, writing, waiting, .. } = &mut *w;
+        writing.retain(|k, t| known.contains_key(k) && now.duration_since(*t) < WRITER_GONE);
+        waiting.retain(|k, _| known.contains_key(k));
+        w.unwatched = unwatched;
+        let note = w.note(self, engine, max);
+        self.report(note);
         for (sub, name) in files {
-            self.handle(engine, sub.as_deref(), &name);
+            self.handle(engine, w, sub.as_deref(), &name);
         }
     }
 
-    fn handle(&self, engine: &Engine, sub: Option<&str>, name: &str) {
+    /// Say (once, in `gantry inbox` and in `gantry-folders.error.txt` in the drop folder) which
+    /// folders are only scanned and why; remove the error file once all are watched again.
+    fn report(&self, note: Option<String>) {
+        let mut current = self.note.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == note {
+            return;
+        }
+        let shown = log_safe(&self.path.display().to_string()).into_owned();
+        match &note {
+            Some(text) => {
+                warn!("drop folder {shown}: {}", log_safe(text));
+                let report = format!("Gantry does not watch every folder of this drop folder:\n\n{text}.\n\nThis file goes away once every folder is watched again.\n");
+                if let Err(e) = write_error(&self.fd, WATCH_NOTE, self.owner, &report) {
+                    warn!("cannot write {WATCH_NOTE}.error.txt in {shown}: {e}");
+                }
+            }
+            None => {
+                info!("drop folder {shown}: every folder is watched again");
+                let _ = unlinkat(&self.fd, format!("{WATCH_NOTE}.error.txt").as_str(), UnlinkatFlags::NoRemoveDir);
+            }
+        }
+        *current = note;
+    }
+
+    fn handle(&self, engine: &Engine, w: &mut Watches, sub: Option<&str>, name: &str) {
+        let key = (sub.map(String::from), name.to_string());
         let path = sub.map(|s| self.path.join(s)).unwrap_or_else(|| self.path.clone()).join(name);
-        match self.process(engine, sub, name) {
-            Outcome::Accepted { job_id, moved_to } => info!(job = job_id, "accepted {} -> {}", path.display(), moved_to.display()),
-            Outcome::Rejected { moved_to, error } => warn!("rejected {}: {error} (see {}.error.txt)", path.display(), moved_to.display()),
-            Outcome::Refused { error } => warn!("refused {}: {error} (see {}.error.txt)", path.display(), path.display()),
-            Outcome::Retry { reason } => warn!("{}: {reason}; will retry", path.display()),
+        let shown = log_safe(&path.display().to_string()).into_owned();
+        let prev = w.waiting.get(&key).copied();
+        let outcome = self.process_waited(engine, sub, name, prev.map(|p| p.key));
+        if !matches!(outcome, Outcome::Waiting { .. } | Outcome::Retry { .. }) {
+            w.waiting.remove(&key);
+        }
+        match outcome {
+            Outcome::Accepted { job_id, moved_to } => info!(job = job_id, "accepted {shown} -> {}", log_safe(&moved_to.display().to_string())),
+            Outcome::Rejected { moved_to, error } => warn!("rejected {shown}: {} (see {}.error.txt)", log_safe(&error), log_safe(&moved_to.display().to_string())),
+            Outcome::Refused { error } => warn!("refused {shown}: {} (see {shown}.error.txt)", log_safe(&error)),
+            Outcome::Retry { reason } => warn!("{shown}: {}; will retry", log_safe(&reason)),
+            Outcome::Waiting { reason, key: file } => {
+                let next = Waiting::after(prev.as_ref(), file, tokio::time::Instant::now());
+                let wait = crate::units::duration_setting(next.delay);
+                if prev.is_some_and(|p| p.key == file) {
+                    debug!("{shown}: still refused ({}); tried again in {wait}", log_safe(&reason));
+                } else {
+                    warn!("{shown}: not queued for now: {} (see {shown}.error.txt); tried again in {wait}, then less often", log_safe(&reason));
+                }
+                w.waiting.insert(key, next);
+            }
             Outcome::Ignored => {}
         }
     }
@@ -525,6 +895,12 @@ impl Inbox {
 
     /// Turn one dropped file into a job, or say why not.
     pub fn process(&self, engine: &Engine, sub: Option<&str>, name: &str) -> Outcome {
+        self.process_waited(engine, sub, name, None)
+    }
+
+    /// [`Inbox::process`] for a file that has waited (`waited`: its identity when it was refused for
+    /// now): a file still waiting gets no new error file.
+    fn process_waited(&self, engine: &Engine, sub: Option<&str>, name: &str, waited: Option<(u64, u64, i64, i64)>) -> Outcome {
         if ignorable(name) || (sub.is_some() && TEMPLATE_NAMES.contains(&name)) {
             return Outcome::Ignored;
         }
@@ -550,19 +926,25 @@ impl Inbox {
             Err(Stop::Refuse(e)) => return refuse(&f, name, &st, e),
             Err(s) => return stopped(s),
         };
-        match self.queue(engine, &f, name, &st) {
+        let queued = self.queue(engine, &f, name, &st);
+        if queued.is_ok() || (waited.is_some() && !matches!(queued, Err(Stop::Wait(_) | Stop::Retry(_)))) {
+            // An error file next to it is out of date (it waited, or it changed since): remove it.
+            let _ = unlinkat(&f.fd, format!("{name}.error.txt").as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        match queued {
             Ok(id) => {
                 let moved = move_noreplace(&f.fd, name, &accepted, &format!("{id}-{name}"));
                 match moved {
                     Ok(n) => Outcome::Accepted { job_id: id, moved_to: f.path.join(ACCEPTED).join(n) },
                     Err(e) => {
-                        warn!("job {id} queued but {} could not be moved to accepted/: {e}", f.path.join(name).display());
+                        warn!("job {id} queued but {} could not be moved to accepted/: {e}", log_safe(&f.path.join(name).display().to_string()));
                         Outcome::Accepted { job_id: id, moved_to: f.path.join(name) }
                     }
                 }
             }
             Err(Stop::Reject(e)) => reject(&f, name, &st, &rejected, e),
             Err(Stop::Refuse(e)) => refuse(&f, name, &st, e),
+            Err(Stop::Wait(reason)) => wait(&f, name, &st, reason, waited),
             Err(s) => stopped(s),
         }
     }
@@ -621,6 +1003,8 @@ fn finish(result: Result<Vec<i64>, EngineError>) -> Result<i64, Stop> {
     match result.map(|ids| ids[0]) {
         Ok(id) => Ok(id),
         Err(EngineError::Spec(e)) => Err(Stop::Reject(e)),
+        // A limit only time lifts (the owner's queue is full): wait, and try again later.
+        Err(EngineError::Refused(why)) => Err(Stop::Wait(why)),
         // Not the file's fault (database trouble): leave it in place to retry later.
         Err(e) => Err(Stop::Retry(format!("could not queue it: {e}"))),
     }
@@ -634,7 +1018,7 @@ fn has_lab_template(engine: &Engine, name: &str) -> Result<bool, Stop> {
         Err(e) if transient(errno_of(&e)) => return Err(Stop::Retry(format!("cannot open the lab templates {}: {e}", dir.display()))),
         Err(e) if errno_of(&e) == Errno::ENOENT => return Ok(false),
         Err(e) => {
-            warn!("lab templates in {} are not used: {e}", dir.display());
+            warn!("lab templates in {} are not used: {}", dir.display(), log_safe(&e.to_string()));
             return Ok(false);
         }
     };
@@ -712,7 +1096,7 @@ fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobS
 
 fn stopped(s: Stop) -> Outcome {
     match s {
-        Stop::Retry(reason) => Outcome::Retry { reason },
+        Stop::Retry(reason) | Stop::Wait(reason) => Outcome::Retry { reason },
         Stop::Ignore => Outcome::Ignored,
         // Callers handle these with the folder at hand.
         Stop::Refuse(e) | Stop::Reject(e) => Outcome::Refused { error: e.to_string() },
@@ -729,10 +1113,33 @@ fn refuse(f: &Folder, name: &str, st: &FileStat, e: SpecError) -> Outcome {
         Ok(()) => Outcome::Refused { error: e.to_string() },
         Err(err) if transient(err) => Outcome::Retry { reason: format!("cannot write its error file: {err}") },
         Err(err) => {
-            warn!("cannot write {}.error.txt: {err}", f.path.join(name).display());
+            warn!("cannot write {}.error.txt: {err}", log_safe(&f.path.join(name).display().to_string()));
             Outcome::Refused { error: e.to_string() }
         }
     }
+}
+
+/// Leave the file where it is, to be tried again after a wait, with one `<name>.error.txt` saying why
+/// (written when the wait starts, not at each try). The report is dated just before the file, so it
+/// never marks the file as explained: after a restart the file is tried once more.
+fn wait(f: &Folder, name: &str, st: &FileStat, reason: String, waited: Option<(u64, u64, i64, i64)>) -> Outcome {
+    let key = file_key(st);
+    if waited != Some(key) {
+        let report = format!(
+            "Gantry did not queue {name:?} yet:\n\n{reason}\n\nThe file was left where it is, unchanged. Gantry tries it again by itself, \
+             first after {}, then less often (at most every {}); it is queued once this is no longer so. Changing the file tries it at once.\n",
+            crate::units::duration_setting(WAIT_FIRST),
+            crate::units::duration_setting(WAIT_MAX),
+        );
+        match write_error(&f.fd, name, Ids::of(st), &report) {
+            Ok(()) => {
+                let before = nix::sys::time::TimeSpec::new(st.st_mtime - 1, st.st_mtime_nsec);
+                let _ = nix::sys::stat::utimensat(&f.fd, format!("{name}.error.txt").as_str(), &before, &before, nix::sys::stat::UtimensatFlags::NoFollowSymlink);
+            }
+            Err(err) => warn!("cannot write {}.error.txt: {err}", log_safe(&f.path.join(name).display().to_string())),
+        }
+    }
+    Outcome::Waiting { reason, key }
 }
 
 /// Move the file to `rejected/` and explain next to it there.
@@ -748,7 +1155,7 @@ fn reject(f: &Folder, name: &str, st: &FileStat, rejected: &OwnedFd, e: SpecErro
          `gantry schema` prints every field a job spec may have.\n"
     );
     if let Err(err) = write_error(rejected, &moved, Ids::of(st), &report) {
-        warn!("cannot write the error file for {}: {err}", f.path.join(REJECTED).join(&moved).display());
+        warn!("cannot write the error file for {}: {err}", log_safe(&f.path.join(REJECTED).join(&moved).display().to_string()));
     }
     Outcome::Rejected { moved_to: f.path.join(REJECTED).join(moved), error: e.to_string() }
 }
@@ -768,6 +1175,31 @@ mod tests {
 
     fn me() -> Ids {
         Ids { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
+    }
+
+    /// Issue 18, item 16: a refusal only time lifts waits 30 s, then twice as long each time, at
+    /// most 10 minutes; a changed file starts again from the first wait.
+    #[test]
+    fn a_waiting_file_backs_off_and_a_changed_one_starts_over() {
+        let now = tokio::time::Instant::now();
+        let (a, b) = ((1, 2, 3, 4), (1, 2, 3, 5));
+        let mut w = Waiting::after(None, a, now);
+        let mut delays = vec![w.delay.as_secs()];
+        for _ in 0..6 {
+            w = Waiting::after(Some(&w), a, now);
+            delays.push(w.delay.as_secs());
+        }
+        assert_eq!(delays, [30, 60, 120, 240, 480, 600, 600]);
+        assert_eq!(w.next, now + WAIT_MAX);
+        assert_eq!(Waiting::after(Some(&w), b, now).delay, WAIT_FIRST, "the file changed");
+    }
+
+    /// Issue 18, item 17: a user's file name cannot forge a line of the engine's log.
+    #[test]
+    fn names_are_logged_with_control_characters_escaped() {
+        assert_eq!(log_safe("plain name.yaml"), "plain name.yaml");
+        assert_eq!(log_safe("a\n2026-01-01 INFO forged\r\u{1b}[2J.yaml"), "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J.yaml");
+        assert_eq!(log_safe("caf\u{e9}.yaml"), "caf\u{e9}.yaml", "other text is kept");
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct Containers {
     pub reserve_memory: u64,
     /// Processes and threads per job; a spec may ask for fewer, never more.
     pub pids_limit: i64,
+    /// Jobs without an image (`image: host`) run in this machine's own system folders.
+    pub host_image: bool,
 }
 
 impl Default for Containers {
@@ -64,6 +66,7 @@ impl Default for Containers {
             reserve_cpus_milli: config::RESERVE_CPUS_MILLI,
             reserve_memory: config::RESERVE_MEMORY,
             pids_limit: config::PIDS_LIMIT,
+            host_image: true,
         }
     }
 }
@@ -85,6 +88,7 @@ impl Containers {
             ("containers.reserve_cpus", crate::units::format_cpus(self.reserve_cpus_milli)),
             ("containers.reserve_memory", format_bytes(self.reserve_memory)),
             ("containers.pids_limit", self.pids_limit.to_string()),
+            ("containers.host_image", self.host_image.to_string()),
         ]
     }
 
@@ -166,6 +170,12 @@ impl Containers {
 
     /// Refuse what the lab does not allow: `ipc: host` and `home: mount`.
     pub fn check(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        if job.spec.is_host_image() && !self.host_image {
+            return Err(SpecError::new(
+                format!("jobs without an image (`image: host`, this machine's own folders) are turned off here{}", set_in("containers.host_image")),
+                "name a Docker image in `image` (`gantry run --image IMG`)",
+            ));
+        }
         if job.spec.ipc == Some(Ipc::Host) && !self.allow_ipc_host {
             return Err(SpecError::new(
                 format!("`ipc: host` is not allowed on this machine: it would let the job reach other jobs' and the host's shared memory{}", set_in("containers.allow_ipc_host")),
@@ -381,8 +391,9 @@ impl Containers {
         }
     }
 
+    /// A job in this machine's own folders (`image: host`) has the owner's home, as on the machine.
     fn home_mode(&self, job: &ValidJob) -> Home {
-        job.spec.home.unwrap_or(self.home)
+        job.spec.home.unwrap_or(if job.spec.is_host_image() { Home::Mount } else { self.home })
     }
 
     /// The owner's home as a read-write mount, when the job's HOME is their home folder.

@@ -80,6 +80,77 @@ pub fn strip_stamps_live(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// [`strip_stamps`] for a log read chunk by chunk (the API streams logs in bounded memory): fed
+/// the file in any chunking, then [`LogReader::finish`]ed, it gives what `strip_stamps` gives for
+/// the whole file. It holds at most one record not ended yet (cut at [`RECORD_MAX`]) and the last
+/// progress state.
+#[derive(Debug, Default)]
+pub struct LogReader {
+    /// The record not ended yet (no `\n` seen).
+    partial: Vec<u8>,
+    /// The last progress state (with its `\n`), shown only if nothing follows it.
+    progress: Option<Vec<u8>>,
+}
+
+/// A record longer than this (Gantry never writes one: lines are cut at [`LINE_MAX`]) is passed on
+/// in pieces, so a reader's memory stays bounded whatever the file holds.
+pub const RECORD_MAX: usize = 4 * LINE_MAX;
+
+impl LogReader {
+    /// What `data` adds to the output: every record it ends.
+    pub fn feed(&mut self, mut data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len());
+        while let Some(nl) = data.iter().position(|c| *c == b'\n') {
+            if self.partial.is_empty() {
+                self.record(&data[..=nl], &mut out);
+            } else {
+                let mut rec = std::mem::take(&mut self.partial);
+                rec.extend_from_slice(&data[..=nl]);
+                self.record(&rec, &mut out);
+                rec.clear();
+                self.partial = rec;
+            }
+            data = &data[nl + 1..];
+        }
+        self.partial.extend_from_slice(data);
+        if self.partial.len() > RECORD_MAX {
+            let rec = std::mem::take(&mut self.partial);
+            self.record(&rec, &mut out);
+        }
+        out
+    }
+
+    fn record(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        if line.starts_with(b"\r\r") {
+            return; // a backend's own bookkeeping
+        }
+        if is_progress(line) {
+            let p = self.progress.get_or_insert_with(Vec::new);
+            p.clear();
+            p.extend_from_slice(&line[1..line.len().min(RECORD_MAX)]);
+            return;
+        }
+        self.progress = None;
+        out.extend_from_slice(&line[stamp_len(line)..]);
+    }
+
+    /// Caught up with a log still being written (`logs -f`): the current progress state, once.
+    pub fn caught_up(&mut self) -> Vec<u8> {
+        self.progress.take().unwrap_or_default()
+    }
+
+    /// The end of the file: the record without a newline, and the progress state nothing followed.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = vec![];
+        let rec = std::mem::take(&mut self.partial);
+        if !rec.is_empty() {
+            self.record(&rec, &mut out);
+        }
+        out.extend(self.progress.take().unwrap_or_default());
+        out
+    }
+}
+
 /// Length of a leading `2026-01-02T03:04:05.123456789Z ` (0 if the line has none).
 pub(crate) fn stamp_len(line: &[u8]) -> usize {
     if !line.first().is_some_and(u8::is_ascii_digit) {
@@ -289,6 +360,33 @@ mod tests {
             assert_eq!(state, "now", "the line not ended yet: its current state, chunks of {size}");
         }
         assert_eq!(lines_of(&[b"a\rb\r"]).1, "b", "after a `\\r` the last state stays until the next one");
+    }
+
+    /// Issue 18, item 5: a log streamed chunk by chunk reads as the whole file does, in every
+    /// chunking, holding at most one record.
+    #[test]
+    fn a_log_read_in_chunks_reads_as_the_whole_file() {
+        let log: &[u8] = b"2026-01-01T00:00:00.000000001Z start\n\r 10%\n\r\rmark 1\n\r 20%\n2026-01-01T00:00:01.000000001Z 100%\n[gantry 2026] note\n\r 5%\n\r\rmark 2\n\r 7%\n";
+        for tail in [&b""[..], b"2026-01-01T00:00:02.000000001Z no newline yet"] {
+            let whole = [log, tail].concat();
+            let want = strip_stamps(&whole);
+            for size in 1..=whole.len() {
+                let mut r = LogReader::default();
+                let mut got: Vec<u8> = whole.chunks(size).flat_map(|c| r.feed(c)).collect();
+                got.extend(r.finish());
+                assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want), "chunks of {size}");
+            }
+        }
+        // Following: the current state once when caught up, never held back past the next line.
+        let mut r = LogReader::default();
+        assert_eq!(r.feed(b"a\n\r 1%\n"), b"a\n");
+        assert_eq!(r.caught_up(), b" 1%\n");
+        assert_eq!(r.caught_up(), b"");
+        assert_eq!(r.feed(b"\r 2%\nb\n"), b"b\n", "a state followed by its line is not shown");
+        // A record far longer than Gantry writes is passed on in pieces, not held.
+        let mut r = LogReader::default();
+        let out = r.feed(&vec![b'x'; RECORD_MAX + 10]);
+        assert_eq!((out.len(), r.partial.len()), (RECORD_MAX + 10, 0));
     }
 
     #[test]

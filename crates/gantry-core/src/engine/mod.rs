@@ -25,8 +25,10 @@ mod lab;
 mod limits;
 mod ops;
 mod pass;
+pub mod ports;
 mod reconcile;
 mod sampler;
+pub mod session;
 pub mod submit;
 mod supervisor;
 
@@ -48,7 +50,7 @@ use crate::spec::SpecError;
 use crate::store::{JobState, RunRef, Store, StoreError};
 
 pub(crate) use joblog::append_log;
-pub use joblog::{strip_stamps, strip_stamps_live};
+pub use joblog::{strip_stamps, strip_stamps_live, LogReader};
 pub use crate::config::{Config, Paths};
 pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
 pub use crate::protocol::QueueEntryView as QueueEntry;
@@ -173,6 +175,8 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
+    /// Loopback forwards to jobs' `ports` (`gantry open`), by job and container port.
+    forwards: Mutex<HashMap<(i64, u16), std::net::SocketAddr>>,
     _lock: std::fs::File,
 }
 
@@ -364,6 +368,7 @@ impl Engine {
             events,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            forwards: Mutex::new(HashMap::new()),
             _lock: lock,
         });
         e.sample_gpus();

@@ -88,6 +88,25 @@ impl Engine {
     /// queue in memory (only the few started jobs' rows are read from SQLite, without their specs),
     /// so a queue of 100,000 jobs costs no spec parsing and no copy of every row.
     pub fn queue_json(&self) -> Result<Vec<u8>, EngineError> {
+        let mut out = vec![];
+        self.write_queue(&mut out, &QueueSelect::All)?;
+        Ok(out)
+    }
+
+    /// `gantry ls`'s page of the queue ([`crate::protocol::QueuePage`] as JSON): every started job,
+    /// the first `limit` queued jobs in scheduling order, and the first `limit` of `caller`'s own;
+    /// with how many are queued in all. A page of a deep queue costs a walk over the queue in
+    /// memory, not 25 MB of JSON.
+    pub fn queue_page_json(&self, limit: usize, caller: u32) -> Result<Vec<u8>, EngineError> {
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(b"{\"jobs\":");
+        let total = self.write_queue(&mut out, &QueueSelect::Page { limit, caller })?;
+        out.extend_from_slice(format!(",\"queued\":{total}}}").as_bytes());
+        Ok(out)
+    }
+
+    /// Write the queue's JSON array (the jobs `select` keeps) to `out`; returns how many jobs are queued.
+    fn write_queue(&self, out: &mut Vec<u8>, select: &QueueSelect) -> Result<usize, EngineError> {
         // One snapshot: the queue in memory changes only under the store's lock, with the committed
         // transition it mirrors, so no job is missed or listed twice as it starts.
         let (started, queued) = {
@@ -108,12 +127,31 @@ impl Engine {
         let waiting = self.waiting.read().unwrap();
         let eta = self.eta.read().unwrap();
         let v = Verdicts { waiting: &waiting, eta: &eta, held: &held, problem: problem.as_deref() };
+        if let QueueSelect::All = select {
+            out.reserve((started.len() + queued.len()) * QUEUE_ROW_BYTES + 2);
+        }
+        let (mut own, mut unplaced) = (0usize, 0usize);
+        let mut keep = |r: &QueuedRow, w: Option<&Waiting>| match *select {
+            QueueSelect::All => true,
+            QueueSelect::Page { limit, caller } => {
+                let mine = r.owner_uid == caller && own < limit;
+                own += usize::from(r.owner_uid == caller);
+                // A job the scheduler has not seen yet (just queued) has no position.
+                let early = match w {
+                    Some(w) => w.position <= limit,
+                    None => {
+                        unplaced += 1;
+                        unplaced <= limit
+                    }
+                };
+                mine || early
+            }
+        };
+        let mut json = serde_json::Serializer::new(&mut *out);
+        let mut seq = json.serialize_seq(None).map_err(std::io::Error::from)?;
         // Queued jobs and their verdicts are both by id: walk them side by side (a lookup per job
         // would miss the cache 100,000 times).
         let mut verdicts = waiting.iter().peekable();
-        let mut out = Vec::with_capacity((started.len() + queued.len()) * QUEUE_ROW_BYTES + 2);
-        let mut json = serde_json::Serializer::new(&mut out);
-        let mut seq = json.serialize_seq(Some(started.len() + queued.len())).map_err(std::io::Error::from)?;
         let mut started = started.iter().peekable();
         for r in &queued {
             while let Some(s) = started.next_if(|s| s.id < r.id) {
@@ -121,13 +159,15 @@ impl Engine {
             }
             while verdicts.next_if(|(id, _)| **id < r.id).is_some() {}
             let w = verdicts.next_if(|(id, _)| **id == r.id).map(|(_, w)| w);
-            seq.serialize_element(&v.queued(r, w)).map_err(std::io::Error::from)?;
+            if keep(r, w) {
+                seq.serialize_element(&v.queued(r, w)).map_err(std::io::Error::from)?;
+            }
         }
         for s in started {
             seq.serialize_element(&v.started(s)).map_err(std::io::Error::from)?;
         }
         seq.end().map_err(std::io::Error::from)?;
-        Ok(out)
+        Ok(queued.len())
     }
 
     pub fn job_detail(&self, id: i64) -> Result<JobDetail, EngineError> {
@@ -204,6 +244,13 @@ impl Engine {
     pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {
         Ok(self.reader().history(f)?)
     }
+}
+
+/// Which queued jobs a listing shows.
+enum QueueSelect {
+    All,
+    /// The first `limit` in scheduling order and the first `limit` of `caller`'s.
+    Page { limit: usize, caller: u32 },
 }
 
 /// What the queue says of each job besides its row.

@@ -216,7 +216,7 @@ impl Engine {
                 .map(|j| QueuedJob {
                     job_id: j.id,
                     user: j.owner.clone(),
-                    priority: j.priority,
+                    priority: scheduling_priority(j, &policy),
                     submitted_at_ms: j.submitted_at,
                     gpus: j.gpus,
                     gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
@@ -333,6 +333,21 @@ fn ceil_needs(n: crate::scheduler::CpuRam, c: crate::scheduler::CpuRam) -> crate
 
 /// A queued job's declared runtime, else the median learned from similar completed runs
 /// (`estimate::History`: same owner+name+image+shape, else same shape, else same GPU count, else all).
+/// The priority a queued job is ordered by: its own, or, for an interactive session while the lab
+/// puts sessions before batch jobs (`[sessions] before_batch`), its own plus [`SESSION_PRIORITY`]
+/// (someone is waiting at a terminal).
+fn scheduling_priority(j: &QueuedRow, policy: &crate::policy::Policy) -> i32 {
+    if j.interactive && policy.sessions.before_batch {
+        j.priority.saturating_add(SESSION_PRIORITY)
+    } else {
+        j.priority
+    }
+}
+
+/// Above any priority a lab gives batch jobs (the admins' range is ±1,000 by default), with room
+/// for sessions' own priorities to order them among themselves.
+const SESSION_PRIORITY: i32 = 1 << 30;
+
 fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow) -> Option<i64> {
     j.expected_runtime_ms.or_else(|| history.estimate(&j.key(), 0).map(|e| e.p50_ms))
 }

@@ -234,8 +234,14 @@ impl Engine {
         }
         policy.containers.check(job, &|k| self.set_in(k))?;
         policy.containers.check_pids(job, &|k| self.set_in(k))?;
-        policy.images.check(&job.spec.image, &|k| self.set_in(k))?;
+        // `image: host` is pulled from nowhere: the lab turns it on or off with `[containers] host_image`.
+        if !job.spec.is_host_image() {
+            policy.images.check(&job.spec.image, &|k| self.set_in(k))?;
+        }
         let mut job = job.clone();
+        if job.spec.interactive {
+            return self.session_limits(job, owner, policy);
+        }
         if job.timeout.is_none() {
             job.timeout = policy.default_timeout;
         }
@@ -247,6 +253,34 @@ impl Engine {
                     format!("use a `timeout` of at most {}", setting(max)),
                 )
                 .into());
+            }
+        }
+        Ok(job)
+    }
+
+    /// `[sessions]` on an interactive session: its length (`timeout`, `--for`) is the lab's default
+    /// when unset and at most `max_length`; the owner's sessions together ask for at most `max_gpus`.
+    fn session_limits(&self, mut job: ValidJob, owner: &Owner, policy: &Policy) -> Result<ValidJob, EngineError> {
+        use crate::units::duration_setting as setting;
+        let s = &policy.sessions;
+        let length = *job.timeout.get_or_insert(s.default_length);
+        if length > s.max_length {
+            return Err(SpecError::new(
+                format!("the session would last {}; the lab allows sessions of at most {}{}", setting(length), setting(s.max_length), self.set_in("sessions.max_length")),
+                format!("ask for at most {} (`gantry shell --for {}`)", setting(s.max_length), setting(s.max_length)),
+            )
+            .into());
+        }
+        if let Some(cap) = s.max_gpus.filter(|_| !policy.is_admin(owner.uid)) {
+            let open = self.store().open_session_gpus(owner.uid)?;
+            if open + job.gpus > cap {
+                return Err(EngineError::Refused(format!(
+                    "your sessions already ask for {open} GPU{}; this one's {} would pass the lab's limit of {cap} GPUs in sessions per user{}. \
+                     End one (`gantry ls`, then `gantry cancel ID`, or exit its shell), or ask for fewer GPUs",
+                    if open == 1 { "" } else { "s" },
+                    job.gpus,
+                    self.set_in("sessions.max_gpus"),
+                )));
             }
         }
         Ok(job)

@@ -34,6 +34,8 @@ struct Watched {
     dev: u64,
     ino: u64,
     task: JoinHandle<()>,
+    /// What of the folder is only scanned, and why (see [`Inbox::note`]).
+    note: Arc<Mutex<Option<String>>>,
 }
 
 /// The watchers of users' drop folders: made by the daemon, shared by the watchers and the API (the
@@ -45,6 +47,7 @@ pub struct Registry {
     problems: Mutex<HashMap<u32, String>>,
     /// The engine's own drop folder's watcher.
     main: Mutex<Option<JoinHandle<()>>>,
+    main_note: Arc<Mutex<Option<String>>>,
 }
 
 /// Why a user's drop folder is not watched.
@@ -70,9 +73,13 @@ pub fn check_inbox_path(p: &Path) -> Result<(), String> {
 pub async fn run(engine: Arc<Engine>, inboxes: Arc<Registry>) {
     let main = {
         let (e, dir) = (engine.clone(), engine.cfg.paths.inbox.clone());
+        let note = inboxes.main_note.clone();
         tokio::spawn(async move {
             let opened = match Inbox::open(dir.clone()) {
-                Ok(ib) => super::run(e, ib).await,
+                Ok(mut ib) => {
+                    ib.note = note;
+                    super::run(e, ib).await
+                }
                 Err(err) => Err(err.into()),
             };
             if let Err(err) = opened {
@@ -195,13 +202,13 @@ impl Registry {
             w.task.abort();
         }
         let ib = Inbox::at(path.clone(), fd).map_err(|e| refused(format!("cannot set up {}: {e}", path.display()), "try again"))?;
-        let (e, shown) = (engine.clone(), path.clone());
+        let (e, shown, note) = (engine.clone(), path.clone(), ib.note.clone());
         let task = tokio::spawn(async move {
             if let Err(err) = super::run(e, ib).await {
                 error!("drop folder {} disabled: {err}", shown.display());
             }
         });
-        watched.insert(uid, Watched { path: path.clone(), dev: st.st_dev, ino: st.st_ino, task });
+        watched.insert(uid, Watched { path: path.clone(), dev: st.st_dev, ino: st.st_ino, task, note });
         Ok(path)
     }
 
@@ -210,16 +217,22 @@ impl Registry {
         let lab_templates = lab_templates(engine);
         if engine.cfg.paths.system_root.is_none() || uid == 0 {
             let watched = lock(&self.main).as_ref().is_some_and(|t| !t.is_finished());
-            let problem = (!watched).then(|| "the engine's drop folder is disabled (see the engine's log)".to_string());
+            let problem = match watched {
+                false => Some("the engine's drop folder is disabled (see the engine's log)".to_string()),
+                true => lock(&self.main_note).clone(),
+            };
             return InboxInfo { path: engine.cfg.paths.inbox.clone(), watched, problem, per_user: false, lab_templates };
         }
         let home = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.dir);
         let path = home.map(|h| h.join(&engine.cfg.inbox_path)).unwrap_or_else(|| engine.cfg.inbox_path.clone());
-        let watched = lock(&self.watched).get(&uid).is_some_and(|w| !w.task.is_finished() && w.path == path);
+        let (watched, note) = match lock(&self.watched).get(&uid) {
+            Some(w) if !w.task.is_finished() && w.path == path => (true, lock(&w.note).clone()),
+            _ => (false, None),
+        };
         let problem = match lock(&self.problems).get(&uid) {
             Some(p) => Some(p.clone()),
             None if !watched => Some("not set up yet: run `gantry inbox init`".into()),
-            None => None,
+            None => note,
         };
         InboxInfo { path, watched, problem, per_user: true, lab_templates }
     }

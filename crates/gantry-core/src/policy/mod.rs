@@ -72,6 +72,10 @@ pub struct Policy {
     pub log_cap: u64,
     /// Log files of jobs that ended longer ago are deleted (`None`: kept).
     pub log_keep: Option<Duration>,
+    /// Log streams (`gantry logs`, `logs -f`, the app's log views) one uid may have open at once.
+    pub log_streams_per_user: usize,
+    /// Folders of one user's drop folder the engine watches (inotify); past it, they are scanned.
+    pub inbox_watches_per_user: usize,
     /// Finished jobs that ended longer ago are deleted from history (`None`: kept).
     pub history_keep: Option<Duration>,
     /// `[containers]`: shm, ulimits, IPC, HOME, and each job's CPU and RAM.
@@ -84,6 +88,8 @@ pub struct Policy {
     pub gpu_memory_margin_pct: f64,
     /// ... and stopped once it has stayed over this long.
     pub gpu_memory_grace: Duration,
+    /// `[sessions]`: interactive sessions (`gantry shell`).
+    pub sessions: Sessions,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -108,12 +114,15 @@ impl Default for Policy {
             reserve_after: config::RESERVE_AFTER,
             log_cap: config::LOG_CAP,
             log_keep: None,
+            log_streams_per_user: config::LOG_STREAMS_PER_USER,
+            inbox_watches_per_user: config::INBOX_WATCHES_PER_USER,
             history_keep: None,
             containers: Default::default(),
             images: Default::default(),
             disk: Default::default(),
             gpu_memory_margin_pct: config::GPU_MEMORY_MARGIN_PCT,
             gpu_memory_grace: config::GPU_MEMORY_GRACE,
+            sessions: Sessions::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -171,6 +180,8 @@ impl Policy {
             ("jobs.gpu_memory_grace", d(Some(self.gpu_memory_grace))),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
+            ("logs.streams_per_user", self.log_streams_per_user.to_string()),
+            ("inbox.max_watches", self.inbox_watches_per_user.to_string()),
             ("history.keep", d(self.history_keep)),
             ("images.allow", self.images.allow.as_ref().map(|a| format!("{a:?}")).unwrap_or_else(|| "any (no local registry)".into())),
             ("images.pull_timeout", d(Some(self.images.pull_timeout))),
@@ -179,12 +190,43 @@ impl Policy {
             ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
         ];
         v.extend(self.containers.entries());
+        let s = &self.sessions;
+        v.extend([
+            ("sessions.max_gpus", s.max_gpus.map(|n| n.to_string()).unwrap_or_else(|| "none".into())),
+            ("sessions.default_length", d(Some(s.default_length))),
+            ("sessions.max_length", d(Some(s.max_length))),
+            ("sessions.before_batch", s.before_batch.to_string()),
+            ("sessions.notebook_image", format!("{:?}", s.notebook_image)),
+        ]);
         v
     }
 
     /// What differs from `old`, as `key: old -> new` lines.
     pub fn changes_from(&self, old: &Policy) -> Vec<String> {
         old.entries().into_iter().zip(self.entries()).filter(|(a, b)| a.1 != b.1).map(|(a, b)| format!("{}: {} -> {}", a.0, a.1, b.1)).collect()
+    }
+}
+
+/// `[sessions]`: what interactive sessions (`gantry shell`) may hold, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sessions {
+    /// GPUs one user's sessions (queued and running together) may ask for; `None`: no limit beyond
+    /// `[limits] max_running_gpus`.
+    pub max_gpus: Option<u32>,
+    /// A session's length when `gantry shell` has no `--for` (its `timeout`).
+    pub default_length: Duration,
+    /// The longest a session may be.
+    pub max_length: Duration,
+    /// Sessions are placed before batch jobs, whatever their priorities (someone is waiting at a
+    /// terminal); `false`: by priority and fair share like any job.
+    pub before_batch: bool,
+    /// The image `gantry notebook` runs without `--image` (one with `jupyter lab` in it).
+    pub notebook_image: Option<String>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions { max_gpus: None, default_length: config::SESSION_LENGTH, max_length: config::SESSION_MAX_LENGTH, before_batch: true, notebook_image: None }
     }
 }
 
@@ -280,12 +322,14 @@ reserve_after = "1h"
 [logs]
 cap = "1GiB"
 keep = "90d"
+streams_per_user = 4
 [history]
 keep = "365d"
 [inbox]
 group = "gantry"
 path = "Gantry/inbox"
 templates = "/etc/gantry/templates"
+max_watches = 32
 "#;
         let c = parse(full).unwrap();
         let p = &c.policy;
@@ -293,6 +337,7 @@ templates = "/etc/gantry/templates"
         assert_eq!(p.default_timeout, Some(Duration::from_secs(7 * 86400)));
         assert_eq!((p.log_cap, p.see_others, p.admin_gid), (1 << 30, SeeOthers::All, Some(0)));
         assert_eq!(p.log_keep, Some(Duration::from_secs(90 * 86400)));
+        assert_eq!((p.log_streams_per_user, p.inbox_watches_per_user), (4, 32));
         assert_eq!(c.gpus.as_ref().unwrap().gpus.len(), 3);
         assert_eq!((c.inbox_path.as_deref(), c.inbox_group.as_deref()), (Some(Path::new("Gantry/inbox")), Some("gantry")));
         let d = parse("").unwrap();
@@ -317,6 +362,8 @@ templates = "/etc/gantry/templates"
             ("[limits]\nmax_running_gpus = 0\n", "`max_running_gpus` = 0 is out of range"),
             ("[limits]\nmax_queued_jobs = \"many\"\n", "config.toml:2:19: invalid type: string \"many\", expected i64"),
             ("[inbox]\npath = \"../x\"\n", "not a plain path"),
+            ("[logs]\nstreams_per_user = 0\n", "config.toml:2:20: `streams_per_user` = 0 is out of range; use a number from 1 to 1024"),
+            ("[inbox]\nmax_watches = 1000000\n", "config.toml:2:15: `max_watches` = 1000000 is out of range; use a number from 1 to 65536"),
             ("simulate = \"sim:lots\"\n", "invalid simulated GPU spec"),
         ];
         for (text, want) in cases {
@@ -331,7 +378,7 @@ templates = "/etc/gantry/templates"
     #[test]
     fn containers_table_parses_and_explains_its_mistakes() {
         use crate::resources::{Amount, Containers};
-        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\n").unwrap().policy.containers;
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\nhost_image = false\n").unwrap().policy.containers;
         assert_eq!(
             c,
             Containers {
@@ -347,6 +394,7 @@ templates = "/etc/gantry/templates"
                 reserve_cpus_milli: 2000,
                 reserve_memory: 4 << 30,
                 pids_limit: 1024,
+                host_image: false,
             }
         );
         assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());
@@ -414,6 +462,28 @@ templates = "/etc/gantry/templates"
             ("[disk]\nlayer_size = \"10MiB\"\n", "config.toml:2:14: disk `layer_size` = \"10MiB\" is not a size of at least 1 GiB or \"none\""),
             ("[disk]\nfree = \"1GiB\"\n", "config.toml:2:1: unknown field `free`"),
         ] {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+    }
+
+    #[test]
+    fn sessions_table_parses_and_explains_its_mistakes() {
+        let s = parse("[sessions]\nmax_gpus = 2\ndefault_length = \"1h\"\nmax_length = \"8h\"\nbefore_batch = false\nnotebook_image = \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"\n").unwrap().policy.sessions;
+        let nb = Some("quay.io/jupyter/pytorch-notebook:cuda12-latest".to_string());
+        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false, notebook_image: nb });
+        assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
+        let cases: &[(&str, &str)] = &[
+            ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
+            ("[sessions]\nmax_gpus = 0\n", "config.toml:2:12: `max_gpus` = 0 is out of range"),
+            ("[sessions]\nmax_length = \"forever\"\n", "config.toml:2:14: `max_length` = \"forever\" is not a duration"),
+            ("[sessions]\nmax_length = \"30d\"\n", "`max_length` = \"30d\" is longer than 7d"),
+            ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
+            ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
+            ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
+            ("[sessions]\nnotebook_image = \"a b\"\n", "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name"),
+        ];
+        for (text, want) in cases {
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }

@@ -154,6 +154,18 @@ pub(super) struct RawFile {
     backend: S<String>,
     #[serde(default)]
     slurm: RawSlurm,
+    #[serde(default)]
+    sessions: RawSessions,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSessions {
+    max_gpus: S<i64>,
+    default_length: S<String>,
+    max_length: S<String>,
+    before_batch: S<bool>,
+    notebook_image: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -187,6 +199,7 @@ pub(super) struct RawContainers {
     reserve_cpus: S<toml::Value>,
     reserve_memory: S<String>,
     pids_limit: S<i64>,
+    host_image: S<bool>,
 }
 
 pub(super) type S<T> = Option<Spanned<T>>;
@@ -231,6 +244,7 @@ pub(super) struct RawJobs {
 pub(super) struct RawLogs {
     cap: S<String>,
     keep: S<String>,
+    streams_per_user: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -259,6 +273,7 @@ pub(super) struct RawInbox {
     group: S<String>,
     path: S<String>,
     templates: S<String>,
+    max_watches: S<i64>,
 }
 
 /// Collects every problem (not just the first), each at its value's line and column.
@@ -408,6 +423,12 @@ impl Check<'_> {
             }
         }
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
+        if let Some(n) = self.count("streams_per_user", &raw.logs.streams_per_user, 1024) {
+            p.log_streams_per_user = n as usize;
+        }
+        if let Some(n) = self.count("max_watches", &raw.inbox.max_watches, 65_536) {
+            p.inbox_watches_per_user = n as usize;
+        }
         p.history_keep = self.duration("keep", &raw.history.keep, 100 * 365 * day);
         p.containers = self.containers(&raw.containers);
         // [disk]
@@ -440,6 +461,7 @@ impl Check<'_> {
         if let Some(d) = self.duration("pull_timeout", &raw.images.pull_timeout, day) {
             p.images.pull_timeout = d;
         }
+        p.sessions = self.sessions(&raw.sessions);
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
@@ -483,6 +505,38 @@ impl Check<'_> {
             backend,
             slurm,
         }
+    }
+
+    pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
+        let mut s = Sessions::default();
+        s.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
+        let week = Duration::from_secs(7 * 24 * 3600);
+        if let Some(d) = self.duration("max_length", &raw.max_length, week) {
+            s.max_length = d;
+        }
+        if let Some(d) = self.duration("default_length", &raw.default_length, week) {
+            s.default_length = d;
+        }
+        if s.default_length > s.max_length {
+            let at = raw.default_length.as_ref().or(raw.max_length.as_ref()).map(|v| v.span()).unwrap_or(0..0);
+            self.fail(
+                at,
+                format!("sessions `default_length` ({}) is longer than `max_length` ({})", human(s.default_length), human(s.max_length)),
+                "lower `default_length` or raise `max_length`",
+            );
+        }
+        if let Some(b) = &raw.before_batch {
+            s.before_batch = *b.get_ref();
+        }
+        if let Some(i) = &raw.notebook_image {
+            let name = i.get_ref().trim();
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                self.fail(i.span(), format!("sessions `notebook_image` = {:?} is not an image name", i.get_ref()), "write an image with `jupyter lab` in it, e.g. \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"");
+            } else {
+                s.notebook_image = Some(name.to_string());
+            }
+        }
+        s
     }
 
     pub(super) fn slurm(&mut self, raw: &RawSlurm) -> crate::slurm::Settings {
@@ -550,6 +604,9 @@ impl Check<'_> {
         }
         if let Some(b) = &raw.allow_ipc_host {
             c.allow_ipc_host = *b.get_ref();
+        }
+        if let Some(b) = &raw.host_image {
+            c.host_image = *b.get_ref();
         }
         if let Some(h) = &raw.home {
             match h.get_ref().as_str() {

@@ -170,6 +170,21 @@ pub struct QueueJob {
     pub started_at: Option<i64>,
 }
 
+/// `GET /v1/queue`: the part of the queue `gantry ls` shows: every starting and running job, the
+/// first `limit` queued jobs in scheduling order and the first `limit` of the caller's own (by id).
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct QueuePage {
+    pub jobs: Vec<QueueEntryView>,
+    /// Jobs queued in all (shown or not).
+    pub queued: usize,
+}
+
+/// `?limit=` of `GET /v1/queue`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct QueuePageQuery {
+    pub limit: usize,
+}
+
 /// `GET /v1/jobs`: a running or queued job with the scheduler's verdict. A field that is `None` is
 /// left out (a deep queue is 100,000 of these).
 #[derive(Debug, Clone, Serialize, Deserialize, TS)]

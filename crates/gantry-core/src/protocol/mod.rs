@@ -11,13 +11,14 @@ pub mod history;
 pub mod job;
 pub mod routes;
 pub mod status;
+pub mod terminal;
 pub mod ts;
 
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines};
 pub use gpu::{BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample};
 pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageQuery, UsageReport, UserUsage};
 pub use job::{
-    ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview, PriorityRequest, QueueEntryView, QueueJob,
+    ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview, PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery,
     SpecOrigin, SubmitRequest, Submitted,
 };
 pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};

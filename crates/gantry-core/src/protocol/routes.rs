@@ -12,6 +12,8 @@ pub const STATUS: &str = "/v1/status";
 pub const WHOAMI: &str = "/v1/whoami";
 /// `GET`: the queue, [`super::QueueEntryView`]s; `POST` a [`super::SubmitRequest`]: [`super::Submitted`].
 pub const JOBS: &str = "/v1/jobs";
+/// `GET` with [`super::QueuePageQuery`]: [`super::QueuePage`], the part of the queue `gantry ls` shows.
+pub const QUEUE_PAGE: &str = "/v1/queue";
 /// `GET`: [`super::JobDetailView`].
 pub const JOB: &str = "/v1/jobs/{id}";
 /// `POST`: the state the job was in ([`super::JobState`]).
@@ -26,6 +28,12 @@ pub const RELEASE: &str = "/v1/jobs/{id}/release";
 pub const RERUN: &str = "/v1/jobs/{id}/rerun";
 /// `GET` with [`super::LogQuery`]: the job's output (streamed until the job ends with `follow`).
 pub const LOGS: &str = "/v1/jobs/{id}/logs";
+/// `GET` with `Upgrade: gantry-terminal/1`: the session's terminal, framed as [`super::terminal`] says
+/// (owner only).
+pub const ATTACH: &str = "/v1/jobs/{id}/attach";
+/// `POST` a [`super::terminal::OpenRequest`]: [`super::terminal::Opened`], a loopback URL reaching one
+/// of the job's `ports` (owner only).
+pub const OPEN: &str = "/v1/jobs/{id}/open";
 /// `POST` a [`super::SubmitRequest`]: the [`crate::spec::ValidJob`] it would queue, nothing queued.
 pub const VALIDATE: &str = "/v1/validate";
 /// `GET`: [`super::GpuStatus`].

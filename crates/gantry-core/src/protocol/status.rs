@@ -48,6 +48,10 @@ pub struct StatusInfo {
     /// The machine's engine (`gantry daemon --system`), for every user.
     #[serde(default)]
     pub system: bool,
+    /// The image `gantry notebook` uses without `--image` (`[sessions] notebook_image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub notebook_image: Option<String>,
 }
 
 /// A container labelled for this engine that its database does not know (e.g. after a lost WAL).
@@ -93,7 +97,8 @@ pub struct InboxInfo {
     pub path: PathBuf,
     /// The engine watches it now.
     pub watched: bool,
-    /// Why it is not watched, when it is not.
+    /// Why it is not watched, when it is not; while it is, what of it is only scanned and why
+    /// (too many folders for the lab's bound, the kernel's watch limit).
     pub problem: Option<String>,
     /// The engine serves one drop folder per user (`gantry inbox init` sets one up); otherwise it
     /// has a single drop folder, its own.

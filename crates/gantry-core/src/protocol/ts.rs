@@ -59,7 +59,7 @@ pub fn typescript() -> String {
     o.decl::<crate::spec::Limits>().decl::<MatrixPart>().decl::<Mount>().decl::<ValidJob>().decl::<SpecError>().decl::<Preview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
     o.line(&format!("export type SubmitResult = {};", <Result<Vec<i64>, String> as TS>::inline(&o.cfg)));
-    o.decl::<JobView>().decl::<QueueJob>().decl::<QueueEntryView>().decl::<EndReason>().decl::<Attempt>().decl::<Event>().decl::<JobDetailView>().decl::<JobChanged>();
+    o.decl::<JobView>().decl::<QueueJob>().decl::<QueueEntryView>().decl::<QueuePage>().decl::<EndReason>().decl::<Attempt>().decl::<Event>().decl::<JobDetailView>().decl::<JobChanged>();
     o.decl::<GpuProcess>().decl::<MigParent>().decl::<Link>().decl::<GpuLink>().decl::<GpuSample>().decl::<GpuUser>().decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
     o.decl::<HistoryRow>().decl::<HistoryFilter>().decl::<TimelineRun>().decl::<UserUsage>().decl::<UsageReport>();

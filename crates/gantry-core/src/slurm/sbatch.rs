@@ -81,6 +81,17 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
     if job.spec.image.starts_with('-') {
         return Err(Refusal(format!("`image` {:?} starts with '-': an image name is `repo/name:tag`", job.spec.image)));
     }
+    // What needs this machine's Docker: a terminal to attach to, a port forwarded on its loopback,
+    // and this machine's own folders as the job's root.
+    if job.spec.interactive {
+        return Err(Refusal("interactive sessions (`gantry shell`, `interactive: true`) run on the workstation's own GPUs, not through Slurm: use `salloc`/`srun --pty` on the cluster".into()));
+    }
+    if !job.spec.ports.is_empty() {
+        return Err(Refusal("`ports` (`gantry open`) needs the workstation's Docker backend: remove `ports`, or reach the server on its Slurm node yourself".into()));
+    }
+    if job.spec.is_host_image() {
+        return Err(Refusal("a job without an image (`image: host`, this machine's own folders) cannot go to Slurm nodes: name a Docker image in `image`".into()));
+    }
     if job.spec.min_gpu_memory.is_some() {
         return Err(Refusal("`min_gpu_memory` has no Slurm equivalent on this cluster: choose GPUs by `gpu_type` (a GRES type such as a100) instead".into()));
     }

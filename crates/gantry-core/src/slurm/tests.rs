@@ -70,6 +70,19 @@ fn spec_to_sbatch_table() {
 }
 
 #[test]
+fn sessions_ports_and_image_less_jobs_are_refused_for_slurm() {
+    for (yaml, want) in [
+        ("image: a\ninteractive: true\n", "interactive sessions"),
+        ("image: a\nports: [8888]\n", "`ports`"),
+        ("command: 'true'\n", "without an image"),
+    ] {
+        let j = job(yaml);
+        let e = sbatch_args(&sub(&j), &Settings::default()).unwrap_err();
+        assert!(e.0.contains(want), "{yaml:?}: {}", e.0);
+    }
+}
+
+#[test]
 fn priority_maps_linearly_onto_non_negative_nice() {
     let rows = [(10, 0), (5, 500), (0, 1000), (-10, 2000), (1000, 0), (-1000, 2000)];
     for (p, nice) in rows {

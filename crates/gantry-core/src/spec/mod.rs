@@ -23,6 +23,26 @@ pub use matrix::*;
 pub(crate) use mount::*;
 pub use template::*;
 
+/// `image` of a job in this machine's own folders (also what an omitted `image` means).
+pub const HOST_IMAGE: &str = "host";
+
+/// What an `image: host` job sees of this machine, read-only (where the machine has them).
+/// (`/sbin` is listed so nothing is mounted there; the container's own holds Docker's init.)
+pub const HOST_SYSTEM_FOLDERS: [&str; 9] = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"];
+
+fn host_image() -> String {
+    HOST_IMAGE.into()
+}
+
+impl JobSpec {
+    /// Runs in this machine's own folders (`image: host`, or no `image`).
+    pub fn is_host_image(&self) -> bool {
+        self.image == HOST_IMAGE
+    }
+}
+
+/// The most `ports` one job may serve.
+pub const MAX_PORTS: usize = 16;
 /// Largest spec file Gantry reads (drop folder and CLI alike).
 pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
 
@@ -67,7 +87,11 @@ pub struct JobSpec {
     /// Short name shown in the queue and history. Defaults to the file name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`.
+    /// Docker image, e.g. `paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6`. Left out, or
+    /// `host`: this machine's own system folders (`/usr`, `/etc`, `/opt`, … read-only) and your home
+    /// (read-write), so your conda env or venv runs as on the machine, still in a container with
+    /// its GPUs and limits (unless the lab turns it off).
+    #[serde(default = "host_image")]
     pub image: String,
     /// Command: a list (exec form) or a string run with `/bin/sh -c`. Defaults to the image's CMD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +178,17 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16, max = 4194304))]
     pub pids_limit: Option<i64>,
+    /// An interactive session (what `gantry shell` queues): the container gets a terminal that
+    /// `gantry attach ID` joins, its command defaults to your login shell (or `/bin/sh` where the
+    /// image lacks it), `timeout` is its length (bounded by the lab's `[sessions]`), it is never
+    /// retried and goes before batch jobs. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
+    /// Ports the job serves inside its container (a notebook, TensorBoard), e.g. `[8888]`.
+    /// `gantry open ID [PORT]` gives you (only you) a URL on this machine's loopback that reaches
+    /// it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
 }
 
 /// `ipc` in a spec.
@@ -442,7 +477,8 @@ mod tests {
     fn value_errors_are_clear() {
         let cases = [
             ("image: a\ngpus: -1\n", "must be 0 or more", Some(2)),
-            ("gpus: 1\n", "missing field `image`", Some(1)),
+            ("mounts: ['/data:/usr/data']\n", "inside this machine's system folders", Some(1)),
+            ("image: host\nmounts: ['/data:/etc']\n", "inside this machine's system folders", Some(2)),
             ("image: ''\n", "`image` is empty", Some(1)),
             ("image: a\ngpu_memory: lots\n", "not a memory size", Some(2)),
             ("image: a\ntimeout: forever\n", "not a duration", Some(2)),

@@ -99,6 +99,17 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     for m in &spec.mounts {
         mounts.push(parse_mount(m, origin).map_err(|e| (e, "mounts"))?);
     }
+    if spec.is_host_image() {
+        // Those folders are the machine's own, mounted read-only: nothing goes inside them.
+        let system = |p: &str| HOST_SYSTEM_FOLDERS.iter().any(|d| p == *d || p.starts_with(&format!("{d}/")));
+        if let Some(m) = mounts.iter().find(|m| system(m.container.trim_end_matches('/'))) {
+            return err(
+                format!("the mount at {} is inside this machine's system folders, which a job without an image sees read-only as they are", m.container),
+                "mount it elsewhere, e.g. under /mnt or your home",
+                "mounts",
+            );
+        }
+    }
     let name = spec
         .name
         .clone()
@@ -150,6 +161,25 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
     }
     if let Some(IdOrName::Id(i)) = spec.after.iter().find(|a| matches!(a, IdOrName::Id(i) if *i <= 0)) {
         return err(format!("`after` refers to job {i}"), "job ids are positive numbers; names are strings", "after");
+    }
+    if spec.ports.len() > MAX_PORTS {
+        return err(format!("the job serves {} `ports`; the limit is {MAX_PORTS}", spec.ports.len()), "list the ports you will open with `gantry open`", "ports");
+    }
+    for (i, p) in spec.ports.iter().enumerate() {
+        if *p == 0 {
+            return err("`ports` lists port 0".into(), "list the port your server listens on inside the container, e.g. `ports: [8888]`", "ports");
+        }
+        if spec.ports[..i].contains(p) {
+            return err(format!("`ports` lists port {p} twice"), "list each port once", "ports");
+        }
+    }
+    if spec.interactive {
+        if !spec.matrix.is_empty() {
+            return err("an `interactive` session has a `matrix`".into(), "a session is one terminal: remove `matrix`, or make it a batch job (`interactive: false`)", "matrix");
+        }
+        if spec.retries != 0 {
+            return err("an `interactive` session has `retries`".into(), "a session is never run again on its own: remove `retries`", "retries");
+        }
     }
     let limits = validate_limits(&spec)?;
     Ok(ValidJob { name, gpus: spec.gpus as u32, gpu_memory, timeout, retries: spec.retries as u32, mounts, expected_runtime, limits, spec, matrix_part: None })

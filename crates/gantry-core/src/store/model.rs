@@ -176,6 +176,8 @@ pub struct QueuedRow {
     /// The spec's `cpus` (thousandths) and `memory`; `None`: the lab's default.
     pub cpus_milli: Option<u64>,
     pub memory: Option<u64>,
+    /// An interactive session (`gantry shell`).
+    pub interactive: bool,
 }
 
 pub(super) fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -231,7 +233,8 @@ pub(super) fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
 
 pub(super) const QUEUED_SELECT: &str = "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
      json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
-     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid, started_at \
+     json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid, started_at, \
+     COALESCE(json_extract(spec_json, '$.spec.interactive'), 0) \
      FROM jobs WHERE state = 'queued'";
 
 pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
@@ -254,6 +257,7 @@ pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
         cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
         memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
         started_at: r.get(17)?,
+        interactive: r.get(18)?,
     })
 }
 

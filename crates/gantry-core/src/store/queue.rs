@@ -191,6 +191,18 @@ impl Store {
         Ok(n as usize)
     }
 
+    /// GPUs the owner's interactive sessions ask for, queued, starting and running together.
+    pub fn open_session_gpus(&self, owner_uid: u32) -> Result<u32> {
+        let n: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(gpus), 0) FROM jobs WHERE owner_uid = ?1 AND state IN ('queued','starting','running') \
+                 AND state IN ('queued','starting','running') AND json_extract(spec_json, '$.spec.interactive') = 1",
+            )?
+            .query_row([owner_uid], |r| r.get(0))?;
+        Ok(n as u32)
+    }
+
     /// Keep the queue in memory from now on: built from the database now (call again when it went
     /// stale), then updated by every change this connection commits.
     pub fn track_queue(&mut self) -> Result<SharedQueue> {

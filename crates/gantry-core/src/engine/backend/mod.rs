@@ -13,6 +13,7 @@
 //! | record end  | [`Backend::release`]                       | remove the container             | nothing left to remove                 |
 //! | GPUs view   | [`Backend::sample`], [`Backend::gpu_status`] | NVML (or simulated)            | the nodes' GPUs                        |
 //! | submit      | [`Backend::check_fits`]                    | the usable GPUs                  | what `sbatch` can express              |
+//! | sessions    | [`Backend::terminal`]                      | the container's TTY (attach)     | none                                   |
 //!
 //! Cancel and timeout reach the backend through [`Watch::stop`]. The pure decision tables stay in
 //! the backends' modules (`docker::reconcile`, `crate::slurm::{seen, resume}`), tested by tables.
@@ -185,4 +186,19 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Said when the engine stops: what happens to what runs.
     fn left_running(&self) -> &'static str;
+
+    /// An interactive session's terminal (`gantry attach`).
+    async fn terminal(&self, _run: &RunRef) -> Result<crate::executor::Terminal, EngineError> {
+        Err(EngineError::Refused(format!("interactive sessions run on this machine's Docker; the {} backend has no terminal to attach to", self.name())))
+    }
+
+    /// Set the size of a session's terminal.
+    async fn resize_terminal(&self, _run: &RunRef, _cols: u16, _rows: u16) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// A connection to `port` inside the job's container (`gantry open`).
+    async fn connect_port(&self, _run: &RunRef, _port: u16) -> Result<tokio::net::TcpStream, EngineError> {
+        Err(EngineError::Refused(format!("the {} backend cannot reach a job's ports", self.name())))
+    }
 }

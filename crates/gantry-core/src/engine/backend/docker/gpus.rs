@@ -133,19 +133,7 @@ pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
     }
     // CPUs and RAM this machine can never give: refused now, like GPUs, instead of waiting forever.
     let cap = e.machine.for_jobs(&e.policy().containers);
-    let reserve = format!("the machine's {} CPUs and {}, less the lab's reserve for the OS and Docker{}", units::format_cpus(e.machine.total.cpus_milli), units::format_bytes(e.machine.total.memory), e.set_in("containers.reserve_cpus"));
-    if let Some(c) = job.limits.cpus_milli.filter(|c| *c > cap.cpus_milli) {
-        return Err(SpecError::new(
-            format!("the job asks for {} CPUs, this machine has {} for jobs ({reserve})", units::format_cpus(c), units::format_cpus(cap.cpus_milli)),
-            format!("ask for at most `cpus: {}`", units::format_cpus(cap.cpus_milli)),
-        ));
-    }
-    if let Some(m) = job.limits.memory.filter(|m| *m > cap.memory) {
-        return Err(SpecError::new(
-            format!("the job asks for {} of memory, this machine has {} for jobs ({reserve})", units::format_bytes(m), units::format_bytes(cap.memory)),
-            format!("ask for at most `memory: {}`", units::format_bytes(cap.memory)),
-        ));
-    }
+    never_fits_cpu_ram(job.limits.cpus_milli, job.limits.memory, cap, e.machine.total, &e.set_in("containers.reserve_cpus"))?;
     // No job may hold so much CPU or RAM that the other GPUs cannot run (the per-GPU share is the
     // default and, for the other GPUs, kept free).
     e.policy().containers.check_share(job, cap, gpus.len(), &|k| e.set_in(k))?;
@@ -177,5 +165,52 @@ fn outside_used(g: &GpuSample, ours: &[String]) -> u64 {
     match mine.map(|p| p.used_memory).sum::<Option<u64>>() {
         Some(m) => g.memory_used.saturating_sub(m),
         None => 0,
+    }
+}
+
+/// A job's `cpus`/`memory` beyond what this machine has for jobs (`cap`, of `total`): refused, saying
+/// both figures ("1 CPU", never "1 CPUs"). `set_in` says where the lab's reserve is set.
+fn never_fits_cpu_ram(cpus_milli: Option<u64>, memory: Option<u64>, cap: crate::scheduler::CpuRam, total: crate::scheduler::CpuRam, set_in: &str) -> Result<(), SpecError> {
+    let reserve = format!("the machine's {} and {}, less the lab's reserve for the OS and Docker{set_in}", units::cpus_count(total.cpus_milli), units::format_bytes(total.memory));
+    if let Some(c) = cpus_milli.filter(|c| *c > cap.cpus_milli) {
+        return Err(SpecError::new(
+            format!("the job asks for {}, this machine has {} for jobs ({reserve})", units::cpus_count(c), units::format_cpus(cap.cpus_milli)),
+            format!("ask for at most `cpus: {}`", units::format_cpus(cap.cpus_milli)),
+        ));
+    }
+    if let Some(m) = memory.filter(|m| *m > cap.memory) {
+        return Err(SpecError::new(
+            format!("the job asks for {} of memory, this machine has {} for jobs ({reserve})", units::format_bytes(m), units::format_bytes(cap.memory)),
+            format!("ask for at most `memory: {}`", units::format_bytes(cap.memory)),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::CpuRam;
+
+    /// Issue 22 leftover: the refusal counts CPUs as the rest of Gantry does ("1 CPU").
+    #[test]
+    fn cpu_counts_in_a_refusal_say_1_cpu() {
+        const G: u64 = 1 << 30;
+        let one = CpuRam { cpus_milli: 1000, memory: 2 * G };
+        let half = CpuRam { cpus_milli: 500, memory: G };
+        let table: [(Option<u64>, Option<u64>, CpuRam, CpuRam, Option<&str>); 4] = [
+            (Some(1000), None, half, one, Some("the job asks for 1 CPU, this machine has 0.5 for jobs (the machine's 1 CPU and 2.0 GiB, less")),
+            (Some(3000), None, one, CpuRam { cpus_milli: 2000, memory: 4 * G }, Some("the job asks for 3 CPUs, this machine has 1 for jobs (the machine's 2 CPUs and 4.0 GiB, less")),
+            (None, Some(2 * G), half, one, Some("the job asks for 2.0 GiB of memory, this machine has 1.0 GiB for jobs (the machine's 1 CPU and")),
+            (Some(500), Some(G), half, one, None),
+        ];
+        for (cpus, memory, cap, total, want) in table {
+            let got = never_fits_cpu_ram(cpus, memory, cap, total, "").err().map(|e| e.message);
+            match (want, &got) {
+                (Some(w), Some(g)) => assert!(g.starts_with(w), "{g}"),
+                (None, None) => {}
+                _ => panic!("{cpus:?} {memory:?}: {got:?}"),
+            }
+        }
     }
 }

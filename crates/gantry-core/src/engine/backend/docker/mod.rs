@@ -219,6 +219,15 @@ impl DockerBackend {
     }
 }
 
+/// A session without a command runs its owner's login shell (from this machine's passwd).
+fn session_command(job: &Job) -> Option<Vec<String>> {
+    if !job.job.spec.interactive || job.job.spec.command.is_some() {
+        return None;
+    }
+    let shell = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.shell.to_string_lossy().into_owned());
+    Some(crate::executor::session_argv(shell.as_deref()))
+}
+
 #[async_trait::async_trait]
 impl Backend for DockerBackend {
     fn name(&self) -> &'static str {
@@ -278,13 +287,21 @@ impl Backend for DockerBackend {
         let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
         let mut created: Option<String> = None;
         let started = async {
-            // Pulled before it was placed (`pulls`): one removed since is pulled again, GPUs released.
-            if !self.exec.has_image(&job.image).await? {
-                return Err(EngineError::Exec(ExecError::ImageGone(job.image.clone())));
-            }
-            // The lab may have changed since the submit: `ipc: host` and `home: mount` are checked again.
+            // The lab may have changed since the submit: `ipc: host`, `home: mount` and `image: host` are checked again.
             let policy = e.policy();
             policy.containers.check(&job.job, &|k| e.set_in(k))?;
+            // `image: host`: an empty root with this machine's system folders mounted read-only on it.
+            let host_root = job.job.spec.is_host_image().then(crate::executor::HostRoot::of_this_machine);
+            let image = match &host_root {
+                Some(root) => Some(self.exec.ensure_host_root(root).await?),
+                None => {
+                    // Pulled before it was placed (`pulls`): one removed since is pulled again, GPUs released.
+                    if !self.exec.has_image(&job.image).await? {
+                        return Err(EngineError::Exec(ExecError::ImageGone(job.image.clone())));
+                    }
+                    None
+                }
+            };
             let home = Engine::home_of(job.owner_uid);
             // The owner's home as HOME is a mount like any other: checked as them, pinned below.
             let mut mounts = job.job.mounts.clone();
@@ -314,8 +331,13 @@ impl Backend for DockerBackend {
                     }
                 }
             }
-            // The owner by name inside the container (whoami, getpass.getuser()).
-            if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
+            // The owner by name inside the container (whoami, getpass.getuser()); the machine's own
+            // /etc has them already.
+            if let Some(root) = &host_root {
+                // System folders only root can change: nothing for the owner to swap, nothing to pin.
+                mounts.extend(root.binds.iter().map(|b| access::ResolvedMount { host: b.into(), container: b.clone(), read_only: true }));
+                container.user = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.name);
+            } else if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
                 mounts.extend(files);
                 container.user = Some(user);
             }
@@ -336,6 +358,8 @@ impl Backend for DockerBackend {
                 gpu_total_memory: placed.gpu_total,
                 binding,
                 container,
+                command: session_command(job),
+                image,
             };
             let cid = self.exec.create(&l).await?;
             created = Some(cid.clone());
@@ -427,5 +451,20 @@ impl Backend for DockerBackend {
 
     fn left_running(&self) -> &'static str {
         "running containers keep running and are reattached on next start"
+    }
+
+    async fn terminal(&self, run: &RunRef) -> Result<crate::executor::Terminal, EngineError> {
+        let cid = run.container().ok_or_else(|| EngineError::Refused("this session has no container".into()))?;
+        Ok(self.exec.terminal(cid).await?)
+    }
+
+    async fn connect_port(&self, run: &RunRef, port: u16) -> Result<tokio::net::TcpStream, EngineError> {
+        let cid = run.container().ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
+        Ok(self.exec.connect_port(cid, port).await?)
+    }
+
+    async fn resize_terminal(&self, run: &RunRef, cols: u16, rows: u16) -> Result<(), EngineError> {
+        let Some(cid) = run.container() else { return Ok(()) };
+        Ok(self.exec.resize(cid, cols, rows).await?)
     }
 }

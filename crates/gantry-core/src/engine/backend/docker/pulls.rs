@@ -46,7 +46,8 @@ impl Pulls {
     pub async fn before_pass(&self, e: &Arc<Engine>, exec: &Arc<dyn Executor>) -> Vec<(i64, String)> {
         let rows = e.queue.lock().unwrap().rows();
         let mut wanted: HashMap<String, Vec<i64>> = HashMap::new();
-        for r in &rows {
+        // `image: host` is made on this machine at launch (`Executor::ensure_host_root`), never pulled.
+        for r in rows.iter().filter(|r| r.image != crate::spec::HOST_IMAGE) {
             wanted.entry(r.image.clone()).or_default().push(r.id);
         }
         {
