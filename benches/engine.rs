@@ -13,6 +13,8 @@
 //!    command printing its table.
 //! 7. slow log readers: 16 streams (the default per-user cap) of one 32 MiB log, each read at
 //!    1 KiB/s: `gantry ls`'s API call meanwhile, and the engine's memory before and while they read.
+//! 8. the notification outbox: a job's whole life (start, running, end) in the store, with nobody
+//!    subscribed and with a subscriber (each change then writes its notification in its transaction).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -91,6 +93,14 @@ fn main() {
         let (ls, before, during) = rt.block_on(slow_log_readers(16, 32 << 20));
         rows.push(("ls through the API while 16 slow readers (1 KiB/s) stream a 32 MiB log (median of 10)".into(), ms(ls), "goal < 100 ms".into()));
         rows.push(("engine memory while they read".into(), format!("{during:.1} MB"), format!("{before:.1} MB before; unbounded readers once took 1.7 GB")));
+    }
+
+    // 8. The outbox's cost per job.
+    if run("outbox") {
+        let n = if quick { 500 } else { 2000 };
+        let (none, subscribed) = outbox_cost(n);
+        rows.push((format!("job life in the store (start, running, end), nobody subscribed (mean of {n})"), ms(none), String::new()));
+        rows.push(("the same with a subscriber: 2 notifications written per job".into(), ms(subscribed), format!("{:.2}x", subscribed / none)));
     }
 
     let mut out = String::from("| benchmark | result | comparison |\n|---|---|---|\n");
@@ -514,4 +524,28 @@ fn idle(secs: u64) -> (f64, f64) {
     let t1 = proc_cpu_ticks(pid);
     let cpu = (t1 - t0) as f64 / hz / secs as f64 * 100.0;
     (cpu, rss_mb(pid))
+}
+
+/// Seconds per job for start -> running -> end in a file database, without and with a subscriber.
+fn outbox_cost(n: usize) -> (f64, f64) {
+    use gantry_core::protocol::{EndReason, NotifyEvent, NotifyTarget};
+    let per = |subscribe: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("bench.db")).unwrap();
+        let owner = Owner { uid: 1000, gid: 1000, name: "ada".into() };
+        if subscribe {
+            st.notify_subscribe(1000, "ada", &NotifyTarget::Webhook { url: "http://127.0.0.1:9/h".into() }, &[NotifyEvent::Finished], None, 10).unwrap();
+        }
+        let job = validate_text(&format!("image: {IMAGE}\ngpus: 0\n"), Format::Yaml, &Origin::default()).unwrap();
+        let ids: Vec<i64> = (0..n).map(|_| st.insert_job(&job, &owner, "bench", None, |_, _| None).unwrap()).collect();
+        let end = gantry_core::store::Ending { exit_code: Some(0), reason: EndReason::Exited, message: None, next: JobState::Succeeded, not_before: None };
+        let t = Instant::now();
+        for id in ids {
+            let a = st.begin_attempt(id, &[], &[]).unwrap().unwrap();
+            st.set_running(id).unwrap();
+            st.end_attempt(id, a.id, &end).unwrap();
+        }
+        t.elapsed().as_secs_f64() / n as f64
+    };
+    (per(false), per(true))
 }

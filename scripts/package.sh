@@ -35,6 +35,7 @@ install -Dm644 packaging/gantry.desktop "$ROOT/usr/share/applications/gantry.des
 install -Dm644 icons/32x32.png "$ROOT/usr/share/icons/hicolor/32x32/apps/gantry.png"
 install -Dm644 icons/128x128.png "$ROOT/usr/share/icons/hicolor/128x128/apps/gantry.png"
 install -Dm644 icons/128x128@2x.png "$ROOT/usr/share/icons/hicolor/256x256/apps/gantry.png"
+install -Dm644 packaging/grafana-dashboard.json "$ROOT/usr/share/gantry/grafana-dashboard.json"
 GEN="$(mktemp -d)"; trap 'rm -rf "$GEN"' EXIT
 "$BIN/gantry" generate "$GEN" >/dev/null
 install -Dm644 "$GEN/gantry.bash" "$ROOT/usr/share/bash-completion/completions/gantry"

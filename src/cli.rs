@@ -108,6 +108,14 @@ pub enum Cmd {
         /// The window: this long ago until now (`7d`, `24h`) or since an RFC 3339 time.
         #[arg(long, default_value = "7d")]
         since: String,
+        /// Print GPU-hours per user per day (`day,user,gpu_hours`, UTC days) as CSV, for spreadsheets.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
+    },
+    /// Be told when your jobs end: email or a webhook (Slack, Mattermost, your own), kept by the engine.
+    Notify {
+        #[command(subcommand)]
+        action: NotifyAction,
     },
     /// Engine status.
     Status,
@@ -232,6 +240,37 @@ pub struct NotebookArgs {
     /// The port Jupyter listens on inside the container.
     #[arg(long, default_value_t = 8888)]
     pub port: u16,
+}
+
+#[derive(Subcommand)]
+pub enum NotifyAction {
+    /// Add a target: `gantry notify add email ada@lab.org --on failed,timed_out`, or
+    /// `gantry notify add webhook https://hooks.slack.com/services/... --on finished,failed`.
+    Add {
+        /// `email` or `webhook`.
+        kind: String,
+        /// The email address, or the webhook's URL (its host must be on the lab's list).
+        address: String,
+        /// Events, comma-separated: started, finished, failed, timed_out, cancelled, preempted,
+        /// session_idle, booking_starting [default: finished,failed,timed_out]. A job's own
+        /// `notify:` list wins over this for that job.
+        #[arg(long, value_delimiter = ',')]
+        on: Vec<String>,
+        /// Only this job (one of yours).
+        #[arg(long)]
+        job: Option<i64>,
+    },
+    /// Your targets (and the lab's webhooks).
+    Ls,
+    /// Remove one of your targets.
+    Rm { id: i64 },
+    /// Send a test notification to each of your targets.
+    Test,
+    /// What was sent to you, newest first: delivered, waiting to be tried again, given up.
+    Log {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
 }
 
 #[derive(Subcommand)]

@@ -15,6 +15,8 @@ mod images;
 mod job_output;
 mod limits;
 mod log_readers;
+mod metrics;
+mod notify;
 mod policy;
 mod remote;
 mod nvml;

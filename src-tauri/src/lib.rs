@@ -120,6 +120,11 @@ async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> 
 async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
     s.client().usage(since_ms).await.map_err(e)
 }
+/// The Usage view's charts: GPU-hours per user per bucket, utilization by local day and hour.
+#[tauri::command]
+async fn usage_charts(s: State<'_, AppState>, since_ms: i64, bucket_ms: i64, tz_offset_min: i32) -> R<gantry_core::protocol::UsageCharts> {
+    s.client().usage_charts(&gantry_core::protocol::UsageChartsQuery { since_ms, bucket_ms, tz_offset_min }).await.map_err(e)
+}
 /// `query` is the URL query string built by the UI (filters, sort, page), read as the engine reads it.
 #[tauri::command]
 async fn history(s: State<'_, AppState>, query: String) -> R<Vec<HistoryRow>> {
@@ -414,7 +419,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

@@ -8,6 +8,7 @@ mod history;
 mod inbox;
 mod jobs;
 mod session;
+mod notify;
 mod sim;
 mod status;
 mod submit;
@@ -68,7 +69,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Release { id } => jobs::hold(&ctx, *id, false).await?,
         Cmd::Gpus => gpus::gpus(&ctx).await?,
         Cmd::History { user, status, since, limit } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
-        Cmd::Usage { since } => history::usage(&ctx, since).await?,
+        Cmd::Usage { since, csv } => history::usage(&ctx, since, *csv).await?,
+        Cmd::Notify { action } => notify::notify(&ctx, action).await?,
         Cmd::Sim(args) => sim::sim(args, ctx.json)?,
         Cmd::Status => status::status(&ctx, cli.host.as_deref()).await?,
     }

@@ -130,6 +130,7 @@ fn session_spec(args: &ShellArgs, name: &str, image: String) -> gantry_core::spe
         pids_limit: None,
         interactive: true,
         ports: vec![],
+        notify: None,
     }
 }
 

@@ -144,6 +144,7 @@ impl RunArgs {
             pids_limit: None,
             interactive: false,
             ports: self.ports.clone(),
+            notify: None,
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

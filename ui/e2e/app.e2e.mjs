@@ -138,5 +138,10 @@ test("submit through the app, watch it run, find it in History and read its log"
   assert.equal(user, `${me} (you)`);
   assert.ok(Number(gpuHours) > 0, `GPU-hours ${gpuHours}`);
   assert.match(await (await d.findElement(byTest("usage-fair-share"))).getText(), /halved every/);
+  // The charts: my GPU-hours in the stacked bars, and the utilization heat map, both drawn (uPlot).
+  const charted = async () => ((await (await d.findElement(byTest("usage-stacked"))).getAttribute("data-users")) ?? "").split(",").includes(me);
+  await d.wait(async () => { try { return await charted(); } catch { return false; } }, 20_000, "the usage chart never showed my GPU-hours");
+  assert.equal((await d.findElements(By.css('[data-testid="usage-stacked"] .uplot'))).length, 1, "the stacked chart is drawn");
+  assert.equal((await d.findElements(By.css('[data-testid="usage-heat"] .uplot'))).length, 1, "the heat map is drawn");
   await shot("5b-usage");
 });

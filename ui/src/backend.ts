@@ -8,7 +8,7 @@ import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, EngineEvent, GpuMinute, GpuStatus, HistoryQuery, HistoryRow, JobChanged, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
-  SubmitResult, TimelineRun, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent,
+  SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -29,6 +29,8 @@ export interface Backend {
   historyCount(q: HistoryQuery): Promise<number>;
   timeline(from: number, to: number): Promise<TimelineRun[]>;
   usage(sinceMs: number): Promise<UsageReport>;
+  /** GPU-hours per user per `bucketMs`, and utilization by local day and hour (`tzOffsetMin` east of UTC). */
+  usageCharts(sinceMs: number, bucketMs: number, tzOffsetMin: number): Promise<UsageCharts>;
   logs(id: number): Promise<string>;
   followLogs(id: number, onChunk: (text: string) => void): Unsubscribe;
   watchGpus(onSample: (at: number, gpus: GpuSample[]) => void): Unsubscribe;
@@ -70,6 +72,7 @@ export const tauriBackend: Backend = {
   historyCount: (q) => invoke("history_count", { query: historyQueryString({ ...q, limit: undefined, offset: undefined, sort: undefined, asc: undefined }) }),
   timeline: (from, to) => invoke("timeline", { from, to }),
   usage: (sinceMs) => invoke("usage", { sinceMs }),
+  usageCharts: (sinceMs, bucketMs, tzOffsetMin) => invoke("usage_charts", { sinceMs, bucketMs, tzOffsetMin }),
   logs: (id) => invoke("logs", { id }),
   followLogs(id, onChunk) {
     let live = true;

@@ -1,6 +1,6 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, Status, UsageReport, ValidJob } from "./types";
+import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, Status, UsageCharts, UsageReport, ValidJob } from "./types";
 
 /** An engine's status: two simulated GPUs, no problems. */
 export function engineStatus(over: Partial<Status> = {}): Status {
@@ -28,6 +28,20 @@ export function gpuUser(gpu: number, over: Partial<GpuUser> = {}): GpuUser {
 }
 
 /** Two users over the last 7 days, ada (the fake caller) the lighter one. */
+/** Two days of two users' GPU-hours and a few utilization cells (UTC days). */
+export function usageCharts(over: Partial<UsageCharts> = {}): UsageCharts {
+  const day = 86_400_000, d0 = 20_000 * day;
+  return {
+    since_ms: d0, until_ms: d0 + 2 * day, bucket_ms: day,
+    buckets: [
+      { start: d0, user: "ada", gpu_hours: 3 }, { start: d0, user: "bob", gpu_hours: 5 },
+      { start: d0 + day, user: "bob", gpu_hours: 2 },
+    ],
+    heat: [{ day: d0, hour: 9, utilization: 80 }, { day: d0, hour: 10, utilization: 40 }, { day: d0 + day, hour: 23, utilization: 5 }],
+    ...over,
+  };
+}
+
 export function usageReport(over: Partial<UsageReport> = {}): UsageReport {
   const now = Date.now();
   return {
@@ -78,6 +92,7 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     historyCount: (q) => { calls.push({ name: "historyCount", args: [q] }); return Promise.resolve(filter(q).length); },
     timeline: rec("timeline", []),
     usage: (sinceMs) => { calls.push({ name: "usage", args: [sinceMs] }); return Promise.resolve(usageReport()); },
+    usageCharts: (sinceMs, bucketMs, tz) => { calls.push({ name: "usageCharts", args: [sinceMs, bucketMs, tz] }); return Promise.resolve(usageCharts()); },
     logs: rec("logs", ""),
     followLogs: () => () => {},
     watchGpus: () => () => {},

@@ -102,6 +102,11 @@ notebook_image?: string | null, };
  */
 export type WhoAmI = { uid: number, name: string, };
 /**
+ * What a notification is about. New kinds go at the end of [`NotifyEvent::ALL`]; each has a
+ * stable snake_case name (the spec's `notify:`, `--on`, the webhook's `event`).
+ */
+export type NotifyEvent = "started" | "finished" | "failed" | "timed_out" | "cancelled" | "preempted" | "session_idle" | "booking_starting" | "store_problem" | "test";
+/**
  * The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
  */
 export type Command = string | Array<string>;
@@ -257,7 +262,13 @@ interactive?: boolean,
  * `gantry open ID [PORT]` gives you (only you) a URL on this machine's loopback that reaches
  * it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
  */
-ports?: Array<number>, };
+ports?: Array<number>, 
+/**
+ * Which of this job's events notify you, e.g. `[failed, timed_out]` (`[]`: none), sent to every
+ * target of yours (`gantry notify add`), in place of each target's `--on` for this job. Events:
+ * started, finished, failed, timed_out, cancelled, preempted.
+ */
+notify?: Array<NotifyEvent> | null, };
 /**
  * The container settings a spec asked for, parsed (`None`: the lab's default).
  */
@@ -544,3 +555,78 @@ fair_share_usage: number, };
  * `gantry usage`: per user, over [since_ms, until_ms).
  */
 export type UsageReport = { since_ms: number, until_ms: number, fair_share_half_life_ms: number, users: Array<UserUsage>, };
+/**
+ * GPU-hours of one user in one bucket (`gantry usage --csv`, the Usage view's stacked chart).
+ */
+export type UsageBucket = { 
+/**
+ * Start of the bucket (ms since the epoch; a local midnight or hour in the asked time zone).
+ */
+start: number, user: string, gpu_hours: number, };
+/**
+ * Mean GPU utilization (all GPUs, %) in one hour of one day: the heat map's cells.
+ */
+export type UtilCell = { 
+/**
+ * The local day's start (ms since the epoch).
+ */
+day: number, 
+/**
+ * 0 to 23, local.
+ */
+hour: number, utilization: number, };
+/**
+ * `GET /v1/usage/charts`.
+ */
+export type UsageCharts = { since_ms: number, until_ms: number, bucket_ms: number, buckets: Array<UsageBucket>, heat: Array<UtilCell>, };
+/**
+ * Where a notification goes.
+ */
+export type NotifyTarget = { "kind": "email", address: string, } | { "kind": "webhook", url: string, };
+/**
+ * One subscription. `owner` is `None` for the lab's own webhooks (`[notify] webhooks`).
+ */
+export type Subscription = { id: number, owner: string | null, target: NotifyTarget, on: Array<NotifyEvent>, job?: number | null, created_at: number, };
+export type DeliveryState = "pending" | "delivered" | "failed" | "dropped";
+/**
+ * One notification to one target (`gantry notify log`).
+ */
+export type NotifyDelivery = { 
+/**
+ * Stable across retries and restarts: the webhook's `id` and `Gantry-Event-Id` header, the
+ * email's `Message-ID` (a receiver that saw it already can drop the copy).
+ */
+id: string, event: NotifyEvent, job_id?: number | null, target: NotifyTarget, state: DeliveryState, tries: number, 
+/**
+ * When the event happened.
+ */
+at: number, 
+/**
+ * The next try, while pending.
+ */
+next_at?: number | null, 
+/**
+ * When it was delivered, given up or dropped.
+ */
+done_at?: number | null, last_error?: string | null, };
+/**
+ * The job a notification is about, as its webhook body carries it.
+ */
+export type NotifyJob = { id: number, name: string, owner: string, state: string, exit_code?: number | null, 
+/**
+ * Why it ended (may quote the spec): only in the owner's own notifications.
+ */
+message?: string | null, };
+/**
+ * A webhook's JSON body (schema `gantry.notification/1`, see the README's "Notifications").
+ * `text` is what Slack and Mattermost incoming webhooks show.
+ */
+export type NotifyPayload = { schema: string, id: string, event: NotifyEvent, 
+/**
+ * When it happened (ms since the epoch).
+ */
+at: number, 
+/**
+ * The machine (its host name).
+ */
+host: string, job?: NotifyJob | null, text: string, };

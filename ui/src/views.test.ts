@@ -1,8 +1,13 @@
 import { describe, expect, it, vi } from "vitest";
-vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }));
-import { entry, fakeBackend, gpu, gpuUser, engineStatus, settle, usageReport, validJob } from "./fake-backend";
+const drawn = vi.hoisted(() => ({ bars: [] as any[], heat: [] as any[] }));
+vi.mock("./charts", () => ({
+  lineChart: () => ({ setData() {}, destroy() {} }),
+  stackedBars: (_el: unknown, _w: number, _h: number, s: unknown) => { drawn.bars.push(s); return { setData() {}, destroy() {} }; },
+  heatMap: (_el: unknown, _w: number, _h: number, g: unknown) => { drawn.heat.push(g); return { setData() {}, destroy() {} }; },
+}));
+import { entry, fakeBackend, gpu, gpuUser, engineStatus, settle, usageCharts, usageReport, validJob } from "./fake-backend";
 import { clock, gpusView, holderLine, holdersOf } from "./views/gpus";
-import { fairShareLine, usageRows, usageView } from "./views/usage";
+import { bucketFor, fairShareLine, heatSummary, usageRows, usageView } from "./views/usage";
 import { gpuList, historyView, ROW_H } from "./views/history";
 import { queueView, sortQueue } from "./views/queue";
 import { errorText, submitView } from "./views/submit";
@@ -263,6 +268,35 @@ describe("usage view", () => {
     await settle(10);
     expect(since()[1]).toBeLessThan(24 * 3_600_000 + 60_000);
     expect(v.el.querySelector("[data-window='24 h']")!.classList.contains("on")).toBe(true);
+    v.dispose();
+  });
+  it("draws GPU-hours per user (hourly for 24 h, daily beyond) and the utilization heat map, in my time zone", async () => {
+    drawn.bars.length = 0; drawn.heat.length = 0;
+    const { b, calls } = fakeBackend();
+    const v = usageView(b, "ada");
+    await settle(10);
+    const asked = () => calls.filter((c) => c.name === "usageCharts").map((c) => c.args as number[]);
+    expect(asked()[0][1]).toBe(86_400_000);
+    expect(asked()[0][2]).toBe(-new Date().getTimezoneOffset());
+    expect(Date.now() - asked()[0][0]).toBeGreaterThanOrEqual(7 * 86_400_000);
+    const bars = drawn.bars.at(-1);
+    expect(bars.users).toEqual(["bob", "ada"]);
+    expect(bars.values.map((u: number[]) => u.reduce((a, x) => a + x, 0))).toEqual([7, 3]);
+    expect(v.el.querySelector("[data-testid=usage-stacked]")!.getAttribute("data-users")).toBe("bob,ada");
+    expect(drawn.heat.at(-1).days.length).toBeGreaterThan(0);
+    expect(v.el.querySelector("[data-testid=usage-heat-summary]")!.textContent).toBe("Busiest hour of the day: 09:00, 80 % mean GPU utilization.");
+    (v.el.querySelector("[data-window='24 h']") as HTMLButtonElement).click();
+    await settle(10);
+    expect(asked()[1][1]).toBe(3_600_000);
+    expect(bucketFor(30 * 86_400_000)).toBe(86_400_000);
+    v.dispose();
+  });
+  it("says when the heat map has no samples", async () => {
+    const { b } = fakeBackend({ usageCharts: () => Promise.resolve(usageCharts({ heat: [] })) });
+    const v = usageView(b, "ada");
+    await settle(10);
+    expect(v.el.querySelector("[data-testid=usage-heat-summary]")!.textContent).toBe("No GPU samples in this window.");
+    expect(heatSummary({ days: [0], cells: [new Array(24).fill(null)] })).toBe("No GPU samples in this window.");
     v.dispose();
   });
   it("says so when nobody used a GPU in the window", async () => {

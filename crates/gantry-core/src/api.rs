@@ -23,13 +23,15 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE,
-    VALIDATE, WHOAMI,
+    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST,
+    OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
     ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest, QueuePageQuery,
     Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
+use crate::protocol::{NotifyAdd, NotifyDelivery, NotifyLogQuery, Subscription, UsageCharts, UsageChartsQuery};
+use crate::notify::{Notifier, NotifyError};
 use crate::spec::ValidJob;
 use crate::store::{Job, Owner};
 
@@ -141,7 +143,7 @@ impl From<EngineError> for Failure {
 type E = State<Arc<Engine>>;
 type Res<T> = Result<Json<T>, Failure>;
 
-pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
+pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifier>) -> Router {
     Router::new()
         .route(STATUS, get(status))
         .route(JOBS, get(queue).post(submit))
@@ -166,7 +168,13 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>) -> Router {
         .route(INBOX, get(inbox).post(inbox_init))
         .route(EVENTS, get(events))
         .route(USAGE, get(usage))
+        .route(USAGE_CHARTS, get(usage_charts))
+        .route(NOTIFY, get(notify_list).post(notify_add))
+        .route(NOTIFY_REMOVE, post(notify_remove))
+        .route(NOTIFY_TEST, post(notify_test))
+        .route(NOTIFY_LOG, get(notify_log))
         .layer(Extension(inboxes))
+        .layer(Extension(notifier))
         .layer(Extension(Arc::new(LogStreams::default())))
         .with_state(engine)
 }
@@ -263,6 +271,48 @@ async fn timeline(State(e): E, Query(r): Query<Range>) -> Res<Vec<TimelineRun>> 
 /// numbers fair share orders the queue by).
 async fn usage(State(e): E, Query(q): Query<UsageQuery>) -> Res<UsageReport> {
     Ok(Json(e.usage(q.since_ms)?))
+}
+
+/// GPU-hours per user per day and GPU utilization by hour of day since `since_ms` (public, like `usage`).
+async fn usage_charts(State(e): E, Query(q): Query<UsageChartsQuery>) -> Res<UsageCharts> {
+    let r = tokio::task::spawn_blocking(move || e.usage_charts(q.since_ms, q.bucket_ms, q.tz_offset_min)).await.map_err(|err| EngineError::Fatal(format!("usage charts crashed: {err}")))??;
+    Ok(Json(r))
+}
+
+impl From<NotifyError> for Failure {
+    fn from(e: NotifyError) -> Self {
+        match e {
+            NotifyError::Refused(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, ApiError { error: m, spec_error: None }),
+            NotifyError::Forbidden(m) => Failure::forbidden(m),
+            NotifyError::Engine(e) => e.into(),
+            NotifyError::Store(e) => EngineError::Store(e).into(),
+        }
+    }
+}
+
+type N = Extension<Arc<Notifier>>;
+
+/// The caller's notification targets (and the lab's webhooks, which everyone may see).
+async fn notify_list(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<Subscription>> {
+    Ok(Json(tokio::task::spawn_blocking(move || n.list(p.uid)).await.map_err(|err| EngineError::Fatal(format!("notify ls crashed: {err}")))??))
+}
+
+/// Subscribe the caller (never anyone else: the target is theirs, and only their jobs reach it).
+async fn notify_add(State(e): E, Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<NotifyAdd>) -> Res<Subscription> {
+    Ok(Json(n.add(&e, p.uid, &user_name(p.uid), r).await?))
+}
+
+async fn notify_remove(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<bool> {
+    Ok(Json(tokio::task::spawn_blocking(move || n.remove(p.uid, id)).await.map_err(|err| EngineError::Fatal(format!("notify rm crashed: {err}")))??))
+}
+
+async fn notify_test(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<NotifyDelivery>> {
+    Ok(Json(tokio::task::spawn_blocking(move || n.test(p.uid, &user_name(p.uid))).await.map_err(|err| EngineError::Fatal(format!("notify test crashed: {err}")))??))
+}
+
+async fn notify_log(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<NotifyLogQuery>) -> Res<Vec<NotifyDelivery>> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 1000) as usize;
+    Ok(Json(tokio::task::spawn_blocking(move || n.log(p.uid, limit)).await.map_err(|err| EngineError::Fatal(format!("notify log crashed: {err}")))??))
 }
 
 /// 1 Hz samples of the last hour: `[ms, [[util, mem_used], ...]]`.
@@ -488,7 +538,7 @@ async fn events(State(e): E) -> Response {
 }
 
 /// Bind the socket (refusing if another engine answers on it) and serve until `shutdown`.
-pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, socket: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifier>, socket: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     if socket.exists() {
         if UnixStream::connect(socket).await.is_ok() {
             return Err(EngineError::AlreadyRunning(socket.to_path_buf()));
@@ -509,7 +559,7 @@ pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, socket: &Path, s
     }
     info!("API listening on {}", socket.display());
     let limits = engine.cfg.api;
-    let app = router(engine, inboxes);
+    let app = router(engine, inboxes, notifier);
     let admission = Arc::new(Admission { limits, open: Mutex::default() });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);

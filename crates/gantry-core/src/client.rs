@@ -536,6 +536,36 @@ impl Client {
         self.get(&with_query(routes::USAGE, &UsageQuery { since_ms })?).await
     }
 
+    /// GPU-hours per user per bucket and utilization by local day and hour since `since_ms`.
+    pub async fn usage_charts(&self, q: &crate::protocol::UsageChartsQuery) -> Result<crate::protocol::UsageCharts, ClientError> {
+        self.get(&with_query(routes::USAGE_CHARTS, q)?).await
+    }
+
+    /// The caller's notification targets, then the lab's webhooks.
+    pub async fn notify_list(&self) -> Result<Vec<crate::protocol::Subscription>, ClientError> {
+        self.get(routes::NOTIFY).await
+    }
+
+    /// Add a notification target for the caller (`gantry notify add`).
+    pub async fn notify_add(&self, req: &crate::protocol::NotifyAdd) -> Result<crate::protocol::Subscription, ClientError> {
+        self.post(routes::NOTIFY, req).await
+    }
+
+    /// Remove one of the caller's targets; `true` when it existed.
+    pub async fn notify_remove(&self, id: i64) -> Result<bool, ClientError> {
+        self.post(&fill(routes::NOTIFY_REMOVE, id), &()).await
+    }
+
+    /// A test notification to each of the caller's targets.
+    pub async fn notify_test(&self) -> Result<Vec<crate::protocol::NotifyDelivery>, ClientError> {
+        self.post(routes::NOTIFY_TEST, &()).await
+    }
+
+    /// The caller's notifications, newest first.
+    pub async fn notify_log(&self, limit: u32) -> Result<Vec<crate::protocol::NotifyDelivery>, ClientError> {
+        self.get(&with_query(routes::NOTIFY_LOG, &crate::protocol::NotifyLogQuery { limit: Some(limit) })?).await
+    }
+
     /// The caller's drop folder and whether the engine watches it.
     pub async fn inbox(&self) -> Result<InboxInfo, ClientError> {
         self.get(routes::INBOX).await

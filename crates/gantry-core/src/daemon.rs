@@ -148,9 +148,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 /// Serve an open engine (the app's embedded one; [`run`] for the daemon) until `shutdown` resolves.
 pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
     raise_fd_limit();
+    // Notifications: the API adds targets, one owned task delivers (stops with the engine).
+    let notifier = Arc::new(crate::notify::Notifier::open(&engine)?);
     // Every drop folder's watcher; they stop with the engine. The API reads the same registry.
     let inboxes = Arc::new(crate::inbox::users::Registry::default());
     let inbox = tokio::spawn(crate::inbox::users::run(engine.clone(), inboxes.clone()));
+    let delivery = tokio::spawn(notifier.clone().run(engine.clone()));
+    // `/metrics`, when the lab config asks for it.
+    let metrics = match engine.cfg.lab.metrics.listen {
+        Some(addr) => Some(tokio::spawn(crate::metrics::serve(engine.clone(), addr))),
+        None => None,
+    };
     let looped = {
         let e = engine.clone();
         tokio::spawn(async move {
@@ -161,7 +169,7 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
     };
     let stop = engine.clone();
     let socket = engine.cfg.paths.socket();
-    let served = crate::api::serve(engine.clone(), inboxes, &socket, async move {
+    let served = crate::api::serve(engine.clone(), inboxes, notifier, &socket, async move {
         tokio::select! {
             _ = shutdown => {}
             _ = stop.stopped() => {}
@@ -171,6 +179,10 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
     .await;
     engine.shutdown();
     inbox.abort();
+    delivery.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     let result = match looped.await {
         Ok(r) => r,
         Err(e) => {

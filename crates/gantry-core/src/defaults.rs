@@ -167,3 +167,21 @@ pub const START_SETTLE: Duration = Duration::from_secs(5);
 /// Queued jobs `gantry ls` shows by default: the next 100 to start and the caller's first 100 (a
 /// terminal shows a few dozen lines; `--all` lists a queue of 100,000, which is 25 MB of JSON).
 pub const LS_QUEUED_SHOWN: usize = 100;
+
+/// Notification tries before one is given up: with the backoff below, about 40 minutes of a
+/// webhook or relay being down (a deploy, a restart) is ridden out; longer is an outage to report.
+pub const NOTIFY_MAX_TRIES: u32 = 8;
+/// The wait after a notification's first failed try; doubles per try, capped at [`NOTIFY_BACKOFF_MAX`].
+pub const NOTIFY_BACKOFF: Duration = Duration::from_secs(10);
+pub const NOTIFY_BACKOFF_MAX: Duration = Duration::from_secs(3600);
+/// One user's notifications waiting to be sent at once: a retrying target (or a flood of short
+/// jobs) cannot grow the outbox without bound; beyond it new ones are recorded as dropped.
+pub const NOTIFY_MAX_PENDING: usize = 100;
+/// Targets per user (`gantry notify add`): a few emails and chat channels; each is one send per event.
+pub const NOTIFY_MAX_TARGETS: usize = 10;
+/// One send (connect, TLS, request, answer) may take this long before it counts as failed.
+pub const NOTIFY_SEND_TIMEOUT: Duration = Duration::from_secs(20);
+/// Sends in flight at once (a slow target does not hold up the others).
+pub const NOTIFY_PARALLEL: usize = 8;
+/// Delivered, failed and dropped notifications are listed (`gantry notify log`) this long, then forgotten.
+pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);

@@ -13,6 +13,7 @@
 //! - [`slurm`]: the Slurm backend's decisions (spec → sbatch, states) and its Slurm client
 //! - [`node_agent`]: `gantry daemon --node-agent`, each Slurm node's GPU samples for the GPUs view
 //! - [`inbox`]: the drop folder
+//! - [`notify`]: notifications (email, webhooks) from a durable outbox; [`metrics`]: the Prometheus endpoint
 //! - [`policy`]: the lab config (`/etc/gantry/config.toml`): limits, admins, retention
 //! - [`engine`]: the loop that ties them together
 //! - [`api`] / [`client`]: the local HTTP+JSON API on a Unix socket; [`client::locate`] finds the engine
@@ -38,6 +39,8 @@ pub mod policy;
 pub mod protocol;
 pub mod engine;
 pub mod inbox;
+pub mod notify;
+pub mod metrics;
 pub mod api;
 pub mod client;
 pub mod daemon;

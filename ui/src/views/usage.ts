@@ -1,6 +1,8 @@
 // Usage view: per user GPU-hours, jobs and mean wait over a window, and the decayed usage fair share
 // orders the queue by (the same numbers as `gantry usage`).
 import type { Backend } from "../backend";
+import { heatMap, stackedBars, type Chart } from "../charts";
+import { heatGrid, stackUsage, type Heat } from "../usage-data";
 import { h, type View } from "../dom";
 import { duration } from "../format";
 import type { UsageReport } from "../types";
@@ -25,6 +27,21 @@ export function fairShareLine(halfLifeMs: number): string {
     + `recent use is GPU-hours, each job's halved every ${duration(halfLifeMs)} since it ended.`;
 }
 
+/** The stacked chart's bucket for a window: hours for the last day, days beyond. */
+export function bucketFor(spanMs: number): number {
+  return spanMs <= 86_400_000 ? 3_600_000 : 86_400_000;
+}
+
+/** The heat map's one-line summary (and its text for screen readers): the busiest hour of day. */
+export function heatSummary(g: Heat): string {
+  const sum = new Array(24).fill(0), n = new Array(24).fill(0);
+  for (const row of g.cells) row.forEach((v, i) => { if (v !== null) { sum[i] += v; n[i]++; } });
+  let best = -1;
+  for (let i = 0; i < 24; i++) if (n[i] > 0 && (best < 0 || sum[i] / n[i] > sum[best] / n[best])) best = i;
+  if (best < 0) return "No GPU samples in this window.";
+  return `Busiest hour of the day: ${String(best).padStart(2, "0")}:00, ${(sum[best] / n[best]).toFixed(0)} % mean GPU utilization.`;
+}
+
 export function usageView(backend: Backend, me: string | null): View {
   const el = h("section", { class: "view usage", "data-testid": "view-usage" });
   let windowLabel = DEFAULT_WINDOW;
@@ -39,12 +56,42 @@ export function usageView(backend: Backend, me: string | null): View {
     h("thead", {}, h("tr", {}, ["User", "GPU-hours", "Jobs finished", "Mean wait", "Fair share"].map((c) => h("th", {}, c)))), body);
   const empty = h("p", { class: "muted", hidden: true, "data-testid": "usage-empty" }, "No GPU use in this window.");
   const explain = h("p", { class: "muted", "data-testid": "usage-fair-share" });
-  el.append(h("div", { class: "toolbar" }, h("h2", {}, "Usage"), picker, period), table, empty, explain);
+  const barsEl = h("div", { class: "chart", "data-testid": "usage-stacked", role: "img", "aria-label": "GPU-hours per user" });
+  const heatEl = h("div", { class: "chart", "data-testid": "usage-heat", role: "img", "aria-label": "GPU utilization by hour of day" });
+  const heatText = h("p", { class: "muted", "data-testid": "usage-heat-summary" });
+  el.append(h("div", { class: "toolbar" }, h("h2", {}, "Usage"), picker, period), table, empty, explain,
+    h("h3", {}, "GPU-hours per user"), barsEl, h("h3", {}, "GPU utilization by hour of day"), heatEl, heatText);
+  let charts: Chart[] = [];
+  const tz = -new Date().getTimezoneOffset();
+  const fmt = (o: Intl.DateTimeFormatOptions) => (t: number) => new Date(t).toLocaleString(undefined, o);
+
+  async function loadCharts(span: number, mine: number) {
+    const bucket = bucketFor(span);
+    const c = await backend.usageCharts(Date.now() - span, bucket, tz);
+    if (disposed || mine !== seq) return;
+    charts.forEach((ch) => ch.destroy());
+    charts = [];
+    barsEl.replaceChildren();
+    heatEl.replaceChildren();
+    const stacked = stackUsage(c.buckets, c.since_ms, c.until_ms, c.bucket_ms, tz);
+    const grid = heatGrid(c.heat, c.since_ms, c.until_ms, tz);
+    barsEl.dataset.users = stacked.users.join(",");
+    barsEl.dataset.buckets = String(stacked.x.length);
+    heatEl.dataset.days = String(grid.days.length);
+    heatText.textContent = heatSummary(grid);
+    const width = Math.max(320, el.clientWidth - 32 || 720);
+    const label = bucket < 86_400_000 ? fmt({ hour: "2-digit", minute: "2-digit" }) : fmt({ month: "short", day: "numeric" });
+    try {
+      charts.push(stackedBars(barsEl, width, 220, stacked, label, c.bucket_ms));
+      charts.push(heatMap(heatEl, width, Math.min(420, 40 + 18 * grid.days.length), grid, fmt({ weekday: "short", month: "short", day: "numeric" })));
+    } catch { /* no canvas (tests) */ }
+  }
 
   async function load() {
     picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.window === windowLabel));
     const mine = ++seq;
     const span = WINDOWS.find(([l]) => l === windowLabel)![1];
+    loadCharts(span, mine).catch((e) => { if (!disposed && mine === seq) heatText.textContent = `Could not read the charts: ${e}`; });
     try {
       const r = await backend.usage(Date.now() - span);
       // A newer window choice (or a job event) superseded this answer.
@@ -65,5 +112,5 @@ export function usageView(backend: Backend, me: string | null): View {
   load();
   // A job that ends changes the numbers: re-read while the view is open.
   backend.onJobChanged(() => { load(); }).then((u) => { if (disposed) u(); else unlisten = u; });
-  return { el, dispose() { disposed = true; unlisten?.(); } };
+  return { el, dispose() { disposed = true; unlisten?.(); charts.forEach((c) => c.destroy()); } };
 }

@@ -123,4 +123,15 @@ impl Engine {
         }
         Ok(r)
     }
+
+    /// The Usage view's charts since `since`: GPU-hours per user per bucket, and utilization by
+    /// local day and hour (`tz_offset_min` east of UTC).
+    pub fn usage_charts(&self, since: i64, bucket_ms: i64, tz_offset_min: i32) -> Result<crate::protocol::UsageCharts, EngineError> {
+        let now = self.now();
+        let tz = tz_offset_min as i64 * 60_000;
+        let st = self.reader();
+        let buckets = crate::store::usage_buckets(&st.usage_since(since)?, since, now, bucket_ms, tz);
+        let heat = st.util_by_hour(since, tz)?;
+        Ok(crate::protocol::UsageCharts { since_ms: since, until_ms: now, bucket_ms, buckets, heat })
+    }
 }

@@ -284,6 +284,66 @@ pub struct LabConfig {
     pub backend: crate::slurm::BackendChoice,
     /// `[slurm]`: used when `backend = "slurm"`.
     pub slurm: crate::slurm::Settings,
+    /// `[notify]`: email relay, allowed webhook hosts, the lab's own webhooks, delivery bounds.
+    pub notify: NotifySettings,
+    /// `[metrics]`: the Prometheus endpoint (off unless `listen` is set).
+    pub metrics: MetricsSettings,
+}
+
+/// `[notify]` of the lab config (read at start; a reload warns "restart to apply").
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotifySettings {
+    /// The SMTP relay for `gantry notify add email` (`None`: email is refused at `notify add`).
+    pub smtp: Option<SmtpSettings>,
+    /// Hosts users' webhooks may go to: `name`, `*.domain`, an IP address, each optionally with
+    /// `:port`. Loopback and link-local addresses only where the address itself (or `localhost`) is listed.
+    pub webhook_hosts: Vec<String>,
+    /// The lab's own webhooks (every job's listed events, and store problems), public fields only.
+    pub webhooks: Vec<(String, Vec<crate::protocol::notify::NotifyEvent>)>,
+    /// A delivery is tried this many times, then given up (shown failed in `gantry notify log`).
+    pub max_tries: u32,
+    /// The wait after the first failed try, doubled after each (at most [`config::NOTIFY_BACKOFF_MAX`]).
+    pub retry_backoff: Duration,
+    /// A user's notifications waiting to be sent at once; more are dropped (logged as dropped).
+    pub max_pending: usize,
+    /// Targets (`gantry notify add`) per user.
+    pub max_targets: usize,
+}
+
+impl Default for NotifySettings {
+    fn default() -> Self {
+        NotifySettings {
+            smtp: None,
+            webhook_hosts: vec![],
+            webhooks: vec![],
+            max_tries: config::NOTIFY_MAX_TRIES,
+            retry_backoff: config::NOTIFY_BACKOFF,
+            max_pending: config::NOTIFY_MAX_PENDING,
+            max_targets: config::NOTIFY_MAX_TARGETS,
+        }
+    }
+}
+
+/// The SMTP relay (`smtp_*` keys of `[notify]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    /// Upgrade the connection with STARTTLS (refuse to send without it).
+    pub starttls: bool,
+    pub from: String,
+    /// `USER:PASSWORD` on its first line; must be owned by the engine's user and unreadable by
+    /// anyone else (checked when the engine starts).
+    pub credentials: Option<PathBuf>,
+}
+
+/// `[metrics]` of the lab config.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSettings {
+    /// Where `/metrics` is served (`None`: off).
+    pub listen: Option<std::net::SocketAddr>,
+    /// Let `listen` be a non-loopback address (anyone who can reach it sees GPU use per user).
+    pub allow_remote: bool,
 }
 
 #[cfg(test)]
@@ -487,6 +547,37 @@ max_watches = 32
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }
+    }
+
+    #[test]
+    fn notify_and_metrics_tables_parse_and_explain_their_mistakes() {
+        use crate::protocol::notify::NotifyEvent;
+        let c = parse("[notify]\nsmtp_host = \"smtp.lab.org\"\nsmtp_from = \"gantry@lab.org\"\nwebhook_hosts = [\"Hooks.Slack.com\", \"127.0.0.1:9000\"]\nwebhooks = [{ url = \"https://chat.lab.org/h\", on = [\"failed\"] }, { url = \"http://x.org/\" }]\nmax_tries = 3\n[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        let smtp = c.notify.smtp.as_ref().unwrap();
+        assert_eq!((smtp.host.as_str(), smtp.port, smtp.starttls), ("smtp.lab.org", 587, true), "STARTTLS on the submission port by default");
+        assert_eq!(c.notify.webhook_hosts, ["hooks.slack.com", "127.0.0.1:9000"]);
+        assert_eq!(c.notify.webhooks, vec![("https://chat.lab.org/h".to_string(), vec![NotifyEvent::Failed]), ("http://x.org/".to_string(), vec![NotifyEvent::StoreProblem])]);
+        assert_eq!((c.notify.max_tries, c.metrics.listen.map(|a| a.port())), (3, Some(9464)));
+        assert_eq!(parse("").unwrap().metrics.listen, None, "metrics are off by default");
+        assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n").unwrap().metrics.listen.is_some());
+        let cases: &[(&str, &str)] = &[
+            ("[metrics]\nlisten = \"0.0.0.0:9464\"\n", "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address"),
+            ("[metrics]\nlisten = \"localhost\"\n", "is not an address and port"),
+            ("[notify]\nsmtp_host = \"smtp.lab.org\"\n", "config.toml:2:13: `smtp_host` is set but `smtp_from` is not"),
+            ("[notify]\nsmtp_host = \"a\"\nsmtp_from = \"nobody\"\n", "`smtp_from` = \"nobody\" is not an email address"),
+            ("[notify]\nsmtp_port = 25\n", "`smtp_port` is set but `smtp_host` is not"),
+            ("[notify]\nwebhook_hosts = [\"a b\"]\n", "`webhook_hosts` lists \"a b\": it is not a host name"),
+            ("[notify]\nwebhooks = [{ url = \"ftp://x/\" }]\n", "is not an http:// or https:// URL"),
+            ("[notify]\nwebhooks = [{ url = \"http://x.org/\", on = [\"sometimes\"] }]\n", "lists \"sometimes\", which is not an event"),
+            ("[notify]\nsmtp_relay = \"x\"\n", "unknown field `smtp_relay`"),
+            ("[notify]\nmax_tries = 0\n", "`max_tries` = 0 is out of range"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+        let changed = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap().restart_only_changes(&LabConfig::default());
+        assert_eq!(changed, ["metrics"]);
     }
 
     #[test]

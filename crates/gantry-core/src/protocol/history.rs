@@ -99,6 +99,46 @@ pub struct UsageQuery {
     pub since_ms: i64,
 }
 
+/// `?since_ms=&bucket_ms=&tz_offset_min=` of `GET /v1/usage/charts`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct UsageChartsQuery {
+    pub since_ms: i64,
+    /// The width of one bar: an hour for the last 24 h, a day for 7 or 30 days.
+    pub bucket_ms: i64,
+    /// The viewer's time zone (minutes east of UTC), so days and hours of day are theirs.
+    #[serde(default)]
+    pub tz_offset_min: i32,
+}
+
+/// GPU-hours of one user in one bucket (`gantry usage --csv`, the Usage view's stacked chart).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct UsageBucket {
+    /// Start of the bucket (ms since the epoch; a local midnight or hour in the asked time zone).
+    pub start: i64,
+    pub user: String,
+    pub gpu_hours: f64,
+}
+
+/// Mean GPU utilization (all GPUs, %) in one hour of one day: the heat map's cells.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct UtilCell {
+    /// The local day's start (ms since the epoch).
+    pub day: i64,
+    /// 0 to 23, local.
+    pub hour: u32,
+    pub utilization: f64,
+}
+
+/// `GET /v1/usage/charts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct UsageCharts {
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub bucket_ms: i64,
+    pub buckets: Vec<UsageBucket>,
+    pub heat: Vec<UtilCell>,
+}
+
 /// `?follow=` of `GET /v1/jobs/{id}/logs`: keep streaming until the job has ended.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct LogQuery {

@@ -9,6 +9,7 @@ pub mod app;
 pub mod gpu;
 pub mod history;
 pub mod job;
+pub mod notify;
 pub mod routes;
 pub mod status;
 pub mod terminal;
@@ -16,9 +17,10 @@ pub mod ts;
 
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines};
 pub use gpu::{BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample};
-pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageQuery, UsageReport, UserUsage};
+pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageBucket, UsageCharts, UsageChartsQuery, UsageQuery, UsageReport, UserUsage, UtilCell};
 pub use job::{
     ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview, PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery,
     SpecOrigin, SubmitRequest, Submitted,
 };
+pub use notify::{DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget, Subscription};
 pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};

@@ -55,6 +55,17 @@ pub const INBOX: &str = "/v1/inbox";
 /// `GET`: [`super::EngineEvent`]s as newline-delimited JSON, for as long as the connection stays.
 pub const EVENTS: &str = "/v1/events";
 
+/// `GET`: the caller's [`super::Subscription`]s (and the lab's webhooks); `POST` a [`super::NotifyAdd`]: the new [`super::Subscription`].
+pub const NOTIFY: &str = "/v1/notify";
+/// `POST`: remove one of the caller's subscriptions; `true` when it existed.
+pub const NOTIFY_REMOVE: &str = "/v1/notify/{id}/remove";
+/// `POST`: a test notification to each of the caller's subscriptions: their [`super::NotifyDelivery`]s.
+pub const NOTIFY_TEST: &str = "/v1/notify/test";
+/// `GET` with [`super::NotifyLogQuery`]: the caller's [`super::NotifyDelivery`]s, newest first.
+pub const NOTIFY_LOG: &str = "/v1/notify/log";
+/// `GET`: `gantry usage --csv`'s GPU-hours per user per day and GPU utilization by hour of day ([`super::UsageCharts`]).
+pub const USAGE_CHARTS: &str = "/v1/usage/charts";
+
 /// `pattern` with its one `{…}` parameter replaced by `value`: `fill(JOB, 7)` is `/v1/jobs/7`.
 pub fn fill(pattern: &str, value: impl Display) -> String {
     match (pattern.find('{'), pattern.find('}')) {

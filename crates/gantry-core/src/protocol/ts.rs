@@ -55,6 +55,7 @@ pub fn typescript() -> String {
     o.line(&format!("export const FINAL_STATES: JobState[] = [{}];", finals.join(", ")));
     o.decl::<EngineKind>().decl::<EngineView>().decl::<Machines>().decl::<ConnectionEvent>();
     o.decl::<BackendKind>().decl::<Orphan>().decl::<StatusInfo>().decl::<WhoAmI>();
+    o.decl::<NotifyEvent>();
     o.decl::<Command>().decl::<Ipc>().decl::<Home>().decl::<Ulimits>().decl::<IdOrName>().decl::<Scalar>().decl::<JobSpec>();
     o.decl::<crate::spec::Limits>().decl::<MatrixPart>().decl::<Mount>().decl::<ValidJob>().decl::<SpecError>().decl::<Preview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
@@ -63,6 +64,8 @@ pub fn typescript() -> String {
     o.decl::<GpuProcess>().decl::<MigParent>().decl::<Link>().decl::<GpuLink>().decl::<GpuSample>().decl::<GpuUser>().decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
     o.decl::<HistoryRow>().decl::<HistoryFilter>().decl::<TimelineRun>().decl::<UserUsage>().decl::<UsageReport>();
+    o.decl::<UsageBucket>().decl::<UtilCell>().decl::<UsageCharts>();
+    o.decl::<NotifyTarget>().decl::<Subscription>().decl::<DeliveryState>().decl::<NotifyDelivery>().decl::<NotifyJob>().decl::<NotifyPayload>();
     for (user, dep) in &o.named {
         assert!(o.declared.iter().any(|(_, n)| n == dep), "{user} names {dep}, which protocol::ts::typescript does not declare: add it");
     }

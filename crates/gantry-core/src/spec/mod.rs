@@ -189,6 +189,11 @@ pub struct JobSpec {
     /// it; nothing is published on the network. Serve on 127.0.0.1 inside the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u16>,
+    /// Which of this job's events notify you, e.g. `[failed, timed_out]` (`[]`: none), sent to every
+    /// target of yours (`gantry notify add`), in place of each target's `--on` for this job. Events:
+    /// started, finished, failed, timed_out, cancelled, preempted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Vec<crate::protocol::notify::NotifyEvent>>,
 }
 
 /// `ipc` in a spec.

@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0006_history_fast.sql"),
     include_str!("../../migrations/0007_slurm.sql"),
     include_str!("../../migrations/0008_submit_keys.sql"),
+    include_str!("../../migrations/0009_notify.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
@@ -43,6 +44,7 @@ const CACHED_COUNTS: i64 = 64;
 
 mod history;
 mod model;
+pub mod notify;
 mod queue;
 mod stats;
 pub use model::*;
@@ -114,7 +116,8 @@ impl Store {
     fn event(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
         tx.prepare_cached("INSERT INTO events (job_id, at, from_state, to_state, message) VALUES (?1, ?2, ?3, ?4, ?5)")?
             .execute(params![job_id, at, from.map(|s| s.as_str()), to.as_str(), msg])?;
-        Ok(())
+        // The notification of this change, in the same transaction (the outbox).
+        notify::on_transition(tx, job_id, at, from, to, msg)
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>> {

@@ -135,8 +135,42 @@ impl Store {
         let rows = st.query_map(params![gpu, since_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
+
+    /// Mean utilization of all GPUs per local (day, hour) since `since` (`tz_ms`: the offset east of UTC).
+    pub fn util_by_hour(&self, since: i64, tz_ms: i64) -> Result<Vec<crate::protocol::UtilCell>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT ((minute + ?2) / 86400000) * 86400000 - ?2 AS day, ((minute + ?2) / 3600000) % 24 AS hour, AVG(util_avg) \
+             FROM gpu_minutes WHERE minute >= ?1 GROUP BY day, hour ORDER BY day, hour",
+        )?;
+        let rows = st
+            .query_map(params![since, tz_ms], |r| Ok(crate::protocol::UtilCell { day: r.get(0)?, hour: r.get::<_, i64>(1)? as u32, utilization: r.get(2)? }))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
 }
 
+/// GPU-hours per (bucket, user) of `rows` over [since, until), buckets `bucket_ms` wide aligned to
+/// local time (`tz_ms` east of UTC); a running attempt counts up to `until`. Pure.
+pub fn usage_buckets(rows: &UsageRows, since: i64, until: i64, bucket_ms: i64, tz_ms: i64) -> Vec<crate::protocol::UsageBucket> {
+    let bucket_ms = bucket_ms.max(60_000);
+    let align = |t: i64| (t + tz_ms).div_euclid(bucket_ms) * bucket_ms - tz_ms;
+    let mut out: std::collections::BTreeMap<(i64, String), f64> = Default::default();
+    for (user, gpus, start, end) in rows {
+        let (a, b) = ((*start).max(since), end.unwrap_or(until).min(until));
+        if b <= a || *gpus == 0 {
+            continue;
+        }
+        let mut t = align(a);
+        while t < b {
+            let (lo, hi) = (t.max(a), (t + bucket_ms).min(b));
+            if hi > lo {
+                *out.entry((t, user.clone())).or_default() += (hi - lo) as f64 * *gpus as f64 / 3_600_000.0;
+            }
+            t += bucket_ms;
+        }
+    }
+    out.into_iter().map(|((start, user), gpu_hours)| crate::protocol::UsageBucket { start, user, gpu_hours }).collect()
+}
 
 /// An attempt as [`Store::usage_since`] returns it: (owner, GPUs, start, end or `None` while running).
 pub type UsageRow = (String, u32, i64, Option<i64>);
@@ -202,4 +236,29 @@ pub fn usage_report(since: i64, now: i64, half_life_ms: i64, attempts: &UsageRow
     let mut users: Vec<UserUsage> = users.into_values().collect();
     users.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours).then(a.user.cmp(&b.user)));
     UsageReport { since_ms: since, until_ms: now, fair_share_half_life_ms: half_life_ms, users }
+}
+
+#[cfg(test)]
+mod chart_tests {
+    use super::*;
+
+    /// GPU-hours are split at bucket edges (local midnight), clipped to the window, and a running
+    /// attempt counts up to now.
+    #[test]
+    fn usage_is_split_into_buckets_per_user() {
+        let h = 3_600_000;
+        let day = 24 * h;
+        let tz = 2 * h; // UTC+2: local midnight is 22:00 UTC
+        let rows: Vec<UsageRow> = vec![
+            ("ada".into(), 2, day - 3 * h, Some(day - h)),  // 21:00-23:00 UTC: 1 h before, 1 h after local midnight, 2 GPUs
+            ("bob".into(), 1, 2 * day - 4 * h, None),       // running since 20:00 UTC on day 1
+            ("cy".into(), 0, 0, Some(day)),                // no GPU: not counted
+            ("dee".into(), 1, -day, Some(-day + h)),        // before the window
+        ];
+        let b = usage_buckets(&rows, 0, 2 * day, day, tz);
+        let got: Vec<(i64, &str, f64)> = b.iter().map(|x| (x.start, x.user.as_str(), x.gpu_hours)).collect();
+        assert_eq!(got, vec![(-tz, "ada", 2.0), (day - tz, "ada", 2.0), (day - tz, "bob", 2.0), (2 * day - tz, "bob", 2.0)]);
+        let total: f64 = usage_buckets(&rows, 0, 2 * day, h, 0).iter().map(|x| x.gpu_hours).sum();
+        assert_eq!(total, 8.0, "hourly buckets add up to the same GPU-hours");
+    }
 }
