@@ -218,3 +218,53 @@ fn gpu_jobs_carry_a_device_request_for_exactly_their_gpus_and_cpu_jobs_none() {
     let (_, got) = requests(cpu);
     assert!(got.is_null() || got.as_array().is_some_and(|a| a.is_empty()), "a CPU-only job has no DeviceRequest: {got}");
 }
+
+/// Issue 18 item 15: a job sharing a GPU that uses more than its `gpu_memory` (past the lab's
+/// margin) is warned in its log, then stopped after the lab's grace with the reason in its history,
+/// while its neighbour within its own declaration runs on.
+#[test]
+fn a_shared_job_over_its_declared_gpu_memory_is_warned_then_stopped() {
+    require_gpu_docker();
+    let gpus = FakeGpus::new();
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 0, &[])]));
+    let dir = tempfile::tempdir().unwrap();
+    let lab = dir.path().join("config.toml");
+    std::fs::write(&lab, "[jobs]\ngpu_memory_margin = \"20%\"\ngpu_memory_grace = \"3s\"\n").unwrap();
+    let e = Engine::start_nvml(&gpus, &["--config", lab.to_str().unwrap()]);
+    let greedy = e.submit_yaml("greedy", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\ngpu_memory: 4GiB\n"));
+    let fair = e.submit_yaml("fair", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\ngpu_memory: 4GiB\n"));
+    let (greedy_pid, _) = job_pid(&e, greedy);
+    let (fair_pid, _) = job_pid(&e, fair);
+    // Within the margin: nothing happens.
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 8, &[(greedy_pid, 4), (fair_pid, 4)])]));
+    e.wait_until("the engine to read 8 GiB used", || e.json(&["gpus"])["gpus"][0]["memory_used"] == 8u64 << 30);
+    // The greedy one takes 10 GiB.
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 14, &[(greedy_pid, 10), (fair_pid, 4)])]));
+    e.wait_until("the warning in its log", || e.logs(greedy).contains("WARNING: uses 10.0 GiB of GPU 0, more than its declared gpu_memory of 4.0 GiB and the lab's 20% margin (jobs.gpu_memory_margin in"));
+    let d = e.wait_final(greedy);
+    assert_eq!(d["job"]["state"], "failed", "{d}");
+    let msg = d["job"]["message"].as_str().unwrap_or("");
+    assert!(msg.starts_with("stopped: used 10.0 GiB of GPU 0 for 3s, more than its declared gpu_memory of 4.0 GiB") && msg.contains("`gpu_memory: 10GiB`"), "{d}");
+    assert_eq!(d["attempts"][0]["reason"], "oom", "{d}");
+    let h = e.json(&["history"]);
+    let row = h.as_array().unwrap().iter().find(|r| r["id"] == greedy).cloned().unwrap();
+    assert_eq!(row["status"], "failed", "{row}");
+    assert!(!e.logs(fair).contains("WARNING"), "{}", e.logs(fair));
+    assert_eq!(e.show(fair)["job"]["state"], "running", "the neighbour within its declaration runs on");
+
+    // The learned estimate is corrected: the same job again is placed, and held, at the 10 GiB it
+    // used, not the 4 GiB it declares. 24 - 4 (fair) - 10 = 10 GiB are left: a 12 GiB job waits
+    // (with the declaration trusted, 16 GiB would be left and it would start).
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 4, &[(fair_pid, 4)])]));
+    e.wait_until("the engine to read 4 GiB used", || e.json(&["gpus"])["gpus"][0]["memory_used"] == 4u64 << 30);
+    let again = e.submit_yaml("greedy", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\ngpu_memory: 4GiB\n"));
+    let (again_pid, _) = job_pid(&e, again);
+    let big = e.submit_yaml("big", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\ngpu_memory: 12GiB\n"));
+    e.wait_until("the 12 GiB job to wait for the corrected memory", || e.show(big)["reason"].as_str().is_some_and(|r| r.contains("needs 12.0 GiB")));
+    assert_eq!(e.show(big)["job"]["state"], "queued", "{}", e.show(big));
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 24, 14, &[(again_pid, 10), (fair_pid, 4)])]));
+    // Within what it is now held to (10 GiB + 20%), it is not warned.
+    e.wait_until("the engine to read the rerun's 10 GiB", || e.json(&["gpus"])["users"].as_array().unwrap().iter().any(|u| u["job_id"] == again && u["used_memory"] == 10u64 << 30));
+    assert_eq!(e.show(again)["job"]["state"], "running");
+    assert!(!e.logs(again).contains("WARNING"), "{}", e.logs(again));
+}

@@ -19,6 +19,15 @@ pub const DISK_MIN_FREE: u64 = 10 << 30;
 pub const LAYER_SIZE: u64 = 100 << 30;
 /// How often Docker's free space is looked at (ms) while jobs wait.
 pub const DISK_EVERY_MS: i64 = 10_000;
+/// A job sharing a GPU may use this much more GPU memory than its `gpu_memory` before it is warned
+/// (`[jobs] gpu_memory_margin`, in percent): frameworks round allocations up and a CUDA context
+/// takes a few hundred MiB that users rarely declare; far more than that crowds out the neighbours
+/// the declaration let in.
+pub const GPU_MEMORY_MARGIN_PCT: f64 = 20.0;
+/// How long a warned job may stay over before it is stopped (`[jobs] gpu_memory_grace`): a
+/// cuDNN autotune or a validation step may spike briefly; 30 s past it, its neighbours' OOMs are the
+/// likelier cost.
+pub const GPU_MEMORY_GRACE: Duration = Duration::from_secs(30);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB

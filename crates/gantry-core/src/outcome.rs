@@ -14,6 +14,9 @@ pub enum Stop {
     /// The scheduler preempted it for another job: its checkpoint signal, its grace, then stopped,
     /// and queued again at its place.
     Preempt,
+    /// It used more GPU memory than it declared, past the lab's margin and grace (the reason is in
+    /// its `RunHandle`).
+    GpuMemory,
 }
 
 /// How an attempt ended, as the supervisor or recovery saw it.
@@ -40,6 +43,8 @@ pub enum How {
     Refused(String),
     /// The engine's supervisor of this attempt crashed; the container was stopped.
     EngineFault(String),
+    /// Stopped by Gantry: it used more GPU memory than its `gpu_memory` on a shared GPU (`message`).
+    GpuMemoryExceeded { code: Option<i64>, message: String },
 }
 
 /// What the outcome depends on besides `How`.
@@ -92,6 +97,8 @@ pub fn outcome(how: &How, p: &RetryPolicy) -> Ending {
         // Back to its place in the queue at once; not a failure, so its retries are untouched
         // (`attempt_n` counts only attempts that did not end by preemption).
         How::Preempted { code, by } => end(*code, EndReason::Preempted, format!("preempted by {by} · resumes when GPUs free"), JobState::Queued),
+        // Not retried: it would break its neighbours again.
+        How::GpuMemoryExceeded { code, message } => end(*code, EndReason::Oom, message.clone(), JobState::Failed),
         How::CancelledBeforeStart => end(None, EndReason::Cancelled, "cancelled before it started".into(), JobState::Cancelled),
         How::Lost(why) => failure(None, EndReason::Lost, why.clone()),
         How::NeverStarted => end(None, EndReason::Lost, "the engine stopped before the container started; queued again".into(), JobState::Queued),

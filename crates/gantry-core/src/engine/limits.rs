@@ -70,3 +70,132 @@ impl Engine {
         nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.dir.to_string_lossy().into_owned())
     }
 }
+
+/// What the 1 Hz GPU sample says about a shared job's GPU memory (issue 18 item 15).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum MemoryVerdict {
+    /// Within its declaration (and the margin), as before.
+    Fine,
+    /// Over it for the first time: warn in its log; stopped after the grace unless it goes back.
+    Warn(String),
+    /// Still over, within the grace.
+    StillOver,
+    /// Over for the whole grace: stop it, with this reason.
+    Stop(String),
+    /// Back within it after a warning.
+    Back(String),
+}
+
+/// Pure: `used` is the most it holds on one of its GPUs (`gpu`, bytes), `over_since` when it was
+/// first seen over (ms).
+pub(crate) fn memory_verdict(declared: u64, used: (u32, u64), over_since: Option<i64>, now: i64, margin_pct: f64, grace: std::time::Duration, set_in: &str) -> MemoryVerdict {
+    use crate::units::{duration_setting, format_bytes};
+    let (gpu, used) = used;
+    let limit = declared.saturating_add((declared as f64 * margin_pct / 100.0) as u64);
+    match (used > limit, over_since) {
+        (false, None) => MemoryVerdict::Fine,
+        (false, Some(_)) => MemoryVerdict::Back(format!("back within its declared GPU memory ({} of GPU {gpu}): it keeps running", format_bytes(used))),
+        (true, None) => MemoryVerdict::Warn(format!(
+            "WARNING: uses {} of GPU {gpu}, more than its declared gpu_memory of {} and the lab's {margin_pct}% margin{set_in}; the jobs sharing this GPU rely on the declaration: it is stopped in {} unless it goes back under {}",
+            format_bytes(used),
+            format_bytes(declared),
+            duration_setting(grace),
+            format_bytes(limit)
+        )),
+        (true, Some(since)) if now - since >= grace.as_millis() as i64 => MemoryVerdict::Stop(format!(
+            "stopped: used {} of GPU {gpu} for {}, more than its declared gpu_memory of {} and the lab's {margin_pct}% margin{set_in}; declare what it needs (`gpu_memory: {}`), or leave `gpu_memory` out to get a whole GPU",
+            format_bytes(used),
+            duration_setting(grace),
+            format_bytes(declared),
+            format_bytes(used.next_multiple_of(1 << 30)).replace(".0 ", "").replace(' ', "")
+        )),
+        (true, Some(_)) => MemoryVerdict::StillOver,
+    }
+}
+
+impl Engine {
+    /// The GPU memory a job is placed and held to: its declaration, or what its shape was stopped
+    /// for using if that is more (the measure is trusted, not the declaration, next time).
+    pub(super) fn gpu_memory_of(&self, key: &crate::estimate::JobKey, declared: Option<u64>) -> Option<u64> {
+        let d = declared?;
+        Some(self.learned_gpu_memory.lock().unwrap().get(key).map_or(d, |l| d.max(*l)))
+    }
+
+    /// After each GPU sample: a job on a shared GPU (`gpu_memory` declared) using more than it
+    /// declared by the lab's margin is warned in its log, and stopped after the grace with the reason
+    /// (its end in history says why). Only where NVML reports each of its processes' memory.
+    pub(super) fn enforce_gpu_memory(&self, samples: &[crate::gpu::GpuSample], now: i64) {
+        let p = self.policy();
+        let set_in = self.set_in("jobs.gpu_memory_margin");
+        let mut logs = vec![];
+        let mut learned = vec![];
+        {
+            let mut running = self.running.lock().unwrap();
+            for (id, h) in running.iter_mut() {
+                let (Some(declared), Some(cid)) = (h.gpu_memory, h.run.as_ref().and_then(|r| r.container()).map(String::from)) else { continue };
+                if h.over_memory.as_ref().is_some_and(|o| o.1.is_some()) {
+                    continue; // being stopped
+                }
+                // The most it holds on one of its GPUs; unknown when one of its processes does not say.
+                let mut worst: Option<(u32, u64)> = None;
+                let mut known = true;
+                for g in samples.iter().filter(|g| h.gpus.contains(&g.index)) {
+                    let mine: Vec<_> = g.processes.iter().filter(|p| p.container_id.as_deref() == Some(cid.as_str())).collect();
+                    match mine.iter().map(|p| p.used_memory).sum::<Option<u64>>() {
+                        Some(u) if worst.is_none_or(|w| u > w.1) => worst = Some((g.index, u)),
+                        Some(_) => {}
+                        None => known = false,
+                    }
+                }
+                let Some(used) = worst.filter(|_| known) else { continue };
+                match memory_verdict(declared, used, h.over_memory.as_ref().map(|o| o.0), now, p.gpu_memory_margin_pct, p.gpu_memory_grace, &set_in) {
+                    MemoryVerdict::Fine | MemoryVerdict::StillOver => {}
+                    MemoryVerdict::Warn(m) => {
+                        h.over_memory = Some((now, None));
+                        logs.push((*id, m));
+                    }
+                    MemoryVerdict::Back(m) => {
+                        h.over_memory = None;
+                        logs.push((*id, m));
+                    }
+                    MemoryVerdict::Stop(why) => {
+                        h.over_memory = Some((h.over_memory.as_ref().map_or(now, |o| o.0), Some(why.clone())));
+                        h.cancel.cancel();
+                        logs.push((*id, why));
+                        learned.push((h.key.clone(), used.1));
+                    }
+                }
+            }
+        }
+        for (id, m) in logs {
+            tracing::warn!(job = id, "{m}");
+            super::append_log(&self.log_of(id), &m);
+        }
+        // The next job of that user's shape is placed (and held) at what this one used.
+        let mut l = self.learned_gpu_memory.lock().unwrap();
+        for (key, used) in learned {
+            let e = l.entry(key).or_insert(0);
+            *e = (*e).max(used);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_job_over_its_declared_gpu_memory_is_warned_then_stopped_after_the_grace() {
+        let g = 1u64 << 30;
+        let grace = Duration::from_secs(30);
+        let v = |used: u64, since: Option<i64>, now: i64| memory_verdict(4 * g, (0, used), since, now, 20.0, grace, "");
+        assert_eq!(v(4 * g, None, 0), MemoryVerdict::Fine);
+        assert_eq!(v(4 * g + g / 2, None, 0), MemoryVerdict::Fine, "within the 20% margin");
+        assert!(matches!(v(10 * g, None, 0), MemoryVerdict::Warn(m) if m == "WARNING: uses 10.0 GiB of GPU 0, more than its declared gpu_memory of 4.0 GiB and the lab's 20% margin; the jobs sharing this GPU rely on the declaration: it is stopped in 30s unless it goes back under 4.8 GiB"));
+        assert_eq!(v(10 * g, Some(0), 29_999), MemoryVerdict::StillOver);
+        assert!(matches!(v(10 * g, Some(0), 30_000), MemoryVerdict::Stop(m) if m.starts_with("stopped: used 10.0 GiB of GPU 0 for 30s, more than its declared gpu_memory of 4.0 GiB") && m.contains("`gpu_memory: 10GiB`")));
+        assert!(matches!(v(3 * g, Some(0), 10_000), MemoryVerdict::Back(_)));
+        assert!(matches!(memory_verdict(4 * g, (0, 4 * g + 1), None, 0, 0.0, grace, ""), MemoryVerdict::Warn(_)), "a 0% margin warns at once");
+    }
+}

@@ -85,6 +85,11 @@ pub enum EngineError {
 }
 
 pub(crate) struct RunHandle {
+    /// Since when (ms) it uses more GPU memory than declared (past the margin): warned, stopped after
+    /// the grace; and, once stopping, why (see `Engine::enforce_gpu_memory`).
+    pub over_memory: Option<(i64, Option<String>)>,
+    /// Its shape (owner, name, image, GPUs, declared memory): what a GPU memory stop corrects.
+    pub key: crate::estimate::JobKey,
     /// The job owner's name (per-user GPU cap).
     pub owner: String,
     pub gpus: Vec<u32>,
@@ -168,6 +173,9 @@ pub struct Engine {
     preempted_at: Mutex<HashMap<i64, (i64, String)>>,
     /// GPUs freed by preemption for a job, until it starts (`scheduler::Config::claims`).
     claims: Mutex<BTreeMap<i64, Vec<u32>>>,
+    /// GPU memory a shape (owner, name, image, GPUs, declared `gpu_memory`) was stopped for using:
+    /// trusted instead of the declaration when that user submits the shape again (until a restart).
+    learned_gpu_memory: Mutex<HashMap<crate::estimate::JobKey, u64>>,
     health: RwLock<Health>,
     /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
     id_mark: Mutex<std::fs::File>,
@@ -364,6 +372,7 @@ impl Engine {
             running: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),
             claims: Mutex::new(BTreeMap::new()),
+            learned_gpu_memory: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),

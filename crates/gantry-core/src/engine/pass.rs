@@ -85,9 +85,11 @@ impl Engine {
                 self.running.lock().unwrap().insert(
                     job.id,
                     RunHandle {
+                        over_memory: None,
+                        key: job.key(),
                         owner: job.owner.clone(),
                         gpus: s.gpus.clone(),
-                        gpu_memory: job.gpu_memory,
+                        gpu_memory: self.gpu_memory_of(&job.key(), job.gpu_memory),
                         run: None,
                         cancel: cancel.clone(),
                         monitored: true,
@@ -284,7 +286,7 @@ impl Engine {
                     priority: scheduling_priority(j, &policy),
                     submitted_at_ms: j.submitted_at,
                     gpus: j.gpus,
-                    gpu_memory: j.gpu_memory,
+                    gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
                     not_before_ms: j.not_before,
                     expected_runtime_ms: expected_runtime(&history, j),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
@@ -445,6 +447,8 @@ mod tests {
 
     fn handle(learn: Option<(JobKey, i64)>, declared_end: Option<i64>) -> super::super::RunHandle {
         super::super::RunHandle {
+            over_memory: None,
+            key: Default::default(),
             owner: "ada".into(),
             gpus: vec![0],
             gpu_memory: None,

@@ -34,9 +34,11 @@ impl Engine {
             for (j, a) in &open {
                 let victim = victims.next().flatten();
                 r.entry(j.id).or_insert_with(|| RunHandle {
+                    over_memory: None,
+                    key: j.key(),
                     owner: j.owner.clone(),
                     gpus: a.gpus.clone(),
-                    gpu_memory: j.gpu_memory,
+                    gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
                     run: a.run_ref(),
                     cancel: CancellationToken::new(),
                     monitored: false,

@@ -66,6 +66,7 @@ impl Engine {
             }
         }
         *self.latest.write().unwrap() = samples.clone();
+        self.enforce_gpu_memory(&samples, now);
         samples
     }
 

@@ -109,7 +109,7 @@ impl Engine {
                     Some(Seen::Ended(how)) => break how,
                     None => return,
                 },
-                _ = cancel.cancelled(), if stop.is_none() || stop == Some(Stop::Preempt) => Some(Stop::Cancel),
+                _ = cancel.cancelled(), if stop.is_none() || stop == Some(Stop::Preempt) => Some(if self.over_memory_reason(job.id).is_some() { Stop::GpuMemory } else { Stop::Cancel }),
                 _ = preempt.cancelled(), if stop.is_none() => Some(Stop::Preempt),
                 _ = until_deadline => Some(Stop::Timeout),
                 _ = self.shutdown.cancelled() => {
@@ -126,7 +126,16 @@ impl Engine {
                 }
             }
         };
+        let how = match (stop, how) {
+            (Some(Stop::GpuMemory), How::Cancelled { code }) => How::GpuMemoryExceeded { code, message: self.over_memory_reason(job.id).unwrap_or_else(|| "stopped: more GPU memory than declared".into()) },
+            (_, how) => how,
+        };
         self.end_attempt(job.id, &attempt, &how, Some(&run)).await;
+    }
+
+    /// Why a running job is being stopped for its GPU memory, if it is.
+    fn over_memory_reason(&self, job_id: i64) -> Option<String> {
+        self.running.lock().unwrap().get(&job_id).and_then(|h| h.over_memory.as_ref().and_then(|o| o.1.clone()))
     }
 
     /// Record how an attempt ended, retrying the write until it succeeds (nothing new starts meanwhile),

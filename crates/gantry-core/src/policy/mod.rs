@@ -86,6 +86,10 @@ pub struct Policy {
     pub images: Images,
     /// `[disk]`: free space Docker's disk keeps, each job's writable layer.
     pub disk: Disk,
+    /// A job on a shared GPU using more than its `gpu_memory` by this many percent is warned ...
+    pub gpu_memory_margin_pct: f64,
+    /// ... and stopped once it has stayed over this long.
+    pub gpu_memory_grace: Duration,
     /// `[sessions]`: interactive sessions (`gantry shell`).
     pub sessions: Sessions,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
@@ -119,6 +123,8 @@ impl Default for Policy {
             containers: Default::default(),
             images: Default::default(),
             disk: Default::default(),
+            gpu_memory_margin_pct: config::GPU_MEMORY_MARGIN_PCT,
+            gpu_memory_grace: config::GPU_MEMORY_GRACE,
             sessions: Sessions::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
@@ -180,6 +186,8 @@ impl Policy {
             ("preemption.fair_share", self.preemption.rules.fair_share.to_string()),
             ("preemption.min_run", d(Some(Duration::from_millis(self.preemption.rules.min_run_ms as u64)))),
             ("preemption.max_per_day", self.preemption.rules.max_per_day.to_string()),
+            ("jobs.gpu_memory_margin", format!("{}%", self.gpu_memory_margin_pct)),
+            ("jobs.gpu_memory_grace", d(Some(self.gpu_memory_grace))),
             ("logs.cap", crate::units::format_bytes(self.log_cap)),
             ("logs.keep", d(self.log_keep)),
             ("logs.streams_per_user", self.log_streams_per_user.to_string()),
@@ -527,6 +535,17 @@ max_watches = 32
         }
         let changed = parse("[images]\npull_timeout = \"1h\"\n").unwrap().policy.changes_from(&Policy::default());
         assert_eq!(changed, vec!["images.pull_timeout: 30m -> 1h"]);
+    }
+
+    #[test]
+    fn gpu_memory_enforcement_settings_parse() {
+        let p = parse("[jobs]\ngpu_memory_margin = \"50%\"\ngpu_memory_grace = \"1m\"\n").unwrap().policy;
+        assert_eq!((p.gpu_memory_margin_pct, p.gpu_memory_grace), (50.0, Duration::from_secs(60)));
+        let d = Policy::default();
+        assert_eq!((d.gpu_memory_margin_pct, d.gpu_memory_grace), (20.0, Duration::from_secs(30)));
+        assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n").contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
+        assert!(err("[jobs]\ngpu_memory_margin = \"20\"\n").contains("is not a percentage"));
+        assert!(err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration"));
     }
 
     #[test]

@@ -278,6 +278,8 @@ pub(super) struct RawJobs {
     stop_grace: S<String>,
     retry_backoff: S<String>,
     reserve_after: S<String>,
+    gpu_memory_margin: S<String>,
+    gpu_memory_grace: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -478,6 +480,15 @@ impl Check<'_> {
         }
         if let Some(n) = self.count("max_per_day", &pr.max_per_day, 1000) {
             p.preemption.rules.max_per_day = n as u32;
+        }
+        if let Some(v) = &raw.jobs.gpu_memory_margin {
+            match v.get_ref().trim().strip_suffix('%').and_then(|n| n.trim().parse::<f64>().ok()).filter(|n| n.is_finite() && (0.0..=1000.0).contains(n)) {
+                Some(n) => p.gpu_memory_margin_pct = n,
+                None => self.fail(v.span(), format!("`gpu_memory_margin` = {:?} is not a percentage from 0% to 1000%", v.get_ref()), "write e.g. \"20%\" (how much more GPU memory than its `gpu_memory` a job may use)"),
+            }
+        }
+        if let Some(d) = self.duration("gpu_memory_grace", &raw.jobs.gpu_memory_grace, day) {
+            p.gpu_memory_grace = d;
         }
         // [logs], [history]
         if let Some(c) = &raw.logs.cap {

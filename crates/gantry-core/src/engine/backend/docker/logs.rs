@@ -112,7 +112,8 @@ impl Watch for DockerWatch {
             let code = result.as_ref().ok().map(|x| x.code);
             self.ended = Some(match (self.stop, result) {
                 (Some(Stop::Timeout), _) => How::TimedOut { code, timeout_ms: self.timeout_ms.unwrap_or(0) },
-                (Some(Stop::Cancel), _) => How::Cancelled { code },
+                // The supervisor words a GPU memory stop (it knows why).
+                (Some(Stop::Cancel | Stop::GpuMemory), _) => How::Cancelled { code },
                 (Some(Stop::Preempt), _) => How::Preempted { code, by: String::new() },
                 (None, Ok(x)) => How::Exited { code: x.code, oom: x.oom_killed },
                 (None, Err(err)) => How::Lost(format!("container vanished: {err}")),
