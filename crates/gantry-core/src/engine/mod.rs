@@ -21,6 +21,7 @@
 
 pub(crate) mod backend;
 mod joblog;
+mod idle;
 mod lab;
 mod limits;
 mod ops;

@@ -23,11 +23,13 @@ pub use crate::units::format_cpus;
 mod eta;
 mod explain;
 mod fit;
+mod keep;
 mod order;
 mod reserve;
 pub use eta::*;
 use explain::*;
 pub use fit::*;
+pub use keep::*;
 pub use order::*;
 use reserve::*;
 
