@@ -87,6 +87,8 @@ impl Engine {
                     );
                     info!(job = id, "{text}");
                     append_log(&self.log_of(id), &text);
+                    // No terminal attached: nobody to tell there (the log and notification remain).
+                    let _ = self.session_notices.send((id, text.clone()));
                     let noted = self.store().note_event(id, &text);
                     if let Err(e) = noted {
                         self.store_failed(&format!("recording job {id}'s idle warning"), &e);
@@ -100,7 +102,12 @@ impl Engine {
                     let text = format!("ended: its GPUs were idle for {idle_for} ([sessions] idle_after)");
                     info!(job = id, "{what} {id} {text}");
                     append_log(&self.log_of(id), &text);
-                    let recorded = self.store().note_event(id, &text).and_then(|_| self.store().request_cancel(id));
+                    // One store lock at a time (a guard in one expression lives to its end).
+                    let noted = self.store().note_event(id, &text);
+                    let recorded = match noted {
+                        Ok(()) => self.store().request_cancel(id).map(|_| ()),
+                        Err(e) => Err(e),
+                    };
                     match recorded {
                         Ok(_) => {
                             if let Some(h) = self.running.lock().unwrap().get(&id) {
