@@ -505,7 +505,7 @@ fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_
     assert!(shown.contains("ended: its GPUs were idle for 4s"), "{shown}");
     // A batch job is not given back unless the lab says `idle_batch = true`.
     assert_eq!(e.show(batch)["job"]["state"], "running");
-    assert!(!has_event(&e, batch, "idle"), "{}", e.show(batch));
+    assert!(!has_event(&e, batch, "idle_after"), "{}", e.show(batch));
 
     // A session whose GPUs work is left alone, well past idle_after and its quarter.
     let mut busy = [fake_gpu(&gpus.uuid(0), h100, 80, 10, &[]), fake_gpu(&gpus.uuid(1), h100, 80, 10, &[])];
@@ -521,7 +521,7 @@ fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_
         assert_eq!(e.show(working)["job"]["state"], "running");
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert!(!has_event(&e, working, "idle"), "{}", e.show(working));
+    assert!(!has_event(&e, working, "idle_after"), "{}", e.show(working));
     assert!(e.gantry(&["cancel", &working.to_string()]).status.success());
     assert!(e.gantry(&["cancel", &batch.to_string()]).status.success());
     e.wait_final(working);
