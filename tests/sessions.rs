@@ -493,11 +493,17 @@ fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_
     e.wait_state(batch, "running");
     let session = e.submit_yaml("idle-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
     e.wait_state(session, "running");
+    let mut c = Command::new(bin());
+    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["attach", &session.to_string()]).current_dir("/");
+    let p = Pty::spawn(c, 80, 24);
+    p.wait_for(&format!("attached to session {session}"), 0);
 
     // Both GPUs read 0 %: the session is warned (history, log, a session_idle notification), then ended.
     e.wait_until("the idle warning", || has_event(&e, session, "its GPUs have been idle for 4s; it ends in 1s unless they are used"));
     let j = e.wait_final(session);
     assert_eq!(j["job"]["state"], "cancelled", "{j}");
+    // The attached terminal was told.
+    p.wait_for(&format!("session {session}: its GPUs have been idle for 4s"), 0);
     assert!(has_event(&e, session, "ended: its GPUs were idle for 4s ([sessions] idle_after)"), "{j}");
     let logs = e.gantry(&["logs", &session.to_string()]);
     assert!(String::from_utf8_lossy(&logs.stdout).contains("ended: its GPUs were idle for 4s"), "{logs:?}");
