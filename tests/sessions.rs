@@ -473,3 +473,90 @@ fn a_session_outlives_an_engine_restart_and_is_attached_again() {
     let j = e.wait_final(id);
     assert_eq!((j["job"]["state"].as_str(), j["attempts"].as_array().unwrap().len()), (Some("succeeded"), 1), "{j}");
 }
+
+/// Whether job `id`'s history has an event whose message contains `text`.
+fn has_event(e: &Engine, id: i64, text: &str) -> bool {
+    e.show(id)["events"].as_array().is_some_and(|ev| ev.iter().any(|v| v["message"].as_str().is_some_and(|m| m.contains(text))))
+}
+
+#[test]
+fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_job_is_not() {
+    ensure_session_image();
+    let gpus = FakeGpus::new();
+    let h100 = "NVIDIA H100 80GB HBM3";
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), h100, 80, 0, &[]), fake_gpu(&gpus.uuid(1), h100, 80, 0, &[])]));
+    let cfg = tempfile::tempdir().unwrap();
+    let file = cfg.path().join("config.toml");
+    std::fs::write(&file, "[sessions]\nidle_after = \"4s\"\n").unwrap();
+    let e = Engine::start_nvml(&gpus, &["--config", file.to_str().unwrap()]);
+    let batch = e.submit_yaml("idle-batch", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
+    e.wait_state(batch, "running");
+    let session = e.submit_yaml("idle-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    e.wait_state(session, "running");
+    let mut c = Command::new(bin());
+    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["attach", &session.to_string()]).current_dir("/");
+    let p = Pty::spawn(c, 80, 24);
+    p.wait_for(&format!("attached to session {session}"), 0);
+
+    // Both GPUs read 0 %: the session is warned (history, log, a session_idle notification), then ended.
+    e.wait_until("the idle warning", || has_event(&e, session, "its GPUs have been idle for 4s; it ends in 1s unless they are used"));
+    let j = e.wait_final(session);
+    assert_eq!(j["job"]["state"], "cancelled", "{j}");
+    // The attached terminal was told.
+    p.wait_for(&format!("session {session}: its GPUs have been idle for 4s"), 0);
+    assert!(has_event(&e, session, "ended: its GPUs were idle for 4s ([sessions] idle_after)"), "{j}");
+    let logs = e.gantry(&["logs", &session.to_string()]);
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("ended: its GPUs were idle for 4s"), "{logs:?}");
+    let shown = String::from_utf8_lossy(&e.gantry(&["show", &session.to_string()]).stdout).into_owned();
+    assert!(shown.contains("ended: its GPUs were idle for 4s"), "{shown}");
+    // A batch job is not given back unless the lab says `idle_batch = true`.
+    assert_eq!(e.show(batch)["job"]["state"], "running");
+    assert!(!has_event(&e, batch, "idle_after"), "{}", e.show(batch));
+
+    // A session whose GPUs work is left alone, well past idle_after and its quarter.
+    let mut busy = [fake_gpu(&gpus.uuid(0), h100, 80, 10, &[]), fake_gpu(&gpus.uuid(1), h100, 80, 10, &[])];
+    for g in &mut busy {
+        g["utilization"] = 97.into();
+    }
+    gpus.set(serde_json::json!(busy));
+    e.wait_until("the busy reading", || e.json(&["gpus"])["gpus"][0]["utilization"] == 97);
+    let working = e.submit_yaml("busy-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    e.wait_state(working, "running");
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(12) {
+        assert_eq!(e.show(working)["job"]["state"], "running");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(!has_event(&e, working, "idle_after"), "{}", e.show(working));
+    assert!(e.gantry(&["cancel", &working.to_string()]).status.success());
+    assert!(e.gantry(&["cancel", &batch.to_string()]).status.success());
+    e.wait_final(working);
+    e.wait_final(batch);
+}
+
+#[test]
+fn keep_free_holds_the_last_gpu_back_from_batch_jobs_while_a_session_takes_it_at_once() {
+    ensure_session_image();
+    let cfg = tempfile::tempdir().unwrap();
+    let file = cfg.path().join("config.toml");
+    std::fs::write(&file, "[sessions]\nkeep_free = 1\n").unwrap();
+    let e = Engine::start(&["--gpus", "sim:2x24GiB", "--config", file.to_str().unwrap()]);
+    let first = e.submit_yaml("kf-first", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
+    e.wait_state(first, "running");
+    let second = e.submit_yaml("kf-second", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
+    let want = "kept free for interactive sessions ([sessions] keep_free)";
+    e.wait_until("the keep_free reason", || e.show(second)["reason"].as_str() == Some(want));
+    assert_eq!(e.show(second)["job"]["state"], "queued");
+    let session = e.submit_yaml("kf-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    e.wait_state(session, "running");
+    assert_eq!(e.show(second)["job"]["state"], "queued");
+    // The session ends: its GPU is the last free one again, still kept from the batch job.
+    assert!(e.gantry(&["cancel", &session.to_string()]).status.success());
+    e.wait_final(session);
+    e.wait_until("the keep_free reason again", || e.show(second)["reason"].as_str() == Some(want));
+    // The first batch job ends: two are free, the second takes one.
+    assert!(e.gantry(&["cancel", &first.to_string()]).status.success());
+    e.wait_state(second, "running");
+    assert!(e.gantry(&["cancel", &second.to_string()]).status.success());
+    e.wait_final(second);
+}

@@ -53,6 +53,9 @@ pub const PIDS_LIMIT: i64 = 4096;
 pub const SESSION_LENGTH: Duration = Duration::from_secs(4 * 3600);
 /// The longest session the lab allows unless `[sessions] max_length` says otherwise: a working day.
 pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
+/// `[sessions] idle_after`: how long a session's GPUs may sit at 0 % before it is warned (then ended a
+/// quarter of that later).
+pub const SESSION_IDLE_AFTER: Duration = Duration::from_secs(3600);
 /// Warnings written into a session's terminal this long before its end: time to save work (15 min)
 /// and a last call (5 min).
 pub const SESSION_WARNINGS: [Duration; 2] = [Duration::from_secs(15 * 60), Duration::from_secs(5 * 60)];

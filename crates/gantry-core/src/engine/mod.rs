@@ -21,6 +21,7 @@
 
 pub(crate) mod backend;
 mod joblog;
+mod idle;
 mod lab;
 mod limits;
 mod ops;
@@ -181,6 +182,8 @@ pub struct Engine {
     id_mark: Mutex<std::fs::File>,
     wake: Notify,
     events: broadcast::Sender<EngineEvent>,
+    /// Lines for a session's attached terminals (job, text): the idle warning.
+    session_notices: broadcast::Sender<(i64, String)>,
     shutdown: CancellationToken,
     /// Every background task the engine starts (attempt supervisors, recovery), awaited on shutdown.
     tasks: TaskTracker,
@@ -377,6 +380,7 @@ impl Engine {
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),
             events,
+            session_notices: broadcast::channel(64).0,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             forwards: Mutex::new(HashMap::new()),

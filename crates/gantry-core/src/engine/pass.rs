@@ -309,6 +309,8 @@ impl Engine {
             host: Some(host),
         };
         let mut plan = scheduler::plan(&state);
+        let sessions: std::collections::HashSet<i64> = queued.iter().filter(|j| j.interactive).map(|j| j.id).collect();
+        scheduler::keep_free(&mut plan, &state, &sessions, policy.sessions.keep_free);
         if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {
             self.eta_at.store(state.now_ms, Ordering::Relaxed);
             *self.eta.write().unwrap() =

@@ -17,6 +17,7 @@ impl Engine {
     pub(super) async fn sampler_loop(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.sample_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut idle = HashMap::new();
         let mut minute: Option<(i64, Vec<(u64, u32, u64, u64)>)> = None; // per GPU: (util sum, util max, mem sum, count)
         loop {
             tick.tick().await;
@@ -43,6 +44,7 @@ impl Engine {
                 a.2 += g.memory_used;
                 a.3 += 1;
             }
+            self.watch_idle(&samples, &mut idle);
             let _ = self.events.send(EngineEvent::Gpus { at: now, gpus: samples });
         }
     }

@@ -135,6 +135,7 @@ impl Engine {
         let mut decoder = Decoder::default();
         let mut buf = vec![0u8; 16 * 1024];
         let mut warned_for: Option<i64> = None;
+        let mut notices = self.session_notices.subscribe();
         loop {
             let now = self.now();
             let warning = next_warning(s.ends_at, now, &SESSION_WARNINGS).filter(|(at, _)| Some(*at) != warned_for);
@@ -178,6 +179,15 @@ impl Engine {
                             }
                             // Only the engine sends these.
                             Frame::Notice(_) | Frame::Ended(_) => {}
+                        }
+                    }
+                }
+                notice = notices.recv() => {
+                    // Lagged: some lines for other sessions were skipped; the sender lives as long as
+                    // the engine.
+                    if let Ok((job, text)) = notice {
+                        if job == s.job_id && to_client.write_all(&Frame::Notice(text).encode()).await.is_err() {
+                            return;
                         }
                     }
                 }

@@ -207,6 +207,9 @@ impl Policy {
             ("sessions.max_length", d(Some(s.max_length))),
             ("sessions.before_batch", s.before_batch.to_string()),
             ("sessions.notebook_image", format!("{:?}", s.notebook_image)),
+            ("sessions.idle_after", d(s.idle_after)),
+            ("sessions.idle_batch", s.idle_batch.to_string()),
+            ("sessions.keep_free", s.keep_free.to_string()),
         ]);
         v
     }
@@ -232,11 +235,28 @@ pub struct Sessions {
     pub before_batch: bool,
     /// The image `gantry notebook` runs without `--image` (one with `jupyter lab` in it).
     pub notebook_image: Option<String>,
+    /// A running session whose GPUs have all been at 0 % utilization this long is warned, then
+    /// ended a quarter of that later unless they were used meanwhile; `None` ("none"): never.
+    pub idle_after: Option<Duration>,
+    /// Batch jobs are given back when idle too.
+    pub idle_batch: bool,
+    /// GPUs kept free of batch jobs for sessions: a batch job may not take the last `keep_free`
+    /// free GPUs; a session may (see [`crate::scheduler::keep_free`]).
+    pub keep_free: u32,
 }
 
 impl Default for Sessions {
     fn default() -> Self {
-        Sessions { max_gpus: None, default_length: config::SESSION_LENGTH, max_length: config::SESSION_MAX_LENGTH, before_batch: true, notebook_image: None }
+        Sessions {
+            max_gpus: None,
+            default_length: config::SESSION_LENGTH,
+            max_length: config::SESSION_MAX_LENGTH,
+            before_batch: true,
+            notebook_image: None,
+            idle_after: Some(config::SESSION_IDLE_AFTER),
+            idle_batch: false,
+            keep_free: 0,
+        }
     }
 }
 
@@ -569,7 +589,12 @@ max_watches = 32
     fn sessions_table_parses_and_explains_its_mistakes() {
         let s = parse("[sessions]\nmax_gpus = 2\ndefault_length = \"1h\"\nmax_length = \"8h\"\nbefore_batch = false\nnotebook_image = \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"\n").unwrap().policy.sessions;
         let nb = Some("quay.io/jupyter/pytorch-notebook:cuda12-latest".to_string());
-        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false, notebook_image: nb });
+        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false, notebook_image: nb, ..Sessions::default() });
+        let idle = parse("[sessions]\nidle_after = \"4s\"\nidle_batch = true\nkeep_free = 2\n").unwrap().policy.sessions;
+        assert_eq!((idle.idle_after, idle.idle_batch, idle.keep_free), (Some(Duration::from_secs(4)), true, 2));
+        let off = parse("[sessions]\nidle_after = \"none\"\nkeep_free = 0\n").unwrap().policy.sessions;
+        assert_eq!((off.idle_after, off.keep_free), (None, 0));
+        assert_eq!(Sessions::default().idle_after, Some(Duration::from_secs(3600)));
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
         let cases: &[(&str, &str)] = &[
             ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
@@ -578,6 +603,9 @@ max_watches = 32
             ("[sessions]\nmax_length = \"30d\"\n", "`max_length` = \"30d\" is longer than 7d"),
             ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
             ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
+            ("[sessions]\nidle_after = \"soon\"\n", "config.toml:2:14: `idle_after` = \"soon\" is not a duration"),
+            ("[sessions]\nkeep_free = -1\n", "config.toml:2:13: `keep_free` = -1 is out of range"),
+            ("[sessions]\nidle_batch = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
             ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
             ("[sessions]\nnotebook_image = \"a b\"\n", "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name"),
         ];

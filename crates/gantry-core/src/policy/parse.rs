@@ -178,6 +178,9 @@ pub(super) struct RawSessions {
     max_length: S<String>,
     before_batch: S<bool>,
     notebook_image: S<String>,
+    idle_after: S<String>,
+    idle_batch: S<bool>,
+    keep_free: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -613,6 +616,23 @@ impl Check<'_> {
                 self.fail(i.span(), format!("sessions `notebook_image` = {:?} is not an image name", i.get_ref()), "write an image with `jupyter lab` in it, e.g. \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"");
             } else {
                 s.notebook_image = Some(name.to_string());
+            }
+        }
+        if let Some(v) = &raw.idle_after {
+            if v.get_ref().trim() == "none" {
+                s.idle_after = None;
+            } else if let Some(d) = self.duration("idle_after", &raw.idle_after, week) {
+                s.idle_after = Some(d);
+            }
+        }
+        if let Some(b) = &raw.idle_batch {
+            s.idle_batch = *b.get_ref();
+        }
+        if let Some(v) = &raw.keep_free {
+            if *v.get_ref() == 0 {
+                s.keep_free = 0;
+            } else if let Some(n) = self.count("keep_free", &raw.keep_free, 1024) {
+                s.keep_free = n as u32;
             }
         }
         s

@@ -450,6 +450,18 @@ impl Store {
         Ok(())
     }
 
+    /// An event on a job that does not change its state (an idle warning), with `msg`.
+    pub fn note_event(&mut self, job_id: i64, msg: &str) -> Result<()> {
+        let now = self.now();
+        let tx = self.conn.transaction()?;
+        let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
+        if let Some(st) = st.and_then(|s| JobState::parse(&s)) {
+            Self::event(&tx, job_id, now, Some(st), st, Some(msg))?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Ask to cancel. A queued job is cancelled at once; a starting/running one is flagged for the
     /// executor. Returns the state before, or `None` when the job does not exist.
     pub fn request_cancel(&mut self, job_id: i64) -> Result<Option<JobState>> {
