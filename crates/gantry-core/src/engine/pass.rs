@@ -162,7 +162,13 @@ impl Engine {
             }
             tracing::info!(job = d.job, for_job = d.for_job, "preempting job {} for {why}", d.job);
             append_log(&self.log_of(d.job), &format!("preempted by {why}: checkpoint signal, then stop; queued again at its place"));
-            self.claims.lock().unwrap().entry(d.for_job).or_default().extend(gpus);
+            // Every GPU it will start on, not only the victim's (see `Preempt::gpus`).
+            let mut claim = self.claims.lock().unwrap();
+            let c = claim.entry(d.for_job).or_default();
+            c.extend(gpus.into_iter().chain(d.gpus.iter().copied()));
+            c.sort();
+            c.dedup();
+            drop(claim);
             token.cancel();
         }
     }

@@ -102,6 +102,11 @@ pub struct Preempt {
     pub job: i64,
     pub for_job: i64,
     pub why: PreemptWhy,
+    /// Every GPU `for_job` will start on: the victims' and any free ones it needs beside them. All of
+    /// them are kept for it until it starts, so the job preempted for it cannot come straight back
+    /// on a free one it needs (a 2-GPU job preempting a 1-GPU job on a 2-GPU machine).
+    #[serde(default)]
+    pub gpus: Vec<u32>,
 }
 
 impl QueuedJob {
@@ -206,7 +211,7 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             hold(slots, &gpus, id);
             let plural = if stopping.len() == 1 { "" } else { "s" };
             out.waiting[w].reason = format!("starts when job{plural} {names} {} stopped (preempted for it)", if stopping.len() == 1 { "has" } else { "have" });
-            out.waiting[w].reserved = sorted_gpus(gpus);
+            out.waiting[w].reserved = gpus;
             continue;
         }
         let waited = now - job.waiting_since_ms();
@@ -283,12 +288,19 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
                     take = rest;
                 }
             }
-            let gpus: Vec<u32> = take.iter().flat_map(|r| r.gpus.iter().copied()).chain(stopping.iter().flat_map(|r| r.gpus.iter().copied())).collect();
+            // Where it will start once they stopped: their GPUs and any free ones beside them.
+            let mut after = trial.clone();
+            for r in &take {
+                release(&mut after, r);
+            }
+            let target = choose(&after, job, ctx, false).unwrap_or_default();
+            let gpus: Vec<u32> = take.iter().flat_map(|r| r.gpus.iter().copied()).chain(stopping.iter().flat_map(|r| r.gpus.iter().copied())).chain(target).collect();
+            let gpus = sorted_gpus(gpus);
             hold(slots, &gpus, id);
             for r in &take {
                 used.push(r.job_id);
                 *shares.held.entry(r.user.as_str()).or_default() -= r.gpus.len() as u32;
-                out.preempt.push(Preempt { job: r.job_id, for_job: id, why: why.clone() });
+                out.preempt.push(Preempt { job: r.job_id, for_job: id, why: why.clone(), gpus: gpus.clone() });
             }
             *shares.held.entry(job.user.as_str()).or_default() += job.gpus;
             let names = take.iter().map(|r| r.job_id.to_string()).collect::<Vec<_>>().join(", ");
@@ -434,6 +446,32 @@ mod tests {
         assert_eq!(plan(&s3).placements, vec![Placement { job_id: 1, gpus: vec![0, 1] }]);
         s3.config.claims.clear();
         assert_eq!(plan(&s3).placements[0].job_id, 3, "without the claim the job ahead takes a GPU");
+    }
+
+    /// Found by the real-Docker test: a 2-GPU job preempting a 1-GPU job on a 2-GPU machine (the
+    /// other GPU free) must keep the free GPU too, or the preempted job comes straight back on it and
+    /// the 2-GPU job waits for its whole run.
+    #[test]
+    fn the_free_gpus_a_preempting_job_needs_are_kept_for_it_too() {
+        let now = 10 * H;
+        let s = st(2, vec![pre(7, "bob", &[0], 0)], vec![q(1, "ana", 2, 10, now)], now, only_priority(10));
+        let p = plan(&s);
+        assert_eq!(p.preempt.iter().map(|d| (d.job, d.for_job, d.gpus.clone())).collect::<Vec<_>>(), [(7, 1, vec![0, 1])]);
+        assert!(p.placements.is_empty(), "nothing takes the free GPU meanwhile: {p:?}");
+        // Next pass: the victim stopped and is queued again, but GPU 0 still shows its process (until
+        // the next sample), so job 1 cannot start yet. The claim the engine records from the
+        // decision keeps GPU 1 for job 1 too: the victim does not come back on it.
+        let mut s2 = st(2, vec![], vec![QueuedJob { preempted_at_ms: Some(now), ..q(7, "bob", 1, 0, 0) }, q(1, "ana", 2, 10, now)], now, only_priority(10));
+        s2.gpus[0].external_busy = true;
+        s2.config.claims = vec![(1, p.preempt[0].gpus.clone())];
+        assert_eq!(plan(&s2).placements, vec![], "the victim came back on a GPU kept for job 1");
+        // With only the victim's GPU claimed (the bug), it would have.
+        s2.config.claims = vec![(1, vec![0])];
+        assert_eq!(plan(&s2).placements, vec![Placement { job_id: 7, gpus: vec![1] }]);
+        // Once GPU 0 reads free, job 1 starts on both.
+        s2.gpus[0].external_busy = false;
+        s2.config.claims = vec![(1, p.preempt[0].gpus.clone())];
+        assert_eq!(plan(&s2).placements, vec![Placement { job_id: 1, gpus: vec![0, 1] }]);
     }
 
     #[test]
