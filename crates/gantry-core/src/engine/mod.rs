@@ -461,7 +461,7 @@ impl Engine {
     }
 
     /// A state write failed: stop starting work and say why (cleared by the next successful write).
-    fn store_failed(&self, what: &str, e: &StoreError) {
+    pub(crate) fn store_failed(&self, what: &str, e: &StoreError) {
         let msg = format!("cannot write the state database ({what}: {e}); no job starts until it can — free disk space in {}", self.cfg.paths.state_dir.display());
         let mut h = self.health.write().unwrap();
         if h.store_problem.as_deref() != Some(&msg) {

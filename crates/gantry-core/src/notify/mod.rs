@@ -278,7 +278,13 @@ impl Notifier {
                 pruned_at = now;
                 let n = self.clone();
                 let keep = NOTIFY_KEEP.as_millis() as i64;
-                let _ = tokio::task::spawn_blocking(move || n.store().notify_prune(now - keep)).await;
+                // A delete that cannot be written is a database that cannot be written: the engine
+                // stops starting work, as for its own retention (`Engine::prune_loop`).
+                match tokio::task::spawn_blocking(move || n.store().notify_prune(now - keep)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => engine.store_failed("pruning delivered notifications", &e),
+                    Err(e) => warn!("pruning delivered notifications crashed: {e}"),
+                }
             }
             if sent_all(&due) {
                 tokio::select! {
