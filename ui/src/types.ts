@@ -105,7 +105,7 @@ export type WhoAmI = { uid: number, name: string, };
  * What a notification is about. New kinds go at the end of [`NotifyEvent::ALL`]; each has a
  * stable snake_case name (the spec's `notify:`, `--on`, the webhook's `event`).
  */
-export type NotifyEvent = "started" | "finished" | "failed" | "timed_out" | "cancelled" | "preempted" | "session_idle" | "booking_starting" | "store_problem" | "test";
+export type NotifyEvent = "started" | "finished" | "failed" | "timed_out" | "cancelled" | "preempted" | "session_idle" | "booking_starting" | "store_problem" | "test" | "booking_released";
 /**
  * The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
  */
