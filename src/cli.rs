@@ -112,6 +112,35 @@ pub enum Cmd {
         #[arg(long, conflicts_with = "json")]
         csv: bool,
     },
+    /// Book GPUs for a time: `gantry book --gpus 2 --at "tomorrow 14:00" --for 4h --note demo`;
+    /// `gantry book cancel ID`. See `gantry bookings`.
+    #[command(args_conflicts_with_subcommands = true)]
+    Book {
+        #[command(subcommand)]
+        action: Option<BookAction>,
+        /// How many GPUs.
+        #[arg(long, default_value_t = 1)]
+        gpus: u32,
+        /// Only GPUs whose name contains this (e.g. A100), as a job's `gpu_type`.
+        #[arg(long)]
+        gpu_type: Option<String>,
+        /// When it starts, in local time: "14:00" (today, or tomorrow once past), "tomorrow 14:00",
+        /// "2026-12-03 09:30", or "+2h" (from now, rounded up to the lab's slot).
+        #[arg(long)]
+        at: Option<String>,
+        /// How long: "4h", "90m" (a whole number of the lab's slots).
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        length: Option<std::time::Duration>,
+        /// A note for yourself (others see the booking's owner and time, not the note).
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// GPU bookings: everyone's (owner and time; notes are the owner's), and the lab's rules.
+    Bookings {
+        /// Also the ones that ended, were cancelled or released.
+        #[arg(long)]
+        all: bool,
+    },
     /// Be told when your jobs end: email or a webhook (Slack, Mattermost, your own), kept by the engine.
     Notify {
         #[command(subcommand)]
@@ -240,6 +269,12 @@ pub struct NotebookArgs {
     /// The port Jupyter listens on inside the container.
     #[arg(long, default_value_t = 8888)]
     pub port: u16,
+}
+
+#[derive(Subcommand)]
+pub enum BookAction {
+    /// Cancel one of your bookings (root may cancel anyone's).
+    Cancel { id: i64 },
 }
 
 #[derive(Subcommand)]

@@ -1,5 +1,6 @@
 //! One file per group of commands; [`run`] finds the engine and hands each command its client.
 
+mod book;
 mod config;
 mod generate;
 mod daemon;
@@ -71,6 +72,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::History { user, status, since, limit } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
         Cmd::Usage { since, csv } => history::usage(&ctx, since, *csv).await?,
         Cmd::Notify { action } => notify::notify(&ctx, action).await?,
+        Cmd::Book { action: Some(crate::cli::BookAction::Cancel { id }), .. } => book::cancel(&ctx, *id).await?,
+        Cmd::Book { action: None, gpus, gpu_type, at, length, note } => book::book(&ctx, *gpus, gpu_type.clone(), at.as_deref(), *length, note.clone()).await?,
+        Cmd::Bookings { all } => book::bookings(&ctx, *all).await?,
         Cmd::Sim(args) => sim::sim(args, ctx.json)?,
         Cmd::Status => status::status(&ctx, cli.host.as_deref()).await?,
     }
