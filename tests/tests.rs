@@ -1,6 +1,7 @@
 //! End-to-end tests: real `gantry daemon` processes in temp dirs, simulated GPUs, the real Docker
 //! engine and a locally built busybox image. Each test runs its own engine, so they run in parallel.
 
+mod bookings;
 mod dl_defaults;
 mod cpus;
 mod disk;

@@ -511,3 +511,94 @@ async fn an_engine_killed_mid_preemption_neither_loses_the_job_nor_runs_it_twice
     let u = e2.job_detail(urgent).unwrap();
     assert!(u.attempts[0].started_at >= d.attempts[0].ended_at.unwrap(), "urgent ran beside the job it preempted");
 }
+
+/// Two simulated GPUs, preemption on (so `preemptible: true` jobs are), and alice's booking of 1 GPU
+/// for 1 h from the first half-hour slot at least an hour ahead.
+async fn booked(dir: &std::path::Path, fake: &Arc<FakeExecutor>) -> (Arc<Engine>, i64, i64) {
+    let mut c = preempting(dir);
+    c.gpus = Some("sim:2x24GiB".into());
+    let (e, _h) = start_with(c, fake);
+    // The first pass reads the GPUs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let slot = 1_800_000;
+    let now = e.now();
+    let start = (now + 3_600_000).div_euclid(slot) * slot + slot;
+    let b = e.book(1000, "alice", crate::protocol::BookRequest { gpus: 1, gpu_type: None, start_ms: start, end_ms: start + 3_600_000, note: Some("demo".into()) }).unwrap();
+    (e, b.id, start)
+}
+
+fn bob() -> Owner {
+    Owner { uid: 1001, gid: 1001, name: "bob".into() }
+}
+
+fn reason(e: &Engine, id: i64) -> String {
+    e.queue().unwrap().iter().find(|x| x.job.id == id).and_then(|x| x.reason.clone()).unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_booking_keeps_long_jobs_off_its_gpu_preempts_a_preemptible_one_at_its_start_and_its_owner_starts_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    for n in ["long", "long2", "pre"] {
+        fake.script(n, Script { runtime: Duration::from_secs(5 * 3600), ..Default::default() });
+    }
+    fake.script("mine", Script { runtime: Duration::from_secs(600), ..Default::default() });
+    let (e, booking, start) = booked(dir.path(), &fake).await;
+    let b = bob();
+    // Expected to run 5 h, past the booking's start: one goes on the free GPU, the other waits.
+    let long = e.submit(file("name: long\nimage: a\nexpected_runtime: 5h\n", &b)).unwrap()[0];
+    wait_state(&e, long, |s| s == JobState::Running).await;
+    let long2 = e.submit(file("name: long2\nimage: a\nexpected_runtime: 5h\n", &b)).unwrap()[0];
+    // A preemptible one may use the booked GPU until the booking starts.
+    let pre = e.submit(file("name: pre\nimage: a\npreemptible: true\n", &b)).unwrap()[0];
+    wait_state(&e, pre, |s| s == JobState::Running).await;
+    assert_eq!(e.job_detail(long2).unwrap().job.state, JobState::Queued);
+    let why = reason(&e, long2);
+    assert!(why.contains("booked by alice from") && why.contains("not expected to end by then"), "{why}");
+    let other_gpu = e.job_detail(long).unwrap().attempts[0].gpus.clone();
+    assert_ne!(e.job_detail(pre).unwrap().attempts[0].gpus, other_gpu);
+    // alice's job, queued before the start, waits for it (both GPUs are taken) and starts at it.
+    let mine = submit(&e, "name: mine\nimage: a\n");
+    tokio::time::sleep(Duration::from_millis((start - e.now() - 60_000).max(0) as u64)).await;
+    assert_eq!(e.job_detail(mine).unwrap().job.state, JobState::Queued, "nothing moves before the start");
+    assert_eq!(e.job_detail(pre).unwrap().job.state, JobState::Running);
+    wait_state(&e, mine, |s| s == JobState::Running).await;
+    let d = e.job_detail(mine).unwrap();
+    let late = d.attempts[0].started_at - start;
+    assert!((0..60_000).contains(&late), "alice's job started {late} ms after her booking's start");
+    // The preemptible job was preempted for the booking, and says so; the long one still runs.
+    let p = e.job_detail(pre).unwrap();
+    assert_eq!(p.attempts[0].reason, Some(EndReason::Preempted), "{:?}", p.attempts);
+    let msg = p.attempts[0].message.clone().unwrap_or_default();
+    assert!(msg.starts_with(&format!("preempted by alice's booking {booking} (")), "{msg}");
+    assert_eq!(e.job_detail(long).unwrap().job.state, JobState::Running, "a non-preemptible job is never stopped for a booking");
+    // During the booking bob's jobs wait with the booking named.
+    let why = reason(&e, pre);
+    assert!(why.contains("preempted by alice's booking"), "{why}");
+    let why = reason(&e, long2);
+    assert!(why.contains("booked by alice until"), "{why}");
+    let list = e.bookings(1001, &Default::default()).unwrap();
+    let row = list.bookings.iter().find(|r| r.id == booking).unwrap();
+    assert_eq!((row.state, row.note.as_deref(), row.gpu_indices.len()), (crate::protocol::BookingState::Active, None, 1), "{row:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_booking_nobody_uses_is_released_after_release_after_and_its_owner_notified() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    let (e, booking, start) = booked(dir.path(), &fake).await;
+    let hook = crate::protocol::notify::NotifyTarget::Webhook { url: "http://hooks.example/b".into() };
+    e.store().notify_subscribe(1000, "alice", &hook, &[crate::protocol::notify::NotifyEvent::BookingReleased], None, 10).unwrap().unwrap();
+    // Past the start, but within release_after (30 min): still held.
+    tokio::time::sleep(Duration::from_millis((start - e.now() + 20 * 60_000) as u64)).await;
+    assert_eq!(e.reader().booking(booking).unwrap().unwrap().state(e.now()), crate::protocol::BookingState::Active);
+    tokio::time::sleep(Duration::from_secs(15 * 60)).await;
+    let b = e.reader().booking(booking).unwrap().unwrap();
+    assert_eq!((b.closed, b.closed_why.as_deref()), (Some(crate::protocol::BookingState::Released), Some("released: unused for 30m after its start")));
+    let db = rusqlite::Connection::open(dir.path().join("state/gantry.db")).unwrap();
+    let kinds: Vec<(String, Option<i64>)> = db.prepare("SELECT kind, uid FROM notify_events ORDER BY id").unwrap().query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+    assert!(kinds.contains(&("booking_released".to_string(), Some(1000))), "{kinds:?}");
+    // A bob job may now use both GPUs.
+    let b2 = e.submit(file("name: wide\nimage: a\ngpus: 2\n", &bob())).unwrap()[0];
+    wait_state(&e, b2, |s| s == JobState::Running).await;
+}
