@@ -310,6 +310,35 @@ impl Engine {
         out
     }
 
+    /// With nothing queued there is no pass: give the bookings their GPUs and tend them all the same.
+    pub(crate) fn bookings_without_a_pass(&self, gpus: Vec<crate::scheduler::GpuView>) {
+        let now = self.now();
+        let holds = self.booking_holds(now);
+        if holds.is_empty() {
+            self.tend_bookings(now, vec![]);
+            return;
+        }
+        let running: Vec<crate::scheduler::RunningJob> = self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, h)| crate::scheduler::RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs, victim: h.victim.clone() })
+            .collect();
+        let state = crate::scheduler::State {
+            now_ms: now,
+            gpus,
+            running,
+            queued: vec![],
+            config: crate::scheduler::Config { bookings: holds, ..Default::default() },
+            typical_wait_ms: None,
+            host: None,
+        };
+        let plan = crate::scheduler::plan(&state);
+        self.preempt(plan.preempt);
+        self.tend_bookings(now, crate::scheduler::assign(&state));
+    }
+
     /// After a pass: keep its GPUs per booking, note which active bookings their owners use, and
     /// release those unused for `release_after` since their start.
     pub(super) fn tend_bookings(&self, now: i64, assigned: Vec<Assigned>) {

@@ -266,6 +266,8 @@ impl Backend for DockerBackend {
                 self.list_foreign(e, true).await;
             }
             self.watch_disk(e).await;
+            // No plan, but active bookings are still watched (a no-show is released).
+            e.bookings_without_a_pass(self.gpu_views(e));
             return vec![];
         }
         e.refresh_stats();
