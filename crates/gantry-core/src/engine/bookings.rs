@@ -40,6 +40,16 @@ pub(crate) fn span(start: i64, end: i64) -> String {
     }
 }
 
+/// `14:00` today, else `2026-12-03 14:00` (local time).
+fn when(ms: i64, now: i64) -> String {
+    let (t, n) = (local_datetime(ms), local_datetime(now));
+    if t[..10] == n[..10] {
+        t[11..].to_string()
+    } else {
+        t
+    }
+}
+
 impl Engine {
     pub(crate) fn booking_rules(&self) -> BookingRules {
         let b = &self.policy().bookings;
@@ -271,8 +281,8 @@ impl Engine {
                 filter: GpuFilter { gpu_type: b.gpu_type.clone(), min_memory: None },
                 start_ms: b.start_ms,
                 end_ms: b.end_ms,
-                from: local_hhmm(b.start_ms),
-                until: local_hhmm(b.end_ms),
+                from: when(b.start_ms, now),
+                until: when(b.end_ms, now),
             })
             .collect()
     }

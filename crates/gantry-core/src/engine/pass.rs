@@ -296,6 +296,11 @@ impl Engine {
         } else {
             vec![]
         };
+        let cautious_runtimes: Vec<(i64, i64)> = if preemptible.is_empty() && !holds.iter().any(|b| b.start_ms > now) {
+            vec![]
+        } else {
+            queued.iter().filter(|j| j.expected_runtime_ms.is_none()).filter_map(|j| history.estimate(&j.key(), 0).map(|e| (j.id, e.p95_ms))).collect()
+        };
         let state = scheduler::State {
             now_ms: now,
             gpus,
@@ -327,6 +332,7 @@ impl Engine {
                 shapes,
                 bookings: holds,
                 preemptible,
+                cautious_runtimes,
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,

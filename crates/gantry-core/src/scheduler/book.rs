@@ -8,7 +8,8 @@
 //!   only by preemptible jobs; (before it starts) free ones or ones whose jobs are expected to end by
 //!   its start, then preemptible ones. The lowest index breaks ties, so the choice is stable.
 //! - **Before its start**, another user's job may go on its GPUs only if it is preemptible
-//!   ([`Config::preemptible`]) or expected to end by the start (declared runtime or learned p90).
+//!   ([`Config::preemptible`]) or expected to end by the start (its declared runtime, else a cautious
+//!   learned one, [`Config::cautious_runtimes`]: p95, not the median the queue order uses).
 //! - **From its start to its end**, only its owner's jobs and sessions go on its GPUs; others wait
 //!   with "GPU 1 booked by alice until 18:00".
 //! - **At its start**, other users' preemptible jobs on its GPUs are preempted
@@ -127,7 +128,8 @@ pub(super) fn refuses(slot: &Slot, job: &QueuedJob, ctx: &Ctx) -> Option<String>
         if h.start <= ctx.now {
             return Some(format!("GPU {} booked by {} until {}", slot.index, h.user, h.until));
         }
-        let ends_in_time = ctx.use_runtimes && job.expected_runtime_ms.is_some_and(|rt| ctx.now + rt <= h.start);
+        let rt = ctx.cautious.iter().find(|c| c.0 == job.job_id).map(|c| c.1).or(job.expected_runtime_ms);
+        let ends_in_time = ctx.use_runtimes && rt.is_some_and(|rt| ctx.now + rt <= h.start);
         if !ends_in_time && !ctx.preemptible.contains(&job.job_id) {
             return Some(format!("GPU {} booked by {} from {} (this job is not expected to end by then)", slot.index, h.user, h.from));
         }
@@ -211,6 +213,15 @@ mod tests {
             Case {
                 name: "a job expected to run past the start does not (it goes first, on the other GPU; nothing goes on GPU 0)",
                 state: st(0, 2, vec![], vec![q(1, "bob", None), q(2, "bob", Some(11 * H))], vec![alice(7, 1, start)], vec![]),
+                want: vec![(2, vec![1])],
+            },
+            Case {
+                name: "a learned runtime counts at its cautious p95, not its median",
+                state: {
+                    let mut s = st(0, 2, vec![], vec![q(1, "bob", None), q(2, "bob", Some(2 * H))], vec![alice(7, 1, start)], vec![]);
+                    s.config.cautious_runtimes = vec![(2, 11 * H)];
+                    s
+                },
                 want: vec![(2, vec![1])],
             },
             Case {

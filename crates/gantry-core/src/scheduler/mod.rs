@@ -179,6 +179,10 @@ pub struct Config {
     /// its start whatever their length.
     #[serde(default)]
     pub preemptible: Vec<i64>,
+    /// Queued jobs without a declared runtime: a cautious learned one (p95), which a booking's
+    /// "expected to end by its start" uses instead of the median in `expected_runtime_ms`.
+    #[serde(default)]
+    pub cautious_runtimes: Vec<(i64, i64)>,
 }
 
 fn explain_default() -> usize {
@@ -254,6 +258,7 @@ impl Default for Config {
             claims: vec![],
             bookings: vec![],
             preemptible: vec![],
+            cautious_runtimes: vec![],
         }
     }
 }
@@ -512,7 +517,7 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes, preemptible: &state.config.preemptible };
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes, preemptible: &state.config.preemptible, cautious: &state.config.cautious_runtimes };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -624,6 +629,8 @@ struct Ctx<'a> {
     shapes: &'a [Shape],
     /// [`Config::preemptible`].
     preemptible: &'a [i64],
+    /// [`Config::cautious_runtimes`].
+    cautious: &'a [(i64, i64)],
 }
 
 #[cfg(test)]
