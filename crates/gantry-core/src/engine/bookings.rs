@@ -355,6 +355,7 @@ impl Engine {
         let release_after = self.policy().bookings.release_after.as_millis() as i64;
         let open = self.book_cache.lock().unwrap().open.clone().unwrap_or_default();
         let owners_gpus: Vec<(String, Vec<u32>)> = self.running.lock().unwrap().values().map(|h| (h.owner.clone(), h.gpus.clone())).collect();
+        let queued_owners: std::collections::HashSet<String> = self.queue.lock().unwrap().rows().iter().filter(|j| !j.held).map(|j| j.owner.clone()).collect();
         let mut changed = false;
         for b in open.iter().filter(|b| b.closed.is_none() && b.start_ms <= now && now < b.end_ms) {
             let gpus = assigned.iter().find(|a| a.booking == b.id).map(|a| a.gpus.clone()).unwrap_or_default();
@@ -370,7 +371,10 @@ impl Engine {
                 }
                 continue;
             }
-            if b.used_ms.is_none() && now >= b.start_ms + release_after {
+            // Not a no-show while it waits for a job to leave its GPUs, or while its owner has a job
+            // queued for it.
+            let waiting = assigned.iter().any(|a| a.booking == b.id && !a.waiting_for.is_empty());
+            if b.used_ms.is_none() && now >= b.start_ms + release_after && !waiting && !queued_owners.contains(&b.owner) {
                 let why = format!("released: unused for {} after its start", duration_setting(std::time::Duration::from_millis(release_after as u64)));
                 let r = self.store().close_booking(b.id, BookingState::Released, &why);
                 match r {

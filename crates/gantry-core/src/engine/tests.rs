@@ -602,3 +602,32 @@ async fn a_booking_nobody_uses_is_released_after_release_after_and_its_owner_not
     let b2 = e.submit(file("name: wide\nimage: a\ngpus: 2\n", &bob())).unwrap()[0];
     wait_state(&e, b2, |s| s == JobState::Running).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_non_preemptible_job_on_a_booked_gpu_is_never_stopped_the_booking_waits_for_it_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    // bob's job runs 2 h, started before alice booked the only GPU from about an hour on.
+    fake.script("early", Script { runtime: Duration::from_secs(2 * 3600), ..Default::default() });
+    fake.script("mine", Script { runtime: Duration::from_secs(600), ..Default::default() });
+    let (e, _h) = start_with(preempting(dir.path()), &fake);
+    let early = e.submit(file("name: early\nimage: a\n", &bob())).unwrap()[0];
+    wait_state(&e, early, |s| s == JobState::Running).await;
+    let slot = 1_800_000;
+    let start = (e.now() + 3_600_000).div_euclid(slot) * slot;
+    let booking = e.book(1000, "alice", crate::protocol::BookRequest { gpus: 1, gpu_type: None, start_ms: start, end_ms: start + 2 * 3_600_000, note: None }).unwrap().id;
+    let mine = submit(&e, "name: mine\nimage: a\n");
+    tokio::time::sleep(Duration::from_millis((start - e.now() + 60_000) as u64)).await;
+    assert_eq!(e.job_detail(early).unwrap().job.state, JobState::Running, "never stopped for a booking");
+    let row = e.bookings(1000, &Default::default()).unwrap().bookings.into_iter().find(|b| b.id == booking).unwrap();
+    assert_eq!((row.state, row.waiting_for.clone(), row.gpu_indices.clone()), (crate::protocol::BookingState::Active, vec![early], vec![0]), "{row:?}");
+    // Waiting for bob's job (which ends about an hour after the start), it is not a no-show past
+    // release_after (30 min)...
+    tokio::time::sleep(Duration::from_secs(40 * 60)).await;
+    assert_eq!(e.reader().booking(booking).unwrap().unwrap().closed, None, "released while it waited for a job");
+    // ... and once bob's job ends, alice's starts on its GPU.
+    wait_state(&e, mine, |s| s == JobState::Running).await;
+    let started = e.job_detail(mine).unwrap().attempts[0].started_at;
+    let ended = e.job_detail(early).unwrap().attempts[0].ended_at.unwrap();
+    assert!(started >= ended, "alice's job started before bob's ended");
+}
