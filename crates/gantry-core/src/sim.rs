@@ -391,6 +391,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             checkpoint_ms: None,
                             stopping_for: stopping.get(j).copied(),
                         }),
+                        declared: None,
                     })
                     .collect(),
                 queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None }),
@@ -670,7 +671,7 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
             match best {
                 Some((_, k, g)) => {
                     allocated += demand(job);
-                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None });
+                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None, declared: None });
                 }
                 None => failed += 1,
             }

@@ -94,7 +94,9 @@ impl Engine {
                         cancel: cancel.clone(),
                         monitored: true,
                         expected_end: job.job.expected_runtime.and(s.runtime).map(|r| now + r),
-                        learn: job.job.expected_runtime.is_none().then(|| (job.key(), now)),
+                        // Undeclared, or a declaration not trusted with no history to replace it.
+                        learn: (job.job.expected_runtime.is_none() || s.runtime.is_none()).then(|| (job.key(), now)),
+                        declared: job.job.expected_runtime.map(|r| scheduler::Declared { started_ms: now, runtime_ms: r.as_millis() as i64 }),
                         needs: s.placed.needs,
                         cpuset: vec![],
                         victim,
@@ -188,7 +190,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone() })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone(), declared: h.declared })
             .collect();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
@@ -304,6 +306,7 @@ impl Engine {
                 .collect(),
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
+                overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
                 preemption: policy.preemption.rules(),
@@ -464,6 +467,7 @@ mod tests {
             cancel: CancellationToken::new(),
             monitored: true,
             expected_end: declared_end,
+            declared: None,
             learn,
             needs: Default::default(),
             cpuset: vec![],

@@ -49,7 +49,7 @@ mod drain_tests {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     pub(super) fn run(id: i64, gpu: u32, end: i64) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default(), victim: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default(), victim: None, declared: None }
     }
 
     #[test]
@@ -76,7 +76,7 @@ mod fgd_and_reservation_tests {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     pub(super) fn run(id: i64, gpus: &[u32], mem: Option<u64>, end: Option<i64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default(), victim: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default(), victim: None, declared: None }
     }
     pub(super) fn state(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64) -> State {
         // The mechanisms one at a time: aging on, no drain limit (the defaults are tested below).
