@@ -128,6 +128,9 @@ pub(crate) struct Stats {
     pub history: Arc<crate::estimate::History>,
     /// The mix of the last `sim::SHAPE_WINDOW` submissions' shapes, for FGD packing (as in the sim).
     pub shapes: Vec<crate::scheduler::Shape>,
+    /// Per owner, attempts that overran their declared runtime in the last `OVERRUN_WINDOW_MS`
+    /// (`estimate::trusted_runtime`).
+    pub overruns: HashMap<String, u32>,
 }
 
 pub struct Engine {

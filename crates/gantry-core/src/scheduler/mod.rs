@@ -368,6 +368,9 @@ struct Slot {
     measured_used: u64,
     outside_used: u64,
     external: bool,
+    /// The outside use has lasted [`crate::defaults::OUTSIDE_SETTLE_MS`]: someone's work, not the
+    /// stale sample of a job that just ended (which a reservation may still count on).
+    external_settled: bool,
     exclusive_by: Option<i64>,
     shared_declared: u64,
     shared_jobs: Vec<i64>,
@@ -516,6 +519,7 @@ pub fn plan(state: &State) -> Plan {
             measured_used: g.memory_used,
             outside_used: g.outside_used,
             external: g.external_busy,
+            external_settled: g.external_busy && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS,
             exclusive_by: None,
             shared_declared: 0,
             shared_jobs: vec![],
@@ -915,6 +919,23 @@ mod tests {
         let p = plan(&s);
         assert_eq!(placed(&p), vec![]);
         assert_eq!(p.waiting.iter().find(|w| w.job_id == 5).unwrap().reserved, vec![1, 3], "{p:?}");
+    }
+
+    /// Found by the engine test: the GPU of a job that just ended is still listed as used (outside
+    /// this engine) by the last sample; a reservation counting on it must not lapse for that pass,
+    /// or a backfill slips in on the GPU it reserved.
+    #[test]
+    fn a_stale_sample_does_not_break_a_reservation_but_lasting_outside_use_does() {
+        let mut g = gpus(2, 24 * G);
+        g[0].external_busy = true;
+        g[0].outside_since_ms = Some(99_000); // 1 s ago
+        let mut s = st(g, vec![], vec![QueuedJob { submitted_at_ms: 0, ..q(1, 2, None) }, QueuedJob { submitted_at_ms: 90_000, ..q(2, 1, None) }]);
+        s.now_ms = 100_000;
+        let p = plan(&s);
+        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![], vec![0, 1]), "{p:?}");
+        s.gpus[0].outside_since_ms = Some(0); // 100 s: someone's work
+        let p = plan(&s);
+        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![(2, vec![1])], vec![]), "{p:?}");
     }
 
     #[test]

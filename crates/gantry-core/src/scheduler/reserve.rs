@@ -13,7 +13,9 @@ pub(super) fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> b
 pub(super) fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
     let mut cands: Vec<(i64, usize, u32)> = slots
         .iter()
-        .filter(|s| s.reserved_by.is_none() && !s.external && job.filter.eligible(&s.name, s.total))
+        // A GPU whose outside use has not lasted a minute yet may be a job that just ended and is
+        // still listed by the last sample: it stays reservable (else a backfill slips in for a pass).
+        .filter(|s| s.reserved_by.is_none() && !s.external_settled && job.filter.eligible(&s.name, s.total))
         .map(|s| {
             let free_at = if ctx.use_runtimes { s.free_at(ctx.now).unwrap_or(i64::MAX) } else { 0 };
             (free_at, s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index)
