@@ -956,6 +956,24 @@ mod tests {
         assert!(big(&gantry) <= 100.0, "starts once GPU 0 frees at 100 s: {}", big(&gantry));
     }
 
+    /// Issue 18 item 7 on the lab week (4 users, 4 GPUs): one user declaring 1 s on every job gains
+    /// by it while declarations are trusted, and not once overruns are checked.
+    #[test]
+    fn a_lie_pays_while_trusted_and_not_once_checked() {
+        let t = parse_trace(include_str!("../../../traces/lab-week.csv"), 4).unwrap();
+        let lying = |checked| Some(SimLying { share: 0.25, checked });
+        assert_eq!(SimLying { share: 0.25, checked: true }.liars(&t.jobs).len(), 1, "one user of four");
+        let liar = SimLying { share: 0.25, checked: true }.liars(&t.jobs).into_iter().next().unwrap();
+        let cfg = SimConfig { gpus: 4, gpu_memory: 24 << 30, policy: Policy::Gantry, declared_runtimes: true, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None, lying: None };
+        let honest = simulate(&t, &cfg);
+        let trusted = simulate(&t, &SimConfig { lying: lying(false), ..cfg.clone() });
+        let checked = simulate(&t, &SimConfig { lying: lying(true), ..cfg.clone() });
+        let wait = |r: &Report| r.mean_wait_by_user[&liar];
+        assert!(wait(&trusted) < 0.8 * wait(&honest), "trusted, {liar}'s lie pays: {} s against {} s honest", wait(&trusted), wait(&honest));
+        assert!(wait(&checked) >= wait(&honest), "checked, it does not: {} s against {} s honest", wait(&checked), wait(&honest));
+        assert_eq!((trusted.policy.as_str(), checked.policy.as_str()), ("gantry+runtimes+liars", "gantry+runtimes+liars+checked"));
+    }
+
     #[test]
     fn shared_jobs_pack_and_count_as_fractions() {
         // Four quarter-GPU jobs share one GPU at once.
