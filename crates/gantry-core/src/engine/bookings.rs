@@ -333,7 +333,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| crate::scheduler::RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs, victim: h.victim.clone() })
+            .map(|(id, h)| crate::scheduler::RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs, victim: h.victim.clone(), declared: h.declared })
             .collect();
         let state = crate::scheduler::State {
             now_ms: now,

@@ -172,7 +172,7 @@ mod tests {
         QueuedJob { job_id: id, user: user.into(), priority: 0, submitted_at_ms: id, gpus: 1, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     fn run(id: i64, user: &str, gpu: u32, end: Option<i64>, preemptible: bool) -> RunningJob {
-        RunningJob { job_id: id, user: user.into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: end, needs: CpuRam::default(), victim: preemptible.then(Victim::default) }
+        RunningJob { job_id: id, user: user.into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: end, needs: CpuRam::default(), victim: preemptible.then(Victim::default), declared: None }
     }
     /// alice books `n` GPUs from `start` for 4 hours.
     fn alice(id: i64, n: u32, start: i64) -> BookHold {
