@@ -28,6 +28,10 @@ pub const GPU_MEMORY_MARGIN_PCT: f64 = 20.0;
 /// cuDNN autotune or a validation step may spike briefly; 30 s past it, its neighbours' OOMs are the
 /// likelier cost.
 pub const GPU_MEMORY_GRACE: Duration = Duration::from_secs(30);
+/// A process outside Gantry on a GPU that has read 0 % utilization this long is shown as "idle for
+/// ..." (`gantry gpus`, the GPUs view): long enough that a training loop's pause (data loading, a
+/// checkpoint) is not called idle, short enough to show a forgotten notebook within the minute.
+pub const OUTSIDE_IDLE_SHOWN_AFTER: Duration = Duration::from_secs(60);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB
