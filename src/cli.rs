@@ -252,7 +252,7 @@ pub enum NotifyAction {
         /// The email address, or the webhook's URL (its host must be on the lab's list).
         address: String,
         /// Events, comma-separated: started, finished, failed, timed_out, cancelled, preempted,
-        /// session_idle, booking_starting [default: finished,failed,timed_out]. A job's own
+        /// session_idle, booking_starting, booking_released [default: finished,failed,timed_out]. A job's own
         /// `notify:` list wins over this for that job.
         #[arg(long, value_delimiter = ',')]
         on: Vec<String>,

@@ -13,7 +13,7 @@ fn events(on: &[String]) -> Result<Vec<NotifyEvent>> {
         .filter(|s| !s.trim().is_empty())
         .map(|s| match NotifyEvent::parse(s.trim()) {
             Some(e) => Ok(e),
-            None => bail!("--on {s:?} is not an event; use some of: started, finished, failed, timed_out, cancelled, preempted, session_idle, booking_starting"),
+            None => bail!("--on {s:?} is not an event; use some of: started, finished, failed, timed_out, cancelled, preempted, session_idle, booking_starting, booking_released"),
         })
         .collect()
 }

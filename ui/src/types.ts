@@ -131,7 +131,7 @@ export type WhoAmI = { uid: number, name: string, };
  * What a notification is about. New kinds go at the end of [`NotifyEvent::ALL`]; each has a
  * stable snake_case name (the spec's `notify:`, `--on`, the webhook's `event`).
  */
-export type NotifyEvent = "started" | "finished" | "failed" | "timed_out" | "cancelled" | "preempted" | "session_idle" | "booking_starting" | "store_problem" | "test";
+export type NotifyEvent = "started" | "finished" | "failed" | "timed_out" | "cancelled" | "preempted" | "session_idle" | "booking_starting" | "store_problem" | "test" | "booking_released";
 /**
  * The command a job runs: either a list (exec form) or a string run by `/bin/sh -c`.
  */
@@ -708,3 +708,86 @@ at: number,
  * The machine (its host name).
  */
 host: string, job?: NotifyJob | null, text: string, };
+/**
+ * Where a booking is in its life. Only `Booked` and `Active` hold GPUs; the others are history
+ * (a booking is never deleted).
+ */
+export type BookingState = "booked" | "active" | "ended" | "cancelled" | "released";
+/**
+ * `POST /v1/bookings` ([`super::routes::BOOKINGS`]): book GPUs for the caller. Times are ms since
+ * the epoch (the CLI reads `--at` in the caller's local time); both must lie on the lab's slots.
+ */
+export type BookRequest = { gpus: number, 
+/**
+ * Only GPUs whose name contains this (e.g. `A100`), as a job's `gpu_type`.
+ */
+gpu_type?: string | null, start_ms: number, end_ms: number, note?: string | null, };
+/**
+ * One booking as the caller may see it.
+ */
+export type BookingView = { id: number, owner: string, uid: number, gpus: number, gpu_type?: string | null, start_ms: number, end_ms: number, state: BookingState, 
+/**
+ * The owner's note: `None` for someone else's booking (unless the caller is root).
+ */
+note?: string | null, 
+/**
+ * Whether the caller owns it.
+ */
+mine: boolean, created_ms: number, 
+/**
+ * When it was cancelled, released or ended.
+ */
+closed_ms?: number | null, 
+/**
+ * Why it closed early ("released: unused for 30 min after its start", "cancelled by root").
+ */
+closed_why?: string | null, 
+/**
+ * While active: the GPUs (indices) it holds now.
+ */
+gpu_indices: Array<number>, 
+/**
+ * While active: non-preemptible jobs still on the GPUs it needs (it gets them as they end).
+ */
+waiting_for: Array<number>, };
+/**
+ * `GET /v1/bookings` ([`super::routes::BOOKINGS`]).
+ */
+export type BookingsQuery = { 
+/**
+ * Also the ones that ended, were cancelled or released (newest first, at most `limit`).
+ */
+all: boolean, limit?: number | null, };
+/**
+ * The lab's `[bookings]` rules, so clients can check (and draw) before asking.
+ */
+export type BookingRules = { enabled: boolean, 
+/**
+ * Starts and lengths are multiples of this (ms), counted from midnight UTC.
+ */
+slot_ms: number, 
+/**
+ * How far ahead a booking may start (ms from now).
+ */
+max_ahead_ms: number, 
+/**
+ * GPU-hours one user may have booked in a week (Monday 00:00 UTC to the next, by start);
+ * `None`: no limit.
+ */
+max_gpu_hours_week?: number | null, 
+/**
+ * The most GPUs one booking may hold.
+ */
+max_gpus: number, 
+/**
+ * A booking none of its owner's jobs or sessions use this long after its start is released (ms).
+ */
+release_after_ms: number, };
+/**
+ * `GET /v1/bookings`: the bookings and the rules.
+ */
+export type Bookings = { now_ms: number, rules: BookingRules, 
+/**
+ * Open ones by start (and, with `all`, closed ones after them, newest first).
+ */
+bookings: Array<BookingView>, };

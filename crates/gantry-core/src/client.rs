@@ -584,6 +584,21 @@ impl Client {
         self.get(&with_query(routes::NOTIFY_LOG, &crate::protocol::NotifyLogQuery { limit: Some(limit) })?).await
     }
 
+    /// Every open booking (with `all`, closed ones too) and the lab's rules (`gantry bookings`).
+    pub async fn bookings(&self, q: &crate::protocol::BookingsQuery) -> Result<crate::protocol::Bookings, ClientError> {
+        self.get(&with_query(routes::BOOKINGS, q)?).await
+    }
+
+    /// Book GPUs for the caller (`gantry book`): the new booking.
+    pub async fn book(&self, req: &crate::protocol::BookRequest) -> Result<crate::protocol::BookingView, ClientError> {
+        self.post(routes::BOOKINGS, req).await
+    }
+
+    /// Cancel a booking (its owner or root; `gantry book cancel`): the booking as it is now.
+    pub async fn cancel_booking(&self, id: i64) -> Result<crate::protocol::BookingView, ClientError> {
+        self.post(&fill(routes::BOOKING_CANCEL, id), &()).await
+    }
+
     /// The caller's drop folder and whether the engine watches it.
     pub async fn inbox(&self) -> Result<InboxInfo, ClientError> {
         self.get(routes::INBOX).await

@@ -88,7 +88,7 @@ impl Notifier {
         let on = if req.on.is_empty() { NotifyEvent::DEFAULT_ON.to_vec() } else { req.on.clone() };
         if let Some(e) = on.iter().find(|e| matches!(e, NotifyEvent::StoreProblem | NotifyEvent::Test)) {
             return Err(NotifyError::Refused(format!(
-                "`{}` is not an event you can subscribe to ({}); use some of: started, finished, failed, timed_out, cancelled, preempted, session_idle, booking_starting",
+                "`{}` is not an event you can subscribe to ({}); use some of: started, finished, failed, timed_out, cancelled, preempted, session_idle, booking_starting, booking_released",
                 e.as_str(),
                 if *e == NotifyEvent::Test { "`gantry notify test` sends one to every target" } else { "the lab's own webhooks get it" }
             )));
@@ -431,6 +431,7 @@ pub fn text_of(kind: NotifyEvent, job: Option<&NotifyJob>, detail: Option<&str>,
         (NotifyEvent::Preempted, Some(x)) => format!("{} was preempted on {host} and is queued again{why}", j(x)),
         (NotifyEvent::SessionIdle, _) => format!("your session on {host} is idle and will be stopped soon{why}"),
         (NotifyEvent::BookingStarting, _) => format!("your GPU booking on {host} starts soon{why}"),
+        (NotifyEvent::BookingReleased, _) => format!("your GPU booking on {host} was released{why}"),
         (NotifyEvent::StoreProblem, _) => format!("Gantry on {host} cannot write its state database{why}"),
         (NotifyEvent::Test, _) => format!("test notification from Gantry on {host}{}", detail.map(|u| format!(" for {u}")).unwrap_or_default()),
         (k, None) => format!("{} on {host}{why}", k.as_str()),

@@ -6,6 +6,7 @@
 //! `ui/src/types.ts` is generated from these types ([`ts::typescript`]); a test fails when it is stale.
 
 pub mod app;
+pub mod booking;
 pub mod gpu;
 pub mod history;
 pub mod job;
@@ -15,6 +16,7 @@ pub mod status;
 pub mod terminal;
 pub mod ts;
 
+pub use booking::{BookRequest, BookingRules, BookingState, BookingView, Bookings, BookingsQuery};
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines, SessionAsk};
 pub use gpu::{BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample};
 pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageBucket, UsageCharts, UsageChartsQuery, UsageQuery, UsageReport, UserUsage, UtilCell};

@@ -31,10 +31,12 @@ pub enum NotifyEvent {
     StoreProblem,
     /// `gantry notify test`.
     Test,
+    /// A GPU booking was released: none of its owner's jobs or sessions used it in time (`[bookings] release_after`).
+    BookingReleased,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 10] = [
+    pub const ALL: [NotifyEvent; 11] = [
         NotifyEvent::Started,
         NotifyEvent::Finished,
         NotifyEvent::Failed,
@@ -45,6 +47,7 @@ impl NotifyEvent {
         NotifyEvent::BookingStarting,
         NotifyEvent::StoreProblem,
         NotifyEvent::Test,
+        NotifyEvent::BookingReleased,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +62,7 @@ impl NotifyEvent {
             NotifyEvent::BookingStarting => "booking_starting",
             NotifyEvent::StoreProblem => "store_problem",
             NotifyEvent::Test => "test",
+            NotifyEvent::BookingReleased => "booking_released",
         }
     }
 

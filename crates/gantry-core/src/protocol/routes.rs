@@ -66,6 +66,11 @@ pub const NOTIFY_LOG: &str = "/v1/notify/log";
 /// `GET`: `gantry usage --csv`'s GPU-hours per user per day and GPU utilization by hour of day ([`super::UsageCharts`]).
 pub const USAGE_CHARTS: &str = "/v1/usage/charts";
 
+/// `GET` with [`super::BookingsQuery`]: [`super::Bookings`]; `POST` a [`super::BookRequest`]: the new [`super::BookingView`].
+pub const BOOKINGS: &str = "/v1/bookings";
+/// `POST`: cancel a booking (its owner or root): the [`super::BookingView`] as it is now.
+pub const BOOKING_CANCEL: &str = "/v1/bookings/{id}/cancel";
+
 /// `pattern` with its one `{…}` parameter replaced by `value`: `fill(JOB, 7)` is `/v1/jobs/7`.
 pub fn fill(pattern: &str, value: impl Display) -> String {
     match (pattern.find('{'), pattern.find('}')) {

@@ -66,6 +66,7 @@ pub fn typescript() -> String {
     o.decl::<HistoryRow>().decl::<HistoryFilter>().decl::<TimelineRun>().decl::<UserUsage>().decl::<UsageReport>();
     o.decl::<UsageBucket>().decl::<UtilCell>().decl::<UsageCharts>();
     o.decl::<NotifyTarget>().decl::<Subscription>().decl::<DeliveryState>().decl::<NotifyDelivery>().decl::<NotifyJob>().decl::<NotifyPayload>();
+    o.decl::<BookingState>().decl::<BookRequest>().decl::<BookingView>().decl::<BookingsQuery>().decl::<BookingRules>().decl::<Bookings>();
     for (user, dep) in &o.named {
         assert!(o.declared.iter().any(|(_, n)| n == dep), "{user} names {dep}, which protocol::ts::typescript does not declare: add it");
     }

@@ -63,6 +63,10 @@ pub(super) fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) 
                 continue;
             }
         }
+        if let Some(why) = book::refuses(s, job, ctx) {
+            reasons_push(&|| why.clone());
+            continue;
+        }
         if s.external {
             reasons_push(&|| format!("GPU {} in use outside this engine (another engine's job, or a process outside Gantry)", s.index));
             continue;

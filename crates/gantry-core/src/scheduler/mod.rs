@@ -20,6 +20,7 @@ pub use crate::spec::GpuFilter;
 use serde::{Deserialize, Serialize};
 pub use crate::units::format_cpus;
 
+mod book;
 mod eta;
 mod explain;
 mod fit;
@@ -27,6 +28,7 @@ mod keep;
 mod order;
 mod preempt;
 mod reserve;
+pub use book::*;
 pub use eta::*;
 use explain::*;
 pub use fit::*;
@@ -170,6 +172,13 @@ pub struct Config {
     /// engine and the simulator keep them from the plan's `preempt` until the job starts).
     #[serde(default)]
     pub claims: Vec<(i64, Vec<u32>)>,
+    /// Open GPU bookings (`gantry book`, see [`book`]). Part of the pass's input.
+    #[serde(default)]
+    pub bookings: Vec<BookHold>,
+    /// Queued jobs that would be preemptible once running: they may go on a booking's GPUs before
+    /// its start whatever their length.
+    #[serde(default)]
+    pub preemptible: Vec<i64>,
 }
 
 fn explain_default() -> usize {
@@ -243,6 +252,8 @@ impl Default for Config {
             shapes: vec![],
             preemption: None,
             claims: vec![],
+            bookings: vec![],
+            preemptible: vec![],
         }
     }
 }
@@ -326,6 +337,8 @@ struct Slot {
     ends: Vec<Option<i64>>,
     /// Reserved for (job, the time that job is expected to start, if known).
     reserved_by: Option<(i64, Option<i64>)>,
+    /// Bookings holding this GPU this pass.
+    booked: Vec<book::Held>,
 }
 
 impl Slot {
@@ -472,9 +485,12 @@ pub fn plan(state: &State) -> Plan {
             shared_jobs: vec![],
             ends: vec![],
             reserved_by: None,
+            booked: vec![],
         })
         .collect();
     slots.sort_by_key(|s| s.index);
+    let booked = if state.config.bookings.is_empty() { vec![] } else { assign(state) };
+    book::mark(&mut slots, state, &booked);
     for r in &state.running {
         for g in &r.gpus {
             if let Some(s) = slots.iter_mut().find(|s| s.index == *g) {
@@ -496,7 +512,7 @@ pub fn plan(state: &State) -> Plan {
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes };
+    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes, preemptible: &state.config.preemptible };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -596,6 +612,7 @@ pub fn plan(state: &State) -> Plan {
     if let Some(rules) = &state.config.preemption {
         preempt::decide(state, rules, &mut slots, &pool, &ctx, starving.map(|s| s.job_id), &mut out);
     }
+    book::preempt_for(state, &booked, &mut out);
     out
 }
 
@@ -605,6 +622,8 @@ struct Ctx<'a> {
     packing: Packing,
     topology: Topology,
     shapes: &'a [Shape],
+    /// [`Config::preemptible`].
+    preemptible: &'a [i64],
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ pub enum PreemptWhy {
     Priority { user: String, gpus: u32, priority: i32, victim_priority: i32 },
     /// The waiting job's owner holds fewer GPUs than their share, the victim's owner more.
     FairShare { user: String, gpus: u32, held: u32, share: u32, victim_user: String },
+    /// A GPU booking started on the victim's GPUs (`for_job` is 0: no job).
+    Booking { user: String, booking: i64, span: String },
 }
 
 impl std::fmt::Display for PreemptWhy {
@@ -92,6 +94,7 @@ impl std::fmt::Display for PreemptWhy {
             PreemptWhy::FairShare { user, gpus, held, share, victim_user } => {
                 write!(f, "{user}'s {} job: {user} holds {held} of a fair share of {share} GPUs, {victim_user} more", shape(gpus))
             }
+            PreemptWhy::Booking { user, booking, span } => write!(f, "{user}'s booking {booking} ({span})"),
         }
     }
 }

@@ -13,7 +13,7 @@ pub(super) fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> b
 pub(super) fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
     let mut cands: Vec<(i64, usize, u32)> = slots
         .iter()
-        .filter(|s| s.reserved_by.is_none() && !s.external && job.filter.eligible(&s.name, s.total))
+        .filter(|s| s.reserved_by.is_none() && !s.external && job.filter.eligible(&s.name, s.total) && super::book::refuses(s, job, ctx).is_none())
         .map(|s| {
             let free_at = if ctx.use_runtimes { s.free_at(ctx.now).unwrap_or(i64::MAX) } else { 0 };
             (free_at, s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index)

@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0008_submit_keys.sql"),
     include_str!("../../migrations/0009_notify.sql"),
     include_str!("../../migrations/0010_preemption.sql"),
+    include_str!("../../migrations/0011_bookings.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
@@ -43,11 +44,13 @@ const FTS_CANDIDATES_MAX: i64 = 10_000;
 /// How many filters keep a cached count (`history_counts`; every one costs a little on each job end).
 const CACHED_COUNTS: i64 = 64;
 
+mod bookings;
 mod history;
 mod model;
 pub mod notify;
 mod queue;
 mod stats;
+pub use bookings::*;
 pub use model::*;
 pub use queue::*;
 pub use stats::*;

@@ -44,6 +44,13 @@ fn last_attempt_preempted(tx: &Connection, job_id: i64) -> Result<bool> {
 
 /// Write `kind` for `job_id` (to its owner and the lab's webhooks) in the caller's transaction. Other
 /// paths that change a job (preemption, sessions) call this with their own kind.
+/// An event not about a job state change, inside the caller's transaction (committed with the
+/// change it reports).
+pub fn record_in(tx: &Connection, kind: NotifyEvent, job_id: Option<i64>, uid: Option<u32>, at: i64, text: Option<&str>) -> Result<()> {
+    tx.prepare_cached("INSERT INTO notify_events (kind, job_id, uid, at, text) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![kind.as_str(), job_id, uid, at, text])?;
+    Ok(())
+}
+
 pub fn record_job_event(tx: &Connection, kind: NotifyEvent, job_id: i64, at: i64, text: Option<&str>) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO notify_events (kind, job_id, uid, at, text) SELECT ?2, j.id, j.owner_uid, ?3, ?4 FROM jobs j WHERE j.id = ?1 \
