@@ -19,7 +19,7 @@ use gantry_core::machines;
 use gantry_core::protocol::routes::parse_query;
 use gantry_core::protocol::{
     ConnectionEvent, EngineEvent, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, JobChanged, JobDetailView as JobDetail, JobState,
-    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, SessionAsk, StatusInfo, TimelineRun, UsageReport, WhoAmI,
+    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, SessionAsk, StatusInfo, Bookings, BookingsQuery, BookRequest, BookingView, TimelineRun, UsageReport, WhoAmI,
 };
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
@@ -215,6 +215,21 @@ async fn open_port(s: State<'_, AppState>, id: i64, port: Option<u16>) -> R<Stri
         return Err(format!("ssh could not forward port {local} to {}: {}", o.address, String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(o.url.replace(&o.address, &format!("127.0.0.1:{local}")))
+}
+
+/// The bookings timeline: open bookings (`all`: closed ones too) and the lab's rules (`gantry bookings`).
+#[tauri::command]
+async fn bookings(s: State<'_, AppState>, all: bool) -> R<Bookings> {
+    s.client().bookings(&BookingsQuery { all, limit: None }).await.map_err(e)
+}
+/// A slot dragged on the timeline, booked for the caller (`gantry book`).
+#[tauri::command]
+async fn book(s: State<'_, AppState>, req: BookRequest) -> R<BookingView> {
+    s.client().book(&req).await.map_err(e)
+}
+#[tauri::command]
+async fn cancel_booking(s: State<'_, AppState>, id: i64) -> R<BookingView> {
+    s.client().cancel_booking(id).await.map_err(e)
 }
 
 /// Find the engine, or host one in-process (holding the machine lock), set up as `gantry daemon`
@@ -444,7 +459,8 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox, start_session, open_port
+            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox, start_session, open_port, bookings, book,
+            cancel_booking
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

@@ -8,7 +8,7 @@ import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, EngineEvent, GpuMinute, GpuStatus, HistoryQuery, HistoryRow, JobChanged, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
-  SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent, SessionAsk,
+  SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent, SessionAsk, Bookings, BookRequest, BookingView,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -50,6 +50,10 @@ export interface Backend {
   /** `gantry open ID PORT`: the port's URL on this computer (forwarded from a workstation), opened in the browser. */
   openPort(id: number, port: number | null): Promise<string>;
   copyText(text: string): Promise<void>;
+  /** Open bookings (`all`: closed ones too) and the lab's rules (`gantry bookings`). */
+  bookings(all: boolean): Promise<Bookings>;
+  book(req: BookRequest): Promise<BookingView>;
+  cancelBooking(id: number): Promise<BookingView>;
 }
 
 /** Query string for history endpoints (the engine parses it). */
@@ -116,6 +120,9 @@ export const tauriBackend: Backend = {
     return url;
   },
   copyText: (text) => navigator.clipboard.writeText(text),
+  bookings: (all) => invoke("bookings", { all }),
+  book: (req) => invoke("book", { req }),
+  cancelBooking: (id) => invoke("cancel_booking", { id }),
   async onFileDrop(onDrop, onHover) {
     return getCurrentWebview().onDragDropEvent((ev) => {
       const p = ev.payload;

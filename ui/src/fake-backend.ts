@@ -1,6 +1,6 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, QueueSession, Status, UsageCharts, UsageReport, ValidJob } from "./types";
+import type { BookingView, Bookings, EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, QueueSession, Status, UsageCharts, UsageReport, ValidJob } from "./types";
 
 /** An engine's status: two simulated GPUs, no problems. */
 export function engineStatus(over: Partial<Status> = {}): Status {
@@ -71,6 +71,17 @@ export function sessionEntry(id: number, session: Partial<QueueSession> = {}, ov
     { gpus_assigned: [0], position: null, reason: null });
 }
 
+/** The lab's rules: 1 h slots, 14 days ahead, 4 GPUs a booking, 40 GPU-hours a week, released after 30 min. */
+export function bookings(list: BookingView[] = [], now = Date.now()): Bookings {
+  return { now_ms: now, rules: { enabled: true, slot_ms: 3_600_000, max_ahead_ms: 14 * 86_400_000, max_gpu_hours_week: 40, max_gpus: 4, release_after_ms: 1_800_000 }, bookings: list };
+}
+
+/** One of ada's bookings (uid 1000), booked, 1 GPU; `over` changes anything. */
+export function booking(id: number, startMs: number, hours: number, over: Partial<BookingView> = {}): BookingView {
+  return { id, owner: "ada", uid: 1000, gpus: 1, gpu_type: null, start_ms: startMs, end_ms: startMs + hours * 3_600_000, state: "booked", note: null, mine: true, created_ms: 0,
+    closed_ms: null, closed_why: null, gpu_indices: [], waiting_for: [], ...over };
+}
+
 export function makeRows(n: number): HistoryRow[] {
   return Array.from({ length: n }, (_, i) => ({
     id: n - i, name: `run-${n - i}`, owner: i % 2 ? "bob" : "ada", image: "img:1", status: i % 3 ? "succeeded" : "failed",
@@ -116,6 +127,9 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     startSession: rec("startSession", 41),
     openPort: rec("openPort", "http://127.0.0.1:40001/lab?token=t"),
     copyText: rec("copyText", undefined),
+    bookings: rec("bookings", bookings()),
+    book: (req) => { calls.push({ name: "book", args: [req] }); return Promise.resolve(booking(50, req.start_ms, (req.end_ms - req.start_ms) / 3_600_000, { gpus: req.gpus, note: req.note ?? null })); },
+    cancelBooking: (id) => { calls.push({ name: "cancelBooking", args: [id] }); return Promise.resolve(booking(id, 0, 1, { state: "cancelled" })); },
     ...over,
   };
   return { b, calls };
