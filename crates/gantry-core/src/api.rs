@@ -23,7 +23,7 @@ use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::protocol::routes::{
-    ATTACH, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST,
+    ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST,
     OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
@@ -132,6 +132,9 @@ impl From<EngineError> for Failure {
             EngineError::Spec(_) => StatusCode::UNPROCESSABLE_ENTITY,
             EngineError::NoSuchJob(_) => StatusCode::NOT_FOUND,
             EngineError::NotOwner { .. } => StatusCode::FORBIDDEN,
+            EngineError::NoSuchBooking(_) => StatusCode::NOT_FOUND,
+            EngineError::NotBookingOwner { .. } => StatusCode::FORBIDDEN,
+            EngineError::BookingRefused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let spec_error = if let EngineError::Spec(s) = &e { Some(s.clone()) } else { None };
@@ -169,6 +172,8 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .route(EVENTS, get(events))
         .route(USAGE, get(usage))
         .route(USAGE_CHARTS, get(usage_charts))
+        .route(BOOKINGS, get(bookings_list).post(book))
+        .route(BOOKING_CANCEL, post(booking_cancel))
         .route(NOTIFY, get(notify_list).post(notify_add))
         .route(NOTIFY_REMOVE, post(notify_remove))
         .route(NOTIFY_TEST, post(notify_test))
@@ -298,6 +303,18 @@ async fn notify_list(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>) -> Res<
 }
 
 /// Subscribe the caller (never anyone else: the target is theirs, and only their jobs reach it).
+async fn bookings_list(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<crate::protocol::BookingsQuery>) -> Res<crate::protocol::Bookings> {
+    Ok(Json(tokio::task::spawn_blocking(move || e.bookings(p.uid, &q)).await.map_err(|err| EngineError::Fatal(format!("bookings crashed: {err}")))??))
+}
+
+async fn book(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<crate::protocol::BookRequest>) -> Res<crate::protocol::BookingView> {
+    Ok(Json(tokio::task::spawn_blocking(move || e.book(p.uid, &user_name(p.uid), r)).await.map_err(|err| EngineError::Fatal(format!("book crashed: {err}")))??))
+}
+
+async fn booking_cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<crate::protocol::BookingView> {
+    Ok(Json(tokio::task::spawn_blocking(move || e.cancel_booking(p.uid, id)).await.map_err(|err| EngineError::Fatal(format!("book cancel crashed: {err}")))??))
+}
+
 async fn notify_add(State(e): E, Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<NotifyAdd>) -> Res<Subscription> {
     Ok(Json(n.add(&e, p.uid, &user_name(p.uid), r).await?))
 }

@@ -60,6 +60,13 @@ pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
 /// `[sessions] idle_after`: how long a session's GPUs may sit at 0 % before it is warned (then ended a
 /// quarter of that later).
 pub const SESSION_IDLE_AFTER: Duration = Duration::from_secs(3600);
+/// `[bookings] max_ahead`: two weeks: a demo or a deadline is planned about that far ahead, and no
+/// one books the machine for the whole term.
+pub const BOOKING_MAX_AHEAD: Duration = Duration::from_secs(14 * 24 * 3600);
+/// `[bookings] slot`: half-hours, as in a calendar.
+pub const BOOKING_SLOT: Duration = Duration::from_secs(30 * 60);
+/// `[bookings] release_after`: a booking nobody used for half an hour after its start is a no-show.
+pub const BOOKING_RELEASE_AFTER: Duration = Duration::from_secs(30 * 60);
 /// Warnings written into a session's terminal this long before its end: time to save work (15 min)
 /// and a last call (5 min).
 pub const SESSION_WARNINGS: [Duration; 2] = [Duration::from_secs(15 * 60), Duration::from_secs(5 * 60)];

@@ -106,9 +106,70 @@ pub fn duration_setting(d: Duration) -> String {
     }
 }
 
+/// A moment in this machine's local time zone (the `TZ` variable, else `/etc/localtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalTime {
+    pub year: i32,
+    /// 1-12.
+    pub month: u32,
+    /// 1-31.
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+}
+
+/// `ms` (since the epoch) in local time.
+pub fn local_time(ms: i64) -> LocalTime {
+    let t: libc::time_t = ms.div_euclid(1000) as libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which lives for the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&t, &mut tm) };
+    LocalTime { year: tm.tm_year + 1900, month: (tm.tm_mon + 1) as u32, day: tm.tm_mday as u32, hour: tm.tm_hour as u32, minute: tm.tm_min as u32 }
+}
+
+/// The local date and time as ms since the epoch (`None`: no such moment, e.g. a bad date); the
+/// day may run past the month's end (the 32nd is the next month's 1st), as `mktime` allows.
+pub fn from_local(t: LocalTime) -> Option<i64> {
+    if !(1..=12).contains(&t.month) || t.day < 1 || t.hour > 23 || t.minute > 59 {
+        return None;
+    }
+    // SAFETY: mktime reads and normalizes `tm`, which lives for the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = t.year - 1900;
+    tm.tm_mon = t.month as i32 - 1;
+    tm.tm_mday = t.day as i32;
+    tm.tm_hour = t.hour as i32;
+    tm.tm_min = t.minute as i32;
+    tm.tm_isdst = -1;
+    let secs = unsafe { libc::mktime(&mut tm) };
+    (secs != -1).then_some(secs as i64 * 1000)
+}
+
+/// `14:00` in local time.
+pub fn local_hhmm(ms: i64) -> String {
+    let t = local_time(ms);
+    format!("{:02}:{:02}", t.hour, t.minute)
+}
+
+/// `2026-12-03 14:00` in local time.
+pub fn local_datetime(ms: i64) -> String {
+    let t = local_time(ms);
+    format!("{}-{:02}-{:02} {:02}:{:02}", t.year, t.month, t.day, t.hour, t.minute)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_times_round_trip() {
+        let t = LocalTime { year: 2026, month: 12, day: 3, hour: 9, minute: 30 };
+        let ms = from_local(t).unwrap();
+        assert_eq!(local_time(ms), t);
+        assert_eq!((local_hhmm(ms), local_datetime(ms)), ("09:30".to_string(), "2026-12-03 09:30".to_string()));
+        assert_eq!(from_local(LocalTime { month: 13, ..t }), None);
+        assert_eq!(local_time(from_local(LocalTime { day: 32, ..t }).unwrap()), LocalTime { year: 2027, month: 1, day: 1, ..t });
+    }
 
     #[test]
     fn durations_per_purpose() {

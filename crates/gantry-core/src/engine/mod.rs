@@ -20,6 +20,7 @@
 //! until a write succeeds again.
 
 pub(crate) mod backend;
+mod bookings;
 mod joblog;
 mod idle;
 mod lab;
@@ -79,6 +80,12 @@ pub enum EngineError {
     AlreadyRunning(PathBuf),
     #[error("{0}")]
     Refused(String),
+    #[error("no booking {0} (`gantry bookings` lists them)")]
+    NoSuchBooking(i64),
+    #[error("booking {id} belongs to {owner}; only its owner or root may cancel it")]
+    NotBookingOwner { id: i64, owner: String },
+    #[error("{0}")]
+    BookingRefused(String),
     #[error("{0}")]
     Policy(#[from] crate::policy::PolicyError),
     #[error("the engine cannot trust its state and stopped: {0}")]
@@ -192,6 +199,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// Loopback forwards to jobs' `ports` (`gantry open`), by job and container port.
     forwards: Mutex<HashMap<(i64, u16), std::net::SocketAddr>>,
+    /// Open bookings, their GPUs this pass (see `engine::bookings`).
+    book_cache: Mutex<bookings::BookCache>,
     _lock: std::fs::File,
 }
 
@@ -388,6 +397,7 @@ impl Engine {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             forwards: Mutex::new(HashMap::new()),
+            book_cache: Mutex::new(bookings::BookCache::default()),
             _lock: lock,
         });
         e.sample_gpus();

@@ -147,7 +147,9 @@ impl Engine {
             };
             let attempt = self.reader().open_attempt(d.job);
             let Ok(Some(attempt)) = attempt else { continue };
-            let why = format!("job {} ({})", d.for_job, d.why);
+            // A booking's preemption is for no job (`for_job` 0): it says whose booking.
+            let booking = matches!(d.why, scheduler::PreemptWhy::Booking { .. });
+            let why = if booking { d.why.to_string() } else { format!("job {} ({})", d.for_job, d.why) };
             let marked = self.store().mark_preempting(attempt.id, d.for_job, &why);
             match marked {
                 Ok(true) => {}
@@ -162,6 +164,10 @@ impl Engine {
             }
             tracing::info!(job = d.job, for_job = d.for_job, "preempting job {} for {why}", d.job);
             append_log(&self.log_of(d.job), &format!("preempted by {why}: checkpoint signal, then stop; queued again at its place"));
+            if booking {
+                token.cancel();
+                continue;
+            }
             // Every GPU it will start on, not only the victim's (see `Preempt::gpus`).
             let mut claim = self.claims.lock().unwrap();
             let c = claim.entry(d.for_job).or_default();
@@ -202,6 +208,9 @@ impl Engine {
             let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
             serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
             (&store_problem, &down, self.stats.lock().unwrap().at, &held_back).hash(&mut h);
+            // Bookings: made, cancelled or released (the cache is emptied), started or ended.
+            self.booking_holds(now).len().hash(&mut h);
+            self.bookings_phase(now).hash(&mut h);
             h.finish()
         };
         if let Some((last, at)) = *self.last_pass.lock().unwrap() {
@@ -280,6 +289,13 @@ impl Engine {
             c.retain(|j, _| queued.iter().any(|q| q.id == *j));
             c.iter().map(|(j, g)| (*j, g.clone())).collect()
         };
+        let holds = self.booking_holds(now);
+        let preemptible = if holds.iter().any(|b| b.start_ms > now) {
+            let ids: Vec<i64> = queued.iter().filter(|j| !j.interactive && j.gpus > 0).map(|j| j.id).collect();
+            self.queued_preemptible(&ids)
+        } else {
+            vec![]
+        };
         let state = scheduler::State {
             now_ms: now,
             gpus,
@@ -309,12 +325,16 @@ impl Engine {
                 preemption: policy.preemption.rules(),
                 claims,
                 shapes,
+                bookings: holds,
+                preemptible,
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,
             host: Some(host),
         };
         let mut plan = scheduler::plan(&state);
+        let assigned = if state.config.bookings.is_empty() { vec![] } else { scheduler::assign(&state) };
+        self.tend_bookings(now, assigned);
         let sessions: std::collections::HashSet<i64> = queued.iter().filter(|j| j.interactive).map(|j| j.id).collect();
         scheduler::keep_free(&mut plan, &state, &sessions, policy.sessions.keep_free);
         if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {

@@ -92,6 +92,8 @@ pub struct Policy {
     pub gpu_memory_grace: Duration,
     /// `[sessions]`: interactive sessions (`gantry shell`).
     pub sessions: Sessions,
+    /// `[bookings]`: GPU bookings (`gantry book`).
+    pub bookings: Bookings,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -126,6 +128,7 @@ impl Default for Policy {
             gpu_memory_margin_pct: config::GPU_MEMORY_MARGIN_PCT,
             gpu_memory_grace: config::GPU_MEMORY_GRACE,
             sessions: Sessions::default(),
+            bookings: Bookings::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }
@@ -211,6 +214,16 @@ impl Policy {
             ("sessions.idle_batch", s.idle_batch.to_string()),
             ("sessions.keep_free", s.keep_free.to_string()),
         ]);
+        let b = &self.bookings;
+        let none = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_else(|| "none".into());
+        v.extend([
+            ("bookings.enabled", b.enabled.to_string()),
+            ("bookings.max_gpu_hours_per_week", none(b.max_gpu_hours_per_week)),
+            ("bookings.max_ahead", d(Some(b.max_ahead))),
+            ("bookings.slot", d(Some(b.slot))),
+            ("bookings.release_after", d(Some(b.release_after))),
+            ("bookings.max_gpus", none(b.max_gpus)),
+        ]);
         v
     }
 
@@ -256,6 +269,35 @@ impl Default for Sessions {
             idle_after: Some(config::SESSION_IDLE_AFTER),
             idle_batch: false,
             keep_free: 0,
+        }
+    }
+}
+
+/// `[bookings]`: GPU bookings (`gantry book`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bookings {
+    pub enabled: bool,
+    /// GPU-hours one user may book in a week (Monday 00:00 UTC to the next, by start); `None`: no limit.
+    pub max_gpu_hours_per_week: Option<u32>,
+    /// How far ahead a booking may start.
+    pub max_ahead: Duration,
+    /// Starts and lengths are multiples of this (from midnight UTC): whole minutes dividing a day.
+    pub slot: Duration,
+    /// A booking none of its owner's jobs or sessions used this long after its start is released.
+    pub release_after: Duration,
+    /// The most GPUs one booking may hold (`None`: the machine's count).
+    pub max_gpus: Option<u32>,
+}
+
+impl Default for Bookings {
+    fn default() -> Self {
+        Bookings {
+            enabled: true,
+            max_gpu_hours_per_week: None,
+            max_ahead: config::BOOKING_MAX_AHEAD,
+            slot: config::BOOKING_SLOT,
+            release_after: config::BOOKING_RELEASE_AFTER,
+            max_gpus: None,
         }
     }
 }
@@ -608,6 +650,29 @@ max_watches = 32
             ("[sessions]\nidle_batch = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
             ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
             ("[sessions]\nnotebook_image = \"a b\"\n", "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
+        }
+    }
+
+    #[test]
+    fn bookings_table_parses_and_explains_its_mistakes() {
+        let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
+        let h = |n: u64| Duration::from_secs(n * 3600);
+        assert_eq!(b, Bookings { enabled: false, max_gpu_hours_per_week: Some(40), max_ahead: h(7 * 24), slot: h(1), release_after: Duration::from_secs(900), max_gpus: Some(2) });
+        let d = parse("").unwrap().policy.bookings;
+        assert_eq!((d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus), (true, Duration::from_secs(1800), Duration::from_secs(1800), h(14 * 24), None));
+        let cases: &[(&str, &str)] = &[
+            ("[bookings]\nslots = \"30m\"\n", "config.toml:2:1: unknown field `slots`"),
+            ("[bookings]\nslot = \"7m\"\n", "config.toml:2:8: bookings `slot` = \"7m\" is not a whole number of minutes that divides a day"),
+            ("[bookings]\nslot = \"90s\"\n", "is not a whole number of minutes"),
+            ("[bookings]\nmax_ahead = \"2y\"\n", "`max_ahead` = \"2y\" is longer than"),
+            ("[bookings]\nrelease_after = \"later\"\n", "config.toml:2:17: `release_after` = \"later\" is not a duration"),
+            ("[bookings]\nmax_gpus = 0\n", "config.toml:2:12: `max_gpus` = 0 is out of range"),
+            ("[bookings]\nmax_gpu_hours_per_week = -3\n", "`max_gpu_hours_per_week` = -3 is out of range"),
+            ("[bookings]\nenabled = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
         ];
         for (text, want) in cases {
             let e = err(text);

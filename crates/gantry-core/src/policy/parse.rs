@@ -165,6 +165,8 @@ pub(super) struct RawFile {
     #[serde(default)]
     sessions: RawSessions,
     #[serde(default)]
+    bookings: RawBookings,
+    #[serde(default)]
     notify: RawNotify,
     #[serde(default)]
     metrics: RawMetrics,
@@ -181,6 +183,17 @@ pub(super) struct RawSessions {
     idle_after: S<String>,
     idle_batch: S<bool>,
     keep_free: S<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBookings {
+    enabled: S<bool>,
+    max_gpu_hours_per_week: S<i64>,
+    max_ahead: S<String>,
+    slot: S<String>,
+    release_after: S<String>,
+    max_gpus: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -540,6 +553,7 @@ impl Check<'_> {
             p.images.pull_timeout = d;
         }
         p.sessions = self.sessions(&raw.sessions);
+        p.bookings = self.bookings(&raw.bookings);
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
@@ -587,6 +601,32 @@ impl Check<'_> {
             notify,
             metrics,
         }
+    }
+
+    pub(super) fn bookings(&mut self, raw: &RawBookings) -> super::Bookings {
+        let mut b = super::Bookings::default();
+        if let Some(e) = &raw.enabled {
+            b.enabled = *e.get_ref();
+        }
+        b.max_gpu_hours_per_week = self.count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000).map(|n| n as u32);
+        b.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
+        let year = Duration::from_secs(366 * 24 * 3600);
+        let day = Duration::from_secs(24 * 3600);
+        if let Some(d) = self.duration("max_ahead", &raw.max_ahead, year) {
+            b.max_ahead = d;
+        }
+        if let Some(d) = self.duration("release_after", &raw.release_after, day) {
+            b.release_after = d;
+        }
+        if let (Some(v), Some(d)) = (&raw.slot, self.duration("slot", &raw.slot, day)) {
+            let secs = d.as_secs();
+            if d.subsec_nanos() != 0 || secs % 60 != 0 || (24 * 3600) % secs != 0 {
+                self.fail(v.span(), format!("bookings `slot` = {:?} is not a whole number of minutes that divides a day", v.get_ref()), "use e.g. \"15m\", \"30m\", \"1h\" or \"2h\"");
+            } else {
+                b.slot = d;
+            }
+        }
+        b
     }
 
     pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
