@@ -145,3 +145,42 @@ test("submit through the app, watch it run, find it in History and read its log"
   assert.equal((await d.findElements(By.css('[data-testid="usage-heat"] .uplot'))).length, 1, "the heat map is drawn");
   await shot("5b-usage");
 });
+
+test("start a session from the Queue view, see its end and attach command, and book a slot on the bookings timeline", async () => {
+  // Sessions: a shell (no GPU) in the demo image, for 30 min.
+  await d.executeScript(`location.hash = "#/queue"`);
+  await (await waitFor("session-gpus")).clear();
+  await (await d.findElement(byTest("session-gpus"))).sendKeys("0");
+  await (await d.findElement(byTest("session-length"))).sendKeys("30m");
+  await (await d.findElement(byTest("session-image"))).sendKeys("gantry-test/busybox:1");
+  await (await d.findElement(byTest("session-start"))).click();
+  const said = await waitText("session-out", (t) => /Session \d+ queued/.test(t) || /error|refused|not/i.test(t), 30_000);
+  const id = Number(said.match(/Session (\d+) queued/)?.[1] ?? assert.fail(`no session: ${said}`));
+  assert.match(said, new RegExp(`gantry attach ${id}`));
+  // Its row: the session class, its end ("ends in 29 min"), and (running, mine) the attach command to copy.
+  await waitText(`session-${id}`, (t) => /^session · ends in (29|30) min$/.test(t), 90_000);
+  await waitFor(`attach-${id}`);
+  assert.equal(await (await d.findElement(By.css(`[data-testid="attach-${id}"] code`))).getText(), `gantry attach ${id}`);
+  await shot("6-session");
+  await (await d.findElement(byTest(`cancel-${id}`))).click();
+
+  // Bookings: the GPUs x hours timeline; drag across GPU 0's row, book it with a note, see it mine.
+  await d.executeScript(`location.hash = "#/bookings"`);
+  const row = await waitFor("tl-row-0");
+  await waitText("bookings-rules", (t) => t.startsWith("Slots of 30 min"), 20_000);
+  const { width } = await row.getRect();
+  // 30 min slots are 14 px: from the 6th slot to the 9th (3 h ahead at the latest; x is from the row's centre).
+  const x0 = Math.round(-width / 2 + 5 * 14 + 4), x1 = Math.round(-width / 2 + 8 * 14 + 4);
+  await d.actions().move({ origin: row, x: x0, y: 0 }).press().move({ origin: row, x: x1, y: 0 }).release().perform();
+  await (await waitFor("book-note")).sendKeys("e2e demo");
+  await (await d.findElement(byTest("book-submit"))).click();
+  const mine = await d.wait(async () => {
+    for (const el of await d.findElements(By.css(".tl-booking.mine"))) if ((await el.getText()) === "mine: e2e demo") return el;
+    return null;
+  }, 20_000, "the booking never showed as mine on the timeline");
+  const bid = Number((await mine.getAttribute("data-testid")).split("-")[2]);
+  assert.match(await (await waitFor(`booking-${bid}`)).getText(), /e2e demo/);
+  await shot("7-bookings");
+  await (await d.findElement(byTest(`cancel-booking-${bid}`))).click();
+  await d.wait(async () => (await d.findElements(byTest(`booking-${bid}`))).length === 0, 20_000, "the cancelled booking stayed listed");
+});
