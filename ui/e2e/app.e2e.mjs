@@ -159,19 +159,21 @@ test("start a session from the Queue view, see its end and attach command, and b
   assert.match(said, new RegExp(`gantry attach ${id}`));
   // Its row: the session class, its end ("ends in 29 min"), and (running, mine) the attach command to copy.
   await waitText(`session-${id}`, (t) => /^session · ends in (29|30) min$/.test(t), 90_000);
-  await waitFor(`attach-${id}`);
-  assert.equal(await (await d.findElement(By.css(`[data-testid="attach-${id}"] code`))).getText(), `gantry attach ${id}`);
-  await shot("6-session");
-  await (await d.findElement(byTest(`cancel-${id}`))).click();
+  // Re-read each time: the queue redraws its rows every 2 s.
+  const inRow = By.css(`[data-testid="queue-row-${id}"] [data-testid="attach-${id}"] code`);
+  await d.wait(async () => { try { return (await (await d.findElement(inRow)).getText()) === `gantry attach ${id}`; } catch { return false; } }, 90_000, "no attach command on the running session's row");
+  await shot("5c-session");
+  await d.wait(async () => { try { await (await d.findElement(byTest(`cancel-${id}`))).click(); return true; } catch { return false; } }, 20_000, "cannot cancel the session");
 
   // Bookings: the GPUs x hours timeline; drag across GPU 0's row, book it with a note, see it mine.
   await d.executeScript(`location.hash = "#/bookings"`);
-  const row = await waitFor("tl-row-0");
+  await waitFor("tl-row-0");
   await waitText("bookings-rules", (t) => t.startsWith("Slots of 30 min"), 20_000);
-  const { width } = await row.getRect();
-  // 30 min slots are 14 px: from the 6th slot to the 9th (3 h ahead at the latest; x is from the row's centre).
-  const x0 = Math.round(-width / 2 + 5 * 14 + 4), x1 = Math.round(-width / 2 + 8 * 14 + 4);
-  await d.actions().move({ origin: row, x: x0, y: 0 }).press().move({ origin: row, x: x1, y: 0 }).release().perform();
+  // 30 min slots are 14 px: from the 6th slot to the 9th (within 5 h). Viewport coordinates: the row is
+  // wider than the window, so offsets from its in-view centre would depend on the scroll.
+  const r = await d.executeScript(`const b = document.querySelector('[data-testid="tl-row-0"]').getBoundingClientRect(); return [b.left, b.top + b.height / 2];`);
+  const [left, mid] = r.map(Math.round);
+  await d.actions().move({ origin: "viewport", x: left + 5 * 14 + 4, y: mid }).press().move({ origin: "viewport", x: left + 8 * 14 + 4, y: mid }).release().perform();
   await (await waitFor("book-note")).sendKeys("e2e demo");
   await (await d.findElement(byTest("book-submit"))).click();
   const mine = await d.wait(async () => {
@@ -180,7 +182,7 @@ test("start a session from the Queue view, see its end and attach command, and b
   }, 20_000, "the booking never showed as mine on the timeline");
   const bid = Number((await mine.getAttribute("data-testid")).split("-")[2]);
   assert.match(await (await waitFor(`booking-${bid}`)).getText(), /e2e demo/);
-  await shot("7-bookings");
+  await shot("5d-bookings");
   await (await d.findElement(byTest(`cancel-booking-${bid}`))).click();
   await d.wait(async () => (await d.findElements(byTest(`booking-${bid}`))).length === 0, 20_000, "the cancelled booking stayed listed");
 });

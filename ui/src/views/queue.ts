@@ -23,11 +23,11 @@ export function queueView(backend: Backend, me: number | null, go: (hash: string
   const problem = h("p", { class: "error", hidden: true, role: "alert" });
   const fail = (msg: string) => { problem.textContent = msg; problem.hidden = false; };
   // The workstation in use, for the attach command (`gantry --host H attach N`).
+  // Rows wait for it (drawn once, not again when it arrives).
   let host: string | null = null;
   const sessions = h("div", {});
-  backend.machines().then((m) => { host = m.current; }).catch(() => {}).finally(() => {
+  const ready = backend.machines().then((m) => { host = m.current; }, () => {}).then(() => {
     sessions.replaceChildren(startSessionForm(backend, host, () => { refresh().catch(() => {}); }));
-    refresh().catch(() => {});
   });
   el.append(
     h("div", { class: "toolbar" }, h("h2", {}, "Queue")),
@@ -42,6 +42,7 @@ export function queueView(backend: Backend, me: number | null, go: (hash: string
   let stopGpus: (() => void) | null = null;
 
   async function refresh() {
+    await ready;
     const q = sortQueue(await backend.queue());
     clear(body);
     empty.hidden = q.length > 0;
