@@ -177,9 +177,11 @@ test("start a session from the Queue view, see its end and attach command, and b
   await (await waitFor("book-note")).sendKeys("e2e demo");
   await (await d.findElement(byTest("book-submit"))).click();
   const mine = await d.wait(async () => {
-    for (const el of await d.findElements(By.css(".tl-booking.mine"))) if ((await el.getText()) === "mine: e2e demo") return el;
+    for (const el of await d.findElements(By.css(".tl-booking.mine"))) if ((await el.getAttribute("textContent")) === "mine: e2e demo") return el;
+    const refused = await d.findElements(By.css('[data-testid="book-form"] .error'));
+    if (refused.length) { await shot("5d-bookings-refused"); assert.fail(`the booking was refused: ${await refused[0].getText()}`); }
     return null;
-  }, 20_000, "the booking never showed as mine on the timeline");
+  }, 20_000, "the booking never showed as mine on the timeline").catch(async (e) => { await shot("5d-bookings-failed"); throw e; });
   const bid = Number((await mine.getAttribute("data-testid")).split("-")[2]);
   assert.match(await (await waitFor(`booking-${bid}`)).getText(), /e2e demo/);
   await shot("5d-bookings");

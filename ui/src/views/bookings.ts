@@ -128,7 +128,8 @@ export function bookingsView(backend: Backend): View {
     const placed = layoutBookings(data.bookings, gpus);
     clear(board);
     const head = h("div", { class: "tl-head", style: `width:${width}px` },
-      hourLabels(origin, SPAN_MS).map((l) => h("span", { class: `tl-hour${l.day ? " day" : ""}`, style: `left:${x(l.at)}px` }, l.text)));
+      // Every other hour (28 px an hour is narrower than "14:00"), and each day's start.
+      hourLabels(origin, SPAN_MS).filter((l) => l.day || new Date(l.at).getHours() % 2 === 0).map((l) => h("span", { class: `tl-hour${l.day ? " day" : ""}`, style: `left:${x(l.at)}px` }, l.text)));
     const rows = gpus.map((g) => {
       const row = h("div", { class: "tl-row", style: `width:${width}px`, "data-testid": `tl-row-${g.index}`, "data-gpu": g.index });
       for (const p of placed.filter((p) => p.rows.includes(g.index))) {
