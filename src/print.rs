@@ -288,6 +288,10 @@ fn gpu_user_line(u: &GpuUser) -> String {
     if let Some(m) = u.used_memory {
         line.push_str(&format!(", {}", format_bytes(m)));
     }
+    // Outside Gantry, on a GPU at 0 % for a while: for an admin to act on (the engine says from when).
+    if let Some(since) = u.idle_since.filter(|_| u.job_id.is_none()) {
+        line.push_str(&format!(", idle for {}", gantry_core::units::duration_words_ms(now_ms() - since)));
+    }
     line
 }
 

@@ -115,6 +115,50 @@ fn a_process_outside_gantry_makes_its_gpu_busy_and_is_listed_with_its_user_and_c
     assert_eq!(e.show(id)["job"]["state"], "queued");
 }
 
+/// Issue 21 item 5: a process outside Gantry on a GPU that reads 0 % is shown "idle for …" (from
+/// a minute on), so an admin can act; one on a busy GPU is not, and work ends the idleness.
+#[test]
+fn an_outside_process_on_an_idle_gpu_is_shown_idle_for_and_a_busy_one_is_not() {
+    let forgotten = Proc(Command::new("sleep").arg("301").spawn().unwrap());
+    let working = Proc(Command::new("sleep").arg("302").spawn().unwrap());
+    let (idle_pid, busy_pid) = (forgotten.0.id(), working.0.id());
+    let gpus = FakeGpus::new();
+    let mut busy = fake_gpu(&gpus.uuid(1), H100, 80, 20, &[(busy_pid, 20)]);
+    busy["utilization"] = 93.into();
+    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), H100, 80, 3, &[(idle_pid, 3)]), busy]));
+    let e = Engine::start_nvml(&gpus, &[]);
+
+    let line_of = |listing: &str, pid: u32| listing.lines().find(|l| l.contains(&format!("pid {pid},"))).map(String::from).unwrap_or_default();
+    // Under a minute at 0 %: not called idle yet (a pause in a training loop is not idleness).
+    let early = text(&e.gantry(&["gpus"]));
+    assert!(line_of(&early, idle_pid).contains("outside Gantry") && !early.contains("idle for"), "{early}");
+    // A minute of 0 % samples (the engine samples at 1 Hz); generous: the machine is shared.
+    let t = std::time::Instant::now();
+    let listing = loop {
+        let l = text(&e.gantry(&["gpus"]));
+        if line_of(&l, idle_pid).contains("idle for") {
+            break l;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(240), "no \"idle for\" after 4 min: {l}\n{}", e.daemon_log());
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let idle = line_of(&listing, idle_pid);
+    assert!(idle.contains(&format!("outside Gantry (pid {idle_pid}, user root, command sleep 301), 3.0 GiB, idle for 1 min")), "{listing}");
+    let other = line_of(&listing, busy_pid);
+    assert!(other.contains("command sleep 302") && !other.contains("idle"), "the busy GPU's process is not idle: {listing}");
+    let g = e.json(&["gpus"]);
+    let (on0, on1) = (users_on(&g, 0), users_on(&g, 1));
+    assert!(on0[0]["idle_since"].as_i64().is_some() && on1[0].get("idle_since").is_none(), "{g}");
+
+    // The forgotten process starts working: no longer idle.
+    let mut woke = fake_gpu(&gpus.uuid(0), H100, 80, 3, &[(idle_pid, 3)]);
+    woke["utilization"] = 50.into();
+    let mut busy = fake_gpu(&gpus.uuid(1), H100, 80, 20, &[(busy_pid, 20)]);
+    busy["utilization"] = 93.into();
+    gpus.set(serde_json::json!([woke, busy]));
+    e.wait_until("GPU 0 used again", || !text(&e.gantry(&["gpus"])).contains("idle for"));
+}
+
 #[test]
 fn processes_in_a_jobs_container_are_the_jobs_and_a_docker_run_container_is_named() {
     require_gpu_docker();

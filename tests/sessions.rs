@@ -227,10 +227,14 @@ fn sessions_go_before_batch_jobs_within_the_labs_bounds_and_end_at_their_length(
     let blocker = e.submit_yaml("blocker", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
     e.wait_state(blocker, "running");
     let batch = e.submit_yaml("batch", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: 10\n"));
-    let spec = alice.write(&alice.private_dir("session").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    let spec = alice.write(&alice.private_dir("session").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\nports: [8080]\n"));
     let v = e.json_as(&alice, &["submit", spec.to_str().unwrap()]);
     let session = v[0]["job_id"].as_i64().unwrap();
     assert_eq!(e.show(session)["job"]["timeout_ms"], 3_600_000, "the lab's default length");
+    // The queue says which rows are sessions (the app's Queue view): queued, no end yet.
+    let row = |id: i64| e.json(&["ls"]).as_array().unwrap().iter().find(|j| j["job"]["id"] == id).cloned().unwrap_or_default();
+    assert_eq!(row(session)["job"]["session"], serde_json::json!({"ends_at": null, "ports": []}), "{}", row(session));
+    assert!(row(batch)["job"].get("session").is_none(), "{}", row(batch));
 
     // Her sessions hold at most 1 GPU together; a session is at most 2 h.
     let out = e.gantry_user(&alice, &["submit", spec.to_str().unwrap()]);
@@ -246,8 +250,11 @@ fn sessions_go_before_batch_jobs_within_the_labs_bounds_and_end_at_their_length(
 
     // The GPU frees: the session goes first, though the batch job has a higher priority and came first.
     assert!(e.gantry(&["cancel", &blocker.to_string()]).status.success());
-    e.wait_state(session, "running");
+    let started = e.wait_state(session, "running")["attempts"][0]["started_at"].as_i64().unwrap();
     assert_eq!(e.show(batch)["job"]["state"], "queued");
+    // Running: it ends at its attempt's start plus its length, and serves its ports.
+    assert_eq!(row(session)["job"]["session"], serde_json::json!({"ends_at": started + 3_600_000, "ports": [8080]}), "{}", row(session));
+    assert!(row(batch)["job"].get("session").is_none(), "{}", row(batch));
     assert!(e.gantry_user(&alice, &["cancel", &session.to_string()]).status.success());
     assert_eq!(e.wait_final(batch)["job"]["state"], "succeeded");
 

@@ -19,7 +19,7 @@ use gantry_core::machines;
 use gantry_core::protocol::routes::parse_query;
 use gantry_core::protocol::{
     ConnectionEvent, EngineEvent, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, JobChanged, JobDetailView as JobDetail, JobState,
-    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, StatusInfo, TimelineRun, UsageReport, WhoAmI,
+    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, SessionAsk, StatusInfo, Bookings, BookingsQuery, BookRequest, BookingView, TimelineRun, UsageReport, WhoAmI,
 };
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
@@ -190,6 +190,46 @@ async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
     }
     std::fs::create_dir_all(&st.inbox).map_err(e)?;
     tauri_plugin_opener::OpenerExt::opener(&app).open_path(st.inbox.to_string_lossy(), None::<&str>).map_err(e)
+}
+
+/// Queue a session (`gantry shell` / `gantry notebook`); its id. The app has no terminal: the page
+/// shows the `gantry attach ID` command to run in one.
+#[tauri::command]
+async fn start_session(s: State<'_, AppState>, ask: SessionAsk) -> R<i64> {
+    s.client().start_session(&ask).await.map(|r| r.job_id).map_err(e)
+}
+/// `gantry open ID [PORT]`: a URL on this computer for one of the job's ports (with a notebook's
+/// token), which the page opens in the browser (the opener plugin, loopback URLs only). A
+/// workstation's port is forwarded over the shared ssh connection, as `gantry --host … open` does.
+#[tauri::command]
+async fn open_port(s: State<'_, AppState>, id: i64, port: Option<u16>) -> R<String> {
+    let client = s.client();
+    let o = client.open_port(id, port).await.map_err(e)?;
+    if s.host().is_none() {
+        return Ok(o.url);
+    }
+    let local = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map_err(e)?.port();
+    let mut forward = client.target().forward_command(local, &o.address).ok_or("not an ssh target")?;
+    let out = forward.stdin(std::process::Stdio::null()).output().await.map_err(|err| format!("running ssh: {err}"))?;
+    if !out.status.success() {
+        return Err(format!("ssh could not forward port {local} to {}: {}", o.address, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(o.url.replace(&o.address, &format!("127.0.0.1:{local}")))
+}
+
+/// The bookings timeline: open bookings (`all`: closed ones too) and the lab's rules (`gantry bookings`).
+#[tauri::command]
+async fn bookings(s: State<'_, AppState>, all: bool) -> R<Bookings> {
+    s.client().bookings(&BookingsQuery { all, limit: None }).await.map_err(e)
+}
+/// A slot dragged on the timeline, booked for the caller (`gantry book`).
+#[tauri::command]
+async fn book(s: State<'_, AppState>, req: BookRequest) -> R<BookingView> {
+    s.client().book(&req).await.map_err(e)
+}
+#[tauri::command]
+async fn cancel_booking(s: State<'_, AppState>, id: i64) -> R<BookingView> {
+    s.client().cancel_booking(id).await.map_err(e)
 }
 
 /// Find the engine, or host one in-process (holding the machine lock), set up as `gantry daemon`
@@ -419,7 +459,8 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox
+            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox, start_session, open_port, bookings, book,
+            cancel_booking
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
         .expect("error while running Gantry");

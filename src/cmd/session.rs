@@ -102,45 +102,26 @@ enum Left {
     Lost,
 }
 
-/// The spec of a session.
-fn session_spec(args: &ShellArgs, name: &str, image: String) -> gantry_core::spec::JobSpec {
-    gantry_core::spec::JobSpec {
-        name: Some(args.name.clone().unwrap_or_else(|| name.into())),
-        image,
-        command: None,
-        workdir: None,
-        env: Default::default(),
-        mounts: vec![],
+/// What `gantry shell` / `notebook` ask for (the spec is `gantry_core::spec::session_spec`'s, as
+/// the app's).
+fn session_ask(args: &ShellArgs, notebook_port: Option<u16>) -> gantry_core::protocol::SessionAsk {
+    gantry_core::protocol::SessionAsk {
+        notebook_port,
         gpus: args.gpus,
         gpu_memory: args.gpu_memory.clone(),
         gpu_type: args.gpu_type.clone(),
-        min_gpu_memory: None,
-        priority: 0,
-        timeout: args.length.clone(),
-        retries: 0,
-        expected_runtime: None,
-        after: vec![],
-        matrix: Default::default(),
+        image: args.image.clone(),
+        length: args.length.clone(),
         cpus: args.cpus,
         memory: args.memory.clone(),
-        shm_size: None,
-        ipc: None,
-        home: None,
-        ulimits: None,
-        pids_limit: None,
-        interactive: true,
-        ports: vec![],
-        notify: None,
-        // Someone is at the terminal: a session is never preempted.
-        preemptible: Some(false),
-        checkpoint: None,
+        name: args.name.clone(),
     }
 }
 
 pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
     // No image: this machine's own folders and your home, starting where you are (when it is there).
     let image = args.image.clone().unwrap_or_else(|| gantry_core::spec::HOST_IMAGE.into());
-    let mut spec = session_spec(args, "shell", image);
+    let mut spec = gantry_core::spec::session_spec(&session_ask(args, None), image, "");
     if spec.is_host_image() && ctx.remote.is_none() {
         let here = std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned());
         let home = std::env::var("HOME").unwrap_or_default();
@@ -162,13 +143,8 @@ pub async fn notebook(ctx: &Ctx, args: &crate::cli::NotebookArgs) -> Result<Exit
             "the lab config names no notebook image (`[sessions] notebook_image`): add --image IMG, an image with `jupyter lab` in it (e.g. quay.io/jupyter/pytorch-notebook:cuda12-latest)",
         )?,
     };
-    let mut spec = session_spec(&args.session, "notebook", image);
     let port = args.port;
-    spec.command = Some(gantry_core::spec::Command::Exec(
-        ["jupyter", "lab", "--ip=127.0.0.1", &format!("--port={port}"), "--no-browser"].map(String::from).to_vec(),
-    ));
-    spec.env.insert("JUPYTER_TOKEN".into(), gantry_core::client::new_submit_key());
-    spec.ports = vec![port];
+    let spec = gantry_core::spec::session_spec(&session_ask(&args.session, Some(port)), image, &gantry_core::client::new_submit_key());
     let id = queue_session(ctx, &spec).await?;
     if !wait_running(ctx, id).await? {
         return Ok(ExitCode::FAILURE);

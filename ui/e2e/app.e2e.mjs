@@ -145,3 +145,46 @@ test("submit through the app, watch it run, find it in History and read its log"
   assert.equal((await d.findElements(By.css('[data-testid="usage-heat"] .uplot'))).length, 1, "the heat map is drawn");
   await shot("5b-usage");
 });
+
+test("start a session from the Queue view, see its end and attach command, and book a slot on the bookings timeline", async () => {
+  // Sessions: a shell (no GPU) in the demo image, for 30 min.
+  await d.executeScript(`location.hash = "#/queue"`);
+  await (await waitFor("session-gpus")).clear();
+  await (await d.findElement(byTest("session-gpus"))).sendKeys("0");
+  await (await d.findElement(byTest("session-length"))).sendKeys("30m");
+  await (await d.findElement(byTest("session-image"))).sendKeys("gantry-test/busybox:1");
+  await (await d.findElement(byTest("session-start"))).click();
+  const said = await waitText("session-out", (t) => /Session \d+ queued/.test(t) || /error|refused|not/i.test(t), 30_000);
+  const id = Number(said.match(/Session (\d+) queued/)?.[1] ?? assert.fail(`no session: ${said}`));
+  assert.match(said, new RegExp(`gantry attach ${id}`));
+  // Its row: the session class, its end ("ends in 29 min"), and (running, mine) the attach command to copy.
+  await waitText(`session-${id}`, (t) => /^session · ends in (29|30) min$/.test(t), 90_000);
+  // Re-read each time: the queue redraws its rows every 2 s.
+  const inRow = By.css(`[data-testid="queue-row-${id}"] [data-testid="attach-${id}"] code`);
+  await d.wait(async () => { try { return (await (await d.findElement(inRow)).getText()) === `gantry attach ${id}`; } catch { return false; } }, 90_000, "no attach command on the running session's row");
+  await shot("5c-session");
+  await d.wait(async () => { try { await (await d.findElement(byTest(`cancel-${id}`))).click(); return true; } catch { return false; } }, 20_000, "cannot cancel the session");
+
+  // Bookings: the GPUs x hours timeline; drag across GPU 0's row, book it with a note, see it mine.
+  await d.executeScript(`location.hash = "#/bookings"`);
+  await waitFor("tl-row-0");
+  await waitText("bookings-rules", (t) => t.startsWith("Slots of 30 min"), 20_000);
+  // 30 min slots are 14 px: from the 6th slot to the 9th (within 5 h). Viewport coordinates: the row is
+  // wider than the window, so offsets from its in-view centre would depend on the scroll.
+  const r = await d.executeScript(`const b = document.querySelector('[data-testid="tl-row-0"]').getBoundingClientRect(); return [b.left, b.top + b.height / 2];`);
+  const [left, mid] = r.map(Math.round);
+  await d.actions().move({ origin: "viewport", x: left + 5 * 14 + 4, y: mid }).press().move({ origin: "viewport", x: left + 8 * 14 + 4, y: mid }).release().perform();
+  await (await waitFor("book-note")).sendKeys("e2e demo");
+  await (await d.findElement(byTest("book-submit"))).click();
+  const mine = await d.wait(async () => {
+    for (const el of await d.findElements(By.css(".tl-booking.mine"))) if ((await el.getAttribute("textContent")) === "mine: e2e demo") return el;
+    const refused = await d.findElements(By.css('[data-testid="book-form"] .error'));
+    if (refused.length) { await shot("5d-bookings-refused"); assert.fail(`the booking was refused: ${await refused[0].getText()}`); }
+    return null;
+  }, 20_000, "the booking never showed as mine on the timeline").catch(async (e) => { await shot("5d-bookings-failed"); throw e; });
+  const bid = Number((await mine.getAttribute("data-testid")).split("-")[2]);
+  assert.match(await (await waitFor(`booking-${bid}`)).getText(), /e2e demo/);
+  await shot("5d-bookings");
+  await (await d.findElement(byTest(`cancel-booking-${bid}`))).click();
+  await d.wait(async () => (await d.findElements(byTest(`booking-${bid}`))).length === 0, 20_000, "the cancelled booking stayed listed");
+});

@@ -8,7 +8,7 @@ import { getCurrentWebview } from "@tauri-apps/api/webview";
 import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, EngineEvent, GpuMinute, GpuStatus, HistoryQuery, HistoryRow, JobChanged, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
-  SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent,
+  SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent, SessionAsk, Bookings, BookRequest, BookingView,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -45,6 +45,15 @@ export interface Backend {
   connectMachine(host: string | null): Promise<EngineInfo>;
   forgetMachine(host: string): Promise<string[]>;
   onConnection(cb: (ev: ConnectionEvent) => void): Promise<Unsubscribe>;
+  /** Queue a session (`gantry shell` / `gantry notebook`); its id. */
+  startSession(ask: SessionAsk): Promise<number>;
+  /** `gantry open ID PORT`: the port's URL on this computer (forwarded from a workstation), opened in the browser. */
+  openPort(id: number, port: number | null): Promise<string>;
+  copyText(text: string): Promise<void>;
+  /** Open bookings (`all`: closed ones too) and the lab's rules (`gantry bookings`). */
+  bookings(all: boolean): Promise<Bookings>;
+  book(req: BookRequest): Promise<BookingView>;
+  cancelBooking(id: number): Promise<BookingView>;
 }
 
 /** Query string for history endpoints (the engine parses it). */
@@ -103,6 +112,17 @@ export const tauriBackend: Backend = {
   connectMachine: (host) => invoke("connect_machine", { host }),
   forgetMachine: (host) => invoke("forget_machine", { host }),
   onConnection: (cb) => listen<ConnectionEvent>("connection", (e) => cb(e.payload)),
+  startSession: (ask) => invoke("start_session", { ask }),
+  async openPort(id, port) {
+    const url: string = await invoke("open_port", { id, port });
+    // The opener plugin's own command; the window may open only http://127.0.0.1:* (capabilities/default.json).
+    await invoke("plugin:opener|open_url", { url });
+    return url;
+  },
+  copyText: (text) => navigator.clipboard.writeText(text),
+  bookings: (all) => invoke("bookings", { all }),
+  book: (req) => invoke("book", { req }),
+  cancelBooking: (id) => invoke("cancel_booking", { id }),
   async onFileDrop(onDrop, onHover) {
     return getCurrentWebview().onDragDropEvent((ev) => {
       const p = ev.payload;

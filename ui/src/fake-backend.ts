@@ -1,6 +1,6 @@
 // A Backend for tests: canned data, records calls. No Tauri involved.
 import type { Backend } from "./backend";
-import type { EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, Status, UsageCharts, UsageReport, ValidJob } from "./types";
+import type { BookingView, Bookings, EngineInfo, GpuSample, GpuUser, HistoryQuery, HistoryRow, JobSpec, QueueEntry, QueueSession, Status, UsageCharts, UsageReport, ValidJob } from "./types";
 
 /** An engine's status: two simulated GPUs, no problems. */
 export function engineStatus(over: Partial<Status> = {}): Status {
@@ -24,7 +24,7 @@ export function gpu(index: number, over: Partial<GpuSample> = {}): GpuSample {
 
 /** A GPU user: a Gantry job by default; pass `job_id: null` and pid/command/container for an outsider. */
 export function gpuUser(gpu: number, over: Partial<GpuUser> = {}): GpuUser {
-  return { gpu, job_id: 12, job_name: "train", user: "ada", pid: null, command: null, container: null, used_memory: null, since: null, ...over };
+  return { gpu, job_id: 12, job_name: "train", user: "ada", pid: null, command: null, container: null, used_memory: null, since: null, idle_since: null, ...over };
 }
 
 /** Two users over the last 7 days, ada (the fake caller) the lighter one. */
@@ -62,6 +62,24 @@ export function entry(id: number, over: Partial<QueueEntry["job"]> = {}, extra: 
     },
     gpus_assigned: [], position: 1, reason: "needs 1 free GPU, 0 available", estimated_start: null, eta_confidence: null, ...extra,
   };
+}
+
+/** A running session of ada's on GPU 0, ending in 1 h 20 min unless `session` says otherwise. */
+export function sessionEntry(id: number, session: Partial<QueueSession> = {}, over: Partial<QueueEntry["job"]> = {}): QueueEntry {
+  const now = Date.now();
+  return entry(id, { name: "shell", image: "host", state: "running", started_at: now - 600_000, session: { ends_at: now + 80 * 60_000 + 30_000, ports: [], ...session }, ...over },
+    { gpus_assigned: [0], position: null, reason: null });
+}
+
+/** The lab's rules: 1 h slots, 14 days ahead, 4 GPUs a booking, 40 GPU-hours a week, released after 30 min. */
+export function bookings(list: BookingView[] = [], now = Date.now()): Bookings {
+  return { now_ms: now, rules: { enabled: true, slot_ms: 3_600_000, max_ahead_ms: 14 * 86_400_000, max_gpu_hours_week: 40, max_gpus: 4, release_after_ms: 1_800_000 }, bookings: list };
+}
+
+/** One of ada's bookings (uid 1000), booked, 1 GPU; `over` changes anything. */
+export function booking(id: number, startMs: number, hours: number, over: Partial<BookingView> = {}): BookingView {
+  return { id, owner: "ada", uid: 1000, gpus: 1, gpu_type: null, start_ms: startMs, end_ms: startMs + hours * 3_600_000, state: "booked", note: null, mine: true, created_ms: 0,
+    closed_ms: null, closed_why: null, gpu_indices: [], waiting_for: [], ...over };
 }
 
 export function makeRows(n: number): HistoryRow[] {
@@ -106,6 +124,12 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     connectMachine: rec("connectMachine", { kind: "remote", label: "lab (through ssh)", socket: null, problem: null } as EngineInfo),
     forgetMachine: rec("forgetMachine", []),
     onConnection: rec("onConnection", () => {}),
+    startSession: rec("startSession", 41),
+    openPort: rec("openPort", "http://127.0.0.1:40001/lab?token=t"),
+    copyText: rec("copyText", undefined),
+    bookings: rec("bookings", bookings()),
+    book: (req) => { calls.push({ name: "book", args: [req] }); return Promise.resolve(booking(50, req.start_ms, (req.end_ms - req.start_ms) / 3_600_000, { gpus: req.gpus, note: req.note ?? null })); },
+    cancelBooking: (id) => { calls.push({ name: "cancelBooking", args: [id] }); return Promise.resolve(booking(id, 0, 1, { state: "cancelled" })); },
     ...over,
   };
   return { b, calls };

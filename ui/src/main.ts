@@ -1,4 +1,4 @@
-// App shell: tabs, routing (#/gpus, #/queue, #/history, #/usage, #/submit, #/run/ID), drop handling, shortcuts.
+// App shell: tabs, routing (#/gpus, #/queue, #/history, #/usage, #/submit, #/bookings, #/run/ID), drop handling, shortcuts.
 import "./locale-fix";
 import "./styles.css";
 import { tauriBackend, type Backend } from "./backend";
@@ -10,9 +10,10 @@ import { queueView } from "./views/queue";
 import { runView } from "./views/run";
 import { submitView } from "./views/submit";
 import { usageView } from "./views/usage";
+import { bookingsView } from "./views/bookings";
 import { connectionBanner, machineSwitcher } from "./machines";
 
-export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["usage", "Usage"], ["submit", "Submit"]] as const;
+export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["usage", "Usage"], ["submit", "Submit"], ["bookings", "Bookings"]] as const;
 
 export function route(hash: string): { tab: string; id?: number } {
   const m = hash.match(/^#\/run\/(\d+)/);
@@ -66,6 +67,7 @@ export async function mount(root: HTMLElement, backend: Backend) {
       : r.tab === "history" ? historyView(backend, go)
       : r.tab === "usage" ? usageView(backend, me.name)
       : r.tab === "run" ? runView(backend, r.id!, go)
+      : r.tab === "bookings" ? bookingsView(backend)
       : submit;
     main.replaceChildren(current.el);
   }

@@ -37,6 +37,32 @@ ssh_config: Array<string>, };
  */
 export type ConnectionEvent = { host: string, ok: boolean, error?: string | null, retry_in_s?: number | null, };
 /**
+ * A session to queue, as `gantry shell` / `gantry notebook` and the app's "Start a session" ask for
+ * one (`spec::session_spec` writes its spec; the lab's `[sessions]` bounds it at submit).
+ */
+export type SessionAsk = { 
+/**
+ * `Some(port)`: a notebook (`jupyter lab` on that port inside the container); `None`: a shell.
+ */
+notebook_port: number | null, gpus: number, 
+/**
+ * Per GPU (`20GiB`): share a GPU instead of taking a whole one.
+ */
+gpu_memory: string | null, gpu_type: string | null, 
+/**
+ * `None`: a shell runs in this machine's own folders (`image: host`), a notebook in the lab's
+ * `[sessions] notebook_image`.
+ */
+image: string | null, 
+/**
+ * How long it may last (`2h`); `None`: the lab's `[sessions] default_length`.
+ */
+length: string | null, cpus: number | null, memory: string | null, 
+/**
+ * Its name in the queue (default: `shell` or `notebook`).
+ */
+name: string | null, };
+/**
  * Where the GPU figures come from: the NVIDIA driver, or simulated GPUs (always said so).
  */
 export type BackendKind = "nvml" | "simulated";
@@ -370,7 +396,24 @@ gpu_memory?: number | null, priority: number, state: JobState, submitted_at: num
 /**
  * When its first attempt started.
  */
-started_at?: number | null, };
+started_at?: number | null, 
+/**
+ * Set for an interactive session (`gantry shell`, `gantry notebook`): the `interactive` class.
+ */
+session?: QueueSession | null, };
+/**
+ * What the queue shows of a session besides its row: when it ends and the ports `gantry open`
+ * reaches (numbers inside its container; only its owner may open them).
+ */
+export type QueueSession = { 
+/**
+ * When it ends at the latest (its attempt's start plus its length); `None` while queued.
+ */
+ends_at: number | null, 
+/**
+ * Its spec's `ports` (known once it started).
+ */
+ports: Array<number>, };
 /**
  * `GET /v1/jobs`: a running or queued job with the scheduler's verdict. A field that is `None` is
  * left out (a deep queue is 100,000 of these).
@@ -482,7 +525,13 @@ used_memory: number | null,
 /**
  * When the job started (ms).
  */
-since: number | null, };
+since: number | null, 
+/**
+ * Outside Gantry only: since when (ms) its GPU has read 0 % utilization, once that is a minute
+ * or more ("idle for 2 h 10 min", so an admin can act). The engine's memory of its samples: an
+ * engine restart starts the count again.
+ */
+idle_since?: number | null, };
 /**
  * `users` and `reserved` come only from the `gpus` command, not from the live samples.
  */

@@ -478,6 +478,24 @@ impl Client {
         self.post(&fill(routes::OPEN, id), &crate::protocol::terminal::OpenRequest { port }).await
     }
 
+    /// Queue session `ask` (the app's "Start a session"; `gantry shell` and `notebook` write the same
+    /// spec): a shell without an image runs in this machine's folders, a notebook in the lab's
+    /// `[sessions] notebook_image`. Its id; attach with `gantry attach ID`, open a port with
+    /// [`Client::open_port`] once it runs.
+    pub async fn start_session(&self, ask: &crate::protocol::SessionAsk) -> Result<Submitted, ClientError> {
+        let image = match (&ask.image, ask.notebook_port) {
+            (Some(i), _) if !i.trim().is_empty() => i.trim().to_string(),
+            (_, None) => crate::spec::HOST_IMAGE.into(),
+            (_, Some(_)) => self.status().await?.notebook_image.ok_or_else(|| {
+                ClientError::File("the lab config names no notebook image (`[sessions] notebook_image`): give an image with `jupyter lab` in it (e.g. quay.io/jupyter/pytorch-notebook:cuda12-latest)".into())
+            })?,
+        };
+        let spec = crate::spec::session_spec(ask, image, &new_submit_key());
+        let text = serde_yaml_ng::to_string(&spec).map_err(|e| ClientError::File(format!("writing the session's spec: {e}")))?;
+        let name = if ask.notebook_port.is_some() { "notebook.yaml" } else { "shell.yaml" };
+        self.submit(&SubmitRequest { text, file_name: name.into(), base_dir: None, idempotency_key: None, origin: crate::protocol::SpecOrigin::RunFlags }).await
+    }
+
     /// Check a spec without queueing it.
     pub async fn validate(&self, req: &SubmitRequest) -> Result<ValidJob, ClientError> {
         self.post(routes::VALIDATE, req).await

@@ -52,6 +52,10 @@ pub const OVERRUN_WINDOW_MS: i64 = 7 * 24 * 3_600_000;
 /// every second and a stopped job's process may be listed for a few samples; a probe such as
 /// `nvidia-smi` lasts less than a second. A minute is past both, and short next to any job's wait.
 pub const OUTSIDE_SETTLE_MS: i64 = 60_000;
+/// A process outside Gantry on a GPU that has read 0 % utilization this long is shown as "idle for
+/// ..." (`gantry gpus`, the GPUs view): long enough that a training loop's pause (data loading, a
+/// checkpoint) is not called idle, short enough to show a forgotten notebook within the minute.
+pub const OUTSIDE_IDLE_SHOWN_AFTER: Duration = Duration::from_secs(60);
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB

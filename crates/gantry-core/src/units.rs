@@ -79,6 +79,21 @@ pub fn duration_brief_ms(ms: i64) -> String {
     duration_ms(ms).split(' ').take(2).collect::<Vec<_>>().join(" ")
 }
 
+/// How long something has lasted, for a sentence (`idle for 2 h 10 min`): minutes under an hour
+/// (`45 s` under a minute), hours and minutes under a day, then days and hours.
+pub fn duration_words_ms(ms: i64) -> String {
+    let s = (ms / 1000).max(0);
+    let (d, h, m) = (s / 86_400, s / 3600 % 24, s / 60 % 60);
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{m} min"),
+        3600..86_400 if m == 0 => format!("{h} h"),
+        3600..86_400 => format!("{h} h {m} min"),
+        _ if h == 0 => format!("{d} d"),
+        _ => format!("{d} d {h} h"),
+    }
+}
+
 /// A duration as the lab config writes it (`10m`, `1d`, `90s`, `500ms`): the largest whole unit.
 pub fn duration_setting(d: Duration) -> String {
     let s = d.as_secs();
@@ -164,6 +179,10 @@ mod tests {
         assert_eq!(duration_setting(Duration::from_secs(86_400)), "1d");
         assert_eq!(duration_setting(Duration::from_secs(90)), "90s");
         assert_eq!(duration_setting(Duration::from_millis(500)), "500ms");
+        let words = [(45_000, "45 s"), (60_000, "1 min"), (3_599_000, "59 min"), (3_600_000, "1 h"), (7_800_000, "2 h 10 min"), (86_400_000, "1 d"), (97_200_000, "1 d 3 h"), (-1, "0 s")];
+        for (ms, want) in words {
+            assert_eq!(duration_words_ms(ms), want, "{ms} ms");
+        }
     }
 
     #[test]

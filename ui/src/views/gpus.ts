@@ -4,10 +4,11 @@ import { lineChart, type Chart } from "../charts";
 import { h, clear, type View } from "../dom";
 import { bytes } from "../format";
 import { HOUR_MS, gpuSeries, steadyKey } from "../series";
+import { idleFor } from "../sessions";
 import type { GpuSample, GpuStatus, GpuUser } from "../types";
 
 /** One line under "Held by": `job` links to the job's page. */
-export interface Holder { text: string; mine: boolean; job: number | null; kind: "job" | "outside" | "reserved" | "free" }
+export interface Holder { text: string; mine: boolean; job: number | null; kind: "job" | "outside" | "reserved" | "free"; idle?: boolean }
 
 /** How often the card's holders are re-read while the view is open (they are not in the live samples). */
 export const HOLDERS_REFRESH_MS = 5_000;
@@ -21,7 +22,8 @@ export function clock(ms: number, now = Date.now()): string {
 }
 
 /** "job 12 train (alice) · 3.0 GiB · since 14:02" or
- * "outside Gantry: pid 1234 python train.py (bob) in container bob-nb · 3.0 GiB". Plain text: the caller
+ * "outside Gantry: pid 1234 python train.py (bob) in container bob-nb · 3.0 GiB · idle for 2 h 10 min"
+ * (its GPU at 0 % for a minute or more, as the engine says). Plain text: the caller
  * must put it in a text node (commands and names are anyone's text). */
 export function holderLine(u: GpuUser, now = Date.now()): string {
   let who: string;
@@ -37,6 +39,8 @@ export function holderLine(u: GpuUser, now = Date.now()): string {
   const parts = [who];
   if (u.used_memory !== null) parts.push(bytes(u.used_memory));
   if (u.since !== null) parts.push(`since ${clock(u.since, now)}`);
+  const idle = u.job_id === null ? idleFor(u.idle_since, now) : null;
+  if (idle) parts.push(idle);
   return parts.join(" · ");
 }
 
@@ -47,7 +51,8 @@ export function holdersOf(status: GpuStatus, me: string | null, now = Date.now()
     const hs: Holder[] = [];
     if (status.reserved.includes(g.index)) hs.push({ text: "reserved for interactive use", mine: false, job: null, kind: "reserved" });
     for (const u of status.users.filter((u) => u.gpu === g.index)) {
-      hs.push({ text: holderLine(u, now), mine: me !== null && u.user === me, job: u.job_id, kind: u.job_id !== null ? "job" : "outside" });
+      const outside = u.job_id === null;
+      hs.push({ text: holderLine(u, now), mine: me !== null && u.user === me, job: u.job_id, kind: outside ? "outside" : "job", ...(outside && u.idle_since != null ? { idle: true } : {}) });
     }
     if (hs.length === 0) hs.push({ text: "free", mine: false, job: null, kind: "free" });
     out.set(g.index, hs);
@@ -111,7 +116,7 @@ export function gpusView(backend: Backend, me: string | null): View {
       clear(c.holders);
       // h() puts strings in text nodes: a process's command can never become markup.
       for (const x of hs) {
-        const cls = `holder ${x.kind}${x.mine ? " mine" : ""}`;
+        const cls = `holder ${x.kind}${x.mine ? " mine" : ""}${x.idle ? " idle" : ""}`;
         c.holders.append(h("li", { class: cls, title: x.text },
           x.job !== null ? h("a", { href: `#/run/${x.job}`, "data-testid": `holder-job-${x.job}` }, x.text) : x.text));
       }

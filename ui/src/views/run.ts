@@ -4,6 +4,7 @@ import { lineChart } from "../charts";
 import { h, type View } from "../dom";
 import { ask, commandText, duration, stateLabel, time } from "../format";
 import { gpuList } from "./history";
+import { attachBox, endsIn, openButtons } from "../sessions";
 import { FINAL_STATES, type JobDetail, type RecentSample } from "../types";
 
 /** Per-minute utilization of the run's GPUs, averaged across them: [seconds[], util[], mem (unused)]. */
@@ -25,6 +26,23 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
   const log = h("pre", { class: "log", "data-testid": "run-log", tabindex: 0 });
   let stopLog: (() => void) | null = null;
   let unsub: (() => void) | null = null;
+  let host: string | null = null;
+  const problem = h("p", { class: "error", hidden: true, role: "alert" });
+
+  /** A session's class and end, and (running, to its owner) how to attach and its ports to open. */
+  function sessionFacts(d: JobDetail) {
+    const j = d.job, s = j.job?.spec;
+    if (!s || (!s.interactive && !(s.ports ?? []).length)) return null;
+    const a = d.attempts[d.attempts.length - 1];
+    const running = j.state === "running" && a && a.ended_at === null;
+    const end = running && j.timeout_ms !== null ? endsIn(a.started_at + j.timeout_ms) : null;
+    const ports = s.ports ?? [];
+    return [
+      h("dt", {}, "Class"), h("dd", { "data-testid": "run-class" }, s.interactive ? `interactive session${end ? ` · ${end}` : ""}` : "batch"),
+      s.interactive && running && [h("dt", {}, "Attach"), h("dd", {}, attachBox(backend, j.id, host))],
+      ports.length > 0 && [h("dt", {}, "Ports"), h("dd", {}, running ? openButtons(backend, j.id, ports, (m) => { problem.textContent = m; problem.hidden = false; }) : ports.join(", "))],
+    ];
+  }
 
   function render(d: JobDetail) {
     const j = d.job;
@@ -36,6 +54,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
         h("span", { class: "spacer" }),
         !j.spec_hidden && h("button", { "data-testid": "run-again", onclick: async () => go(`#/run/${await backend.rerun(j.id)}`) }, "Run again"),
         !FINAL_STATES.includes(j.state) && h("button", { class: "danger", onclick: () => backend.cancel(j.id) }, "Cancel")),
+      problem,
       h("div", { class: "cols" },
         h("dl", { class: "facts" },
           h("dt", {}, "Owner"), h("dd", {}, j.owner),
@@ -46,7 +65,8 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
           h("dt", {}, "Submitted"), h("dd", {}, `${time(j.submitted_at)} from ${j.source}`),
           h("dt", {}, "Exit code"), h("dd", { "data-testid": "run-exit" }, j.exit_code ?? "-"),
           j.message && [h("dt", {}, "Message"), h("dd", {}, j.message)],
-          d.reason && [h("dt", {}, "Waiting"), h("dd", {}, d.reason)]),
+          d.reason && [h("dt", {}, "Waiting"), h("dd", {}, d.reason)],
+          sessionFacts(d)),
         h("div", {},
           h("h3", {}, "Attempts"),
           h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["#", "GPUs", "Start", "Duration", "End", "Code"].map((t) => h("th", {}, t)))),
@@ -79,6 +99,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
   }
 
   async function load() {
+    host = await backend.machines().then((m) => m.current, () => null);
     const d = await backend.job(id);
     render(d);
     log.textContent = "";

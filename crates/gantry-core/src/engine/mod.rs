@@ -174,6 +174,9 @@ pub struct Engine {
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
     recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
+    /// Since when (ms) each GPU (by UUID) has read 0 % utilization in every sample (`sampler::track_idle`).
+    /// In memory only: an engine restart starts every count again.
+    idle_since: Mutex<HashMap<String, i64>>,
     /// Why each queued job waits, by job id (ordered: `queue` walks it alongside the queue in memory).
     waiting: RwLock<BTreeMap<i64, crate::scheduler::Waiting>>,
     eta: RwLock<HashMap<i64, i64>>,
@@ -382,6 +385,7 @@ impl Engine {
             gpu_numa,
             latest: RwLock::new(vec![]),
             recent: Mutex::new(VecDeque::new()),
+            idle_since: Mutex::new(HashMap::new()),
             waiting: RwLock::new(BTreeMap::new()),
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),

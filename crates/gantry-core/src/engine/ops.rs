@@ -10,7 +10,7 @@ use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
 use crate::scheduler::{Behind, Waiting};
 use crate::spec::{self, SpecError, ValidJob};
-use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, QueueJob, QueuedRow, TimelineRun};
+use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, QueueJob, QueueSession, QueuedRow, TimelineRun};
 
 impl Engine {
     /// Users who ran `gantry inbox init` (the system engine watches their drop folders).
@@ -333,6 +333,8 @@ struct JobOut<'a> {
     submitted_at: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     started_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<std::borrow::Cow<'a, QueueSession>>,
 }
 
 impl<'a> JobOut<'a> {
@@ -349,12 +351,26 @@ impl<'a> JobOut<'a> {
             state: JobState::Queued,
             submitted_at: r.submitted_at,
             started_at: r.started_at,
+            session: r.interactive.then(|| std::borrow::Cow::Owned(QueueSession::default())),
         }
     }
     fn started(j: &'a QueueJob) -> Self {
         // Field by field: a new `QueueJob` field does not compile until it is written here too.
-        let QueueJob { id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at } = j;
-        JobOut { id: *id, name, owner_uid: *owner_uid, owner, image, gpus: *gpus, gpu_memory: *gpu_memory, priority: *priority, state: *state, submitted_at: *submitted_at, started_at: *started_at }
+        let QueueJob { id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at, session } = j;
+        JobOut {
+            id: *id,
+            name,
+            owner_uid: *owner_uid,
+            owner,
+            image,
+            gpus: *gpus,
+            gpu_memory: *gpu_memory,
+            priority: *priority,
+            state: *state,
+            submitted_at: *submitted_at,
+            started_at: *started_at,
+            session: session.as_ref().map(std::borrow::Cow::Borrowed),
+        }
     }
 }
 

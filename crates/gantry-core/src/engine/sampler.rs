@@ -8,6 +8,7 @@ use tracing::warn;
 
 use super::Engine;
 use crate::gpu::{GpuSample, SimLoad};
+use crate::defaults::OUTSIDE_IDLE_SHOWN_AFTER;
 use crate::protocol::EngineEvent;
 
 /// An hour of samples at 1 Hz.
@@ -67,9 +68,17 @@ impl Engine {
                 r.pop_front();
             }
         }
+        track_idle(&mut self.idle_since.lock().unwrap(), &samples, now);
         *self.latest.write().unwrap() = samples.clone();
         self.enforce_gpu_memory(&samples, now);
         samples
+    }
+
+    /// Since when GPU `uuid` has sat at 0 %, once that is at least [`OUTSIDE_IDLE_SHOWN_AFTER`] ago
+    /// (a short dip, e.g. a training loop loading data, is not idleness): the GPUs view's "idle for".
+    pub(super) fn idle_since(&self, uuid: &str) -> Option<i64> {
+        let since = *self.idle_since.lock().unwrap().get(uuid)?;
+        (self.now() - since >= OUTSIDE_IDLE_SHOWN_AFTER.as_millis() as i64).then_some(since)
     }
 
     /// What Gantry runs on each GPU, for the simulated GPUs' figures.
@@ -101,5 +110,59 @@ impl Engine {
     /// Last hour of 1 Hz samples.
     pub fn recent_samples(&self, since_ms: i64) -> Vec<(i64, Vec<(u32, u64)>)> {
         self.recent.lock().unwrap().iter().filter(|(t, _)| *t >= since_ms).cloned().collect()
+    }
+}
+
+/// One sample's update of "idle since" per GPU (by UUID): a GPU at 0 % keeps the time of the first
+/// such sample in a row, a busy one has none, a GPU no longer reported is forgotten.
+pub(super) fn track_idle(since: &mut HashMap<String, i64>, samples: &[GpuSample], now: i64) {
+    since.retain(|uuid, _| samples.iter().any(|g| g.uuid == *uuid && g.utilization == 0));
+    for g in samples.iter().filter(|g| g.utilization == 0) {
+        since.entry(g.uuid.clone()).or_insert(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(util: &[(&str, u32)]) -> Vec<GpuSample> {
+        util.iter()
+            .enumerate()
+            .map(|(i, (uuid, u))| GpuSample {
+                index: i as u32,
+                uuid: uuid.to_string(),
+                name: "GPU".into(),
+                memory_total: 0,
+                memory_used: 0,
+                utilization: *u,
+                temperature_c: None,
+                power_w: None,
+                processes: vec![],
+                mig_parent: None,
+                links: vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_gpu_is_idle_since_its_first_zero_sample_in_a_row() {
+        // (ms, samples, idle since wanted per uuid)
+        let rows: Vec<(i64, Vec<(&str, u32)>, Vec<(&str, i64)>)> = vec![
+            (0, vec![("a", 0), ("b", 40)], vec![("a", 0)]),
+            (1000, vec![("a", 0), ("b", 0)], vec![("a", 0), ("b", 1000)]),
+            (2000, vec![("a", 3), ("b", 0)], vec![("b", 1000)]),
+            (3000, vec![("a", 0), ("b", 0)], vec![("a", 3000), ("b", 1000)]),
+            // GPU b is no longer reported (a MIG layout changed, the driver lost it): forgotten.
+            (4000, vec![("a", 0)], vec![("a", 3000)]),
+            (5000, vec![("a", 0), ("b", 0)], vec![("a", 3000), ("b", 5000)]),
+        ];
+        let mut since = HashMap::new();
+        for (now, util, want) in rows {
+            track_idle(&mut since, &at(&util), now);
+            let mut got: Vec<(&str, i64)> = since.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            got.sort();
+            assert_eq!(got, want, "at {now} ms");
+        }
     }
 }

@@ -73,3 +73,32 @@ pub struct ConnectionEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_in_s: Option<u64>,
 }
+
+/// A session to queue, as `gantry shell` / `gantry notebook` and the app's "Start a session" ask for
+/// one (`spec::session_spec` writes its spec; the lab's `[sessions]` bounds it at submit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
+pub struct SessionAsk {
+    /// `Some(port)`: a notebook (`jupyter lab` on that port inside the container); `None`: a shell.
+    #[serde(default)]
+    pub notebook_port: Option<u16>,
+    pub gpus: i64,
+    /// Per GPU (`20GiB`): share a GPU instead of taking a whole one.
+    #[serde(default)]
+    pub gpu_memory: Option<String>,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// `None`: a shell runs in this machine's own folders (`image: host`), a notebook in the lab's
+    /// `[sessions] notebook_image`.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// How long it may last (`2h`); `None`: the lab's `[sessions] default_length`.
+    #[serde(default)]
+    pub length: Option<String>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    #[serde(default)]
+    pub memory: Option<String>,
+    /// Its name in the queue (default: `shell` or `notebook`).
+    #[serde(default)]
+    pub name: Option<String>,
+}

@@ -126,6 +126,12 @@ pub struct GpuUser {
     pub used_memory: Option<u64>,
     /// When the job started (ms).
     pub since: Option<i64>,
+    /// Outside Gantry only: since when (ms) its GPU has read 0 % utilization, once that is a minute
+    /// or more ("idle for 2 h 10 min", so an admin can act). The engine's memory of its samples: an
+    /// engine restart starts the count again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub idle_since: Option<i64>,
 }
 
 /// One second of `GET /v1/gpus/recent`: `[ms, per GPU [util %, memory used bytes]]`.

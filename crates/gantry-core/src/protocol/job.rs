@@ -171,6 +171,20 @@ pub struct QueueJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional = nullable)]
     pub started_at: Option<i64>,
+    /// Set for an interactive session (`gantry shell`, `gantry notebook`): the `interactive` class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub session: Option<QueueSession>,
+}
+
+/// What the queue shows of a session besides its row: when it ends and the ports `gantry open`
+/// reaches (numbers inside its container; only its owner may open them).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, TS)]
+pub struct QueueSession {
+    /// When it ends at the latest (its attempt's start plus its length); `None` while queued.
+    pub ends_at: Option<i64>,
+    /// Its spec's `ports` (known once it started).
+    pub ports: Vec<u16>,
 }
 
 /// `GET /v1/queue`: the part of the queue `gantry ls` shows: every starting and running job, the

@@ -53,14 +53,14 @@ pub fn typescript() -> String {
     o.decl::<JobState>();
     let finals: Vec<String> = JobState::ALL.into_iter().filter(|s| s.is_final()).map(|s| format!("{:?}", s.as_str())).collect();
     o.line(&format!("export const FINAL_STATES: JobState[] = [{}];", finals.join(", ")));
-    o.decl::<EngineKind>().decl::<EngineView>().decl::<Machines>().decl::<ConnectionEvent>();
+    o.decl::<EngineKind>().decl::<EngineView>().decl::<Machines>().decl::<ConnectionEvent>().decl::<SessionAsk>();
     o.decl::<BackendKind>().decl::<Orphan>().decl::<StatusInfo>().decl::<WhoAmI>();
     o.decl::<NotifyEvent>();
     o.decl::<Command>().decl::<Ipc>().decl::<Home>().decl::<Ulimits>().decl::<crate::spec::Checkpoint>().decl::<IdOrName>().decl::<Scalar>().decl::<JobSpec>();
     o.decl::<crate::spec::Limits>().decl::<MatrixPart>().decl::<Mount>().decl::<ValidJob>().decl::<SpecError>().decl::<Preview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
     o.line(&format!("export type SubmitResult = {};", <Result<Vec<i64>, String> as TS>::inline(&o.cfg)));
-    o.decl::<JobView>().decl::<QueueJob>().decl::<QueueEntryView>().decl::<QueuePage>().decl::<EndReason>().decl::<Attempt>().decl::<Event>().decl::<JobDetailView>().decl::<JobChanged>();
+    o.decl::<JobView>().decl::<QueueJob>().decl::<QueueSession>().decl::<QueueEntryView>().decl::<QueuePage>().decl::<EndReason>().decl::<Attempt>().decl::<Event>().decl::<JobDetailView>().decl::<JobChanged>();
     o.decl::<GpuProcess>().decl::<MigParent>().decl::<Link>().decl::<GpuLink>().decl::<GpuSample>().decl::<GpuUser>().decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
     o.decl::<HistoryRow>().decl::<HistoryFilter>().decl::<TimelineRun>().decl::<UserUsage>().decl::<UsageReport>();

@@ -17,6 +17,8 @@ mod de;
 mod matrix;
 mod mount;
 mod template;
+mod session;
+pub use session::*;
 pub use parse::*;
 pub use validate::*;
 pub use matrix::*;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::spec::ValidJob;
 // The rows the store returns to clients are wire types, defined in the protocol.
-pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, QueueJob, TimelineRun};
+pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, QueueJob, QueueSession, TimelineRun};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -263,7 +263,9 @@ pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
 
 /// Jobs starting or running, as queue rows (no spec). The second `IN` lets SQLite use the
 /// `jobs_active` partial index (its condition must appear in the query) instead of scanning history.
-pub(super) const STARTED_SELECT: &str = "SELECT id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at \
+pub(super) const STARTED_SELECT: &str = "SELECT id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at, \
+     COALESCE(json_extract(spec_json, '$.spec.interactive'), 0), timeout_ms + (SELECT MAX(a.started_at) FROM attempts a WHERE a.job_id = jobs.id), \
+     json_extract(spec_json, '$.spec.ports') \
      FROM jobs WHERE state IN ('starting','running') AND state IN ('queued','starting','running') ORDER BY id";
 
 pub(super) fn started_from_row(r: &Row) -> rusqlite::Result<QueueJob> {
@@ -280,6 +282,11 @@ pub(super) fn started_from_row(r: &Row) -> rusqlite::Result<QueueJob> {
         state: JobState::parse(&state).unwrap_or(JobState::Running),
         submitted_at: r.get(9)?,
         started_at: r.get(10)?,
+        // A session: it ends at its (last) attempt's start plus its length, as its terminal says.
+        session: r.get::<_, bool>(11)?.then(|| -> rusqlite::Result<QueueSession> {
+            let ports: Option<String> = r.get(13)?;
+            Ok(QueueSession { ends_at: r.get(12)?, ports: ports.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default() })
+        }).transpose()?,
     })
 }
 

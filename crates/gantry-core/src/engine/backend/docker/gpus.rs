@@ -97,9 +97,11 @@ impl DockerBackend {
                     container: None,
                     used_memory,
                     since: job.as_ref().and_then(|j| j.started_at),
+                    idle_since: None,
                 });
             }
             let ours = |c: &Option<String>| c.is_some() && running.iter().any(|(_, _, r)| r == c);
+            let idle_since = e.idle_since(&g.uuid);
             for p in g.processes.iter().filter(|p| !ours(&p.container_id)) {
                 out.push(GpuUser {
                     gpu: g.index,
@@ -111,11 +113,12 @@ impl DockerBackend {
                     container: p.container_id.as_ref().map(|c| names.get(c).cloned().unwrap_or_else(|| c[..12.min(c.len())].to_string())),
                     used_memory: p.used_memory,
                     since: None,
+                    idle_since,
                 });
             }
             for f in foreign.iter().filter(|f| held_by(&f.gpus, g)) {
                 if !g.processes.iter().any(|p| p.container_id.as_deref() == Some(f.container_id.as_str())) {
-                    out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None });
+                    out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None, idle_since });
                 }
             }
         }

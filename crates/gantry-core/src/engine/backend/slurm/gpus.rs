@@ -55,7 +55,7 @@ pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> (Vec<GpuSample>, Vec<(u32,
             }
             let mine: Vec<i64> = ours.iter().filter(|(_, j)| j.nodes.as_deref() == Some(n.name.as_str()) && j.gpu_indexes().contains(&g)).map(|(id, _)| *id).collect();
             if n.gpus_used.contains(&g) && mine.is_empty() {
-                users.push(GpuUser { gpu: index, job_id: None, job_name: None, user: None, pid: None, command: Some("allocated by Slurm to another job".into()), container: None, used_memory: None, since: None });
+                users.push(GpuUser { gpu: index, job_id: None, job_name: None, user: None, pid: None, command: Some("allocated by Slurm to another job".into()), container: None, used_memory: None, since: None, idle_since: None });
             }
             if !mine.is_empty() {
                 holders.push((index, mine));
