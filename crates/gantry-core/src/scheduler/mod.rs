@@ -25,6 +25,7 @@ mod explain;
 mod fit;
 mod keep;
 mod order;
+mod pending;
 mod preempt;
 mod reserve;
 pub use eta::*;
@@ -32,6 +33,7 @@ use explain::*;
 pub use fit::*;
 pub use keep::*;
 pub use order::*;
+pub use pending::*;
 pub use preempt::*;
 use reserve::*;
 

@@ -19,6 +19,8 @@ fn sub(j: &ValidJob) -> Submission<'_> {
         priority_range: (-10, 10),
         after: vec![],
         mounts: vec![],
+        preempt: None,
+        restarts: 0,
     }
 }
 
