@@ -81,6 +81,8 @@ pub struct FakeSlurm {
     pub signals: Mutex<Vec<(String, String, String, Instant)>>,
     /// Every `scontrol requeue` that went through: (as whom, its target, when).
     pub requeues: Mutex<Vec<(String, String, Instant)>>,
+    /// When a requeue or a cancel last freed GPUs (a job held back by them starts no earlier).
+    freed: Mutex<Option<Instant>>,
 }
 
 impl FakeSlurm {
@@ -96,6 +98,7 @@ impl FakeSlurm {
             cancels: Mutex::default(),
             signals: Mutex::default(),
             requeues: Mutex::default(),
+            freed: Mutex::default(),
         })
     }
 
@@ -132,6 +135,7 @@ impl FakeSlurm {
         let mut jobs = self.jobs.lock().unwrap();
         let j = jobs.get_mut(&id).expect("a fake job");
         Self::requeue_job(j);
+        *self.freed.lock().unwrap() = Some(Instant::now());
     }
 
     /// Its restart count.
@@ -162,7 +166,7 @@ impl FakeSlurm {
         }
         let mut used: u32 = jobs.values().filter(|j| j.phase == Phase::Running).map(|j| j.gpus).sum();
         // GPUs freed last when the latest run ended (a job held back by them starts no earlier).
-        let freed = jobs.values().filter(|j| matches!(j.phase, Phase::Ended { .. })).filter_map(|j| j.ends).filter(|e| *e <= now).max();
+        let freed = jobs.values().filter(|j| matches!(j.phase, Phase::Ended { .. })).filter_map(|j| j.ends).filter(|e| *e <= now).chain(*self.freed.lock().unwrap()).max();
         for j in jobs.values_mut() {
             if j.phase != Phase::Pending || j.submitted.elapsed() < j.script.pending || used + j.gpus > FAKE_GPUS {
                 continue;
@@ -272,7 +276,10 @@ impl SlurmClient for FakeSlurm {
         }
         match j.phase {
             Phase::Pending => j.phase = Phase::Ended { state: "CANCELLED", status: 0 },
-            Phase::Running => j.phase = Phase::Ended { state: "CANCELLED", status: 15 },
+            Phase::Running => {
+                j.phase = Phase::Ended { state: "CANCELLED", status: 15 };
+                *self.freed.lock().unwrap() = Some(Instant::now());
+            }
             Phase::Ended { .. } => {}
         }
         self.cancels.lock().unwrap().push((who.name.clone(), target.into()));
@@ -313,6 +320,7 @@ impl SlurmClient for FakeSlurm {
             return Err(SlurmError::Rejected(format!("Requeue job {id} failed: Job is pending execution")));
         }
         Self::requeue_job(j);
+        *self.freed.lock().unwrap() = Some(Instant::now());
         self.requeues.lock().unwrap().push((who.name.clone(), target.into(), Instant::now()));
         Ok(())
     }
