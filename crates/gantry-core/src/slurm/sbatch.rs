@@ -157,6 +157,9 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
         // Requeued (Gantry's `scontrol requeue`, or Slurm's own preemption) rather than ended; the
         // checkpoint signal to the batch shell, whose trap hands it to the container.
         a.push("--requeue".into());
+        // Slurm truncates the output file when it starts a requeued job again: keep what ran before
+        // (Gantry copies the file on from where it was).
+        a.push("--open-mode=append".into());
         a.push(format!("--signal=B:{}@{}", super::slurm_signal(&c.signal), c.grace_s()));
     }
     let nice = nice_for(job.spec.priority, s.priority_range, set.max_nice);

@@ -275,19 +275,19 @@ fn a_preemptible_job_is_submitted_with_requeue_and_its_checkpoint_signal() {
     let ck = |signal: &str, grace_ms: u64| Some(Checkpoint { signal: signal.into(), grace: std::time::Duration::from_millis(grace_ms) });
     // (spec, checkpoint, wanted arguments after the base ones, the script's lines)
     let rows: Vec<(&str, Option<Checkpoint>, Vec<&str>, Vec<&str>)> = vec![
-        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR1", 120_000), vec!["--requeue", "--signal=B:USR1@120"], vec!["trap 'docker kill -s USR1 \"$name\" >/dev/null 2>&1' USR1", "trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
-        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 1_500), vec!["--requeue", "--signal=B:TERM@2"], vec!["trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
-        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 300_000), vec!["--requeue", "--signal=B:TERM@300"], vec!["trap 'docker stop -t 300 \"$name\" >/dev/null 2>&1' TERM INT"]),
-        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR2", 100_000_000), vec!["--requeue", "--signal=B:USR2@65535"], vec!["trap 'docker kill -s USR2 \"$name\" >/dev/null 2>&1' USR2"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR1", 120_000), vec!["--requeue", "--open-mode=append", "--signal=B:USR1@120"], vec!["trap 'docker kill -s USR1 \"$name\" >/dev/null 2>&1' USR1", "trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 1_500), vec!["--requeue", "--open-mode=append", "--signal=B:TERM@2"], vec!["trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 300_000), vec!["--requeue", "--open-mode=append", "--signal=B:TERM@300"], vec!["trap 'docker stop -t 300 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR2", 100_000_000), vec!["--requeue", "--open-mode=append", "--signal=B:USR2@65535"], vec!["trap 'docker kill -s USR2 \"$name\" >/dev/null 2>&1' USR2"]),
         // The timeout (90 s) plus the grace (120 s) and a minute: 270 s, 5 minutes.
-        ("name: t\nimage: a\ngpus: 1\ntimeout: 90s\n", ck("SIGUSR1", 120_000), vec!["--time=5", "--requeue", "--signal=B:USR1@120"], vec![]),
+        ("name: t\nimage: a\ngpus: 1\ntimeout: 90s\n", ck("SIGUSR1", 120_000), vec!["--time=5", "--requeue", "--open-mode=append", "--signal=B:USR1@120"], vec![]),
         ("name: t\nimage: a\ngpus: 1\ntimeout: 90s\n", None, vec!["--time=2"], vec![]),
     ];
     for (spec, c, want, lines) in rows {
         let j = job(spec);
         let s = Submission { preempt: c.clone(), restarts: 2, ..sub(&j) };
         let got = sbatch_args(&s, &Settings::default()).unwrap();
-        let tail: Vec<&str> = got.iter().map(String::as_str).filter(|a| a.starts_with("--time") || a.starts_with("--requeue") || a.starts_with("--signal")).collect();
+        let tail: Vec<&str> = got.iter().map(String::as_str).filter(|a| a.starts_with("--time") || a.starts_with("--requeue") || a.starts_with("--open-mode") || a.starts_with("--signal")).collect();
         assert_eq!(tail, want, "{spec} {c:?}");
         let script = batch_script(&s, 7, 3, Runtime::Docker);
         for l in lines {
