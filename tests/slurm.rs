@@ -487,3 +487,33 @@ fn gantry_preempts_a_slurm_job_by_requeue_and_it_resumes_from_its_checkpoint() {
     let steps: Vec<u32> = std::fs::read_to_string(work.join("steps")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(steps, (1..=40).collect::<Vec<u32>>(), "every step exactly once, in order");
 }
+
+/// A requeue Gantry did not decide (an admin's `scontrol requeue`, as Slurm's own PreemptMode=REQUEUE
+/// or a node failure does it): the attempt is recorded `preempted` by Slurm, not counted against
+/// `retries` (0 here), and the next attempt follows the same Slurm job, which runs again with
+/// GANTRY_RESTART_COUNT=1.
+#[test]
+fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_job_runs_again_in_the_same_slurm_job() {
+    let l = lab_with("[preemption]\nenabled = true\n");
+    let id = l.submit(
+        &l.ann,
+        "requeued",
+        &format!("name: requeued\nimage: {IMAGE}\ngpus: 1\nretries: 0\ntimeout: 30m\npreemptible: true\ncommand: 'echo restart=$GANTRY_RESTART_COUNT; if [ \"$GANTRY_RESTART_COUNT\" = 0 ]; then sleep 600; fi; echo done'\n"),
+    );
+    let sid = l.slurm_id(id);
+    l.e.wait_until("it runs", || l.e.logs(id).contains("restart=0"));
+    let out = Command::new("scontrol").args(["requeue", &sid.to_string()]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let t = Instant::now();
+    while l.e.show(id)["job"]["state"] != "succeeded" && t.elapsed() < Duration::from_secs(420) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let done = l.wait_final(id);
+    assert_eq!(done["job"]["state"], "succeeded", "{done}");
+    let a = done["attempts"].as_array().unwrap();
+    assert_eq!((a.len(), a[0]["reason"].as_str(), a[1]["reason"].as_str()), (2, Some("preempted"), Some("exited")), "{done}");
+    assert!(a[0]["message"].as_str().unwrap_or("").starts_with("preempted by Slurm (it requeued the job"), "{done}");
+    assert_eq!((a[0]["slurm_job_id"].as_u64(), a[1]["slurm_job_id"].as_u64()), (Some(sid), Some(sid)), "{done}");
+    let log = l.e.logs(id);
+    assert!(log.contains("restart=1") && log.contains("done"), "{log}");
+}

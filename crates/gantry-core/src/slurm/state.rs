@@ -128,9 +128,9 @@ impl SqJob {
         }
     }
 
-    /// `restart_cnt` (0 when Slurm does not say).
-    pub fn restarts(&self) -> u32 {
-        number(&self.restart_cnt).unwrap_or(0).max(0) as u32
+    /// `restart_cnt`, when Slurm says.
+    pub fn restarts(&self) -> Option<u32> {
+        number(&self.restart_cnt).map(|n| n.max(0) as u32)
     }
 
     pub fn started_at_s(&self) -> Option<i64> {
@@ -207,18 +207,21 @@ pub fn seen(state: &str, reason: &str, exit: Option<i64>, started: bool, stopped
 }
 
 /// Whether Slurm requeued the Slurm job an attempt follows: its restart count passed the attempt's
-/// `base` (the count when the attempt began following it), or it is back in Slurm's queue after the
-/// attempt saw it run. Then the attempt ended by preemption (Gantry's `scontrol requeue`, or Slurm's
+/// `base` (the count when the attempt began following it); where Slurm shows no restart count, it is
+/// back in Slurm's queue after the attempt saw it run. Then the attempt ended by preemption (Gantry's `scontrol requeue`, or Slurm's
 /// own), and the job's next attempt follows the same Slurm job ([`adoptable`]).
-pub fn requeued(state: &str, restarts: u32, base: u32, ran: bool) -> bool {
-    restarts > base || (ran && matches!(state, "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"))
+pub fn requeued(state: &str, restarts: Option<u32>, base: u32, ran: bool) -> bool {
+    match restarts {
+        Some(n) => n > base,
+        None => ran && matches!(state, "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"),
+    }
 }
 
 /// Whether a job's next attempt takes over the Slurm job its preempted attempt followed (instead of a
 /// new `sbatch`): Slurm requeued it (`restarts` reached `base`, the attempts that followed it before)
 /// and it has not ended since.
-pub fn adoptable(state: &str, restarts: u32, base: u32) -> bool {
-    restarts >= base && base > 0 && matches!(seen(state, "", None, false, None, None), Seen::Pending(_) | Seen::Running)
+pub fn adoptable(state: &str, restarts: Option<u32>, base: u32) -> bool {
+    restarts.is_none_or(|n| n >= base) && base > 0 && matches!(seen(state, "", None, false, None, None), Seen::Pending(_) | Seen::Running)
 }
 
 /// Slurm's signal name for `--signal`/`scancel --signal`: `SIGUSR1` -> `USR1`.

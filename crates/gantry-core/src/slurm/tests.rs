@@ -312,23 +312,34 @@ fn a_preemptible_job_is_submitted_with_requeue_and_its_checkpoint_signal() {
 fn requeue_and_adoption_table() {
     // (state, restart count, the attempt's base, it saw it run) -> requeued
     let rows = [
-        ("RUNNING", 0, 0, true, false),
-        ("RUNNING", 1, 0, true, true), // requeued and started again between two polls
-        ("PENDING", 1, 0, false, true),
-        ("PENDING", 0, 0, true, true), // back in the queue after it ran (no restart count shown)
-        ("REQUEUED", 0, 0, true, true),
-        ("PENDING", 0, 0, false, false),
-        ("PENDING", 1, 1, false, false), // the attempt that took it over, waiting for its BeginTime
-        ("RUNNING", 1, 1, true, false),
-        ("COMPLETED", 0, 0, true, false),
+        ("RUNNING", Some(0), 0, true, false),
+        ("RUNNING", Some(1), 0, true, true), // requeued and started again between two polls
+        ("PENDING", Some(1), 0, false, true),
+        ("PENDING", Some(0), 0, true, false),
+        ("PENDING", None, 0, true, true), // back in the queue after it ran (no restart count shown)
+        ("REQUEUED", None, 0, true, true),
+        ("PENDING", None, 0, false, false),
+        ("PENDING", Some(1), 1, false, false), // the attempt that took it over, waiting for its BeginTime
+        ("PENDING", Some(1), 1, true, false), // it saw the last run finishing (COMPLETING), then the queue
+        ("RUNNING", Some(1), 1, true, false),
+        ("COMPLETED", Some(0), 0, true, false),
     ];
     for (state, n, base, ran, want) in rows {
-        assert_eq!(requeued(state, n, base, ran), want, "{state} restarts {n} base {base} ran {ran}");
+        assert_eq!(requeued(state, n, base, ran), want, "{state} restarts {n:?} base {base} ran {ran}");
     }
     // (state, restart count, attempts that followed it before) -> the next attempt takes it over
-    let rows = [("PENDING", 1, 1, true), ("RUNNING", 1, 1, true), ("REQUEUED", 1, 1, true), ("PENDING", 0, 1, false), ("COMPLETED", 1, 1, false), ("CANCELLED", 1, 1, false), ("PENDING", 0, 0, false)];
+    let rows = [
+        ("PENDING", Some(1), 1, true),
+        ("RUNNING", Some(1), 1, true),
+        ("COMPLETING", Some(1), 1, true),
+        ("REQUEUED", None, 1, true),
+        ("PENDING", Some(0), 1, false),
+        ("COMPLETED", Some(1), 1, false),
+        ("CANCELLED", Some(1), 1, false),
+        ("PENDING", Some(0), 0, false),
+    ];
     for (state, n, base, want) in rows {
-        assert_eq!(adoptable(state, n, base), want, "{state} restarts {n} base {base}");
+        assert_eq!(adoptable(state, n, base), want, "{state} restarts {n:?} base {base}");
     }
     assert_eq!((slurm_signal("SIGUSR1"), slurm_signal("USR2")), ("USR1", "USR2"));
 }

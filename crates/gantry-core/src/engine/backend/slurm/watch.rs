@@ -228,7 +228,12 @@ impl Watch for SlurmWatch {
                     }
                     Some(j) => {
                         self.missing = 0;
-                        let seen = sl::seen(&j.state(), &j.state_reason, j.exit(), self.running_since.is_some(), stop, timeout_ms);
+                        let seen = match sl::seen(&j.state(), &j.state_reason, j.exit(), self.running_since.is_some(), stop, timeout_ms) {
+                            // Not started by this attempt yet: a requeued job's last run still
+                            // finishing on its node is not this attempt's start.
+                            sl::Seen::Running if j.state() == "COMPLETING" && self.running_since.is_none() => sl::Seen::Pending(format!("its last run is finishing on {} (COMPLETING)", j.nodes.as_deref().unwrap_or("its node"))),
+                            other => other,
+                        };
                         // It ran, also when it started and ended between two polls: record when.
                         let ran = match &seen {
                             sl::Seen::Running => true,
