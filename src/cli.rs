@@ -341,6 +341,11 @@ pub struct SimArgs {
     /// Give the scheduler the trace's durations as declared runtimes (gantry policy).
     #[arg(long)]
     pub runtimes: bool,
+    /// With --runtimes: this share of the users (a fixed hash of the name) declare 1 s whatever
+    /// their jobs take; adds a `+liars` row (declarations trusted) and a `+liars+checked` row
+    /// (overruns no longer trusted, liars' next declarations give way to the learned p80).
+    #[arg(long, default_value_t = 0.0)]
+    pub lying_users: f64,
     /// Reservation threshold for the gantry policy.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     pub reserve_after: Duration,

@@ -56,3 +56,22 @@ fn a_users_jobs_reach_each_other_but_no_other_users_job() {
     assert_eq!(e.wait_final(server)["job"]["state"], "cancelled");
     e.wait_until("alice's server container to be gone", || e.our_containers().is_empty());
 }
+
+/// The machine-wide lock root's engines take around a user's network lives where only root can make
+/// it (`/run`): a local user who creates and holds the old shared one in `/tmp` delays nothing (the
+/// engine used to wait 10 s for it at every job's create and remove, and said so in its log).
+#[test]
+fn a_user_holding_a_lock_file_in_tmp_does_not_delay_roots_engine() {
+    let carol = user("gantry-carol");
+    let mut holder = carol.command("flock").args(["/tmp/.gantry-networks.lock", "sleep", "300"]).spawn().unwrap();
+    let e = Engine::start(&[]);
+    // Give the holder time to take it (it waits for nobody: nobody else takes it any more).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let id = e.submit_yaml("job.yaml", &format!("image: {IMAGE}\ngpus: 0\ncommand: echo on my network\n"));
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    e.wait_until("the job's container to be gone", || e.our_containers().is_empty());
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let log = e.daemon_log();
+    assert!(!log.contains("stayed locked"), "root's engine waited for a lock carol holds:\n{log}");
+}

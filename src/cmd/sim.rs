@@ -50,14 +50,14 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     } else if a.protocol != "queue" {
         bail!("unknown protocol {:?}: queue or fgd", a.protocol);
     } else if a.seeds > 1 {
-        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref())?;
+        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref(), a.lying_users)?;
         if json {
             print_json(&runs)?;
         } else {
             print_seeds(&runs, a.seeds);
         }
     } else {
-        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref())?;
+        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref(), a.lying_users)?;
         if json {
             print_json(&reports)?;
         } else {
@@ -99,6 +99,7 @@ fn simulate(
     seed: u64,
     from_fraction: f64,
     preempt: Option<&gantry_core::sim::SimPreempt>,
+    lying: f64,
 ) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
@@ -117,7 +118,7 @@ fn simulate(
     };
     let mut out = vec![];
     for p in policies {
-        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn, preempt: None };
+        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn, preempt: None, lying: None };
         out.push(sim::simulate(&t, &cfg));
         if p == Policy::Gantry && preempt.is_some() {
             out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
@@ -127,6 +128,16 @@ fn simulate(
             out.push(sim::simulate(&t, &cfg));
             if preempt.is_some() {
                 out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
+            }
+            // Some users lie: declarations trusted (before issue 18 item 7), then checked.
+            if lying > 0.0 {
+                for checked in [false, true] {
+                    let lying = Some(sim::SimLying { share: lying, checked });
+                    out.push(sim::simulate(&t, &SimConfig { lying: lying.clone(), ..cfg.clone() }));
+                    if preempt.is_some() {
+                        out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), lying, ..cfg.clone() }));
+                    }
+                }
             }
         }
     }
@@ -162,14 +173,15 @@ fn sim_seeds(
     seeds: u64,
     from_fraction: f64,
     preempt: Option<&gantry_core::sim::SimPreempt>,
+    lying: f64,
 ) -> Result<Vec<SeedRow>> {
     let mut rows: Vec<SeedRow> = vec![];
     for seed in 0..seeds {
-        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt)?;
+        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt, lying)?;
         // Waits are reported relative to strict FIFO on the same arrivals.
         let fifo = match reports.iter().find(|r| r.policy == "fifo") {
             Some(f) => f.mean_wait_s,
-            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None)?[0].mean_wait_s,
+            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None, 0.0)?[0].mean_wait_s,
         };
         for r in reports.drain(..) {
             let row = match rows.iter_mut().position(|x| x.policy == r.policy) {

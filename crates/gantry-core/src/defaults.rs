@@ -28,6 +28,30 @@ pub const GPU_MEMORY_MARGIN_PCT: f64 = 20.0;
 /// cuDNN autotune or a validation step may spike briefly; 30 s past it, its neighbours' OOMs are the
 /// likelier cost.
 pub const GPU_MEMORY_GRACE: Duration = Duration::from_secs(30);
+/// A running job that outlives its declared `expected_runtime` by more than this (`[jobs]
+/// overrun_margin`), or by a tenth of the declaration when that is longer ([`OVERRUN_FRACTION_DIV`]),
+/// broke its promise: the scheduler stops trusting its end and may preempt it for the reservation it
+/// blocks. 30 s covers what a declaration cannot know (the container's start, a framework's import
+/// and CUDA init, the log's last flush, one engine pass) on a job declared in seconds, while a
+/// job that lied to be backfilled is caught within half a minute of its promise.
+pub const OVERRUN_MARGIN: Duration = Duration::from_secs(30);
+/// ... or a tenth of the declared runtime (divide by this), when longer: a 10-hour job is judged
+/// on an hour, not 30 s (a declaration is an estimate that grows less exact with the run).
+pub const OVERRUN_FRACTION_DIV: i64 = 10;
+/// An owner whose attempts overran their declared runtime (past the margin) at least this many
+/// times within [`OVERRUN_WINDOW_MS`] has their declarations replaced, for the scheduler, by the
+/// longer of the declaration and the learned p80 of that job shape (`estimate::trusted_runtime`):
+/// once is enough, because an honest user loses little (a declaration is only lengthened to what
+/// their own runs took), and a liar gains backfill at most once a window.
+pub const OVERRUN_STRIKES: u32 = 1;
+/// How far back overruns count (7 days: a week's work, then a clean slate).
+pub const OVERRUN_WINDOW_MS: i64 = 7 * 24 * 3_600_000;
+/// Outside use of a GPU (a process or container not this engine's) that has lasted this long (ms)
+/// is someone's work, not a stale sample: a job that cannot start without that GPU gives up its
+/// reservation and its claims, so the other GPUs go to other jobs (issue 18 item 7). NVML is sampled
+/// every second and a stopped job's process may be listed for a few samples; a probe such as
+/// `nvidia-smi` lasts less than a second. A minute is past both, and short next to any job's wait.
+pub const OUTSIDE_SETTLE_MS: i64 = 60_000;
 /// Per-job log cap: a runaway `print` in a loop must not fill the disk the queue lives on.
 pub const LOG_CAP: u64 = 64 << 20;
 /// The longest line of a job's output kept whole: the rest of a longer one (a job writing 40 MB

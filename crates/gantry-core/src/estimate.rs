@@ -164,6 +164,20 @@ impl History {
     }
 }
 
+/// The runtime the scheduler plans a queued job with (backfill, shortest-first order, start
+/// estimates). Without a declaration: the learned median. With one: the declaration, unless its
+/// owner's attempts overran their declarations (past the lab's margin) `strikes` times or more in
+/// the window (`overruns`): then the declaration counts for no less than the learned p80 of the
+/// job's shape, and for nothing while nothing is learned (a job of unknown runtime is not
+/// backfilled). A user whose promise failed is judged by what their runs took, not what they say.
+pub fn trusted_runtime(declared: Option<i64>, learned: Option<&Estimate>, overruns: u32, strikes: u32) -> Option<i64> {
+    match declared {
+        None => learned.map(|e| e.p50_ms),
+        Some(d) if overruns < strikes => Some(d),
+        Some(d) => learned.map(|e| d.max(e.p80_ms)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +237,26 @@ mod tests {
         leaked.record(&key("a", "x", 1), 1_000_000); // what recording it early would do
         assert_ne!(before, leaked.estimate(&key("a", "x", 1), 0), "the test can fail: a leak would show");
         assert_eq!(before, History::estimate(&h, &key("a", "x", 1), 0));
+    }
+
+    /// Issue 18 item 7: the learned estimate, not the declaration, is trusted for a user whose
+    /// declarations were overrun.
+    #[test]
+    fn a_declaration_counts_until_its_owner_overran_one() {
+        let e = Estimate { p50_ms: 40_000, p80_ms: 53_000, p95_ms: 60_000, samples: 10, basis: Basis::SameJob };
+        let cases: [(&str, Option<i64>, Option<&Estimate>, u32, Option<i64>); 6] = [
+            ("no declaration: the learned median", None, Some(&e), 0, Some(40_000)),
+            ("no declaration, nothing learned: unknown", None, None, 3, None),
+            ("an honest owner's declaration is used as declared", Some(1_000), Some(&e), 0, Some(1_000)),
+            ("bob overran once: his 1 s declaration counts as the learned p80, 53 s", Some(1_000), Some(&e), 1, Some(53_000)),
+            ("...and a declaration longer than the p80 stays as declared", Some(90_000), Some(&e), 1, Some(90_000)),
+            ("...nothing learned yet: unknown, so never backfilled", Some(1_000), None, 1, None),
+        ];
+        for (name, declared, learned, overruns, want) in cases {
+            assert_eq!(trusted_runtime(declared, learned, overruns, 1), want, "{name}");
+        }
+        assert_eq!(trusted_runtime(Some(1_000), Some(&e), 1, 2), Some(1_000), "below the strikes (2 here): still trusted");
+        assert_eq!(trusted_runtime(Some(1_000), Some(&e), 2, 2), Some(53_000));
     }
 
     #[test]

@@ -546,21 +546,36 @@ fn container_host_config(l: &Launch) -> HostConfig {
 /// Held by any engine on this machine while it makes a user's network and creates a container on
 /// it, or looks whether one is unused and removes it: Docker (before API 1.44) lets two engines make
 /// two networks of one name, and removes a network a created, not yet started, container is on. A
-/// `flock` on one file every engine opens (no link followed, never written); whoever else holds it
-/// is waited for at most [`NETWORK_LOCK_WAIT`], then the engine goes on without (ids are deduplicated
+/// `flock` on one file every engine of the same kind opens (root's in `/run`, others' in `/tmp`; no
+/// link followed, never written); whoever else holds it is waited for at most [`NETWORK_LOCK_WAIT`], then the engine goes on without (ids are deduplicated
 /// and a vanished network retried anyway), so no user can stall the engine by holding it.
 struct NetworkLock {
     _held: Option<std::fs::File>,
 }
 
-const NETWORK_LOCK: &str = "/tmp/.gantry-networks.lock";
+/// Where root's engines meet: `/run` is root's own (0755), so no other user can make or hold the
+/// file there and delay a root engine's network changes.
+const NETWORK_LOCK_ROOT: &str = "/run/gantry-networks.lock";
+/// Where an engine that is not root (a user in the docker group running their own) meets others
+/// like it: any user can create and hold this one, so it is only ever waited for a bounded time.
+const NETWORK_LOCK_USER: &str = "/tmp/.gantry-networks.lock";
 const NETWORK_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The lock file for an engine running as `euid`.
+fn network_lock_path(euid: u32) -> &'static str {
+    if euid == 0 {
+        NETWORK_LOCK_ROOT
+    } else {
+        NETWORK_LOCK_USER
+    }
+}
 
 impl NetworkLock {
     async fn take() -> NetworkLock {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
-        let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK).or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(NETWORK_LOCK)) else {
+        let path = network_lock_path(nix::unistd::geteuid().as_raw());
+        let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)) else {
             return NetworkLock { _held: None };
         };
         let began = std::time::Instant::now();
@@ -570,7 +585,7 @@ impl NetworkLock {
                 return NetworkLock { _held: Some(f) };
             }
             if began.elapsed() > NETWORK_LOCK_WAIT {
-                tracing::warn!("{NETWORK_LOCK} stayed locked for {}s; going on without it", NETWORK_LOCK_WAIT.as_secs());
+                tracing::warn!("{path} stayed locked for {}s; going on without it", NETWORK_LOCK_WAIT.as_secs());
                 return NetworkLock { _held: None };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

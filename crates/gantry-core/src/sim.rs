@@ -191,7 +191,38 @@ pub struct SimConfig {
     /// Preemption (Gantry's policy only): `None` = off.
     #[serde(default)]
     pub preempt: Option<SimPreempt>,
+    /// With declared runtimes, some users lie about them (`gantry sim --lying-users`).
+    #[serde(default)]
+    pub lying: Option<SimLying>,
 }
+
+/// `gantry sim --runtimes --lying-users S`: a share `S` of the users (rounded, at least one; picked by a
+/// fixed hash of the name, so every policy and seed agrees) declare
+/// `expected_runtime: 1s` whatever their jobs take, to be backfilled (issue 18 item 7); the others
+/// declare their jobs' true durations.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimLying {
+    pub share: f64,
+    /// Gantry's answer (issue 18 item 7) on: a job past its declaration by the margin is no longer
+    /// trusted (and preempted for the reservation it blocks if preemptible), and its owner's next
+    /// declarations give way to the learned p80. Off: declarations trusted, as before it.
+    pub checked: bool,
+}
+
+impl SimLying {
+    /// The users who lie among those of `jobs`: the `share` of them (rounded, at least one) whose
+    /// names hash lowest.
+    pub fn liars(&self, jobs: &[TraceJob]) -> std::collections::BTreeSet<String> {
+        let hash = |u: &str| Rng::new(u.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))).next_u64();
+        let mut users: Vec<&str> = jobs.iter().map(|j| j.user.as_str()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        users.sort_by_key(|u| (hash(u), u.to_string()));
+        let n = ((users.len() as f64 * self.share).round() as usize).max(usize::from(self.share > 0.0)).min(users.len());
+        users[..n].iter().map(|u| u.to_string()).collect()
+    }
+}
+
+/// What a liar declares.
+const LIE_MS: i64 = 1000;
 
 /// How `gantry sim --preempt` models preemption: the lab's rules (the same `plan()` decides), which
 /// jobs are preemptible, and what a preemption costs. A preempted job keeps its GPUs for the grace,
@@ -298,6 +329,13 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut sched = cfg.scheduler.clone();
     sched.explain_first = 0;
     let learn = cfg.learn_runtimes && !cfg.declared_runtimes && cfg.policy == Policy::Gantry;
+    // Lying users (declared runtimes only): what each job declares, and, checked, each user's overruns.
+    let lying = cfg.lying.as_ref().filter(|_| cfg.declared_runtimes && cfg.policy == Policy::Gantry);
+    let checked = lying.is_some_and(|l| l.checked);
+    let liars = lying.map(|l| l.liars(jobs)).unwrap_or_default();
+    let liar: Vec<bool> = jobs.iter().map(|j| liars.contains(&j.user)).collect();
+    let declared_ms = |j: usize| if liar[j] { LIE_MS } else { (jobs[j].duration_s * MS) as i64 };
+    let mut overruns: HashMap<String, Vec<i64>> = HashMap::new();
     // Jobs with the same key share estimates: compute each class's once per change of the history.
     let (class_of, class_keys) = classes(jobs, &mem_of);
     let mut history = History::new();
@@ -343,6 +381,12 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             sched.shapes = scheduler::shape_mix(recent.iter().copied());
         }
         for (end, j, _) in running.iter().filter(|r| r.0 <= now) {
+            if checked {
+                let d = declared_ms(*j);
+                if end - attempt_at[*j] - d > scheduler::overrun_margin_ms(d, sched.overrun_margin_ms) {
+                    overruns.entry(jobs[*j].user.clone()).or_default().push(*end);
+                }
+            }
             if stopping.remove(j).is_some() {
                 // Preempted: back to its place in the queue.
                 queued.push(*j);
@@ -350,7 +394,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                 continue;
             }
             end_ms[*j] = Some(*end);
-            if learn {
+            if learn || checked {
                 history.record(&class_keys[class_of[*j]], end - attempt_at[*j]);
                 cache.clear();
             }
@@ -375,7 +419,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         gpus: g.clone(),
                         gpu_memory: mem_of(&jobs[*j]),
                         expected_end_ms: if cfg.declared_runtimes {
-                            Some(*end)
+                            Some(if liar[*j] { attempt_at[*j] + LIE_MS } else { *end })
                         } else if learn {
                             est(*j, now - attempt_at[*j]).map(|e| now + e.p50_ms)
                         } else {
@@ -391,9 +435,24 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             checkpoint_ms: None,
                             stopping_for: stopping.get(j).copied(),
                         }),
+                        declared: checked.then(|| scheduler::Declared { started_ms: attempt_at[*j], runtime_ms: declared_ms(*j) }),
                     })
                     .collect(),
-                queued: queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None }),
+                queued: {
+                    let mut v = queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None });
+                    if lying.is_some() {
+                        for q in &mut v {
+                            let j = q.job_id as usize;
+                            let strikes = overruns.get(&jobs[j].user).map_or(0, |o| o.iter().filter(|t| now - **t < crate::defaults::OVERRUN_WINDOW_MS).count() as u32);
+                            q.expected_runtime_ms = if checked && strikes >= crate::defaults::OVERRUN_STRIKES {
+                                crate::estimate::trusted_runtime(Some(declared_ms(j)), est(j, 0).as_ref(), strikes, crate::defaults::OVERRUN_STRIKES)
+                            } else {
+                                Some(declared_ms(j))
+                            };
+                        }
+                    }
+                    v
+                },
                 config: scheduler::Config { claims: claims.iter().map(|(j, g)| (*j, g.clone())).collect(), ..sched.clone() },
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
                 host: None,
@@ -670,7 +729,7 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
             match best {
                 Some((_, k, g)) => {
                     allocated += demand(job);
-                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None });
+                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None, declared: None });
                 }
                 None => failed += 1,
             }
@@ -806,6 +865,11 @@ fn report(
     Report {
         policy: format!("{:?}", cfg.policy).to_lowercase()
             + if cfg.declared_runtimes { "+runtimes" } else { "" }
+            + match &cfg.lying {
+                Some(l) if cfg.declared_runtimes && l.checked => "+liars+checked",
+                Some(_) if cfg.declared_runtimes => "+liars",
+                _ => "",
+            }
             + if cfg.fair_share_half_life_s.is_some() { "+fairshare" } else { "" }
             + if cfg.preempt.is_some() && cfg.policy == Policy::Gantry { "+preempt" } else { "" },
         jobs: jobs.len(),
@@ -836,7 +900,7 @@ mod tests {
 
     fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
         let t = parse_trace(csv, gpus).unwrap();
-        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
         cfg.scheduler.reserve_after_ms = 3_600_000;
         simulate(&t, &cfg)
     }
@@ -882,7 +946,7 @@ mod tests {
             csv += &format!("{},20,1\n", 2 + i * 5);
         }
         let t = parse_trace(&csv, 2).unwrap();
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
         let greedy = simulate(&t, &cfg);
         cfg.policy = Policy::Gantry;
         cfg.scheduler.reserve_after_ms = 30_000;
@@ -890,6 +954,24 @@ mod tests {
         let big = |r: &Report| r.mean_wait_by_gpus[&2];
         assert!(big(&gantry) < big(&greedy), "gantry {} vs greedy {}", big(&gantry), big(&greedy));
         assert!(big(&gantry) <= 100.0, "starts once GPU 0 frees at 100 s: {}", big(&gantry));
+    }
+
+    /// Issue 18 item 7 on the lab week (4 users, 4 GPUs): one user declaring 1 s on every job gains
+    /// by it while declarations are trusted, and not once overruns are checked.
+    #[test]
+    fn a_lie_pays_while_trusted_and_not_once_checked() {
+        let t = parse_trace(include_str!("../../../traces/lab-week.csv"), 4).unwrap();
+        let lying = |checked| Some(SimLying { share: 0.25, checked });
+        assert_eq!(SimLying { share: 0.25, checked: true }.liars(&t.jobs).len(), 1, "one user of four");
+        let liar = SimLying { share: 0.25, checked: true }.liars(&t.jobs).into_iter().next().unwrap();
+        let cfg = SimConfig { gpus: 4, gpu_memory: 24 << 30, policy: Policy::Gantry, declared_runtimes: true, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None, lying: None };
+        let honest = simulate(&t, &cfg);
+        let trusted = simulate(&t, &SimConfig { lying: lying(false), ..cfg.clone() });
+        let checked = simulate(&t, &SimConfig { lying: lying(true), ..cfg.clone() });
+        let wait = |r: &Report| r.mean_wait_by_user[&liar];
+        assert!(wait(&trusted) < 0.8 * wait(&honest), "trusted, {liar}'s lie pays: {} s against {} s honest", wait(&trusted), wait(&honest));
+        assert!(wait(&checked) >= wait(&honest), "checked, it does not: {} s against {} s honest", wait(&checked), wait(&honest));
+        assert_eq!((trusted.policy.as_str(), checked.policy.as_str()), ("gantry+runtimes+liars", "gantry+runtimes+liars+checked"));
     }
 
     #[test]
@@ -920,7 +1002,7 @@ mod tests {
         }
         csv += "60,3600,1,,ben,0\n60,3600,1,,ben,0\n";
         let t = parse_trace(&csv, 1).unwrap();
-        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
         cfg.scheduler.reserve_after_ms = i64::MAX;
         let plain = simulate(&t, &cfg);
         cfg.fair_share_half_life_s = Some(86_400.0);
@@ -946,7 +1028,7 @@ mod tests {
         }
         let run = |dur: &str| {
             let t = parse_trace(&csv.replace("DUR", dur), 2).unwrap();
-            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None };
+            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None, lying: None };
             cfg.scheduler.reserve_after_ms = 5_000;
             cfg.scheduler.wide_reserve_factor = 0.0;
             simulate(&t, &cfg)
@@ -962,7 +1044,7 @@ mod tests {
         }
         // And the estimates were in use: an oracle-free gantry differs from knowing nothing.
         let t = parse_trace(&csv.replace("DUR", "10"), 2).unwrap();
-        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
         assert_ne!(simulate(&t, &cfg).starts_ms, short.starts_ms, "learning changed nothing: the test would not catch a leak");
     }
 
@@ -976,7 +1058,7 @@ mod tests {
         let t = parse_trace(csv, 2).unwrap();
         let rules = scheduler::PreemptRules { overdue: true, priority_gap: None, fair_share: false, min_run_ms: 600_000, max_per_day: 3 };
         let pre = SimPreempt { rules, checkpoint_every_ms: 1_800_000, restart_cost_ms: 120_000, grace_ms: 60_000, preemptible_share: 1.0 };
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None };
+        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
         cfg.scheduler.reserve_after_ms = 1_800_000;
         let plain = simulate(&t, &cfg);
         assert_eq!((plain.mean_wait_by_gpus[&2], plain.preemptions), (36000.0 - 60.0, 0));

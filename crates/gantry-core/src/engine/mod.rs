@@ -100,8 +100,11 @@ pub(crate) struct RunHandle {
     pub cancel: CancellationToken,
     /// A task follows this attempt (so recovery must not start a second one).
     pub monitored: bool,
-    /// Start + declared runtime, when declared.
+    /// Start + declared runtime, when declared (and trusted: see `estimate::trusted_runtime`).
     pub expected_end: Option<i64>,
+    /// The owner's declaration and this attempt's start: past it by the lab's `overrun_margin`, the
+    /// scheduler stops trusting its end (issue 18 item 7).
+    pub declared: Option<crate::scheduler::Declared>,
     /// Without a declared runtime: its key and start, so each pass asks the learned history for the
     /// remaining runtime given how long it has run (as the simulator does).
     pub learn: Option<(crate::estimate::JobKey, i64)>,
@@ -125,6 +128,9 @@ pub(crate) struct Stats {
     pub history: Arc<crate::estimate::History>,
     /// The mix of the last `sim::SHAPE_WINDOW` submissions' shapes, for FGD packing (as in the sim).
     pub shapes: Vec<crate::scheduler::Shape>,
+    /// Per owner, attempts that overran their declared runtime in the last `OVERRUN_WINDOW_MS`
+    /// (`estimate::trusted_runtime`).
+    pub overruns: HashMap<String, u32>,
 }
 
 pub struct Engine {

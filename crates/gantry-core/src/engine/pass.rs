@@ -94,7 +94,9 @@ impl Engine {
                         cancel: cancel.clone(),
                         monitored: true,
                         expected_end: job.job.expected_runtime.and(s.runtime).map(|r| now + r),
-                        learn: job.job.expected_runtime.is_none().then(|| (job.key(), now)),
+                        // Undeclared, or a declaration not trusted with no history to replace it.
+                        learn: (job.job.expected_runtime.is_none() || s.runtime.is_none()).then(|| (job.key(), now)),
+                        declared: job.job.expected_runtime.map(|r| scheduler::Declared { started_ms: now, runtime_ms: r.as_millis() as i64 }),
                         needs: s.placed.needs,
                         cpuset: vec![],
                         victim,
@@ -188,7 +190,7 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone() })
+            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone(), declared: h.declared })
             .collect();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
@@ -270,9 +272,9 @@ impl Engine {
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
-        let (usage, typical_wait, shapes, history) = {
+        let (usage, typical_wait, shapes, history, overruns) = {
             let s = self.stats.lock().unwrap();
-            (s.usage.clone(), s.typical_wait, s.shapes.clone(), s.history.clone())
+            (s.usage.clone(), s.typical_wait, s.shapes.clone(), s.history.clone(), s.overruns.clone())
         };
         let preempted_at = self.preempted_at.lock().unwrap().clone();
         let claims: Vec<(i64, Vec<u32>)> = {
@@ -294,7 +296,7 @@ impl Engine {
                     gpus: j.gpus,
                     gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
                     not_before_ms: j.not_before,
-                    expected_runtime_ms: expected_runtime(&history, j),
+                    expected_runtime_ms: expected_runtime(&history, j, overruns.get(&j.owner).copied().unwrap_or(0)),
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
                     // A job queued before the lab's share shrank is held to the ceiling, like new ones.
@@ -304,6 +306,7 @@ impl Engine {
                 .collect(),
             config: scheduler::Config {
                 reserve_after_ms: policy.reserve_after.as_millis() as i64,
+                overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
                 preemption: policy.preemption.rules(),
@@ -361,18 +364,28 @@ impl Engine {
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
         let rows = self.usage_worth(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default();
-        let (typical, runs, shapes) = {
+        let margin = self.policy().overrun_margin.as_millis() as i64;
+        let (typical, runs, shapes, overruns) = {
             let st = self.reader();
             (
                 st.typical_wait(now - 24 * 3_600_000).ok().flatten(),
                 st.recent_runtimes(crate::config::HISTORY_RUNS).unwrap_or_default(),
                 st.recent_shapes(crate::sim::SHAPE_WINDOW).unwrap_or_default(),
+                st.overruns_since(now - crate::config::OVERRUN_WINDOW_MS, margin),
             )
+        };
+        // A failed read keeps the last counts (a declaration is not trusted again because of it).
+        let overruns = match overruns {
+            Ok(o) => o,
+            Err(e) => {
+                error!("cannot count runtime overruns: {e}");
+                self.stats.lock().unwrap().overruns.clone()
+            }
         };
         let usage = crate::store::decayed_worth(&rows, now, hl);
         let history = Arc::new(crate::estimate::History::from_runs(&runs));
         let shapes = scheduler::shape_mix(shapes);
-        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes };
+        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes, overruns };
     }
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
@@ -437,8 +450,16 @@ fn scheduling_priority(j: &QueuedRow, policy: &crate::policy::Policy) -> i32 {
 /// for one "an interactive session").
 use crate::scheduler::SESSION_PRIORITY;
 
-fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow) -> Option<i64> {
-    j.expected_runtime_ms.or_else(|| history.estimate(&j.key(), 0).map(|e| e.p50_ms))
+/// A queued job's runtime as the scheduler plans it: its declaration, unless its owner overran
+/// declarations lately (`overruns`; then no less than the learned p80), else the learned median
+/// (`estimate::trusted_runtime`).
+fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow, overruns: u32) -> Option<i64> {
+    let strikes = crate::config::OVERRUN_STRIKES;
+    match j.expected_runtime_ms {
+        // Trusted: no estimate to compute (a pass over a deep queue of declared jobs stays cheap).
+        Some(d) if overruns < strikes => Some(d),
+        declared => crate::estimate::trusted_runtime(declared, history.estimate(&j.key(), 0).as_ref(), overruns, strikes),
+    }
 }
 
 /// A running job without a declared runtime: now + the learned median of its remaining runtime, given
@@ -464,6 +485,7 @@ mod tests {
             cancel: CancellationToken::new(),
             monitored: true,
             expected_end: declared_end,
+            declared: None,
             learn,
             needs: Default::default(),
             cpuset: vec![],

@@ -43,6 +43,7 @@ impl Engine {
                     cancel: CancellationToken::new(),
                     monitored: false,
                     expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
+                    declared: j.job.expected_runtime.map(|r| crate::scheduler::Declared { started_ms: a.started_at, runtime_ms: r.as_millis() as i64 }),
                     learn: j.job.expected_runtime.is_none().then(|| (j.key(), a.started_at)),
                     needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
                     // Running containers' pins are read from Docker when the next job is pinned.

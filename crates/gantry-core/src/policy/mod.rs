@@ -69,6 +69,8 @@ pub struct Policy {
     pub stop_grace: Duration,
     pub retry_backoff: Duration,
     pub reserve_after: Duration,
+    /// A job past its declared runtime by this much (or a tenth of it) broke its promise (`[jobs] overrun_margin`).
+    pub overrun_margin: Duration,
     /// `[preemption]`: off unless `enabled`.
     pub preemption: Preemption,
     pub log_cap: u64,
@@ -114,6 +116,7 @@ impl Default for Policy {
             stop_grace: config::STOP_GRACE,
             retry_backoff: config::RETRY_BACKOFF,
             reserve_after: config::RESERVE_AFTER,
+            overrun_margin: config::OVERRUN_MARGIN,
             preemption: Preemption::default(),
             log_cap: config::LOG_CAP,
             log_keep: None,
@@ -179,6 +182,7 @@ impl Policy {
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),
             ("jobs.reserve_after", d(Some(self.reserve_after))),
+            ("jobs.overrun_margin", d(Some(self.overrun_margin))),
             ("preemption.enabled", self.preemption.enabled.to_string()),
             ("preemption.default_preemptible", self.preemption.default_preemptible.to_string()),
             ("preemption.reserve_after", self.preemption.rules.overdue.to_string()),
@@ -566,6 +570,14 @@ max_watches = 32
         assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n").contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
         assert!(err("[jobs]\ngpu_memory_margin = \"20\"\n").contains("is not a percentage"));
         assert!(err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration"));
+    }
+
+    #[test]
+    fn overrun_margin_parses_and_is_checked() {
+        assert_eq!(Policy::default().overrun_margin, Duration::from_secs(30));
+        assert_eq!(parse("[jobs]\noverrun_margin = \"2m\"\n").unwrap().policy.overrun_margin, Duration::from_secs(120));
+        assert!(err("[jobs]\noverrun_margin = \"late\"\n").contains("config.toml:2:18: `overrun_margin` = \"late\" is not a duration"), "{}", err("[jobs]\noverrun_margin = \"late\"\n"));
+        assert!(err("[jobs]\noverrun_margin = \"2d\"\n").contains("`overrun_margin` = \"2d\" is longer than 1d"), "{}", err("[jobs]\noverrun_margin = \"2d\"\n"));
     }
 
     #[test]

@@ -283,6 +283,7 @@ pub(super) struct RawJobs {
     reserve_after: S<String>,
     gpu_memory_margin: S<String>,
     gpu_memory_grace: S<String>,
+    overrun_margin: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -463,6 +464,9 @@ impl Check<'_> {
         }
         if let Some(d) = self.duration("reserve_after", &raw.jobs.reserve_after, 365 * day) {
             p.reserve_after = d;
+        }
+        if let Some(d) = self.duration("overrun_margin", &raw.jobs.overrun_margin, day) {
+            p.overrun_margin = d;
         }
         // [preemption]
         let pr = &raw.preemption;

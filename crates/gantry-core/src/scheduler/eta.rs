@@ -24,7 +24,7 @@ pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize)
             if let Some(i) = s.queued.iter().position(|q| q.job_id == pl.job_id) {
                 let q = s.queued.remove(i);
                 let rt = q.expected_runtime_ms.unwrap_or(default_runtime_ms).max(1);
-                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs, victim: None });
+                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs, victim: None, declared: None });
             }
         }
         // Jump to the next end (or backoff expiry), when something can change.
@@ -49,7 +49,7 @@ mod estimate_tests {
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],
-            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default(), victim: None }],
+            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default(), victim: None, declared: None }],
             queued: vec![q(1, 1, Some(5_000)), q(2, 2, Some(100)), q(3, 1, None)],
             config: Config { reserve_after_ms: i64::MAX, ..Config::default() },
             typical_wait_ms: None,

@@ -49,7 +49,7 @@ mod tests {
             gpus: (0..gpus).map(|i| GpuView { index: i, memory_total: 80, external_busy: external.contains(&i), ..Default::default() }).collect(),
             running: busy
                 .iter()
-                .map(|g| RunningJob { job_id: 100 + *g as i64, user: "u".into(), gpus: vec![*g], gpu_memory: None, expected_end_ms: None, needs: Default::default(), victim: None })
+                .map(|g| RunningJob { job_id: 100 + *g as i64, user: "u".into(), gpus: vec![*g], gpu_memory: None, expected_end_ms: None, needs: Default::default(), victim: None, declared: None })
                 .collect(),
             queued: vec![],
             config: Default::default(),

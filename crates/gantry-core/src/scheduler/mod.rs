@@ -45,6 +45,12 @@ pub struct GpuView {
     pub memory_used: u64,
     /// Processes outside Gantry use this GPU (someone's notebook): it is busy.
     pub external_busy: bool,
+    /// Since when that outside use has been seen without a break (`None`: unknown, counted as just
+    /// now). Only use that has lasted [`crate::defaults::OUTSIDE_SETTLE_MS`] makes a job that needs
+    /// the GPU give up its reservation and claims ([`outside_blocks`]): a just-stopped job's process
+    /// may still be listed until the next sample.
+    #[serde(default)]
+    pub outside_since_ms: Option<i64>,
     /// Measured memory not used by this engine's jobs (a display server, processes NVML does not list):
     /// shared jobs pack into what is left after it AND the declared memory of the jobs there.
     #[serde(default)]
@@ -75,6 +81,39 @@ pub struct RunningJob {
     /// What preemption needs to know of it; `None`: not preemptible (never a victim).
     #[serde(default)]
     pub victim: Option<Victim>,
+    /// Its declared runtime and this attempt's start, when it declared one: once it has outlived the
+    /// declaration by the lab's margin ([`Config::overrun_margin_ms`], see [`overran_ms`]) its end is
+    /// no longer trusted (see docs/scheduling.md, "Lying runtimes").
+    #[serde(default)]
+    pub declared: Option<Declared>,
+}
+
+/// A running job's promise: it started at `started_ms` and said it would run `runtime_ms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declared {
+    pub started_ms: i64,
+    pub runtime_ms: i64,
+}
+
+/// The margin past a declared runtime before a job counts as overrunning it: the lab's
+/// `overrun_margin`, or a tenth of the declaration when that is longer (a 10-hour job 20 minutes
+/// late misjudged its data, it did not lie).
+pub fn overrun_margin_ms(declared_ms: i64, margin_ms: i64) -> i64 {
+    margin_ms.max(declared_ms / crate::defaults::OVERRUN_FRACTION_DIV)
+}
+
+/// How far `r` has run past its declared runtime, once that is more than the margin (it broke its
+/// promise for this attempt); `None` while it keeps it, or when it declared none.
+pub fn overran_ms(r: &RunningJob, now: i64, margin_ms: i64) -> Option<i64> {
+    let d = r.declared?;
+    let past = now - d.started_ms - d.runtime_ms;
+    (past > overrun_margin_ms(d.runtime_ms, margin_ms)).then_some(past)
+}
+
+/// "job 12 ran 53s past its declared 1s runtime".
+pub(super) fn overran_note(r: &RunningJob, past_ms: i64) -> String {
+    let declared = r.declared.map_or(0, |d| d.runtime_ms);
+    format!("job {} ran {} past its declared {} runtime", r.job_id, crate::units::duration_ms(past_ms), crate::units::duration_ms(declared))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -172,6 +211,15 @@ pub struct Config {
     /// engine and the simulator keep them from the plan's `preempt` until the job starts).
     #[serde(default)]
     pub claims: Vec<(i64, Vec<u32>)>,
+    /// A running job that outlived its declared runtime by this much (or a tenth of it, if longer)
+    /// broke its promise: its end is unknown from then on (nothing more backfills on it), and, if
+    /// preemptible, it may be preempted for the reservation it blocks (lab `[jobs] overrun_margin`).
+    #[serde(default = "overrun_margin_default")]
+    pub overrun_margin_ms: i64,
+}
+
+fn overrun_margin_default() -> i64 {
+    crate::defaults::OVERRUN_MARGIN.as_millis() as i64
 }
 
 fn explain_default() -> usize {
@@ -245,6 +293,7 @@ impl Default for Config {
             shapes: vec![],
             preemption: None,
             claims: vec![],
+            overrun_margin_ms: overrun_margin_default(),
         }
     }
 }
@@ -321,6 +370,9 @@ struct Slot {
     measured_used: u64,
     outside_used: u64,
     external: bool,
+    /// The outside use has lasted [`crate::defaults::OUTSIDE_SETTLE_MS`]: someone's work, not the
+    /// stale sample of a job that just ended (which a reservation may still count on).
+    external_settled: bool,
     exclusive_by: Option<i64>,
     shared_declared: u64,
     shared_jobs: Vec<i64>,
@@ -469,6 +521,7 @@ pub fn plan(state: &State) -> Plan {
             measured_used: g.memory_used,
             outside_used: g.outside_used,
             external: g.external_busy,
+            external_settled: g.external_busy && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS,
             exclusive_by: None,
             shared_declared: 0,
             shared_jobs: vec![],
@@ -487,12 +540,17 @@ pub fn plan(state: &State) -> Plan {
                         s.shared_jobs.push(r.job_id);
                     }
                 }
-                s.ends.push(r.expected_end_ms);
+                // A job past its declared runtime (and the margin) broke its promise: its end is
+                // unknown from now on, so no reservation's start rests on it and nothing backfills.
+                let trusted = overran_ms(r, state.now_ms, state.config.overrun_margin_ms).is_none();
+                s.ends.push(r.expected_end_ms.filter(|_| trusted));
             }
         }
     }
     for (job, gpus) in &state.config.claims {
-        if state.queued.iter().any(|q| q.job_id == *job) {
+        // A claim for a job that cannot start while GPUs are used outside this engine is not kept:
+        // it would idle the others for as long as that use lasts.
+        if state.queued.iter().any(|q| q.job_id == *job && outside_blocks(state, q).is_none()) {
             for s in slots.iter_mut().filter(|s| gpus.contains(&s.index) && s.reserved_by.is_none()) {
                 s.reserved_by = Some((*job, None));
             }
@@ -544,7 +602,12 @@ pub fn plan(state: &State) -> Plan {
                 let reason = if reserved.is_empty() {
                     reason
                 } else {
-                    format!("{reason}; waited {}, so GPUs {} are reserved for it", crate::units::duration_ms(waited), list(&reserved))
+                    let mut r = format!("{reason}; waited {}, so GPUs {} are reserved for it", crate::units::duration_ms(waited), list(&reserved));
+                    for note in overrunning(state, &reserved) {
+                        r.push_str("; ");
+                        r.push_str(&note);
+                    }
+                    r
                 };
                 push_wait(&mut out, job.job_id, reason, reserved);
             }
@@ -590,6 +653,10 @@ pub fn plan(state: &State) -> Plan {
                 out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
             }
             Err(reason) => {
+                let reason = match outside_blocks(state, job) {
+                    Some(note) if explained => format!("{reason}; {note}"),
+                    _ => reason,
+                };
                 let reason = behind(&out, reason);
                 push_wait(&mut out, job.job_id, reason, vec![]);
             }
@@ -599,6 +666,50 @@ pub fn plan(state: &State) -> Plan {
         preempt::decide(state, rules, &mut slots, &pool, &ctx, starving.map(|s| s.job_id), &mut out);
     }
     out
+}
+
+/// Why `job` cannot start while GPUs stay used outside this engine: fewer GPUs it accepts are free
+/// of outside use than it asks for (though the machine has enough). Such a job reserves nothing,
+/// keeps no claim and preempts no one (all of which would idle GPUs for as long as that use lasts);
+/// it waits in the queue like any job and starts once the outside use ends.
+pub(super) fn outside_blocks(state: &State, job: &QueuedJob) -> Option<String> {
+    let accepted: Vec<&GpuView> = state.gpus.iter().filter(|g| job.filter.eligible(&g.name, g.memory_total)).collect();
+    let settled = |g: &GpuView| g.external_busy && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS;
+    let outside: Vec<&GpuView> = accepted.iter().copied().filter(|g| settled(g)).collect();
+    let n = job.gpus as usize;
+    if n == 0 || accepted.len() < n || accepted.len() - outside.len() >= n {
+        return None;
+    }
+    let mut outside = outside;
+    outside.sort_by_key(|g| g.index);
+    let named: Vec<String> = outside
+        .iter()
+        .map(|g| if g.outside_used > 0 { format!("GPU {} ({})", g.index, crate::units::format_bytes(g.outside_used)) } else { format!("GPU {}", g.index) })
+        .collect();
+    let verb = if outside.len() == 1 { "is" } else { "are" };
+    Some(format!("can't reserve {n} GPUs: {} {verb} used outside this engine; waiting without holding GPUs", named.join(", ")))
+}
+
+/// "waits for job 12, which ran 53s past its declared 1s runtime (...)": for each running job on
+/// `gpus` that broke its runtime promise. One that is not preemptible is not stopped (an estimate is
+/// not a limit: `timeout` is), only demoted: its end is unknown, so no job is backfilled on its
+/// promise any more, and its owner's next declarations give way to the learned estimate.
+fn overrunning(state: &State, gpus: &[u32]) -> Vec<String> {
+    let preemption = state.config.preemption.is_some();
+    state
+        .running
+        .iter()
+        .filter(|r| r.gpus.iter().any(|g| gpus.contains(g)))
+        .filter_map(|r| {
+            let past = overran_ms(r, state.now_ms, state.config.overrun_margin_ms)?;
+            let what = if r.victim.is_some() && preemption {
+                "preemptible: it is preempted for this job once that lets it start"
+            } else {
+                "not preemptible, so it runs to its end; no job is backfilled on its promise any more"
+            };
+            Some(format!("waits for {} ({what})", overran_note(r, past).replacen(" ran ", ", which ran ", 1)))
+        })
+        .collect()
 }
 
 struct Ctx<'a> {
@@ -621,7 +732,7 @@ mod tests {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default(), victim: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default(), victim: None, declared: None }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
         State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None, host: None }
@@ -753,6 +864,80 @@ mod tests {
         // Before the limit, the small job backfills.
         s.now_ms = 5_000;
         assert_eq!(placed(&plan(&s)), vec![(2, vec![1])]);
+    }
+
+    /// Issue 18 item 7: a reservation rests on running jobs' ends; one past its declared runtime (and
+    /// the margin) has none any more, so the reservation goes where the GPUs will really free.
+    #[test]
+    fn a_broken_runtime_promise_moves_the_reservation() {
+        let h = 3_600_000;
+        let liar = RunningJob { expected_end_ms: Some(2 * h - 54_000 + 1000), declared: Some(Declared { started_ms: 2 * h - 54_000, runtime_ms: 1000 }), ..run(9, &[0], None) };
+        let honest = RunningJob { expected_end_ms: Some(3 * h), ..run(8, &[1], None) };
+        let mut s = st(gpus(2, 24 * G), vec![liar, honest], vec![QueuedJob { submitted_at_ms: 0, ..q(1, 1, None) }]);
+        s.now_ms = 2 * h;
+        let p = plan(&s);
+        assert_eq!(p.waiting[0].reserved, vec![1], "the GPU that frees in an hour, not the one whose job broke its promise: {p:?}");
+        // Trusted (main's behaviour: a margin never reached), the liar's GPU looked free now.
+        s.config.overrun_margin_ms = i64::MAX / 4;
+        assert_eq!(plan(&s).waiting[0].reserved, vec![0]);
+        // The margin: max(30 s, a tenth of the declaration).
+        assert_eq!((overrun_margin_ms(1000, 30_000), overrun_margin_ms(10 * h, 30_000)), (30_000, h));
+    }
+
+    /// Issue 18 item 7: a 4-GPU job that can never start (one GPU held outside Gantry) kept 3 GPUs
+    /// reserved and idle while alice's 1-GPU jobs waited.
+    #[test]
+    fn a_job_blocked_by_outside_use_holds_no_gpus() {
+        let mut g = gpus(4, 32 * G);
+        g[2].external_busy = true;
+        g[2].outside_used = 30 * G;
+        g[2].outside_since_ms = Some(0); // for 100 s: settled
+        let alice = |j: QueuedJob| QueuedJob { user: "alice".into(), submitted_at_ms: 50_000, ..j };
+        let queue = vec![QueuedJob { submitted_at_ms: 0, ..q(1, 4, None) }, alice(q(2, 1, None)), alice(q(3, 1, None)), alice(q(4, 1, None))];
+        let mut s = st(g, vec![], queue);
+        s.now_ms = 100_000; // job 1 waited past reserve_after
+        let p = plan(&s);
+        assert_eq!(placed(&p), vec![(2, vec![0]), (3, vec![1]), (4, vec![3])]);
+        let w = &p.waiting[0];
+        assert_eq!(w.job_id, 1);
+        assert!(w.reserved.is_empty());
+        assert!(w.reason.ends_with("; can't reserve 4 GPUs: GPU 2 (30.0 GiB) is used outside this engine; waiting without holding GPUs"), "{}", w.reason);
+        // GPUs preempted for it before the outside use began are not kept for it either.
+        s.config.claims = vec![(1, vec![0, 1, 2, 3])];
+        assert_eq!(placed(&plan(&s)), vec![(2, vec![0]), (3, vec![1]), (4, vec![3])], "a claim it cannot use idled 3 GPUs");
+        // Once the outside use ends, the claim holds again and it starts.
+        s.gpus[2].external_busy = false;
+        s.gpus[2].outside_used = 0;
+        s.gpus[2].outside_since_ms = None;
+        assert_eq!(placed(&plan(&s)), vec![(1, vec![0, 1, 2, 3])]);
+        // And it does not take the one reservation from a job that can use it: a 2-GPU job overdue
+        // behind it reserves GPUs 1 and 3 (3 free, 1 freeing in 50 s); the small job does not take 3.
+        let mut g = gpus(4, 32 * G);
+        g[2].external_busy = true;
+        g[2].outside_since_ms = Some(0);
+        let running = vec![run(9, &[0], None), RunningJob { expected_end_ms: Some(150_000), ..run(8, &[1], None) }];
+        let mut s = st(g, running, vec![QueuedJob { submitted_at_ms: 0, ..q(1, 4, None) }, QueuedJob { submitted_at_ms: 10, ..q(5, 2, None) }, alice(q(6, 1, None))]);
+        s.now_ms = 100_000;
+        let p = plan(&s);
+        assert_eq!(placed(&p), vec![]);
+        assert_eq!(p.waiting.iter().find(|w| w.job_id == 5).unwrap().reserved, vec![1, 3], "{p:?}");
+    }
+
+    /// Found by the engine test: the GPU of a job that just ended is still listed as used (outside
+    /// this engine) by the last sample; a reservation counting on it must not lapse for that pass,
+    /// or a backfill slips in on the GPU it reserved.
+    #[test]
+    fn a_stale_sample_does_not_break_a_reservation_but_lasting_outside_use_does() {
+        let mut g = gpus(2, 24 * G);
+        g[0].external_busy = true;
+        g[0].outside_since_ms = Some(99_000); // 1 s ago
+        let mut s = st(g, vec![], vec![QueuedJob { submitted_at_ms: 0, ..q(1, 2, None) }, QueuedJob { submitted_at_ms: 90_000, ..q(2, 1, None) }]);
+        s.now_ms = 100_000;
+        let p = plan(&s);
+        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![], vec![0, 1]), "{p:?}");
+        s.gpus[0].outside_since_ms = Some(0); // 100 s: someone's work
+        let p = plan(&s);
+        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![(2, vec![1])], vec![]), "{p:?}");
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub(super) fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a Queu
         .iter()
         .filter(|q| (overdue(state, q) || (q.gpus >= 2 && q.gpus <= widest_running)) && (q.gpus >= 2 || !state.config.age_narrow))
         .filter(|q| caps.over(q).is_none())
+        // One that cannot start while GPUs are used outside this engine would hold a reservation
+        // (and the one starving slot) for as long as that use lasts.
+        .filter(|q| outside_blocks(state, q).is_none())
         .filter(|q| q.not_before_ms.is_none_or(|nb| nb <= state.now_ms))
         .min_by_key(|q| (q.submitted_at_ms, q.job_id))
 }

@@ -7,6 +7,9 @@
 //! - **priority**: a job whose priority is at least `priority_gap` above the victim's;
 //! - **fair share**: a user holding fewer GPUs than their share (the GPUs divided among the users
 //!   with jobs running or waiting) waits while a user above their share holds preemptible GPUs.
+//! - **overrun** (on whenever preemption is): a job holding a reservation preempts the preemptible
+//!   jobs on its reserved GPUs that ran past their declared runtime by the margin ([`overran_ms`]):
+//!   `min_run` does not protect them (their own promise was shorter), the other guard rails do.
 //!
 //! Guard rails, for every rule: a victim has run at least `min_run` this attempt and was preempted
 //! fewer than `max_per_day` times in the last day; the cheapest victims go first (fewest GPU-minutes
@@ -79,6 +82,9 @@ pub enum PreemptWhy {
     Priority { user: String, gpus: u32, priority: i32, victim_priority: i32 },
     /// The waiting job's owner holds fewer GPUs than their share, the victim's owner more.
     FairShare { user: String, gpus: u32, held: u32, share: u32, victim_user: String },
+    /// The victim ran past its declared runtime by more than the margin, on GPUs reserved for the
+    /// waiting job (its promise let the reservation's drain be planned around it, or backfilled it).
+    Overran { job: i64, past_ms: i64, declared_ms: i64, user: String, gpus: u32 },
 }
 
 impl std::fmt::Display for PreemptWhy {
@@ -92,6 +98,13 @@ impl std::fmt::Display for PreemptWhy {
             PreemptWhy::FairShare { user, gpus, held, share, victim_user } => {
                 write!(f, "{user}'s {} job: {user} holds {held} of a fair share of {share} GPUs, {victim_user} more", shape(gpus))
             }
+            PreemptWhy::Overran { job, past_ms, declared_ms, user, gpus } => write!(
+                f,
+                "job {job} ran {} past its declared {} runtime, on GPUs reserved for {user}'s {} job",
+                crate::units::duration_ms(*past_ms),
+                crate::units::duration_ms(*declared_ms),
+                shape(gpus)
+            ),
         }
     }
 }
@@ -180,6 +193,7 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
                 .filter_map(|w| state.queued.iter().find(|q| q.job_id == w.job_id))
                 .filter(|q| q.gpus > 0 && (q.gpus >= 2 || starving == Some(q.job_id)) && q.not_before_ms.is_none_or(|nb| nb <= now))
                 .filter(|q| now - q.waiting_since_ms() >= state.config.reserve_after_ms)
+                .filter(|q| outside_blocks(state, q).is_none())
                 .min_by_key(|q| (q.waiting_since_ms(), q.job_id))
                 .map(|q| q.job_id)
         })
@@ -215,18 +229,31 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             continue;
         }
         let waited = now - job.waiting_since_ms();
-        let eligible = |r: &&RunningJob| -> bool {
+        let guarded = |r: &&RunningJob, min_run: i64| -> bool {
             let Some(v) = &r.victim else { return false };
             !used.contains(&r.job_id)
                 && v.stopping_for.is_none()
-                && now - v.started_ms >= rules.min_run_ms
+                && now - v.started_ms >= min_run
                 && v.preempted_today < rules.max_per_day
                 && !v.preempted_for.contains(&id)
                 && !v.took_from.contains(&id)
                 && v.priority <= job.priority
         };
+        let eligible = |r: &&RunningJob| guarded(r, rules.min_run_ms);
         // The rules, in turn: each names its victims and why.
         let mut tried: Vec<(Vec<&RunningJob>, PreemptWhy)> = vec![];
+        // Overrun first: the jobs on its reserved GPUs that broke their runtime promise.
+        let reserved = out.waiting[w].reserved.clone();
+        let margin = state.config.overrun_margin_ms;
+        let liars: Vec<&RunningJob> = state
+            .running
+            .iter()
+            .filter(|r| r.gpus.iter().any(|g| reserved.contains(g)) && overran_ms(r, now, margin).is_some())
+            .filter(|r| guarded(r, 0))
+            .collect();
+        if let Some(first) = liars.first() {
+            tried.push((liars.clone(), overran_why(first, job, now, margin)));
+        }
         if let Some(gap) = rules.priority_gap {
             let vs: Vec<&RunningJob> = state.running.iter().filter(eligible).filter(|r| r.victim.as_ref().is_some_and(|v| v.priority.saturating_add(gap) <= job.priority)).collect();
             if !vs.is_empty() {
@@ -300,7 +327,9 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             for r in &take {
                 used.push(r.job_id);
                 *shares.held.entry(r.user.as_str()).or_default() -= r.gpus.len() as u32;
-                out.preempt.push(Preempt { job: r.job_id, for_job: id, why: why.clone(), gpus: gpus.clone() });
+                // Each overrunning victim is named with its own overrun.
+                let why = if matches!(why, PreemptWhy::Overran { .. }) { overran_why(r, job, now, state.config.overrun_margin_ms) } else { why.clone() };
+                out.preempt.push(Preempt { job: r.job_id, for_job: id, why, gpus: gpus.clone() });
             }
             *shares.held.entry(job.user.as_str()).or_default() += job.gpus;
             let names = take.iter().map(|r| r.job_id.to_string()).collect::<Vec<_>>().join(", ");
@@ -308,6 +337,17 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             out.waiting[w].reserved = sorted_gpus(gpus);
             break;
         }
+    }
+}
+
+/// Why `r` (past its declared runtime) is preempted for `job`.
+fn overran_why(r: &RunningJob, job: &QueuedJob, now: i64, margin: i64) -> PreemptWhy {
+    PreemptWhy::Overran {
+        job: r.job_id,
+        past_ms: overran_ms(r, now, margin).unwrap_or(0),
+        declared_ms: r.declared.map_or(0, |d| d.runtime_ms),
+        user: job.user.clone(),
+        gpus: job.gpus,
     }
 }
 
@@ -347,7 +387,7 @@ mod tests {
     }
     /// A preemptible job on `gpus` that started at `started`, priority 0.
     fn pre(id: i64, user: &str, gpus: &[u32], started: i64) -> RunningJob {
-        RunningJob { job_id: id, user: user.into(), gpus: gpus.to_vec(), gpu_memory: None, expected_end_ms: None, needs: CpuRam::default(), victim: Some(Victim { started_ms: started, ..Default::default() }) }
+        RunningJob { job_id: id, user: user.into(), gpus: gpus.to_vec(), gpu_memory: None, expected_end_ms: None, needs: CpuRam::default(), victim: Some(Victim { started_ms: started, ..Default::default() }), declared: None }
     }
     fn fixed(id: i64, user: &str, gpus: &[u32]) -> RunningJob {
         RunningJob { victim: None, ..pre(id, user, gpus, 0) }
@@ -420,6 +460,57 @@ mod tests {
         for c in cases {
             assert_eq!(decisions(&c.state), c.want, "{}", c.name);
         }
+    }
+
+    /// A preemptible job of `user`'s on `gpus` that declared `declared` ms and has run `past` ms
+    /// beyond it at `now`.
+    fn overrunning(id: i64, user: &str, gpus: &[u32], now: i64, declared: i64, past: i64) -> RunningJob {
+        let started = now - declared - past;
+        RunningJob { expected_end_ms: Some(started + declared), declared: Some(Declared { started_ms: started, runtime_ms: declared }), ..pre(id, user, gpus, started) }
+    }
+
+    /// Issue 18 item 7: bob declared `expected_runtime: 1s` on a 53 s job to be backfilled; it ran
+    /// past its promise and blocked the reserved 4-GPU job, and nothing cut it off.
+    #[test]
+    fn a_job_that_overran_its_declared_runtime_is_preempted_for_the_reservation_it_blocks() {
+        const S: i64 = 1000;
+        let now = 10 * H;
+        let none = PreemptRules { overdue: false, priority_gap: None, fair_share: false, ..Default::default() };
+        // alice's 4-GPU job (job 1) has waited 10 h: GPUs 0-3 are reserved for it. GPUs 0-2 are free;
+        // bob's job 12 on GPU 3 declared 1 s and has run 53 s past it.
+        let issue = |rules: PreemptRules| st(4, vec![overrunning(12, "bob", &[3], now, S, 53 * S)], vec![q(1, "alice", 4, 0, 0)], now, rules);
+        struct Case {
+            name: &'static str,
+            state: State,
+            want: Vec<(i64, i64)>,
+        }
+        let cases = vec![
+            Case { name: "the issue: 53 s past a 1 s declaration, preemptible: preempted (min_run does not protect a broken promise)", state: issue(only_overdue()), want: vec![(12, 1)] },
+            Case { name: "the overrun rule holds with every other rule off", state: issue(none.clone()), want: vec![(12, 1)] },
+            Case { name: "main's behaviour (a margin never reached): the overdue rule waits for min_run, 10 min", state: { let mut s = issue(only_overdue()); s.config.overrun_margin_ms = i64::MAX / 4; s }, want: vec![] },
+            Case { name: "within the margin (20 s past, margin 30 s): not yet", state: st(4, vec![overrunning(12, "bob", &[3], now, S, 20 * S)], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+            Case { name: "a long declaration's margin is a tenth of it: 10 h declared, 30 min past, is not an overrun", state: st(4, vec![overrunning(12, "bob", &[3], now, 10 * H, 30 * M)], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+            Case { name: "...70 min past is", state: st(4, vec![overrunning(12, "bob", &[3], now, 10 * H, 70 * M)], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![(12, 1)] },
+            Case { name: "not preemptible: never stopped (demoted instead)", state: st(4, vec![RunningJob { victim: None, ..overrunning(12, "bob", &[3], now, S, 53 * S) }], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+            Case { name: "only for a reservation: a job that has not waited past reserve_after preempts no one", state: st(4, vec![overrunning(12, "bob", &[3], now, S, 53 * S)], vec![q(1, "alice", 4, 0, now - 5 * M)], now, none.clone()), want: vec![] },
+            Case { name: "the other guard rails hold: max_per_day", state: st(4, vec![with(overrunning(12, "bob", &[3], now, S, 53 * S), |v| v.preempted_today = 3)], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+            Case { name: "the other guard rails hold: never for a lower-priority job", state: st(4, vec![with(overrunning(12, "bob", &[3], now, S, 53 * S), |v| v.priority = 5)], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+            Case { name: "an honest job beside it still runs: preempting the liar alone would not let the job start, so not yet", state: st(4, vec![overrunning(12, "bob", &[3], now, S, 53 * S), RunningJob { victim: None, expected_end_ms: Some(now + H), ..pre(13, "cho", &[2], 0) }], vec![q(1, "alice", 4, 0, 0)], now, none.clone()), want: vec![] },
+        ];
+        for c in cases {
+            assert_eq!(decisions(&c.state), c.want, "{}", c.name);
+        }
+        // What the user sees: the victim's reason and the waiting job's.
+        let p = plan(&issue(only_overdue()));
+        assert_eq!(p.preempt[0].why.to_string(), "job 12 ran 53s past its declared 1s runtime, on GPUs reserved for alice's 4-GPU job");
+        assert_eq!(p.waiting[0].reason, "preempting job 12 for it (job 12 ran 53s past its declared 1s runtime, on GPUs reserved for alice's 4-GPU job); starts when it has stopped");
+        assert_eq!(p.waiting[0].reserved, vec![0, 1, 2, 3]);
+        // Not preemptible: it runs on, and the reserved job says whom it waits for and why.
+        let s = st(4, vec![RunningJob { victim: None, ..overrunning(12, "bob", &[3], now, S, 53 * S) }], vec![q(1, "alice", 4, 0, 0), q(2, "cho", 1, 0, now)], now, none);
+        let p = plan(&s);
+        assert_eq!(p.placements, vec![], "the reservation holds GPUs 0-2 for it; nothing backfills on a broken promise: {p:?}");
+        let w = &p.waiting.iter().find(|w| w.job_id == 1).unwrap().reason;
+        assert!(w.ends_with("; waits for job 12, which ran 53s past its declared 1s runtime (not preemptible, so it runs to its end; no job is backfilled on its promise any more)"), "{w}");
     }
 
     #[test]

@@ -13,7 +13,9 @@ pub(super) fn may_backfill(job: &QueuedJob, shadow: Option<i64>, ctx: &Ctx) -> b
 pub(super) fn reserve(slots: &mut [Slot], job: &QueuedJob, ctx: &Ctx) -> Vec<u32> {
     let mut cands: Vec<(i64, usize, u32)> = slots
         .iter()
-        .filter(|s| s.reserved_by.is_none() && !s.external && job.filter.eligible(&s.name, s.total))
+        // A GPU whose outside use has not lasted a minute yet may be a job that just ended and is
+        // still listed by the last sample: it stays reservable (else a backfill slips in for a pass).
+        .filter(|s| s.reserved_by.is_none() && !s.external_settled && job.filter.eligible(&s.name, s.total))
         .map(|s| {
             let free_at = if ctx.use_runtimes { s.free_at(ctx.now).unwrap_or(i64::MAX) } else { 0 };
             (free_at, s.shared_jobs.len() + usize::from(s.exclusive_by.is_some()), s.index)
@@ -49,7 +51,7 @@ mod drain_tests {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     pub(super) fn run(id: i64, gpu: u32, end: i64) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default(), victim: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: Some(end), needs: CpuRam::default(), victim: None, declared: None }
     }
 
     #[test]
@@ -76,7 +78,7 @@ mod fgd_and_reservation_tests {
         QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: at, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
     }
     pub(super) fn run(id: i64, gpus: &[u32], mem: Option<u64>, end: Option<i64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default(), victim: None }
+        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: end, needs: CpuRam::default(), victim: None, declared: None }
     }
     pub(super) fn state(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64) -> State {
         // The mechanisms one at a time: aging on, no drain limit (the defaults are tested below).

@@ -57,6 +57,19 @@ impl Store {
         Ok(rows)
     }
 
+    /// Per owner, how many attempts that ended since `since` ran past their job's declared runtime
+    /// by more than the margin (`margin_ms`, or a tenth of the declaration when longer; see
+    /// `scheduler::overran_ms`): what `estimate::trusted_runtime` weighs a declaration by.
+    pub fn overruns_since(&self, since: i64, margin_ms: i64) -> Result<std::collections::HashMap<String, u32>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT j.owner, COUNT(*) FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE j.expected_runtime_ms IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at >= ?1 \
+             AND a.ended_at - a.started_at - j.expected_runtime_ms > MAX(?2, j.expected_runtime_ms / ?3) GROUP BY j.owner",
+        )?;
+        let rows = st.query_map(params![since, margin_ms, crate::defaults::OVERRUN_FRACTION_DIV], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u32)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Mean wait (ms) of first attempts started since `since`.
     pub fn typical_wait(&self, since: i64) -> Result<Option<i64>> {
         let v: Option<f64> = self

@@ -19,7 +19,9 @@ impl DockerBackend {
         let ours: Vec<String> = e.running.lock().unwrap().values().filter_map(|h| h.run.as_ref()?.container().map(String::from)).collect();
         let orphaned: Vec<u32> = e.health.read().unwrap().orphans.iter().filter(|o| o.running).flat_map(|o| o.gpus.clone()).collect();
         let foreign = self.foreign.read().unwrap();
-        e.latest
+        let now = e.now();
+        let mut since = self.outside_since.lock().unwrap();
+        let views: Vec<GpuView> = e.latest
             .read()
             .unwrap()
             .iter()
@@ -37,6 +39,18 @@ impl DockerBackend {
                         Some(c) => !ours.iter().any(|o| o == c),
                         None => true,
                     }),
+                outside_since_ms: None,
+            })
+            .collect();
+        views
+            .into_iter()
+            .map(|mut v| {
+                if v.external_busy {
+                    v.outside_since_ms = Some(*since.entry(v.index).or_insert(now));
+                } else {
+                    since.remove(&v.index);
+                }
+                v
             })
             .collect()
     }

@@ -40,6 +40,8 @@ pub(crate) struct DockerBackend {
     layer_ok: std::sync::atomic::AtomicBool,
     /// When Docker's free space was last looked at (ms).
     disk_at: AtomicI64,
+    /// Since when each GPU has been used outside this engine without a break (`GpuView::outside_since_ms`).
+    outside_since: std::sync::Mutex<std::collections::HashMap<u32, i64>>,
 }
 
 impl DockerBackend {
@@ -52,6 +54,7 @@ impl DockerBackend {
             storage: RwLock::new(None),
             layer_ok: Default::default(),
             disk_at: AtomicI64::new(i64::MIN / 2),
+            outside_since: Default::default(),
         }
     }
 
