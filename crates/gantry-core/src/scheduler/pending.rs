@@ -86,7 +86,7 @@ mod tests {
     }
 
     fn run(id: i64, gpus: u32, v: Option<Victim>) -> RunningJob {
-        RunningJob { job_id: id, user: "ann".into(), gpus: (0..gpus).collect(), gpu_memory: None, expected_end_ms: None, needs: Default::default(), victim: v }
+        RunningJob { job_id: id, user: "ann".into(), gpus: (0..gpus).collect(), gpu_memory: None, expected_end_ms: None, needs: Default::default(), victim: v, declared: None }
     }
 
     fn victim(priority: i32, ran_min: i64) -> Option<Victim> {

@@ -141,6 +141,7 @@ impl SlurmBackend {
                     expected_end_ms: None,
                     needs: Default::default(),
                     victim: h.victim.clone(),
+                    declared: None,
                 }),
                 _ => {}
             }
