@@ -434,3 +434,86 @@ fn a_slurmctld_restart_while_jobs_pend_and_run_loses_nothing() {
     }
     assert!(l.e.logs(run).contains("ran") && l.e.logs(pend).contains("pend ran"));
 }
+
+/// Preemption on Slurm (issue 19): a preemptible job that counts steps into a file in its own mount
+/// and saves a checkpoint on SIGUSR1 holds all 4 GPUs; a job 10 above it pends in Slurm for them;
+/// Gantry sends the signal (`scancel --signal=USR1 --batch`, handed to the container by the batch
+/// script), then `scontrol requeue`s it. The urgent job runs; the SAME Slurm job runs again (restart
+/// count 1) and resumes from its checkpoint with GANTRY_RESTART_COUNT=1; every step is in the file
+/// exactly once.
+#[test]
+fn gantry_preempts_a_slurm_job_by_requeue_and_it_resumes_from_its_checkpoint() {
+    let l = lab_with("[preemption]\nenabled = true\nreserve_after = false\npriority_gap = 10\nmin_run = \"1s\"\n");
+    let work = l.ann.private_dir("slurm-ckpt");
+    let train = l.submit(
+        &l.ann,
+        "train",
+        &format!(
+            "name: train\nimage: {IMAGE}\ngpus: 4\ntimeout: 30m\npreemptible: true\ncheckpoint: {{signal: SIGUSR1, grace: 1m}}\nmounts: ['{}:/work']\ncommand: |\n  n=$(cat /work/ckpt 2>/dev/null || echo 0)\n  echo \"restart=$GANTRY_RESTART_COUNT attempt=$GANTRY_ATTEMPT preemptible=$GANTRY_PREEMPTIBLE from=$n\"\n  stop=0\n  trap 'stop=1' USR1\n  while [ $n -lt 40 ]; do\n    if [ $stop = 1 ]; then echo $n > /work/ckpt; echo \"checkpoint at $n\"; exit 0; fi\n    n=$((n+1)); echo $n >> /work/steps; sleep 0.3\n  done\n  echo $n > /work/ckpt; echo finished\n",
+            work.display()
+        ),
+    );
+    let sid = l.slurm_id(train);
+    l.e.wait_until("a few steps", || std::fs::read_to_string(work.join("steps")).map(|s| s.lines().count() >= 5).unwrap_or(false));
+    let j = scontrol_job(sid);
+    assert_eq!(j["Requeue"], "1", "{j:?}");
+    let urgent = l.submit(&l.bob, "urgent", &format!("name: urgent\nimage: {IMAGE}\ngpus: 4\npriority: 10\ntimeout: 5m\ncommand: echo urgent ran\n"));
+    assert_eq!(l.wait_final(urgent)["job"]["state"], "succeeded");
+    // Slurm starts a requeued job again only after its BeginTime, about 2 minutes on.
+    let t = Instant::now();
+    while l.e.show(train)["job"]["state"] != "succeeded" && t.elapsed() < Duration::from_secs(420) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let done = l.wait_final(train);
+    assert_eq!(done["job"]["state"], "succeeded", "{done}");
+    let attempts = done["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "one preempted attempt, one that finished: {done}");
+    assert_eq!((attempts[0]["reason"].as_str(), attempts[1]["reason"].as_str()), (Some("preempted"), Some("exited")), "{done}");
+    let msg = attempts[0]["message"].as_str().unwrap_or("");
+    assert!(msg.starts_with(&format!("preempted by job {urgent} (gslurm-bob's 4-GPU job has priority 10, this one 0)")), "{msg}");
+    assert_eq!((attempts[0]["slurm_job_id"].as_u64(), attempts[1]["slurm_job_id"].as_u64()), (Some(sid), Some(sid)), "requeued, not submitted again: {done}");
+    assert_eq!(scontrol_job(sid)["Restarts"], "1", "Slurm restarted it once");
+    assert_eq!(slurm_jobs_with_comment(&format!("gantry:{}:{train}:", db_uid(&l.e))).len(), 1, "one Slurm job for train");
+    // The urgent job ran on the GPUs the preemption freed (Slurm's start is in whole seconds; the
+    // preempted attempt's end is when Gantry saw the requeue).
+    let u = l.e.show(urgent);
+    assert!(u["attempts"][0]["started_at"].as_i64().unwrap() + 2_000 >= attempts[0]["ended_at"].as_i64().unwrap(), "urgent ran beside the job it preempted: {u} {done}");
+    assert!(attempts[1]["started_at"].as_i64().unwrap() >= u["attempts"][0]["started_at"].as_i64().unwrap(), "{u} {done}");
+    let log = l.e.logs(train);
+    assert!(log.contains("restart=0 attempt=1 preemptible=1 from=0"), "{log}");
+    assert!(log.contains("checkpoint at "), "the job got its checkpoint signal: {log}");
+    assert!(log.contains("restart=1 attempt=2 preemptible=1 from="), "resumed with GANTRY_RESTART_COUNT=1: {log}");
+    assert!(log.contains("finished"), "{log}");
+    let steps: Vec<u32> = std::fs::read_to_string(work.join("steps")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(steps, (1..=40).collect::<Vec<u32>>(), "every step exactly once, in order");
+}
+
+/// A requeue Gantry did not decide (an admin's `scontrol requeue`, as Slurm's own PreemptMode=REQUEUE
+/// or a node failure does it): the attempt is recorded `preempted` by Slurm, not counted against
+/// `retries` (0 here), and the next attempt follows the same Slurm job, which runs again with
+/// GANTRY_RESTART_COUNT=1.
+#[test]
+fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_job_runs_again_in_the_same_slurm_job() {
+    let l = lab_with("[preemption]\nenabled = true\n");
+    let id = l.submit(
+        &l.ann,
+        "requeued",
+        &format!("name: requeued\nimage: {IMAGE}\ngpus: 1\nretries: 0\ntimeout: 30m\npreemptible: true\ncommand: 'echo restart=$GANTRY_RESTART_COUNT; if [ \"$GANTRY_RESTART_COUNT\" = 0 ]; then sleep 600; fi; echo done'\n"),
+    );
+    let sid = l.slurm_id(id);
+    l.e.wait_until("it runs", || l.e.logs(id).contains("restart=0"));
+    let out = Command::new("scontrol").args(["requeue", &sid.to_string()]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let t = Instant::now();
+    while l.e.show(id)["job"]["state"] != "succeeded" && t.elapsed() < Duration::from_secs(420) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let done = l.wait_final(id);
+    assert_eq!(done["job"]["state"], "succeeded", "{done}");
+    let a = done["attempts"].as_array().unwrap();
+    assert_eq!((a.len(), a[0]["reason"].as_str(), a[1]["reason"].as_str()), (2, Some("preempted"), Some("exited")), "{done}");
+    assert!(a[0]["message"].as_str().unwrap_or("").starts_with("preempted by Slurm (it requeued the job"), "{done}");
+    assert_eq!((a[0]["slurm_job_id"].as_u64(), a[1]["slurm_job_id"].as_u64()), (Some(sid), Some(sid)), "{done}");
+    let log = l.e.logs(id);
+    assert!(log.contains("restart=1") && log.contains("done"), "{log}");
+}

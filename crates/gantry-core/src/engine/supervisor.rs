@@ -162,8 +162,11 @@ impl Engine {
         // What it had used of its GPUs this attempt (what the preemption cost, at most).
         let how = &match how {
             How::Preempted { code, by } => {
-                let gpus = attempt.gpus.len().max(1) as i64;
-                How::Preempted { code: *code, by: format!("{by} after {} GPU-minutes", (self.now() - attempt.started_at).max(0) * gpus / 60_000) }
+                // As recorded now: the Slurm backend writes the GPUs and the start Slurm gave it.
+                let recorded = self.reader().open_attempt(job_id).ok().flatten().filter(|a| a.id == attempt.id);
+                let a = recorded.as_ref().unwrap_or(attempt);
+                let gpus = a.gpus.len().max(1) as i64;
+                How::Preempted { code: *code, by: format!("{by} after {} GPU-minutes", (self.now() - a.started_at).max(0) * gpus / 60_000) }
             }
             other => other.clone(),
         };

@@ -26,6 +26,7 @@ mod explain;
 mod fit;
 mod keep;
 mod order;
+mod pending;
 mod preempt;
 mod reserve;
 pub use book::*;
@@ -34,6 +35,7 @@ use explain::*;
 pub use fit::*;
 pub use keep::*;
 pub use order::*;
+pub use pending::*;
 pub use preempt::*;
 use reserve::*;
 

@@ -40,6 +40,12 @@ pub trait SlurmClient: Send + Sync + 'static {
     async fn queue(&self) -> Result<Vec<SqJob>, SlurmError>;
     /// `scancel ID` (or `ID_TASK`) as the job's owner.
     async fn cancel(&self, who: &As, target: &str) -> Result<(), SlurmError>;
+    /// `scancel --signal=SIG --batch ID` as the job's owner: the checkpoint signal to the batch shell,
+    /// whose trap hands it to the container (`SIG` without its `SIG` prefix: `USR1`).
+    async fn signal(&self, who: &As, target: &str, signal: &str) -> Result<(), SlurmError>;
+    /// `scontrol requeue ID` as the job's owner: back to Slurm's queue (its processes stopped), the
+    /// same Slurm job started again later with `SLURM_RESTART_COUNT` one higher.
+    async fn requeue(&self, who: &As, target: &str) -> Result<(), SlurmError>;
     /// The cluster's nodes and their GPUs.
     async fn nodes(&self) -> Result<Vec<Node>, SlurmError>;
     /// Where `jobcomp/filetxt` writes (`JobCompLoc`), when that is the plugin.
@@ -117,6 +123,15 @@ impl SlurmClient for Slurm {
     /// `scancel ID` (or `ID_TASK`) as the job's owner.
     async fn cancel(&self, who: &As, target: &str) -> Result<(), SlurmError> {
         Self::output(Self::command(Some(who), "scancel", &[target.to_string()]), "scancel").await.map(|_| ())
+    }
+
+    async fn signal(&self, who: &As, target: &str, signal: &str) -> Result<(), SlurmError> {
+        let args = [format!("--signal={signal}"), "--batch".into(), target.to_string()];
+        Self::output(Self::command(Some(who), "scancel", &args), "scancel --signal").await.map(|_| ())
+    }
+
+    async fn requeue(&self, who: &As, target: &str) -> Result<(), SlurmError> {
+        Self::output(Self::command(Some(who), "scontrol", &["requeue".into(), target.to_string()]), "scontrol requeue").await.map(|_| ())
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, SlurmError> {

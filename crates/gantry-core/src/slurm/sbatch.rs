@@ -29,6 +29,29 @@ pub struct Submission<'a> {
     pub after: Vec<String>,
     /// Mounts as checked with the owner's permissions (host paths).
     pub mounts: Vec<crate::access::ResolvedMount>,
+    /// Gantry may preempt it: its checkpoint signal and grace (`--requeue`, `--signal`).
+    pub preempt: Option<Checkpoint>,
+    /// Its attempts that ended by preemption before this Slurm job (`GANTRY_RESTART_COUNT` adds
+    /// Slurm's own `SLURM_RESTART_COUNT` to it).
+    pub restarts: u32,
+}
+
+/// A preemptible job's checkpoint signal (`SIGUSR1`) and grace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub signal: String,
+    pub grace: Duration,
+}
+
+/// The most `--signal=…@TIME` takes (seconds).
+pub const MAX_SIGNAL_TIME: u64 = 65535;
+
+impl Checkpoint {
+    /// The grace in whole seconds, rounded up, as `--signal` takes it (at most [`MAX_SIGNAL_TIME`]).
+    pub fn grace_s(&self) -> u64 {
+        let ms = self.grace.as_millis() as u64;
+        ms.div_ceil(1000).min(MAX_SIGNAL_TIME)
+    }
 }
 
 /// The marker that finds a submitted attempt again: in `--comment`.
@@ -122,8 +145,22 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
     if let Some(m) = job.limits.memory {
         a.push(format!("--mem={}M", m.div_ceil(1 << 20).max(1)));
     }
-    if let Some(t) = job.timeout {
-        a.push(format!("--time={}", minutes(t)));
+    match (job.timeout, &s.preempt) {
+        // Slurm sends `--signal` GRACE seconds (up to a minute more) before the time limit: for a
+        // preemptible job the limit is the timeout + its grace + a minute, so that signal never comes
+        // before Gantry's own timeout (which stops it, and is never retried).
+        (Some(t), Some(c)) => a.push(format!("--time={}", minutes(t + Duration::from_secs(c.grace_s() + 60)))),
+        (Some(t), None) => a.push(format!("--time={}", minutes(t))),
+        (None, _) => {}
+    }
+    if let Some(c) = &s.preempt {
+        // Requeued (Gantry's `scontrol requeue`, or Slurm's own preemption) rather than ended; the
+        // checkpoint signal to the batch shell, whose trap hands it to the container.
+        a.push("--requeue".into());
+        // Slurm truncates the output file when it starts a requeued job again: keep what ran before
+        // (Gantry copies the file on from where it was).
+        a.push("--open-mode=append".into());
+        a.push(format!("--signal=B:{}@{}", super::slurm_signal(&c.signal), c.grace_s()));
     }
     let nice = nice_for(job.spec.priority, s.priority_range, set.max_nice);
     if nice > 0 {
@@ -184,24 +221,33 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
     let job = s.job;
     let q = |v: &str| sh_quote(v);
     let mut env: Vec<(String, String)> = job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    env.retain(|(k, _)| !["GANTRY_JOB_ID", "GANTRY_ATTEMPT", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"].contains(&k.as_str()));
+    env.retain(|(k, _)| !["GANTRY_JOB_ID", "GANTRY_ATTEMPT", "GANTRY_RESTART_COUNT", "GANTRY_PREEMPTIBLE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"].contains(&k.as_str()));
     env.push(("GANTRY_JOB_ID".into(), job_id.to_string()));
-    env.push(("GANTRY_ATTEMPT".into(), attempt_n.to_string()));
+    if s.preempt.is_some() {
+        env.push(("GANTRY_PREEMPTIBLE".into(), "1".into()));
+    }
     let cmd: Vec<String> = job.spec.command.as_ref().map(|c| c.argv()).unwrap_or_default();
     let mut out = String::new();
     out.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+    out.push_str("# Requeued (a preemption), Slurm runs this script again with SLURM_RESTART_COUNT: each run is a Gantry attempt.\n");
+    out.push_str(&format!("restarts=$(({} + ${{SLURM_RESTART_COUNT:-0}}))\nattempt=$(({attempt_n} + ${{SLURM_RESTART_COUNT:-0}}))\n", s.restarts));
+    // The checkpoint signal reaches this shell (`--signal=B:`, `scancel --batch`): hand it on.
+    let ckpt = s.preempt.as_ref().map(|c| (super::slurm_signal(&c.signal).to_string(), c.grace_s()));
     out.push_str("# The GPUs Slurm allocated, as the node numbers them; inside, the job sees them as 0..N-1.\n");
     out.push_str("gpus=\"${SLURM_JOB_GPUS:-}\"\n");
     out.push_str("visible=$(echo \"$gpus\" | awk -F, 'NF{for(i=0;i<NF;i++) printf \"%s%d\", (i?\",\":\"\"), i}')\n");
     match runtime {
         Runtime::Docker => {
             out.push_str("name=\"gantry-slurm-$SLURM_JOB_ID\"\n");
+            out.push_str("# A run of this Slurm job before its requeue must not run beside this one.\n");
+            out.push_str("[ \"${SLURM_RESTART_COUNT:-0}\" -gt 0 ] && docker rm -f \"$name\" >/dev/null 2>&1\n");
             out.push_str("if [ -n \"$gpus\" ]; then set -- --gpus \"\\\"device=$gpus\\\"\"; else set -- -e NVIDIA_VISIBLE_DEVICES=void; fi\n");
             let mut run = vec![
                 "docker run --name \"$name\" --init".to_string(),
                 format!("--user {}:{}", s.uid, s.gid),
                 "--security-opt no-new-privileges --cap-drop ALL".into(),
                 "-e CUDA_VISIBLE_DEVICES=\"$visible\" -e GANTRY_SLURM_GPUS=\"$gpus\"".into(),
+                "-e GANTRY_ATTEMPT=\"$attempt\" -e GANTRY_RESTART_COUNT=\"$restarts\"".into(),
             ];
             if let Some(c) = job.limits.cpus_milli {
                 run.push(format!("--cpus {}", c as f64 / 1000.0));
@@ -224,7 +270,15 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             out.push_str(&run.join(" \\\n  "));
             out.push_str(" &\npid=$!\n");
             out.push_str("# Cancel and time limit: Slurm signals this script; stop the container, not just its client.\n");
-            out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n");
+            match &ckpt {
+                // SIGTERM is the checkpoint signal: the container gets its grace before the kill.
+                Some((sig, g)) if sig == "TERM" => out.push_str(&format!("trap 'docker stop -t {} \"$name\" >/dev/null 2>&1' TERM INT\n", (*g).max(10))),
+                Some((sig, _)) => {
+                    out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n");
+                    out.push_str(&format!("trap 'docker kill -s {sig} \"$name\" >/dev/null 2>&1' {sig}\n"));
+                }
+                None => out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n"),
+            }
             out.push_str("wait \"$pid\"; code=$?\n");
             out.push_str("while kill -0 \"$pid\" 2>/dev/null; do wait \"$pid\"; code=$?; done\n");
             out.push_str("# Killed at its memory limit: say so (Gantry records it as out of memory), then remove the container.\n");
@@ -236,7 +290,11 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             return out;
         }
         Runtime::Apptainer => {
-            let mut run = vec!["apptainer exec --nv --containall --no-home".to_string(), "--env CUDA_VISIBLE_DEVICES=\"$visible\" --env GANTRY_SLURM_GPUS=\"$gpus\"".into()];
+            let mut run = vec![
+                "apptainer exec --nv --containall --no-home".to_string(),
+                "--env CUDA_VISIBLE_DEVICES=\"$visible\" --env GANTRY_SLURM_GPUS=\"$gpus\"".into(),
+                "--env GANTRY_ATTEMPT=\"$attempt\" --env GANTRY_RESTART_COUNT=\"$restarts\"".into(),
+            ];
             for m in &s.mounts {
                 run.push(format!("--bind {}", q(&format!("{}:{}{}", m.host.display(), m.container, if m.read_only { ":ro" } else { "" }))));
             }
@@ -251,6 +309,9 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             out.push_str(&run.join(" \\\n  "));
             out.push_str(" &\npid=$!\n");
             out.push_str("trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT\n");
+            if let Some((sig, _)) = ckpt.as_ref().filter(|(sig, _)| sig != "TERM") {
+                out.push_str(&format!("trap 'kill -{sig} \"$pid\" 2>/dev/null' {sig}\n"));
+            }
         }
     }
     out.push_str("wait \"$pid\"; code=$?\n");

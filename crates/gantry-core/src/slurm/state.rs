@@ -78,6 +78,10 @@ pub struct SqJob {
     /// The tasks of an array not started yet (its pending record).
     #[serde(default)]
     pub array_task_string: String,
+    /// How often Slurm requeued it (`scontrol requeue`, its own preemption with PreemptMode=REQUEUE,
+    /// a node failure); the job sees it as `SLURM_RESTART_COUNT`.
+    #[serde(default)]
+    pub restart_cnt: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +126,11 @@ impl SqJob {
             }
             v => number(v).map(decode_wait_status),
         }
+    }
+
+    /// `restart_cnt`, when Slurm says.
+    pub fn restarts(&self) -> Option<u32> {
+        number(&self.restart_cnt).map(|n| n.max(0) as u32)
     }
 
     pub fn started_at_s(&self) -> Option<i64> {
@@ -195,6 +204,29 @@ pub fn seen(state: &str, reason: &str, exit: Option<i64>, started: bool, stopped
         "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "REVOKED" => Seen::Ended(How::Lost(format!("Slurm ended it: {state}{}", if reason.is_empty() || reason == "None" { String::new() } else { format!(" ({reason})") }))),
         other => Seen::Pending(format!("in Slurm state {other}")),
     }
+}
+
+/// Whether Slurm requeued the Slurm job an attempt follows: its restart count passed the attempt's
+/// `base` (the count when the attempt began following it); where Slurm shows no restart count, it is
+/// back in Slurm's queue after the attempt saw it run. Then the attempt ended by preemption (Gantry's `scontrol requeue`, or Slurm's
+/// own), and the job's next attempt follows the same Slurm job ([`adoptable`]).
+pub fn requeued(state: &str, restarts: Option<u32>, base: u32, ran: bool) -> bool {
+    match restarts {
+        Some(n) => n > base,
+        None => ran && matches!(state, "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"),
+    }
+}
+
+/// Whether a job's next attempt takes over the Slurm job its preempted attempt followed (instead of a
+/// new `sbatch`): Slurm requeued it (`restarts` reached `base`, the attempts that followed it before)
+/// and it has not ended since.
+pub fn adoptable(state: &str, restarts: Option<u32>, base: u32) -> bool {
+    restarts.is_none_or(|n| n >= base) && base > 0 && matches!(seen(state, "", None, false, None, None), Seen::Pending(_) | Seen::Running)
+}
+
+/// Slurm's signal name for `--signal`/`scancel --signal`: `SIGUSR1` -> `USR1`.
+pub fn slurm_signal(name: &str) -> &str {
+    name.strip_prefix("SIG").unwrap_or(name)
 }
 
 /// A PENDING reason in words (the reason itself stays in parentheses: admins know it).

@@ -19,6 +19,8 @@ fn sub(j: &ValidJob) -> Submission<'_> {
         priority_range: (-10, 10),
         after: vec![],
         mounts: vec![],
+        preempt: None,
+        restarts: 0,
     }
 }
 
@@ -263,4 +265,81 @@ fn output_is_read_only_from_a_plain_file_the_owner_owns() {
     std::fs::write(d.path().join("secret"), "s").unwrap();
     std::os::unix::fs::symlink(d.path().join("secret"), u.join("b.out")).unwrap();
     assert!(read_output(d.path(), me, "b.out", 0).is_err(), "a symlink is never followed");
+}
+
+/// A preemptible job: `--requeue`, its checkpoint signal to the batch shell `grace` seconds (rounded
+/// up, at most 65535) before the time limit, and a time limit past Gantry's own timeout by the grace
+/// and a minute (so Slurm's early signal never comes before Gantry's timeout).
+#[test]
+fn a_preemptible_job_is_submitted_with_requeue_and_its_checkpoint_signal() {
+    let ck = |signal: &str, grace_ms: u64| Some(Checkpoint { signal: signal.into(), grace: std::time::Duration::from_millis(grace_ms) });
+    // (spec, checkpoint, wanted arguments after the base ones, the script's lines)
+    let rows: Vec<(&str, Option<Checkpoint>, Vec<&str>, Vec<&str>)> = vec![
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR1", 120_000), vec!["--requeue", "--open-mode=append", "--signal=B:USR1@120"], vec!["trap 'docker kill -s USR1 \"$name\" >/dev/null 2>&1' USR1", "trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 1_500), vec!["--requeue", "--open-mode=append", "--signal=B:TERM@2"], vec!["trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGTERM", 300_000), vec!["--requeue", "--open-mode=append", "--signal=B:TERM@300"], vec!["trap 'docker stop -t 300 \"$name\" >/dev/null 2>&1' TERM INT"]),
+        ("name: t\nimage: a\ngpus: 1\n", ck("SIGUSR2", 100_000_000), vec!["--requeue", "--open-mode=append", "--signal=B:USR2@65535"], vec!["trap 'docker kill -s USR2 \"$name\" >/dev/null 2>&1' USR2"]),
+        // The timeout (90 s) plus the grace (120 s) and a minute: 270 s, 5 minutes.
+        ("name: t\nimage: a\ngpus: 1\ntimeout: 90s\n", ck("SIGUSR1", 120_000), vec!["--time=5", "--requeue", "--open-mode=append", "--signal=B:USR1@120"], vec![]),
+        ("name: t\nimage: a\ngpus: 1\ntimeout: 90s\n", None, vec!["--time=2"], vec![]),
+    ];
+    for (spec, c, want, lines) in rows {
+        let j = job(spec);
+        let s = Submission { preempt: c.clone(), restarts: 2, ..sub(&j) };
+        let got = sbatch_args(&s, &Settings::default()).unwrap();
+        let tail: Vec<&str> = got.iter().map(String::as_str).filter(|a| a.starts_with("--time") || a.starts_with("--requeue") || a.starts_with("--open-mode") || a.starts_with("--signal")).collect();
+        assert_eq!(tail, want, "{spec} {c:?}");
+        let script = batch_script(&s, 7, 3, Runtime::Docker);
+        for l in lines {
+            assert!(script.lines().any(|x| x == l), "{spec} {c:?}: no line {l:?} in\n{script}");
+        }
+        // Each run of the Slurm job is an attempt: Slurm's restart count on top of Gantry's.
+        assert!(script.contains("restarts=$((2 + ${SLURM_RESTART_COUNT:-0}))\nattempt=$((3 + ${SLURM_RESTART_COUNT:-0}))\n"), "{script}");
+        assert!(script.contains("-e GANTRY_ATTEMPT=\"$attempt\" -e GANTRY_RESTART_COUNT=\"$restarts\""), "{script}");
+        assert_eq!(script.contains("'GANTRY_PREEMPTIBLE=1'"), c.is_some(), "{script}");
+        assert!(script.contains("[ \"${SLURM_RESTART_COUNT:-0}\" -gt 0 ] && docker rm -f \"$name\""), "the run before a requeue never runs beside it: {script}");
+        let app = batch_script(&s, 7, 3, Runtime::Apptainer);
+        assert!(app.contains("--env GANTRY_ATTEMPT=\"$attempt\" --env GANTRY_RESTART_COUNT=\"$restarts\""), "{app}");
+        if let Some(c) = c.filter(|c| c.signal != "SIGTERM") {
+            let sig = slurm_signal(&c.signal);
+            assert!(app.contains(&format!("trap 'kill -{sig} \"$pid\" 2>/dev/null' {sig}\n")), "{app}");
+        }
+    }
+}
+
+/// When an attempt's Slurm job was requeued, and when the next attempt takes it over.
+#[test]
+fn requeue_and_adoption_table() {
+    // (state, restart count, the attempt's base, it saw it run) -> requeued
+    let rows = [
+        ("RUNNING", Some(0), 0, true, false),
+        ("RUNNING", Some(1), 0, true, true), // requeued and started again between two polls
+        ("PENDING", Some(1), 0, false, true),
+        ("PENDING", Some(0), 0, true, false),
+        ("PENDING", None, 0, true, true), // back in the queue after it ran (no restart count shown)
+        ("REQUEUED", None, 0, true, true),
+        ("PENDING", None, 0, false, false),
+        ("PENDING", Some(1), 1, false, false), // the attempt that took it over, waiting for its BeginTime
+        ("PENDING", Some(1), 1, true, false), // it saw the last run finishing (COMPLETING), then the queue
+        ("RUNNING", Some(1), 1, true, false),
+        ("COMPLETED", Some(0), 0, true, false),
+    ];
+    for (state, n, base, ran, want) in rows {
+        assert_eq!(requeued(state, n, base, ran), want, "{state} restarts {n:?} base {base} ran {ran}");
+    }
+    // (state, restart count, attempts that followed it before) -> the next attempt takes it over
+    let rows = [
+        ("PENDING", Some(1), 1, true),
+        ("RUNNING", Some(1), 1, true),
+        ("COMPLETING", Some(1), 1, true),
+        ("REQUEUED", None, 1, true),
+        ("PENDING", Some(0), 1, false),
+        ("COMPLETED", Some(1), 1, false),
+        ("CANCELLED", Some(1), 1, false),
+        ("PENDING", Some(0), 0, false),
+    ];
+    for (state, n, base, want) in rows {
+        assert_eq!(adoptable(state, n, base), want, "{state} restarts {n:?} base {base}");
+    }
+    assert_eq!((slurm_signal("SIGUSR1"), slurm_signal("USR2")), ("USR1", "USR2"));
 }

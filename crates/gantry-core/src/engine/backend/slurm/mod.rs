@@ -26,7 +26,7 @@ use crate::engine::{append_log, Engine, EngineError};
 use crate::gpu::{GpuError, GpuSample};
 use crate::outcome::How;
 use crate::protocol::GpuStatus;
-use crate::scheduler::Waiting;
+use crate::scheduler::{self, Waiting};
 use crate::slurm::{self as sl, As, Node, Resume, Settings, SlurmClient, SqJob};
 use crate::spec::{SpecError, ValidJob};
 use crate::store::{Attempt, Job, QueuedRow, RunRef};
@@ -112,6 +112,63 @@ async fn tracker(e: Arc<Engine>, s: Arc<Shared>) {
     }
 }
 
+impl SlurmBackend {
+    /// Gantry's own preemptions on Slurm, each pass: this engine's jobs whose Slurm jobs pend for
+    /// resources against its running preemptible ones, by the priority rule
+    /// ([`scheduler::preempt_pending`]); carried out like the workstation's (recorded on the
+    /// attempt first, then its supervisor stops it: checkpoint signal, grace, `scontrol requeue`).
+    fn preempt_for_pending(&self, e: &Arc<Engine>) {
+        let Some(rules) = e.policy().preemption.rules() else { return };
+        if e.health.read().unwrap().store_problem.is_some() {
+            return;
+        }
+        let snap = self.s.snapshot.borrow().clone();
+        if !snap.ok {
+            return;
+        }
+        let mut waiting = vec![];
+        let mut running = vec![];
+        for (id, h) in e.running.lock().unwrap().iter() {
+            let Some(RunRef::Slurm { id: sid, task }) = &h.run else { continue };
+            let Some(j) = sl::find_job(&snap.jobs, *sid, *task) else { continue };
+            match j.state().as_str() {
+                "PENDING" if matches!(j.state_reason.as_str(), "Resources" | "Priority") => waiting.push(*id),
+                "RUNNING" if h.victim.is_some() => running.push(scheduler::RunningJob {
+                    job_id: *id,
+                    user: h.owner.clone(),
+                    gpus: h.gpus.clone(),
+                    gpu_memory: None,
+                    expected_end_ms: None,
+                    needs: Default::default(),
+                    victim: h.victim.clone(),
+                    declared: None,
+                }),
+                _ => {}
+            }
+        }
+        if waiting.is_empty() || running.is_empty() {
+            return;
+        }
+        let mut pending = vec![];
+        for id in waiting {
+            match e.reader().job(id) {
+                Ok(Some(j)) => pending.push(scheduler::PendingJob { job_id: j.id, user: j.owner.clone(), priority: j.priority, gpus: j.gpus }),
+                Ok(None) => {}
+                Err(err) => {
+                    warn!("cannot read job {id} to decide preemptions: {err}");
+                    return;
+                }
+            }
+        }
+        let decisions = scheduler::preempt_pending(e.now(), &rules, &pending, &running);
+        if !decisions.is_empty() {
+            e.preempt(decisions);
+        }
+        // GPUs kept for a preempting job are the workstation's; Slurm places by itself.
+        e.claims.lock().unwrap().clear();
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for SlurmBackend {
     fn name(&self) -> &'static str {
@@ -192,6 +249,7 @@ impl Backend for SlurmBackend {
     /// jobs are all ready together (same dependencies, first attempts) goes to Slurm as one job array;
     /// otherwise (one was held, cancelled or is retrying) one by one.
     async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch> {
+        self.preempt_for_pending(e);
         let queued: Vec<Arc<QueuedRow>> = e.queue.lock().unwrap().rows();
         let now = e.now();
         let problem = e.health.read().unwrap().store_problem.clone();
@@ -304,6 +362,8 @@ impl Backend for SlurmBackend {
             priority_range: e.policy().user_priority,
             after: vec![],
             mounts: vec![],
+            preempt: None,
+            restarts: 0,
         };
         sl::sbatch_args(&sub, &self.s.settings).map(|_| ()).map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""))
     }

@@ -83,6 +83,30 @@ pub(super) fn after(e: &Engine, j: &QueuedRow) -> Result<Vec<RunRef>, String> {
     Ok(runs)
 }
 
+/// What the attempts of a job before `attempt` did with Slurm job `run`: how many followed it (each
+/// ended when Slurm requeued it), and the number of the one that submitted it (its output file).
+pub(super) fn followed(e: &Engine, job_id: i64, attempt: &Attempt, run: &RunRef) -> (u32, u32) {
+    let before: Vec<Attempt> = e.reader().attempts(job_id).unwrap_or_default().into_iter().filter(|a| a.n < attempt.n && a.run_ref().as_ref() == Some(run)).collect();
+    (before.len() as u32, before.iter().map(|a| a.n).min().unwrap_or(attempt.n))
+}
+
+/// The Slurm job this job's last preempted attempt followed, when Slurm requeued it and still has it
+/// queued or running (owned by the job's owner, carrying this database's marker): `attempt` takes it
+/// over. `Err`: Slurm or the database cannot say now (the attempt is tried again shortly, so a
+/// requeued job is never submitted twice).
+async fn requeued_run(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt) -> Result<Option<RunRef>, String> {
+    let attempts = e.reader().attempts(job.id).map_err(|err| format!("cannot read job {}'s attempts: {err}", job.id))?;
+    let last = attempts.iter().filter(|a| a.n < attempt.n).filter_map(|a| a.run_ref().map(|r| (a, r))).max_by_key(|(a, _)| a.n);
+    let Some((prev, run)) = last.filter(|(a, r)| a.reason == Some(crate::store::EndReason::Preempted) && matches!(r, RunRef::Slurm { .. })) else { return Ok(None) };
+    let RunRef::Slurm { id, task } = run else { return Ok(None) };
+    let base = attempts.iter().filter(|a| a.n <= prev.n && a.run_ref().as_ref() == Some(&run)).count() as u32;
+    let jobs = s.client.queue().await.map_err(|err| format!("cannot ask Slurm whether job {run} was requeued: {err}"))?;
+    let jobs: std::collections::HashMap<u64, sl::SqJob> = jobs.into_iter().map(|j| (j.job_id, j)).collect();
+    let prefix = format!("gantry:{}:{}:", e.db_uid, job.id);
+    let mine = sl::find_job(&jobs, id, task).filter(|j| sl::number(&j.user_id) == Some(job.owner_uid as i64) && j.comment.as_deref().is_some_and(|c| c.starts_with(&prefix) || c.starts_with(&format!("gantry:{}:array:", e.db_uid))));
+    Ok(mine.filter(|j| sl::adoptable(&j.state(), j.restarts(), base)).map(|_| run.clone()))
+}
+
 /// Record the Slurm id, retrying until the write succeeds (nothing new starts meanwhile). False on
 /// shutdown first: the next start finds the job by its marker.
 pub(super) async fn record_run(e: &Engine, job_id: i64, attempt: &Attempt, run: &RunRef) -> bool {
@@ -110,6 +134,20 @@ pub(super) async fn record_run(e: &Engine, job_id: i64, attempt: &Attempt, run: 
 /// Check the job as its owner, submit it to Slurm as them, record the Slurm id.
 pub(super) async fn launch_one(e: &Arc<Engine>, s: &Shared, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
     let log = e.log_of(job.id);
+    // Preempted by a requeue: the same Slurm job runs again (Slurm's queue has it), not a new one.
+    match requeued_run(e, s, job, attempt).await {
+        Ok(Some(run)) => {
+            if !record_run(e, job.id, attempt, &run).await {
+                return Launched::Shutdown;
+            }
+            append_log(&log, &format!("attempt {}: Slurm job {run} was requeued; it runs again as this attempt (not submitted again)", attempt.n));
+            info!(job = job.id, slurm = %run, "following the requeued Slurm job");
+            s.refresh.notify_one();
+            return Launched::Started { run, at: e.now() };
+        }
+        Ok(None) => {}
+        Err(err) => return Launched::Ended { how: How::StartFailed { message: err, transient: true }, run: None },
+    }
     append_log(&log, &format!("attempt {} of job {}: submitting to Slurm", attempt.n, job.id));
     let after = placed.after.iter().map(RunRef::to_string).collect();
     let submitted = submit_one(e, s, job, attempt, after, cancel).await;
@@ -134,6 +172,14 @@ pub(super) async fn launch_one(e: &Arc<Engine>, s: &Shared, job: &Job, attempt: 
     info!(job = job.id, slurm = id, "submitted to Slurm");
     s.refresh.notify_one();
     Launched::Started { run, at }
+}
+
+/// A preemptible job's checkpoint signal and grace (the spec's, else SIGTERM and the lab's stop
+/// grace); `None` when preemption is off or the job is not preemptible.
+pub(super) fn checkpoint(e: &Engine, job: &Job) -> Option<sl::Checkpoint> {
+    let policy = e.policy();
+    (policy.preemption.enabled && policy.preemption.preemptible(&job.job.spec))
+        .then(|| sl::Checkpoint { signal: job.job.spec.checkpoint_signal(), grace: job.job.spec.checkpoint_grace().unwrap_or(policy.stop_grace) })
 }
 
 async fn submit_one(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt, after: Vec<String>, cancel: &CancellationToken) -> Result<Option<u64>, SubmitError> {
@@ -163,6 +209,8 @@ async fn submit_one(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt, after:
         priority_range: policy.user_priority,
         after,
         mounts,
+        preempt: checkpoint(e, job),
+        restarts: e.reader().preemptions(job.id, 0).map_err(|err| SubmitError::Failed { message: format!("cannot read job {}'s attempts: {err}", job.id), transient: true })?.0,
     };
     let args = sl::sbatch_args(&sub, &s.settings)?;
     let script = sl::batch_script(&sub, job.id, attempt.n, s.settings.runtime);
@@ -234,6 +282,8 @@ async fn submit_array(e: &Engine, s: &Shared, parts: &[(Job, Attempt, Cancellati
             priority_range: policy.user_priority,
             after: after.clone(),
             mounts: checked.into_iter().map(|c| c.mount).collect(),
+            preempt: checkpoint(e, job),
+            restarts: 0,
         };
         subs.push((job.job.matrix_part.as_ref().map(|p| p.index).unwrap_or(0), sub, job.id));
     }

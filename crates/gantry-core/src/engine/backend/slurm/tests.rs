@@ -230,3 +230,118 @@ async fn slurm_output_lines_are_their_last_state_and_long_ones_are_cut_with_a_no
     let note = format!("[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out", 100_000 - (64 << 10));
     assert_eq!(out, vec!["100%|###|", kept.as_str(), note.as_str(), "after"]);
 }
+
+/// [`cfg`] with preemption on: the priority rule (a gap of 10), `min_run` 10 minutes.
+fn preempting(dir: &std::path::Path) -> Config {
+    let mut c = cfg(dir);
+    c.lab.policy.preemption.enabled = true;
+    c.lab.policy.preemption.rules = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(10), fair_share: false, min_run_ms: 600_000, max_per_day: 3 };
+    c
+}
+
+/// A Gantry-decided preemption on Slurm: the queued job 10 above a running preemptible one pends in
+/// Slurm for its GPUs; after `min_run` the running one gets its checkpoint signal (`scancel
+/// --signal=USR1 --batch`, as its owner), its whole grace (it ignores the signal), then `scontrol
+/// requeue`; its attempt ends `preempted` with GPU-minutes (retries: 0 untouched), the urgent job
+/// runs on the freed GPUs, and the job's next attempt is the SAME Slurm job run again (restart
+/// count 1), not a second `sbatch`.
+#[tokio::test(start_paused = true)]
+async fn a_preempted_slurm_job_gets_its_signal_then_its_grace_then_scontrol_requeue_and_runs_again_as_the_same_slurm_job() {
+    let c = Cluster::new();
+    c.slurm.script("train", Script { runtime: Duration::from_secs(3600), ..Default::default() });
+    c.slurm.script("urgent", Script { runtime: Duration::from_secs(60), ..Default::default() });
+    let e = c.open_with(preempting(c.dir.path()));
+    let _h = run(&e);
+    let train = submit(&e, "name: train\nimage: a\ngpus: 4\npreemptible: true\nretries: 0\ncheckpoint: {signal: SIGUSR1, grace: 2m}\n");
+    wait_for(&e, train, |s| s == JobState::Running).await;
+    let sid = slurm_id(&e, train, 0).unwrap();
+    let args = c.slurm.submitted.lock().unwrap()[0].2.clone();
+    assert!(args.contains(&"--requeue".to_string()) && args.contains(&"--signal=B:USR1@120".to_string()), "{args:?}");
+    let urgent = submit(&e, "name: urgent\nimage: a\ngpus: 4\npriority: 10\n");
+    // Not before min_run (10 min): nothing is signalled yet.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert!(c.slurm.signals.lock().unwrap().is_empty(), "signalled before min_run");
+    let why = e.queue().unwrap().into_iter().find(|q| q.job.id == urgent).and_then(|q| q.reason).unwrap_or_default();
+    assert!(why.contains("(Resources)"), "{why}");
+    assert_eq!(final_state(&e, urgent).await, JobState::Succeeded);
+    let signals = c.slurm.signals.lock().unwrap().clone();
+    let requeues = c.slurm.requeues.lock().unwrap().clone();
+    assert_eq!(signals.iter().map(|s| (s.0.clone(), s.1.clone(), s.2.clone())).collect::<Vec<_>>(), vec![(me().name, sid.to_string(), "USR1".to_string())]);
+    assert_eq!(requeues.iter().map(|r| (r.0.clone(), r.1.clone())).collect::<Vec<_>>(), vec![(me().name, sid.to_string())], "requeued once, as its owner");
+    let grace = requeues[0].2 - signals[0].3;
+    assert!(grace >= Duration::from_secs(120) && grace <= Duration::from_secs(125), "requeued {grace:?} after the signal: the 2m grace, within a poll");
+    assert_eq!(final_state(&e, train).await, JobState::Succeeded);
+    let d = e.job_detail(train).unwrap();
+    assert_eq!(d.attempts.len(), 2, "{:?}", d.attempts);
+    assert_eq!(d.attempts[0].reason, Some(EndReason::Preempted));
+    let msg = d.attempts[0].message.clone().unwrap_or_default();
+    assert!(msg.starts_with(&format!("preempted by job {urgent} ({}'s 4-GPU job has priority 10, this one 0) after ", me().name)) && msg.contains("GPU-minutes · resumes when GPUs free"), "{msg}");
+    assert_eq!((slurm_id(&e, train, 0), slurm_id(&e, train, 1)), (Some(sid), Some(sid)), "the requeued Slurm job ran again as the next attempt");
+    assert_eq!(c.slurm.restarts(sid), 1);
+    let trains = c.slurm.submitted.lock().unwrap().iter().filter(|s| s.2.contains(&"--job-name=train".to_string())).count();
+    assert_eq!(trains, 1, "one sbatch for train, never a second");
+    // The urgent job ran on the GPUs the preemption freed, before train came back.
+    let u = e.job_detail(urgent).unwrap();
+    // (Slurm's start is in whole seconds; Gantry records the preempted attempt's end at the next
+    // `squeue` after the requeue.)
+    let (u0, t0) = (u.attempts[0].started_at, &d.attempts[0]);
+    assert!(u0 >= t0.started_at + 720_000 - 1_000 && u0 + 2_000 >= t0.ended_at.unwrap(), "urgent started at the requeue (10 min min_run + the 2m grace), not beside train: {u0} vs {t0:?}");
+    assert!(d.attempts[1].started_at >= u.attempts[0].started_at, "train came back before urgent started");
+    let log = std::fs::read_to_string(e.log_of(train)).unwrap();
+    assert!(log.contains(&format!("requeued Slurm job {sid} (scontrol requeue)")) && log.contains("runs again as this attempt (not submitted again)"), "{log}");
+}
+
+/// A job that saves on its signal and exits within its grace is requeued then, not at the end of
+/// the grace (Slurm requeues a finished batch job while it still knows it).
+#[tokio::test(start_paused = true)]
+async fn a_slurm_job_that_exits_on_its_checkpoint_signal_is_requeued_at_once() {
+    let c = Cluster::new();
+    c.slurm.script("train", Script { runtime: Duration::from_secs(3600), checkpoint: Some(Duration::from_secs(20)), ..Default::default() });
+    c.slurm.script("urgent", Script { runtime: Duration::from_secs(60), ..Default::default() });
+    let e = c.open_with(preempting(c.dir.path()));
+    let _h = run(&e);
+    let train = submit(&e, "name: train\nimage: a\ngpus: 4\npreemptible: true\ncheckpoint: {signal: SIGUSR1, grace: 10m}\n");
+    wait_for(&e, train, |s| s == JobState::Running).await;
+    let urgent = submit(&e, "name: urgent\nimage: a\ngpus: 4\npriority: 10\n");
+    assert_eq!(final_state(&e, urgent).await, JobState::Succeeded);
+    assert_eq!(final_state(&e, train).await, JobState::Succeeded);
+    let (signals, requeues) = (c.slurm.signals.lock().unwrap().clone(), c.slurm.requeues.lock().unwrap().clone());
+    assert_eq!((signals.len(), requeues.len()), (1, 1));
+    let after = requeues[0].2 - signals[0].3;
+    assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(25), "requeued {after:?} after the signal: once it exited, not after the 10m grace");
+    let d = e.job_detail(train).unwrap();
+    assert_eq!(d.attempts.iter().map(|a| a.reason).collect::<Vec<_>>(), vec![Some(EndReason::Preempted), Some(EndReason::Exited)]);
+    assert_eq!(d.attempts[0].slurm_job_id, d.attempts[1].slurm_job_id);
+}
+
+/// Slurm's own preemption (PreemptMode=REQUEUE on the cluster): the job goes back to Slurm's queue
+/// with its restart count one higher. Gantry records the attempt as `preempted` by Slurm (retries
+/// untouched: `retries: 0` and it still succeeds), follows the same Slurm job as the next attempt,
+/// and a preemptible job's script maps SLURM_RESTART_COUNT onto GANTRY_RESTART_COUNT.
+#[tokio::test(start_paused = true)]
+async fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_same_slurm_job_is_followed() {
+    let c = Cluster::new();
+    c.slurm.script("train", Script { runtime: Duration::from_secs(600), ..Default::default() });
+    let e = c.open_with(preempting(c.dir.path()));
+    let _h = run(&e);
+    let train = submit(&e, "name: train\nimage: a\ngpus: 2\npreemptible: true\nretries: 0\n");
+    wait_for(&e, train, |s| s == JobState::Running).await;
+    let sid = slurm_id(&e, train, 0).unwrap();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    c.slurm.slurm_requeue(sid);
+    assert_eq!(final_state(&e, train).await, JobState::Succeeded);
+    let d = e.job_detail(train).unwrap();
+    assert_eq!(d.attempts.len(), 2, "{:?}", d.attempts);
+    let a = &d.attempts[0];
+    assert_eq!(a.reason, Some(EndReason::Preempted));
+    let msg = a.message.clone().unwrap_or_default();
+    assert!(msg.starts_with("preempted by Slurm (it requeued the job: the cluster's own preemption, or a node failure) after 4 GPU-minutes"), "{msg}");
+    assert_eq!(d.attempts[1].slurm_job_id, Some(sid));
+    assert_eq!(d.attempts[1].reason, Some(EndReason::Exited));
+    assert!(c.slurm.signals.lock().unwrap().is_empty() && c.slurm.requeues.lock().unwrap().is_empty(), "Gantry neither signalled nor requeued it");
+    assert_eq!(c.slurm.submitted.lock().unwrap().len(), 1, "submitted once");
+    // Its usage counts the preempted attempt's GPU-hours.
+    let u = e.usage(0).unwrap();
+    let mine = u.users.iter().find(|u| u.user == me().name).unwrap();
+    assert!((mine.gpu_hours_preempted - 2.0 * 120.0 / 3600.0).abs() < 0.01, "{mine:?}");
+}

@@ -43,6 +43,13 @@ pub(super) struct SlurmWatch {
     lines: Lines,
     progress: Vec<u8>,
     shown: String,
+    /// How often Slurm had requeued this Slurm job when this attempt began following it (the earlier
+    /// attempts that followed it): a higher restart count means it was requeued again.
+    base: u32,
+    /// Its checkpoint signal and grace (preemptible jobs).
+    checkpoint: Option<sl::Checkpoint>,
+    /// Gantry preempts it: requeue it at this time (ms) unless it was requeued already.
+    preempting: Option<(i64, bool)>,
 }
 
 impl SlurmWatch {
@@ -52,9 +59,12 @@ impl SlurmWatch {
             // Never handed a container: a watcher that finds nothing and reports it lost.
             RunRef::Container(_) => (0, None),
         };
+        // A requeued Slurm job is followed by the attempt after the one that submitted it: its
+        // output file is the submitting attempt's.
+        let (base, first) = submit::followed(&e, job.id, attempt, run);
         let file = match (task, &job.job.matrix_part) {
             (Some(t), Some(p)) => format!("{}-arr{}-{t}.out", e.db_uid, p.group),
-            _ => submit::output_name(&e, job.id, attempt.n),
+            _ => submit::output_name(&e, job.id, first),
         };
         SlurmWatch {
             rx: s.snapshot.subscribe(),
@@ -72,6 +82,9 @@ impl SlurmWatch {
             lines: Lines::default(),
             progress: vec![],
             shown: run.to_string(),
+            base,
+            checkpoint: submit::checkpoint(&e, job),
+            preempting: None,
             job: job.clone(),
             attempt: attempt.clone(),
             id,
@@ -88,6 +101,10 @@ impl SlurmWatch {
         let gpus = j.gpu_indexes();
         if let Some(h) = e.running.lock().unwrap().get_mut(&job.id) {
             h.gpus = gpus.clone();
+            // Its `min_run` and GPU-minutes count from Slurm's start, not from the submit.
+            if let Some(v) = h.victim.as_mut() {
+                v.started_ms = since;
+            }
         }
         // One store guard per statement: a second `e.store()` inside the first's expression would deadlock.
         let gpus_written = e.store().set_attempt_gpus(self.attempt.id, &gpus);
@@ -200,9 +217,23 @@ impl Watch for SlurmWatch {
                 });
                 let mut started = None;
                 let seen = match sl::find_job(&snap.jobs, self.id, self.task) {
+                    Some(j) if sl::requeued(&j.state(), j.restarts(), self.base, self.running_since.is_some()) => {
+                        // Requeued: this attempt ended by preemption (Gantry's, whose reason the
+                        // attempt carries, or Slurm's own); the job's next attempt follows the same
+                        // Slurm job when it runs again.
+                        self.copy_output(true).await;
+                        self.e.waiting.write().unwrap().remove(&self.job.id);
+                        let by = if self.preempting.is_some() { String::new() } else { "Slurm (it requeued the job: the cluster's own preemption, or a node failure)".into() };
+                        return Some(Seen::Ended(How::Preempted { code: None, by }));
+                    }
                     Some(j) => {
                         self.missing = 0;
-                        let seen = sl::seen(&j.state(), &j.state_reason, j.exit(), self.running_since.is_some(), stop, timeout_ms);
+                        let seen = match sl::seen(&j.state(), &j.state_reason, j.exit(), self.running_since.is_some(), stop, timeout_ms) {
+                            // Not started by this attempt yet: a requeued job's last run still
+                            // finishing on its node is not this attempt's start.
+                            sl::Seen::Running if j.state() == "COMPLETING" && self.running_since.is_none() => sl::Seen::Pending(format!("its last run is finishing on {} (COMPLETING)", j.nodes.as_deref().unwrap_or("its node"))),
+                            other => other,
+                        };
                         // It ran, also when it started and ended between two polls: record when.
                         let ran = match &seen {
                             sl::Seen::Running => true,
@@ -229,6 +260,30 @@ impl Watch for SlurmWatch {
                         }
                     }
                 };
+                // Preempting: once it exited on its checkpoint signal, or its grace passed, requeue it
+                // (a finished job too: Slurm requeues it while it still knows it), then wait for a
+                // snapshot that shows it requeued.
+                if let Some((at, false)) = self.preempting {
+                    let ended = matches!(seen, Some(sl::Seen::Ended(_)));
+                    if ended || now >= at {
+                        match self.s.client.requeue(&self.who, &self.shown).await {
+                            Ok(()) => {
+                                self.preempting = Some((at, true));
+                                append_log(&self.e.log_of(self.job.id), &format!("requeued Slurm job {} (scontrol requeue)", self.shown));
+                                self.since = self.e.now();
+                                self.s.refresh.notify_one();
+                                if self.rx.changed().await.is_err() {
+                                    return None;
+                                }
+                                continue;
+                            }
+                            // It ended and cannot be requeued: its end is recorded (preempted), and the
+                            // job's next attempt is a new Slurm job.
+                            Err(err) if ended => warn!(job = self.job.id, "scontrol requeue {} failed: {err}; it is submitted again", self.shown),
+                            Err(err) => warn!(job = self.job.id, "scontrol requeue {} failed: {err}; trying again", self.shown),
+                        }
+                    }
+                }
                 match seen {
                     Some(sl::Seen::Pending(why)) => {
                         let mut w = self.e.waiting.write().unwrap();
@@ -257,6 +312,32 @@ impl Watch for SlurmWatch {
     }
 
     async fn stop(&mut self, why: Stop) -> bool {
+        if why == Stop::Preempt {
+            // The checkpoint signal to the batch shell (its trap hands it to the container); `next`
+            // requeues the job once it exited or its grace passed.
+            let c = self.checkpoint.clone().unwrap_or(sl::Checkpoint { signal: "SIGTERM".into(), grace: self.e.policy().stop_grace });
+            let now = self.e.now();
+            let at = match self.s.client.signal(&self.who, &self.shown, sl::slurm_signal(&c.signal)).await {
+                Ok(()) => {
+                    append_log(&self.e.log_of(self.job.id), &format!("sent {} to Slurm job {} (scancel --signal --batch); requeued once it exits, at most {} later", c.signal, self.shown, crate::units::duration_ms(c.grace.as_millis() as i64)));
+                    now + c.grace.as_millis() as i64
+                }
+                Err(err) if err.is_transient() => {
+                    warn!(job = self.job.id, "scancel --signal {} failed: {err}; trying again", self.shown);
+                    return false;
+                }
+                Err(err) => {
+                    warn!(job = self.job.id, "scancel --signal {} failed: {err}; requeued at once", self.shown);
+                    now
+                }
+            };
+            self.stop = Some(why);
+            self.preempting = Some((at, false));
+            self.s.refresh.notify_one();
+            return true;
+        }
+        // A cancel or timeout during a preemption ends the job; it is not requeued.
+        self.preempting = None;
         if why == Stop::Timeout {
             append_log(&self.e.log_of(self.job.id), &format!("stopping: the {} timeout passed", crate::units::duration_ms(self.job.timeout_ms.unwrap_or(0))));
         }
