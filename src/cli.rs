@@ -460,4 +460,9 @@ pub struct SimArgs {
     /// With --preempt: the priority rule's gap.
     #[arg(long, default_value_t = 10)]
     pub priority_gap: i32,
+    /// With --preempt: print only the `gantry+preempt` row (and fifo's, when it is the wait
+    /// baseline of --seeds), not the plain gantry row: for sweeps, where the baseline is the same at
+    /// every setting.
+    #[arg(long)]
+    pub preempt_only: bool,
 }

@@ -35,6 +35,9 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
         p => bail!("unknown packing {p:?}: fgd, best-fit or worst-fit"),
     };
     let preempt = if a.preempt { Some(preempt_model(a)?) } else { None };
+    if a.preempt_only && !a.preempt {
+        bail!("--preempt-only needs --preempt");
+    }
     let learn = match a.estimates.as_str() {
         "learned" => true,
         "none" => false,
@@ -50,14 +53,14 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     } else if a.protocol != "queue" {
         bail!("unknown protocol {:?}: queue or fgd", a.protocol);
     } else if a.seeds > 1 {
-        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref(), a.lying_users)?;
+        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref(), a.lying_users, a.preempt_only)?;
         if json {
             print_json(&runs)?;
         } else {
             print_seeds(&runs, a.seeds);
         }
     } else {
-        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref(), a.lying_users)?;
+        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref(), a.lying_users, a.preempt_only)?;
         if json {
             print_json(&reports)?;
         } else {
@@ -100,6 +103,7 @@ fn simulate(
     from_fraction: f64,
     preempt: Option<&gantry_core::sim::SimPreempt>,
     lying: f64,
+    preempt_only: bool,
 ) -> Result<Vec<gantry_core::sim::Report>> {
     use gantry_core::sim::{self, Policy, SimConfig};
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
@@ -119,7 +123,9 @@ fn simulate(
     let mut out = vec![];
     for p in policies {
         let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn, preempt: None, lying: None };
-        out.push(sim::simulate(&t, &cfg));
+        if !(preempt_only && preempt.is_some() && p == Policy::Gantry) {
+            out.push(sim::simulate(&t, &cfg));
+        }
         if p == Policy::Gantry && preempt.is_some() {
             out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
         }
@@ -174,14 +180,15 @@ fn sim_seeds(
     from_fraction: f64,
     preempt: Option<&gantry_core::sim::SimPreempt>,
     lying: f64,
+    preempt_only: bool,
 ) -> Result<Vec<SeedRow>> {
     let mut rows: Vec<SeedRow> = vec![];
     for seed in 0..seeds {
-        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt, lying)?;
+        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt, lying, preempt_only)?;
         // Waits are reported relative to strict FIFO on the same arrivals.
         let fifo = match reports.iter().find(|r| r.policy == "fifo") {
             Some(f) => f.mean_wait_s,
-            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None, 0.0)?[0].mean_wait_s,
+            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None, 0.0, false)?[0].mean_wait_s,
         };
         for r in reports.drain(..) {
             let row = match rows.iter_mut().position(|x| x.policy == r.policy) {
