@@ -99,7 +99,10 @@ fn mig_instances_are_devices_with_their_own_uuid_and_memory_and_jobs_land_on_the
     let id = e.submit_yaml("mig", &format!("image: {IMAGE}\ncommand: sleep 300\ngpu_type: 3g.20gb\n"));
     assert_eq!(gpus_of(&e, id), vec![2]);
     let d = e.show(id);
-    let cid = d["attempts"][0]["container_id"].as_str().unwrap();
+    // The running attempt's container (the one whose GPUs were read above): under a loaded suite an
+    // attempt can end before it starts (another test's engine took the shared network away) and the
+    // job runs in its next one.
+    let cid = d["attempts"].as_array().unwrap().last().unwrap()["container_id"].as_str().unwrap();
     let env: Vec<String> = serde_json::from_str(&docker(&["inspect", "-f", "{{json .Config.Env}}", cid])).unwrap();
     assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={m0}")), "{env:?}");
     let req: Value = serde_json::from_str(&docker(&["inspect", "-f", "{{json .HostConfig.DeviceRequests}}", cid])).unwrap();

@@ -691,7 +691,11 @@ impl DockerExecutor {
             return;
         }
         let Some(id) = info.id else { return };
-        let filters = HashMap::from([("network".to_string(), vec![id.clone()])]);
+        // By name: Docker 20.10 lists a created, not yet started, container under its network's
+        // name only (its NetworkID is filled in at start), so a filter by id missed another engine's
+        // container between its create and its start and removed the network under it.
+        let Some(name) = info.name else { return };
+        let filters = HashMap::from([("network".to_string(), vec![name])]);
         let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
         match self.docker.list_containers(Some(opts)).await {
             Ok(list) if list.is_empty() => {
