@@ -91,6 +91,10 @@ pub const BOOKING_MAX_AHEAD: Duration = Duration::from_secs(14 * 24 * 3600);
 pub const BOOKING_SLOT: Duration = Duration::from_secs(30 * 60);
 /// `[bookings] release_after`: a booking nobody used for half an hour after its start is a no-show.
 pub const BOOKING_RELEASE_AFTER: Duration = Duration::from_secs(30 * 60);
+/// A booking's owner is told it starts soon (`booking_starting`) this long before its start: the
+/// same lead as a session's first end-of-length warning, time enough to get to the machine or queue
+/// the demo's job.
+pub const BOOKING_STARTING_LEAD: Duration = Duration::from_secs(15 * 60);
 /// Warnings written into a session's terminal this long before its end: time to save work (15 min)
 /// and a last call (5 min).
 pub const SESSION_WARNINGS: [Duration; 2] = [Duration::from_secs(15 * 60), Duration::from_secs(5 * 60)];

@@ -19,6 +19,8 @@ pub(crate) struct BookCache {
     assigned: Vec<Assigned>,
     /// Whether each queued job would be preemptible (read from its spec once).
     preemptible: HashMap<i64, bool>,
+    /// Bookings whose owner this engine has told they start soon (the store's mark is the truth).
+    told: std::collections::HashSet<i64>,
 }
 
 const DAY: i64 = 86_400_000;
@@ -287,11 +289,12 @@ impl Engine {
             .collect()
     }
 
-    /// What changes with the clock: whether each open booking has started or ended (the pass
-    /// must run again when one does).
-    pub(super) fn bookings_phase(&self, now: i64) -> Vec<(i64, bool, bool)> {
+    /// What changes with the clock: whether each open booking starts soon, has started or ended
+    /// (the pass must run again when one does).
+    pub(super) fn bookings_phase(&self, now: i64) -> Vec<(i64, bool, bool, bool)> {
+        let lead = crate::defaults::BOOKING_STARTING_LEAD.as_millis() as i64;
         let c = self.book_cache.lock().unwrap();
-        c.open.as_ref().map(|o| o.iter().map(|b| (b.id, b.start_ms <= now, b.end_ms <= now)).collect()).unwrap_or_default()
+        c.open.as_ref().map(|o| o.iter().map(|b| (b.id, b.start_ms - lead <= now, b.start_ms <= now, b.end_ms <= now)).collect()).unwrap_or_default()
     }
 
     /// Which queued jobs would be preemptible, from their specs (read once per job).
@@ -357,6 +360,23 @@ impl Engine {
         let owners_gpus: Vec<(String, Vec<u32>)> = self.running.lock().unwrap().values().map(|h| (h.owner.clone(), h.gpus.clone())).collect();
         let queued_owners: std::collections::HashSet<String> = self.queue.lock().unwrap().rows().iter().filter(|j| !j.held).map(|j| j.owner.clone()).collect();
         let mut changed = false;
+        // Starting soon: told once (the store keeps the mark; `told` spares the write every pass).
+        let lead = crate::defaults::BOOKING_STARTING_LEAD.as_millis() as i64;
+        for b in open.iter().filter(|b| b.closed.is_none() && b.start_ms - lead <= now && now < b.start_ms) {
+            if self.book_cache.lock().unwrap().told.contains(&b.id) {
+                continue;
+            }
+            let text = format!("booking {}: {} GPU{} {}", b.id, b.gpus, if b.gpus == 1 { "" } else { "s" }, span(b.start_ms, b.end_ms));
+            match self.store().booking_starting(b.id, &text) {
+                Ok(_) => {
+                    self.book_cache.lock().unwrap().told.insert(b.id);
+                }
+                Err(e) => {
+                    self.store_failed(&format!("telling the owner of booking {} it starts soon", b.id), &e);
+                    return;
+                }
+            }
+        }
         for b in open.iter().filter(|b| b.closed.is_none() && b.start_ms <= now && now < b.end_ms) {
             let gpus = assigned.iter().find(|a| a.booking == b.id).map(|a| a.gpus.clone()).unwrap_or_default();
             let used = owners_gpus.iter().any(|(o, g)| *o == b.owner && g.iter().any(|g| gpus.contains(g)));

@@ -615,6 +615,44 @@ async fn a_booking_nobody_uses_is_released_after_release_after_and_its_owner_not
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_bookings_owner_is_told_once_that_it_starts_soon_even_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    let mut c = preempting(dir.path());
+    c.gpus = Some("sim:2x24GiB".into());
+    let (e, h) = start_with(c.clone(), &fake);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let slot = 1_800_000;
+    let start = (e.now() + 3_600_000).div_euclid(slot) * slot + slot;
+    let booking = e.book(1000, "alice", crate::protocol::BookRequest { gpus: 1, gpu_type: None, start_ms: start, end_ms: start + 3_600_000, note: None }).unwrap().id;
+    let told = || {
+        let db = rusqlite::Connection::open(dir.path().join("state/gantry.db")).unwrap();
+        let mut q = db.prepare("SELECT uid, at, text FROM notify_events WHERE kind = 'booking_starting'").unwrap();
+        let rows: Vec<(u32, i64, String)> = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+        rows
+    };
+    let lead = crate::defaults::BOOKING_STARTING_LEAD.as_millis() as i64;
+    // Not before the lead time.
+    tokio::time::sleep(Duration::from_millis((start - lead - e.now() - 60_000) as u64)).await;
+    assert!(told().is_empty(), "told too early: {:?}", told());
+    // Within the lead, once, to its owner, naming the booking.
+    tokio::time::sleep(Duration::from_secs(3 * 60)).await;
+    let t = told();
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!(t[0].0, 1000);
+    assert!(t[0].1 >= start - lead && t[0].1 < start, "{t:?}");
+    assert!(t[0].2.starts_with(&format!("booking {booking}: 1 GPU ")), "{t:?}");
+    // A new engine on the same state (its memory empty) does not tell again.
+    e.shutdown();
+    h.await.unwrap();
+    drop(e);
+    let (e2, _h) = start_with(c, &fake);
+    tokio::time::sleep(Duration::from_secs(5 * 60)).await;
+    assert!(e2.now() < start);
+    assert_eq!(told().len(), 1, "told again after a restart: {:?}", told());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_non_preemptible_job_on_a_booked_gpu_is_never_stopped_the_booking_waits_for_it_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeExecutor::new();

@@ -133,6 +133,21 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Tell the booking's owner it starts soon: a `booking_starting` notification, recorded in the
+    /// same transaction as the mark that it was sent, so it goes once per booking (restarts
+    /// included). False when it was sent already or the booking is closed.
+    pub fn booking_starting(&mut self, id: i64, text: &str) -> Result<bool> {
+        let now = self.now();
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("UPDATE bookings SET starting_notified_ms = ?2 WHERE id = ?1 AND starting_notified_ms IS NULL AND closed IS NULL", params![id, now])?;
+        if n == 1 {
+            let uid: u32 = tx.query_row("SELECT uid FROM bookings WHERE id = ?1", [id], |r| r.get(0))?;
+            notify::record_in(&tx, NotifyEvent::BookingStarting, None, Some(uid), now, Some(text))?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
     /// Record that the booking's owner used it (first time only).
     pub fn booking_used(&mut self, id: i64) -> Result<()> {
         let now = self.now();
