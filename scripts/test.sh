@@ -25,6 +25,9 @@ npm --prefix ui ci --no-audit --no-fund
 npm --prefix ui run build
 npm --prefix ui test
 
+echo "==> Rust: clippy, every target, warnings are errors (a lint is allowed only where the code says why)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "==> Rust: unit and integration tests (real Docker, simulated GPUs)"
 cargo test --workspace --locked
 

@@ -7,7 +7,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "gantry", version, about = "A fair, self-service GPU job queue for a shared workstation")]
+#[command(
+    name = "gantry",
+    version,
+    about = "A fair, self-service GPU job queue for a shared workstation"
+)]
 pub struct Cli {
     /// Keep the database, logs and socket under DIR (default: $XDG_STATE_HOME/gantry).
     #[arg(long, global = true, env = "GANTRY_STATE_DIR", value_name = "DIR")]
@@ -152,9 +156,7 @@ pub enum Cmd {
     Proxy,
     /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
     #[command(hide = true)]
-    Generate {
-        dir: PathBuf,
-    },
+    Generate { dir: PathBuf },
     /// Your drop folder: where it is, whether the engine watches it, and the lab's templates.
     Inbox {
         #[command(subcommand)]
@@ -321,7 +323,13 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with = "state_dir")]
     pub system: bool,
     /// With --system: put /var/lib/gantry and /run/gantry under DIR (tests).
-    #[arg(long, hide = true, env = "GANTRY_SYSTEM_ROOT", value_name = "DIR", default_value = "/")]
+    #[arg(
+        long,
+        hide = true,
+        env = "GANTRY_SYSTEM_ROOT",
+        value_name = "DIR",
+        default_value = "/"
+    )]
     pub system_root: PathBuf,
     /// Simulated GPUs, e.g. `sim:2x24GiB` (default: NVML when the NVIDIA driver loads).
     #[arg(long)]

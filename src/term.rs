@@ -26,11 +26,23 @@ pub fn write_out(bytes: &[u8]) {
 /// Control characters (and bidi overrides) in `s` as visible escapes (`\u{1b}`), except those in
 /// `keep`: names, messages and output come from other users and must not drive the reader's terminal.
 pub fn escape<'a>(s: &'a str, keep: &str) -> Cow<'a, str> {
-    let bad = |c: char| (c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')) && !keep.contains(c);
+    let bad = |c: char| {
+        (c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')) && !keep.contains(c)
+    };
     if !s.chars().any(bad) {
         return Cow::Borrowed(s);
     }
-    Cow::Owned(s.chars().map(|c| if bad(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+    Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if bad(c) {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// A one-line field of human output.
@@ -61,7 +73,13 @@ fn incomplete_utf8_tail(b: &[u8]) -> usize {
     for back in 1..=b.len().min(3) {
         let c = b[b.len() - back];
         if c >= 0xC0 {
-            let len = if c >= 0xF0 { 4 } else if c >= 0xE0 { 3 } else { 2 };
+            let len = if c >= 0xF0 {
+                4
+            } else if c >= 0xE0 {
+                3
+            } else {
+                2
+            };
             return if len > back { back } else { 0 };
         }
         if c < 0x80 {
@@ -78,7 +96,10 @@ mod tests {
     #[test]
     fn control_characters_print_as_visible_escapes() {
         assert_eq!(esc("plain name-1"), "plain name-1");
-        assert_eq!(esc("\x1b[2Jx\r\n\t\u{9b}\u{202e}"), "\\u{1b}[2Jx\\r\\n\\t\\u{9b}\\u{202e}");
+        assert_eq!(
+            esc("\x1b[2Jx\r\n\t\u{9b}\u{202e}"),
+            "\\u{1b}[2Jx\\r\\n\\t\\u{9b}\\u{202e}"
+        );
         assert_eq!(escape("a\nb\x07", "\n"), "a\nb\\u{7}");
     }
 

@@ -10,8 +10,24 @@ const SEE: &str = "echo nproc=$(busybox nproc); busybox grep Cpus_allowed_list /
 /// Whether a container of an engine other than `ours` is pinned to CPUs: other tests' engines on this
 /// machine pin too, and every engine pins around every Gantry container's CPUs.
 fn others_pinned(ours: &[&Engine]) -> bool {
-    let out = std::process::Command::new("docker").args(["ps", "-a", "--filter", "label=dev.gantry.cpus", "--filter", "status=running", "--filter", "status=created", "--format", "{{.Label \"dev.gantry.engine\"}}"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().any(|l| !ours.iter().any(|e| e.engine_id == l))
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=dev.gantry.cpus",
+            "--filter",
+            "status=running",
+            "--filter",
+            "status=created",
+            "--format",
+            "{{.Label \"dev.gantry.engine\"}}",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| !ours.iter().any(|e| e.engine_id == l))
 }
 
 /// Run `phase` (it says whether the jobs it started were pinned, and which they are) until it ran
@@ -23,7 +39,10 @@ fn in_a_quiet_moment(e: &Engine, ours: &[&Engine], mut phase: impl FnMut() -> (b
         if pinned {
             return;
         }
-        assert!(others_pinned(ours), "a job was not pinned though no other engine held pins");
+        assert!(
+            others_pinned(ours),
+            "a job was not pinned though no other engine held pins"
+        );
         for id in ids {
             e.gantry(&["cancel", &id.to_string()]);
             e.wait_final(id);
@@ -34,7 +53,11 @@ fn in_a_quiet_moment(e: &Engine, ours: &[&Engine], mut phase: impl FnMut() -> (b
 
 /// The job's output lines (not Gantry's).
 fn out(e: &Engine, id: i64) -> Vec<String> {
-    e.logs(id).lines().filter(|l| !l.starts_with("[gantry")).map(String::from).collect()
+    e.logs(id)
+        .lines()
+        .filter(|l| !l.starts_with("[gantry"))
+        .map(String::from)
+        .collect()
 }
 
 #[test]
@@ -47,29 +70,72 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     let lab = dir.path().join("config.toml");
     std::fs::write(&lab, "[containers]\nreserve_cpus = 0\ncpus_per_gpu = \"none\"\n").unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
-    let spec = |name: &str, extra: &str| format!("name: {name}\nimage: {IMAGE}\ngpus: 0\nmemory: 256MiB\n{extra}mounts: ['{}:/t:ro']\ncommand: '{SEE}'\n", dir.path().display());
+    let spec = |name: &str, extra: &str| {
+        format!(
+            "name: {name}\nimage: {IMAGE}\ngpus: 0\nmemory: 256MiB\n{extra}mounts: ['{}:/t:ro']\ncommand: '{SEE}'\n",
+            dir.path().display()
+        )
+    };
     let (mut pinned, mut sets) = (vec![], vec![]);
     in_a_quiet_moment(&e, &[&e], || {
-        pinned = (0..cpus.min(2)).map(|i| e.submit_yaml(&format!("one{i}"), &spec(&format!("one{i}"), "cpus: 1\n"))).collect();
-        sets = pinned.iter().map(|id| docker_inspect(&container_of(&e, *id))["HostConfig"]["CpusetCpus"].as_str().unwrap_or_default().to_string()).collect();
+        pinned = (0..cpus.min(2))
+            .map(|i| e.submit_yaml(&format!("one{i}"), &spec(&format!("one{i}"), "cpus: 1\n")))
+            .collect();
+        sets = pinned
+            .iter()
+            .map(|id| {
+                docker_inspect(&container_of(&e, *id))["HostConfig"]["CpusetCpus"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
         (sets.iter().all(|s| !s.is_empty()), pinned.clone())
     });
-    assert!(sets.iter().all(|s| s.parse::<u32>().is_ok()), "one CPU of its own each: {sets:?}");
+    assert!(
+        sets.iter().all(|s| s.parse::<u32>().is_ok()),
+        "one CPU of its own each: {sets:?}"
+    );
     let mut distinct = sets.clone();
     distinct.dedup();
-    assert_eq!(distinct.len(), sets.len(), "two jobs are never pinned to the same CPU: {sets:?}");
+    assert_eq!(
+        distinct.len(),
+        sets.len(),
+        "two jobs are never pinned to the same CPU: {sets:?}"
+    );
     std::fs::write(dir.path().join("go"), "").unwrap();
     for (id, set) in pinned.iter().zip(&sets) {
         assert_eq!(e.wait_final(*id)["job"]["state"], "succeeded", "{}", e.logs(*id));
-        assert_eq!(out(&e, *id), vec!["nproc=1".to_string(), format!("Cpus_allowed_list:\t{set}"), "omp=1 mkl=1".into()], "the job sees its one CPU");
+        assert_eq!(
+            out(&e, *id),
+            vec![
+                "nproc=1".to_string(),
+                format!("Cpus_allowed_list:\t{set}"),
+                "omp=1 mkl=1".into()
+            ],
+            "the job sees its one CPU"
+        );
     }
     std::fs::remove_file(dir.path().join("go")).unwrap();
     let own_threads = e.submit_yaml("half", &spec("half", "cpus: 0.5\nenv: {OMP_NUM_THREADS: '3'}\n"));
     let hc = docker_inspect(&container_of(&e, own_threads))["HostConfig"].clone();
-    assert_eq!((hc["CpusetCpus"].as_str().unwrap_or_default(), hc["NanoCpus"].as_i64()), ("", Some(500_000_000)), "half a CPU stays a quota: {hc}");
+    assert_eq!(
+        (hc["CpusetCpus"].as_str().unwrap_or_default(), hc["NanoCpus"].as_i64()),
+        ("", Some(500_000_000)),
+        "half a CPU stays a quota: {hc}"
+    );
     std::fs::write(dir.path().join("go"), "").unwrap();
-    assert_eq!(e.wait_final(own_threads)["job"]["state"], "succeeded", "{}", e.logs(own_threads));
-    assert_eq!(out(&e, own_threads)[2], "omp=3 mkl=1", "the spec's own OMP_NUM_THREADS is kept; half a CPU runs one thread");
+    assert_eq!(
+        e.wait_final(own_threads)["job"]["state"],
+        "succeeded",
+        "{}",
+        e.logs(own_threads)
+    );
+    assert_eq!(
+        out(&e, own_threads)[2],
+        "omp=3 mkl=1",
+        "the spec's own OMP_NUM_THREADS is kept; half a CPU runs one thread"
+    );
 
     // Another engine on this machine pins around this one's jobs; with no CPU free of pins, its job
     // gets the quota instead (never a CPU pinned to another job), and its log says so.
@@ -77,15 +143,30 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     let (mut all, mut held) = (0, String::new());
     in_a_quiet_moment(&e, &[&e], || {
         all = e.submit_yaml("all", &spec("all", &format!("cpus: {cpus}\n")));
-        held = docker_inspect(&container_of(&e, all))["HostConfig"]["CpusetCpus"].as_str().unwrap_or_default().to_string();
+        held = docker_inspect(&container_of(&e, all))["HostConfig"]["CpusetCpus"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         (!held.is_empty(), vec![all])
     });
-    let count: usize = held.split(',').filter(|p| !p.is_empty()).map(|p| p.split_once('-').map_or(1, |(a, b)| b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1)).sum();
+    let count: usize = held
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('-').map_or(1, |(a, b)| {
+                b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1
+            })
+        })
+        .sum();
     assert_eq!(count, cpus, "every CPU: {held}");
     let other = Engine::start(&["--config", lab.to_str().unwrap()]);
     let late = other.submit_yaml("late", &spec("late", "cpus: 1\n"));
     let hc = docker_inspect(&container_of(&other, late))["HostConfig"].clone();
-    assert_eq!((hc["CpusetCpus"].as_str().unwrap_or_default(), hc["NanoCpus"].as_i64()), ("", Some(1_000_000_000)), "{hc}");
+    assert_eq!(
+        (hc["CpusetCpus"].as_str().unwrap_or_default(), hc["NanoCpus"].as_i64()),
+        ("", Some(1_000_000_000)),
+        "{hc}"
+    );
     let note = format!("not pinned to CPUs: it asks for 1, and 0 of the {cpus} CPUs here are free of other jobs' pins; it gets a quota of 1 CPU instead, on the CPUs it shares");
     assert!(other.logs(late).contains(&note), "{}", other.logs(late));
     std::fs::write(dir.path().join("go"), "").unwrap();

@@ -11,7 +11,11 @@ use crate::helpers::*;
 
 fn reload(e: &Engine, lab: &std::path::Path, text: &str) {
     std::fs::write(lab, text).unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(e.pid() as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(e.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -27,14 +31,24 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     e.wait_until("the writer to write", || e.logs(writer).contains("written"));
 
     // Where the driver can bound a layer the container is bounded; where not, `gantry status` says so.
-    let info = String::from_utf8_lossy(&Command::new("docker").args(["info", "-f", "{{.Driver}} {{json .DriverStatus}}"]).output().unwrap().stdout).into_owned();
+    let info = String::from_utf8_lossy(
+        &Command::new("docker")
+            .args(["info", "-f", "{{.Driver}} {{json .DriverStatus}}"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
     let status = String::from_utf8_lossy(&e.gantry(&["status"]).stdout).into_owned();
     let opt = docker_inspect(&cid)["HostConfig"]["StorageOpt"].clone();
     if info.starts_with("overlay2") && info.contains("extfs") {
         assert!(status.contains("disk: jobs' writable layers are NOT bounded: Docker's overlay2 is on extfs; Docker bounds it only on xfs with `pquota`, btrfs or zfs"), "{status}");
         assert!(opt.is_null(), "{opt}");
     } else {
-        assert!(status.contains("disk: each job's writable layer is bounded to 100.0 GiB"), "{info}\n{status}");
+        assert!(
+            status.contains("disk: each job's writable layer is bounded to 100.0 GiB"),
+            "{info}\n{status}"
+        );
         assert_eq!(opt["size"], (100u64 << 30).to_string(), "{opt}");
     }
 
@@ -45,11 +59,20 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
         problem = e.json(&["status"])["disk_problem"].as_str().unwrap_or("").to_string();
         !problem.is_empty()
     });
-    assert!(problem.contains("free, below the lab's minimum of 100% (disk.min_free in") && problem.contains("no new job starts until space is freed"), "{problem}");
-    assert!(problem.contains(&format!("top writers: job {writer} (root) 30.0 MiB")), "{problem}");
+    assert!(
+        problem.contains("free, below the lab's minimum of 100% (disk.min_free in")
+            && problem.contains("no new job starts until space is freed"),
+        "{problem}"
+    );
+    assert!(
+        problem.contains(&format!("top writers: job {writer} (root) 30.0 MiB")),
+        "{problem}"
+    );
     assert!(String::from_utf8_lossy(&e.gantry(&["status"]).stdout).contains(&format!("WARNING: {problem}")));
     let waits = e.submit_yaml("waits", &format!("image: {IMAGE}\ngpus: 0\ncommand: echo started\n"));
-    e.wait_until("the new job to wait for disk space", || e.show(waits)["reason"].as_str().is_some_and(|r| r == problem));
+    e.wait_until("the new job to wait for disk space", || {
+        e.show(waits)["reason"].as_str().is_some_and(|r| r == problem)
+    });
     assert_eq!(e.show(waits)["job"]["state"], "queued");
 
     // Lowered again: the job starts.

@@ -21,13 +21,24 @@ fn an_engine_without_docker_access_says_permission_denied_and_how_to_fix_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let as_alice = |args: &[&str]| alice.command(bin()).arg("--state-dir").arg(&state).args(args).output().unwrap();
+    let as_alice = |args: &[&str]| {
+        alice
+            .command(bin())
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args)
+            .output()
+            .unwrap()
+    };
     let t = Instant::now();
     while !as_alice(&["status"]).status.success() {
         assert!(t.elapsed() < Duration::from_secs(60), "alice's engine did not come up");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let spec = alice.write(&dir.join("job.yaml"), &format!("image: {IMAGE}\ncommand: echo hi\ngpus: 0\n"));
+    let spec = alice.write(
+        &dir.join("job.yaml"),
+        &format!("image: {IMAGE}\ncommand: echo hi\ngpus: 0\n"),
+    );
     assert!(as_alice(&["submit", spec.to_str().unwrap()]).status.success());
     let mut reason = String::new();
     while t.elapsed() < Duration::from_secs(60) {
@@ -40,9 +51,18 @@ fn an_engine_without_docker_access_says_permission_denied_and_how_to_fix_it() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let status = String::from_utf8_lossy(&as_alice(&["status"]).stdout).into_owned();
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = daemon.wait();
-    assert!(reason.contains("you cannot use Docker (permission denied on /var/run/docker.sock)"), "queued reason: {reason:?}");
-    assert!(reason.contains("install the Gantry service") && !reason.contains("start it"), "{reason:?}");
+    assert!(
+        reason.contains("you cannot use Docker (permission denied on /var/run/docker.sock)"),
+        "queued reason: {reason:?}"
+    );
+    assert!(
+        reason.contains("install the Gantry service") && !reason.contains("start it"),
+        "{reason:?}"
+    );
     assert!(status.contains("permission denied"), "{status}");
 }

@@ -14,7 +14,10 @@ fn refused(mut c: Command) -> Output {
         std::thread::sleep(Duration::from_millis(50));
     }
     if child.try_wait().unwrap().is_none() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
     }
     child.wait_with_output().unwrap()
 }
@@ -33,14 +36,25 @@ fn a_second_engine_on_the_same_gpus_exits_naming_the_first() {
     let other = tempfile::tempdir().unwrap();
     let out = refused({
         let mut c = Command::new(bin());
-        c.arg("--state-dir").arg(other.path()).args(["daemon", "--gpus", &machine]);
+        c.arg("--state-dir")
+            .arg(other.path())
+            .args(["daemon", "--gpus", &machine]);
         c
     });
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the second engine must not run: {err}");
-    assert!(err.contains(&refusal("root", first.pid(), &first.state.join("gantry.sock"))), "{err}");
-    assert!(!other.path().join("gantry.sock").exists(), "the refused engine opened no socket");
-    assert!(first.gantry(&["status"]).status.success(), "the first engine keeps running");
+    assert!(
+        err.contains(&refusal("root", first.pid(), &first.state.join("gantry.sock"))),
+        "{err}"
+    );
+    assert!(
+        !other.path().join("gantry.sock").exists(),
+        "the refused engine opened no socket"
+    );
+    assert!(
+        first.gantry(&["status"]).status.success(),
+        "the first engine keeps running"
+    );
 }
 
 #[test]
@@ -59,19 +73,37 @@ fn bobs_engine_is_refused_while_alices_holds_the_machine() {
         .spawn()
         .unwrap();
     let t = Instant::now();
-    while !alice.command(bin()).arg("--state-dir").arg(&alice_state).arg("status").output().unwrap().status.success() {
+    while !alice
+        .command(bin())
+        .arg("--state-dir")
+        .arg(&alice_state)
+        .arg("status")
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
         assert!(t.elapsed() < Duration::from_secs(60), "alice's engine did not come up");
         std::thread::sleep(Duration::from_millis(100));
     }
     let bob_state = bob.private_dir("lock").join("state");
     let out = refused({
         let mut c = bob.command(bin());
-        c.arg("--state-dir").arg(&bob_state).args(["daemon", "--gpus", &machine]).current_dir("/");
+        c.arg("--state-dir")
+            .arg(&bob_state)
+            .args(["daemon", "--gpus", &machine])
+            .current_dir("/");
         c
     });
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(alices.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(alices.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = alices.wait();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "bob's engine must not run beside alice's: {err}");
-    assert!(err.contains(&refusal("gantry-alice", alices.id(), &alice_state.join("gantry.sock"))), "{err}");
+    assert!(
+        err.contains(&refusal("gantry-alice", alices.id(), &alice_state.join("gantry.sock"))),
+        "{err}"
+    );
 }

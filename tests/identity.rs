@@ -48,11 +48,21 @@ fn a_job_knows_its_owner_by_name_from_files_only_the_engine_writes() {
     for (image, image_users) in [(IMAGE, 0), (ETC_IMAGE, 1)] {
         let id = submit_as(&e, &alice, &format!("image: {image}\ngpus: 0\ncommand: '{WHO}'\n")).unwrap();
         assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
-        let mut out: Vec<String> = e.logs(id).lines().filter(|l| !l.starts_with("[gantry")).map(String::from).collect();
+        let mut out: Vec<String> = e
+            .logs(id)
+            .lines()
+            .filter(|l| !l.starts_with("[gantry"))
+            .map(String::from)
+            .collect();
         // Her groups by name (other tests add her to more): her own first, then the lab's.
         let groups = out.remove(3);
         let groups: Vec<&str> = groups.split(' ').collect();
-        assert!(groups[0] == "gantry-alice" && groups.contains(&"gantry-dl-lab") && groups.iter().all(|g| g.parse::<u32>().is_err()), "{groups:?}");
+        assert!(
+            groups[0] == "gantry-alice"
+                && groups.contains(&"gantry-dl-lab")
+                && groups.iter().all(|g| g.parse::<u32>().is_err()),
+            "{groups:?}"
+        );
         let want = [
             "gantry-alice",
             "gantry-alice",
@@ -61,28 +71,51 @@ fn a_job_knows_its_owner_by_name_from_files_only_the_engine_writes() {
             &format!("image users: {image_users}"),
             "others: 0",
         ];
-        assert_eq!(out, want, "in {image}: the owner by name, the image's own users kept, no other user of this machine listed");
+        assert_eq!(
+            out, want,
+            "in {image}: the owner by name, the image's own users kept, no other user of this machine listed"
+        );
     }
     // The files are the engine's: under its state dir, in folders only root can change, mounted read-only.
     let signal = bob.private_dir("identity");
     let id = submit_as(&e, &bob, &format!("image: {ETC_IMAGE}\ngpus: 0\nmounts: ['{}:/signal']\ncommand: 'busybox whoami; until [ -e /signal/done ]; do sleep 0.1; done'\n", signal.display())).unwrap();
     let c = docker_inspect(&container_of(&e, id));
     for target in ["/etc/passwd", "/etc/group"] {
-        let m = c["Mounts"].as_array().unwrap().iter().find(|m| m["Destination"] == target).unwrap_or_else(|| panic!("no {target} mount: {}", c["Mounts"]));
+        let m = c["Mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["Destination"] == target)
+            .unwrap_or_else(|| panic!("no {target} mount: {}", c["Mounts"]));
         assert_eq!(m["RW"], false, "{m}");
         let source = Path::new(m["Source"].as_str().unwrap());
         assert!(source.starts_with(e.state.join("mnt")), "{m}");
         let meta = std::fs::symlink_metadata(source).unwrap();
-        assert!(meta.is_file() && meta.uid() == 0 && meta.mode() & 0o022 == 0, "{m}: {meta:?}");
+        assert!(
+            meta.is_file() && meta.uid() == 0 && meta.mode() & 0o022 == 0,
+            "{m}: {meta:?}"
+        );
         for dir in source.ancestors().skip(1).take_while(|d| d.starts_with(&e.state)) {
             let d = std::fs::symlink_metadata(dir).unwrap();
-            assert!(d.is_dir() && d.uid() == 0 && d.mode() & 0o022 == 0, "{} can be changed by others: {:o}", dir.display(), d.mode());
+            assert!(
+                d.is_dir() && d.uid() == 0 && d.mode() & 0o022 == 0,
+                "{} can be changed by others: {:o}",
+                dir.display(),
+                d.mode()
+            );
         }
         let text = std::fs::read_to_string(source).unwrap();
-        assert!(text.contains("gantry-bob") && !text.contains("gantry-alice"), "bob's container lists bob only: {text}");
+        assert!(
+            text.contains("gantry-bob") && !text.contains("gantry-alice"),
+            "bob's container lists bob only: {text}"
+        );
     }
     std::fs::write(signal.join("done"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     assert!(e.logs(id).lines().any(|l| l == "gantry-bob"));
-    e.wait_until("the generated files to go with the container", || std::fs::read_dir(e.state.join("mnt")).map(|d| d.count() == 0).unwrap_or(true));
+    e.wait_until("the generated files to go with the container", || {
+        std::fs::read_dir(e.state.join("mnt"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    });
 }

@@ -53,7 +53,10 @@ fn submit_err(e: &Engine, name: &str, yaml: &str) -> String {
 fn a_registry_on_loopback_is_refused_at_submit_unless_the_lab_allows_it() {
     let e = Engine::start(&[]);
     let err = submit_err(&e, "local.yaml", "image: 127.0.0.1:5000/x:1\ngpus: 0\n");
-    assert!(err.contains("is on a registry on this machine or its link (127.0.0.1:5000)") && err.contains("[images] allow"), "{err}");
+    assert!(
+        err.contains("is on a registry on this machine or its link (127.0.0.1:5000)") && err.contains("[images] allow"),
+        "{err}"
+    );
     let err = submit_err(&e, "meta.yaml", "image: 169.254.169.254/x:1\ngpus: 0\n");
     assert!(err.contains("(169.254.169.254)"), "{err}");
 }
@@ -62,38 +65,72 @@ fn a_registry_on_loopback_is_refused_at_submit_unless_the_lab_allows_it() {
 fn images_are_pulled_before_placing_within_the_labs_rules() {
     let dir = tempfile::tempdir().unwrap();
     let lab = dir.path().join("config.toml");
-    std::fs::write(&lab, "[images]\nallow = [\"gantry-test/*\", \"127.0.0.1:*/*\"]\npull_timeout = \"20s\"\n").unwrap();
+    std::fs::write(
+        &lab,
+        "[images]\nallow = [\"gantry-test/*\", \"127.0.0.1:*/*\"]\npull_timeout = \"20s\"\n",
+    )
+    .unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
 
     // The allow-list, at submit, with the key and the file named.
     let err = submit_err(&e, "other.yaml", "image: registry.lab.example/team/x:1\ngpus: 1\n");
-    assert!(err.contains("image \"registry.lab.example/team/x:1\" is not in the lab's allowed images (images.allow in") && err.contains("\"gantry-test/*\""), "{err}");
+    assert!(
+        err.contains("image \"registry.lab.example/team/x:1\" is not in the lab's allowed images (images.allow in")
+            && err.contains("\"gantry-test/*\""),
+        "{err}"
+    );
 
     // A pull that fails fast (nothing listens): the job fails with Docker's reason, never placed.
-    let gone = e.submit_yaml("gone", &format!("image: 127.0.0.1:{}/gone:1\ngpus: 1\ncommand: echo never\n", closed_port()));
+    let gone = e.submit_yaml(
+        "gone",
+        &format!(
+            "image: 127.0.0.1:{}/gone:1\ngpus: 1\ncommand: echo never\n",
+            closed_port()
+        ),
+    );
     let d = e.wait_final(gone);
     assert_eq!(d["job"]["state"], "failed", "{d}");
     let msg = d["job"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("is not on this machine and could not be pulled"), "{d}");
-    assert_eq!(d["attempts"].as_array().unwrap().len(), 0, "a job whose image is missing is never placed: {d}");
+    assert_eq!(
+        d["attempts"].as_array().unwrap().len(),
+        0,
+        "a job whose image is missing is never placed: {d}"
+    );
 
     // A pull that hangs: the job waits as pulling, holding no GPU (a 2-GPU job runs meanwhile on
     // this 2-GPU machine), and its cancel stops the pull.
     let port = hung_registry();
-    let hung = e.submit_yaml("hung", &format!("image: 127.0.0.1:{port}/hang:1\ngpus: 2\ncommand: echo never\n"));
+    let hung = e.submit_yaml(
+        "hung",
+        &format!("image: 127.0.0.1:{port}/hang:1\ngpus: 2\ncommand: echo never\n"),
+    );
     let image = format!("127.0.0.1:{port}/hang:1");
-    e.wait_until("the hung job to wait for its pull", || e.show(hung)["reason"].as_str().is_some_and(|r| r == format!("pulling {image}; the job holds no GPU meanwhile")));
-    let both = e.submit_yaml("both", &format!("image: {IMAGE}\ngpus: 2\ncommand: echo both GPUs free\n"));
+    e.wait_until("the hung job to wait for its pull", || {
+        e.show(hung)["reason"]
+            .as_str()
+            .is_some_and(|r| r == format!("pulling {image}; the job holds no GPU meanwhile"))
+    });
+    let both = e.submit_yaml(
+        "both",
+        &format!("image: {IMAGE}\ngpus: 2\ncommand: echo both GPUs free\n"),
+    );
     assert_eq!(e.wait_final(both)["job"]["state"], "succeeded", "{}", e.logs(both));
     assert_eq!(e.show(hung)["job"]["state"], "queued");
     assert!(e.gantry(&["cancel", &hung.to_string()]).status.success());
     let d = e.wait_final(hung);
     assert_eq!(d["job"]["state"], "cancelled", "{d}");
     assert_eq!(d["attempts"].as_array().unwrap().len(), 0, "{d}");
-    e.wait_until("the pull to stop", || e.daemon_log().contains(&format!("pull of {image} stopped: no queued job needs it any more")));
+    e.wait_until("the pull to stop", || {
+        e.daemon_log()
+            .contains(&format!("pull of {image} stopped: no queued job needs it any more"))
+    });
 
     // The lab's timeout stops a hung pull and fails its job with the reason.
-    let slow = e.submit_yaml("slow", &format!("image: 127.0.0.1:{port}/slow:1\ngpus: 1\ncommand: echo never\n"));
+    let slow = e.submit_yaml(
+        "slow",
+        &format!("image: 127.0.0.1:{port}/slow:1\ngpus: 1\ncommand: echo never\n"),
+    );
     let d = e.wait_final(slow);
     assert_eq!(d["job"]["state"], "failed", "{d}");
     let msg = d["job"]["message"].as_str().unwrap_or("");

@@ -10,7 +10,10 @@ use crate::helpers::*;
 
 /// The job's output without Gantry's own timestamped lines (its notes about the output stay).
 fn output(e: &Engine, id: i64) -> String {
-    e.logs(id).split_inclusive('\n').filter(|l| !l.starts_with("[gantry ")).collect()
+    e.logs(id)
+        .split_inclusive('\n')
+        .filter(|l| !l.starts_with("[gantry "))
+        .collect()
 }
 
 /// A folder the job mounts at /t (its script, and the file that lets it go on).
@@ -47,9 +50,21 @@ echo end
 fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line() {
     let e = Engine::start(&[]);
     let dir = job_dir(PROGRESS);
-    let id = e.submit_yaml("bars", &format!("image: {IMAGE}\ngpus: 0\nmounts: ['{}:/t']\ncommand: [sh, /t/run.sh]\n", dir.path().display()));
+    let id = e.submit_yaml(
+        "bars",
+        &format!(
+            "image: {IMAGE}\ngpus: 0\nmounts: ['{}:/t']\ncommand: [sh, /t/run.sh]\n",
+            dir.path().display()
+        ),
+    );
     e.wait_state(id, "running");
-    let mut follow = Command::new(bin()).arg("--state-dir").arg(&e.state).args(["logs", "-f", &id.to_string()]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut follow = Command::new(bin())
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["logs", "-f", &id.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdout = follow.stdout.take().unwrap();
     // What `logs -f` printed so far (read as it comes, so the test can wait for it under load).
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
@@ -72,7 +87,9 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
         shown = output(&e, id);
         shown.ends_with(" 42%|live|\n")
     });
-    e.wait_until("the progress bar's current state in `gantry logs -f`", || String::from_utf8_lossy(&seen.lock().unwrap()).contains(" 42%|live|\n"));
+    e.wait_until("the progress bar's current state in `gantry logs -f`", || {
+        String::from_utf8_lossy(&seen.lock().unwrap()).contains(" 42%|live|\n")
+    });
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let mut want = String::new();
@@ -82,35 +99,76 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
     want += &"y".repeat(20_000);
     want += "\nstate 199 of 200 ................................................................................\n 99%|live|\nend\n";
     let got = output(&e, id);
-    assert!(got == want, "each line is its last state, whole, with no timestamp inside:\n{}", first_difference(&got, &want));
-    assert!(shown.starts_with(&want[..want.find("\n 99%").unwrap() + 1]), "while it ran: the lines so far, then the bar's state");
-    let followed: String = followed.join().unwrap().split_inclusive('\n').filter(|l| !l.starts_with("[gantry ")).collect();
+    assert!(
+        got == want,
+        "each line is its last state, whole, with no timestamp inside:\n{}",
+        first_difference(&got, &want)
+    );
+    assert!(
+        shown.starts_with(&want[..want.find("\n 99%").unwrap() + 1]),
+        "while it ran: the lines so far, then the bar's state"
+    );
+    let followed: String = followed
+        .join()
+        .unwrap()
+        .split_inclusive('\n')
+        .filter(|l| !l.starts_with("[gantry "))
+        .collect();
     assert!(follow.wait().unwrap().success());
-    assert!(followed.contains("\n 42%|live|\n") && followed.ends_with(" 99%|live|\nend\n"), "`logs -f` showed the state as it came: {}", &followed[followed.len().saturating_sub(300)..]);
+    assert!(
+        followed.contains("\n 42%|live|\n") && followed.ends_with(" 99%|live|\nend\n"),
+        "`logs -f` showed the state as it came: {}",
+        &followed[followed.len().saturating_sub(300)..]
+    );
 }
 
 /// Where two texts first differ, with some context.
 fn first_difference(got: &str, want: &str) -> String {
-    let at = got.bytes().zip(want.bytes()).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+    let at = got
+        .bytes()
+        .zip(want.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
     let from = at.saturating_sub(80);
-    format!("at byte {at} (got {} bytes, want {}):\n got: {:?}\nwant: {:?}", got.len(), want.len(), &got[from..(at + 80).min(got.len())], &want[from..(at + 80).min(want.len())])
+    format!(
+        "at byte {at} (got {} bytes, want {}):\n got: {:?}\nwant: {:?}",
+        got.len(),
+        want.len(),
+        &got[from..(at + 80).min(got.len())],
+        &want[from..(at + 80).min(want.len())]
+    )
 }
 
 /// Peak resident memory of a process so far, in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
 }
 
 #[test]
 fn a_40_mb_line_without_newline_keeps_its_first_64_kib_with_a_note_in_bounded_memory() {
     let e = Engine::start(&[]);
     let before = peak_rss(e.pid());
-    let id = e.submit_yaml("endless", &format!("image: {IMAGE}\ngpus: 0\ncommand: \"busybox head -c 40000000 /dev/zero | busybox tr '\\\\0' x\"\n"));
+    let id = e.submit_yaml(
+        "endless",
+        &format!("image: {IMAGE}\ngpus: 0\ncommand: \"busybox head -c 40000000 /dev/zero | busybox tr '\\\\0' x\"\n"),
+    );
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let grew = peak_rss(e.pid()).saturating_sub(before);
     let got = output(&e, id);
-    let want = format!("{}\n[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out\n", "x".repeat(64 << 10), 40_000_000 - (64 << 10));
+    let want = format!(
+        "{}\n[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out\n",
+        "x".repeat(64 << 10),
+        40_000_000 - (64 << 10)
+    );
     assert!(got == want, "{}", first_difference(&got, &want));
     // The engine's memory does not follow the line's length (it held the whole line before).
     assert!(grew < 24 << 20, "the engine's peak memory grew by {} MiB", grew >> 20);
@@ -123,7 +181,13 @@ fn dockers_own_log_of_a_job_is_bounded_like_gantrys() {
     let lab = dir.path().join("config.toml");
     std::fs::write(&lab, "[logs]\ncap = \"1MiB\"\n").unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
-    let id = e.submit_yaml("chatty", &format!("image: {IMAGE}\ngpus: 0\nmounts: ['{}:/t']\ncommand: [sh, /t/run.sh]\n", dir.path().display()));
+    let id = e.submit_yaml(
+        "chatty",
+        &format!(
+            "image: {IMAGE}\ngpus: 0\nmounts: ['{}:/t']\ncommand: [sh, /t/run.sh]\n",
+            dir.path().display()
+        ),
+    );
     let c = crate::dl_defaults::docker_inspect(&crate::dl_defaults::container_of(&e, id));
     // Two files' worth of the cap in all: the cap's worth of output and json-file's overhead per line.
     let want = serde_json::json!({"Type": "json-file", "Config": {"max-size": "524288", "max-file": "4"}});
@@ -133,11 +197,21 @@ fn dockers_own_log_of_a_job_is_bounded_like_gantrys() {
     let stored: u64 = std::fs::read_dir(log.parent().unwrap())
         .unwrap()
         .flatten()
-        .filter(|f| f.file_name().to_string_lossy().starts_with(&*log.file_name().unwrap().to_string_lossy()))
+        .filter(|f| {
+            f.file_name()
+                .to_string_lossy()
+                .starts_with(&*log.file_name().unwrap().to_string_lossy())
+        })
         .map(|f| f.metadata().unwrap().len())
         .sum();
     // A file is rotated once a write takes it past max-size: each may hold one more message.
-    assert!(stored <= 4 * (512 << 10) + 4 * (16 << 10), "Docker's log of the job holds {stored} bytes");
-    e.wait_until("Gantry's own copy to stop at its cap", || e.logs(id).contains("[gantry] log truncated: the job wrote more than 1048576 bytes"));
+    assert!(
+        stored <= 4 * (512 << 10) + 4 * (16 << 10),
+        "Docker's log of the job holds {stored} bytes"
+    );
+    e.wait_until("Gantry's own copy to stop at its cap", || {
+        e.logs(id)
+            .contains("[gantry] log truncated: the job wrote more than 1048576 bytes")
+    });
     assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
 }

@@ -15,13 +15,20 @@ fn pids_file(cid: &str, file: &str) -> String {
         format!("/sys/fs/cgroup/system.slice/docker-{cid}.scope/{file}"),
         format!("/sys/fs/cgroup/docker/{cid}/{file}"),
     ];
-    let path = candidates.iter().find(|p| std::path::Path::new(p).exists()).unwrap_or_else(|| panic!("no pids cgroup for {cid}: {candidates:?}"));
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().to_string()
+    let path = candidates
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| panic!("no pids cgroup for {cid}: {candidates:?}"));
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .to_string()
 }
 
 /// Every process forks for ever (a shell that cannot fork gives up, so the bomb churns at the
 /// limit); the job's own process becomes `sleep` once the bomb is lit, so the job lives on.
-const BOMB: &str = "exec 2>/dev/null\nuntil [ -e /t/go ]; do sleep 0.1; done\nb() { while :; do b & done; }\nb &\nexec sleep 300\n";
+const BOMB: &str =
+    "exec 2>/dev/null\nuntil [ -e /t/go ]; do sleep 0.1; done\nb() { while :; do b & done; }\nb &\nexec sleep 300\n";
 
 #[test]
 fn a_fork_bomb_stops_at_the_jobs_process_limit_and_the_machine_stays_usable() {
@@ -36,20 +43,36 @@ fn a_fork_bomb_stops_at_the_jobs_process_limit_and_the_machine_stays_usable() {
     let greedy = e.write_spec("greedy.yaml", &format!("image: {IMAGE}\ngpus: 0\npids_limit: 5000\n"));
     let out = e.gantry(&["submit", greedy.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("`pids_limit` is 5000; this machine allows at most 200 processes per job"), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains("`pids_limit` is 5000; this machine allows at most 200 processes per job"),
+        "{err}"
+    );
     // The lab's limit is every job's default.
     let plain = e.submit_yaml("plain", &format!("image: {IMAGE}\ngpus: 0\ncommand: sleep 300\n"));
     assert_eq!(docker_inspect(&container_of(&e, plain))["HostConfig"]["PidsLimit"], 200);
     assert!(e.gantry(&["cancel", &plain.to_string()]).status.success());
 
-    let id = e.submit_yaml("bomb", &format!("image: {IMAGE}\ngpus: 0\npids_limit: 100\nmounts: ['{}:/t:ro']\ncommand: [sh, /t/bomb.sh]\n", dir.path().display()));
+    let id = e.submit_yaml(
+        "bomb",
+        &format!(
+            "image: {IMAGE}\ngpus: 0\npids_limit: 100\nmounts: ['{}:/t:ro']\ncommand: [sh, /t/bomb.sh]\n",
+            dir.path().display()
+        ),
+    );
     let cid = container_of(&e, id);
     let c = docker_inspect(&cid);
     // Checked before the bomb goes off: without a limit it would take this machine down.
-    assert_eq!(c["HostConfig"]["PidsLimit"], 100, "a spec may lower the lab's limit: {}", c["HostConfig"]);
+    assert_eq!(
+        c["HostConfig"]["PidsLimit"], 100,
+        "a spec may lower the lab's limit: {}",
+        c["HostConfig"]
+    );
     assert_eq!(pids_file(&cid, "pids.max"), "100");
     std::fs::write(dir.path().join("go"), "").unwrap();
-    e.wait_until("the bomb to reach its limit", || pids_file(&cid, "pids.current").parse::<u32>().unwrap() >= 95);
+    e.wait_until("the bomb to reach its limit", || {
+        pids_file(&cid, "pids.current").parse::<u32>().unwrap() >= 95
+    });
     for _ in 0..20 {
         let n: u32 = pids_file(&cid, "pids.current").parse().unwrap();
         assert!(n <= 100, "{n} processes, past the job's limit of 100");

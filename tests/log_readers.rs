@@ -31,12 +31,24 @@ while (1) { for my $s (@socks) { sysread($s, my $buf, 1024) } sleep 1 }
 
 fn rss(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
 }
 
 /// The job's log file in the engine's state dir.
 fn log_file(e: &Engine, id: i64) -> Option<std::path::PathBuf> {
-    std::fs::read_dir(e.state.join("logs")).ok()?.flatten().map(|f| f.path()).find(|p| p.to_string_lossy().ends_with(&format!("-{id}.log")))
+    std::fs::read_dir(e.state.join("logs"))
+        .ok()?
+        .flatten()
+        .map(|f| f.path())
+        .find(|p| p.to_string_lossy().ends_with(&format!("-{id}.log")))
 }
 
 #[test]
@@ -53,12 +65,24 @@ fn slow_readers_of_a_big_log_pin_neither_memory_nor_the_api() {
         // Long lines (8,000 bytes): Docker's log copy is per line, and fewer lines fill the log sooner.
         &format!("name: chatty\nimage: {IMAGE}\ngpus: 0\ncommand: \"busybox yes $(busybox head -c 8000 /dev/zero | busybox tr '\\\\0' x) | busybox head -c {}; exec sleep 600\"\n", LOG + (1 << 20)),
     );
-    let id = e.json_as(&bob, &["submit", spec.to_str().unwrap()])[0]["job_id"].as_i64().unwrap();
+    let id = e.json_as(&bob, &["submit", spec.to_str().unwrap()])[0]["job_id"]
+        .as_i64()
+        .unwrap();
     // Docker copies a fast writer's output at a few MB/s on a loaded machine: minutes, not the
     // helpers' usual wait.
     let t = Instant::now();
-    while !log_file(&e, id).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| m.len() >= LOG) {
-        assert!(t.elapsed() < Duration::from_secs(600), "the job's log did not reach 32 MiB: {:?}\n{}", log_file(&e, id).and_then(|p| std::fs::metadata(p).ok()).map(|m| m.len()), e.daemon_log());
+    while log_file(&e, id)
+        .and_then(|p| std::fs::metadata(p).ok())
+        .is_none_or(|m| m.len() < LOG)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(600),
+            "the job's log did not reach 32 MiB: {:?}\n{}",
+            log_file(&e, id)
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len()),
+            e.daemon_log()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     println!("the log reached 32 MiB in {:?}", t.elapsed());
@@ -74,13 +98,23 @@ fn slow_readers_of_a_big_log_pin_neither_memory_nor_the_api() {
     }
     let mut readers = Readers(
         bob.command("perl")
-            .args(["-e", SLOW_READERS, e.state.join("gantry.sock").to_str().unwrap(), &id.to_string(), &READERS.to_string()])
+            .args([
+                "-e",
+                SLOW_READERS,
+                e.state.join("gantry.sock").to_str().unwrap(),
+                &id.to_string(),
+                &READERS.to_string(),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    let status = std::io::BufReader::new(readers.0.stdout.take().unwrap()).lines().next().expect("the readers report").unwrap();
+    let status = std::io::BufReader::new(readers.0.stdout.take().unwrap())
+        .lines()
+        .next()
+        .expect("the readers report")
+        .unwrap();
     assert_eq!(status, format!("200={READERS}"), "every stream within the cap opens");
 
     // While bob's 32 streams are open and drained at 1 KiB/s, alice's `gantry ls` answers and the
@@ -96,22 +130,46 @@ fn slow_readers_of_a_big_log_pin_neither_memory_nor_the_api() {
         std::thread::sleep(Duration::from_millis(500));
     }
     println!("gantry ls as another user with {READERS} slow readers of a 32 MiB log: {times:?}; engine RSS {} MiB before, {} MiB at most while they read", before >> 20, peak >> 20);
-    assert!(times.iter().all(|t| *t < Duration::from_secs(3)), "alice's `gantry ls` took {times:?}");
-    assert!(peak < 300 << 20, "the engine's memory grew from {} MiB to {} MiB with {READERS} slow readers", before >> 20, peak >> 20);
+    assert!(
+        times.iter().all(|t| *t < Duration::from_secs(3)),
+        "alice's `gantry ls` took {times:?}"
+    );
+    assert!(
+        peak < 300 << 20,
+        "the engine's memory grew from {} MiB to {} MiB with {READERS} slow readers",
+        before >> 20,
+        peak >> 20
+    );
 
     // One stream more than the lab allows is refused, saying how many are open and what to do.
     let out = e.gantry_user(&bob, &["logs", &id.to_string()]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "the 33rd stream was served");
-    assert!(err.contains(&format!("gantry-bob has {READERS} log streams open")) && err.contains("streams_per_user") && err.contains("close one"), "{err}");
+    assert!(
+        err.contains(&format!("gantry-bob has {READERS} log streams open"))
+            && err.contains("streams_per_user")
+            && err.contains("close one"),
+        "{err}"
+    );
     // Another user's streams are their own.
-    let own = alice.write(&alice.private_dir("slow-readers").join("quiet.yaml"), &format!("name: quiet\nimage: {IMAGE}\ngpus: 0\ncommand: [echo, quiet]\n"));
-    let quiet = e.json_as(&alice, &["submit", own.to_str().unwrap()])[0]["job_id"].as_i64().unwrap();
+    let own = alice.write(
+        &alice.private_dir("slow-readers").join("quiet.yaml"),
+        &format!("name: quiet\nimage: {IMAGE}\ngpus: 0\ncommand: [echo, quiet]\n"),
+    );
+    let quiet = e.json_as(&alice, &["submit", own.to_str().unwrap()])[0]["job_id"]
+        .as_i64()
+        .unwrap();
     e.wait_final(quiet);
     let out = e.gantry_user(&alice, &["logs", &quiet.to_string()]);
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("quiet"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("quiet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     drop(readers);
     // Closed streams give their places back.
-    e.wait_until("bob's streams to be given back", || e.gantry_user(&bob, &["logs", &id.to_string()]).status.success());
+    e.wait_until("bob's streams to be given back", || {
+        e.gantry_user(&bob, &["logs", &id.to_string()]).status.success()
+    });
 }

@@ -51,7 +51,13 @@ impl HttpSink {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
     fn hits(&self, path: &str) -> Vec<Hit> {
-        self.hits.lock().unwrap().iter().filter(|h| h.path == path).cloned().collect()
+        self.hits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.path == path)
+            .cloned()
+            .collect()
     }
 }
 
@@ -76,15 +82,27 @@ fn serve_http(conn: TcpStream, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
     let mut body = vec![0; n];
     let _ = r.read_exact(&mut body);
     let answer = status.load(Ordering::SeqCst);
-    hits.lock().unwrap().push(Hit { path, headers, body: serde_json::from_slice(&body).unwrap_or(Value::Null), answered: answer });
+    hits.lock().unwrap().push(Hit {
+        path,
+        headers,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        answered: answer,
+    });
     let mut w = conn;
     if answer == 0 {
         // Hold the connection (the engine is mid-send) until the test is done with it.
         std::thread::sleep(std::time::Duration::from_secs(600));
         return;
     }
-    let location = if (300..400).contains(&answer) { "location: http://169.254.169.254/latest/meta-data\r\n" } else { "" };
-    let _ = write!(w, "HTTP/1.1 {answer} X\r\n{location}content-length: 2\r\nconnection: close\r\n\r\nok");
+    let location = if (300..400).contains(&answer) {
+        "location: http://169.254.169.254/latest/meta-data\r\n"
+    } else {
+        ""
+    };
+    let _ = write!(
+        w,
+        "HTTP/1.1 {answer} X\r\n{location}content-length: 2\r\nconnection: close\r\n\r\nok"
+    );
 }
 
 /// One message the SMTP sink accepted.
@@ -148,7 +166,10 @@ fn serve_smtp(conn: TcpStream, mails: &Mutex<Vec<Mail>>) {
                 }
                 data.push_str(&d);
             }
-            mails.lock().unwrap().push(Mail { to: std::mem::take(&mut to), data });
+            mails.lock().unwrap().push(Mail {
+                to: std::mem::take(&mut to),
+                data,
+            });
             b"250 queued\r\n"
         } else if up.starts_with("QUIT") {
             let _ = w.write_all(b"221 bye\r\n");
@@ -165,7 +186,14 @@ fn serve_smtp(conn: TcpStream, mails: &Mutex<Vec<Mail>>) {
 fn lab(http: &HttpSink, smtp: Option<&SmtpSink>, extra: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
-    let relay = smtp.map(|s| format!("smtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_starttls = false\nsmtp_from = \"gantry@lab.test\"\n", s.port)).unwrap_or_default();
+    let relay = smtp
+        .map(|s| {
+            format!(
+                "smtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_starttls = false\nsmtp_from = \"gantry@lab.test\"\n",
+                s.port
+            )
+        })
+        .unwrap_or_default();
     std::fs::write(
         &path,
         format!(
@@ -179,19 +207,29 @@ fn lab(http: &HttpSink, smtp: Option<&SmtpSink>, extra: &str) -> (tempfile::Temp
 }
 
 fn out_text(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn submit_as(e: &Engine, u: &User, name: &str, yaml: &str) -> i64 {
     let dir = u.private_dir("notify");
     let f = u.write(&dir.join(format!("{name}.yaml")), yaml);
     let v = e.json_as(u, &["submit", f.to_str().unwrap()]);
-    v[0]["job_id"].as_i64().unwrap_or_else(|| panic!("submit as {}: {v}", u.name))
+    v[0]["job_id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("submit as {}: {v}", u.name))
 }
 
 /// The events the sink got on `path` for `job`, in order.
 fn events_of(sink: &HttpSink, path: &str, job: i64) -> Vec<String> {
-    sink.hits(path).iter().filter(|h| h.body["job"]["id"] == job).map(|h| h.body["event"].as_str().unwrap_or("").to_string()).collect()
+    sink.hits(path)
+        .iter()
+        .filter(|h| h.body["job"]["id"] == job)
+        .map(|h| h.body["event"].as_str().unwrap_or("").to_string())
+        .collect()
 }
 
 /// Each event type the engine produces arrives once, to its owner's targets only, with the right
@@ -206,32 +244,91 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     let all = "started,finished,failed,timed_out,cancelled";
     let add = e.json_as(&alice, &["notify", "add", "webhook", &http.url("/alice"), "--on", all]);
     assert_eq!(add["owner"], alice.name.as_str(), "{add}");
-    e.json_as(&alice, &["notify", "add", "email", "alice@lab.test", "--on", "failed,timed_out"]);
+    e.json_as(
+        &alice,
+        &["notify", "add", "email", "alice@lab.test", "--on", "failed,timed_out"],
+    );
     e.json_as(&bob, &["notify", "add", "webhook", &http.url("/bob"), "--on", all]);
 
-    let ok = submit_as(&e, &alice, "ok", &format!("name: ok\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\n"));
-    let bad = submit_as(&e, &alice, "bad", &format!("name: bad\nimage: {IMAGE}\ncommand: 'echo private-detail; exit 3'\ngpus: 0\n"));
-    let slow = submit_as(&e, &alice, "slow", &format!("name: slow\nimage: {IMAGE}\ncommand: 'sleep 60'\ngpus: 0\ntimeout: 2s\n"));
-    let gone = submit_as(&e, &alice, "gone", &format!("name: gone\nimage: {IMAGE}\ncommand: 'sleep 60'\ngpus: 0\n"));
+    let ok = submit_as(
+        &e,
+        &alice,
+        "ok",
+        &format!("name: ok\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\n"),
+    );
+    let bad = submit_as(
+        &e,
+        &alice,
+        "bad",
+        &format!("name: bad\nimage: {IMAGE}\ncommand: 'echo private-detail; exit 3'\ngpus: 0\n"),
+    );
+    let slow = submit_as(
+        &e,
+        &alice,
+        "slow",
+        &format!("name: slow\nimage: {IMAGE}\ncommand: 'sleep 60'\ngpus: 0\ntimeout: 2s\n"),
+    );
+    let gone = submit_as(
+        &e,
+        &alice,
+        "gone",
+        &format!("name: gone\nimage: {IMAGE}\ncommand: 'sleep 60'\ngpus: 0\n"),
+    );
     // The job's own list wins over the target's: this one tells only of its start.
-    let quiet = submit_as(&e, &alice, "quiet", &format!("name: quiet\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\nnotify: [started]\n"));
+    let quiet = submit_as(
+        &e,
+        &alice,
+        "quiet",
+        &format!("name: quiet\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\nnotify: [started]\n"),
+    );
     e.wait_state(gone, "running");
     assert!(e.gantry_user(&alice, &["cancel", &gone.to_string()]).status.success());
 
-    let refused = e.gantry_user(&bob, &["notify", "add", "webhook", &http.url("/bob"), "--job", &ok.to_string()]);
-    assert!(!refused.status.success(), "bob subscribed to alice's job: {}", out_text(&refused));
-    assert!(out_text(&refused).contains(&format!("job {ok} belongs to {}", alice.name)), "{}", out_text(&refused));
+    let refused = e.gantry_user(
+        &bob,
+        &["notify", "add", "webhook", &http.url("/bob"), "--job", &ok.to_string()],
+    );
+    assert!(
+        !refused.status.success(),
+        "bob subscribed to alice's job: {}",
+        out_text(&refused)
+    );
+    assert!(
+        out_text(&refused).contains(&format!("job {ok} belongs to {}", alice.name)),
+        "{}",
+        out_text(&refused)
+    );
     let alices = e.json_as(&alice, &["notify", "ls"]);
-    let alice_hook = alices.as_array().unwrap().iter().find(|s| s["target"]["url"] == http.url("/alice")).unwrap()["id"].as_i64().unwrap();
-    assert!(!e.gantry_user(&bob, &["notify", "rm", &alice_hook.to_string()]).status.success(), "bob removed alice's target");
+    let alice_hook = alices
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["target"]["url"] == http.url("/alice"))
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        !e.gantry_user(&bob, &["notify", "rm", &alice_hook.to_string()])
+            .status
+            .success(),
+        "bob removed alice's target"
+    );
 
     for id in [ok, bad, slow, gone, quiet] {
         e.wait_final(id);
     }
-    let want: &[(i64, &[&str])] = &[(ok, &["started", "finished"]), (bad, &["started", "failed"]), (slow, &["started", "timed_out"]), (gone, &["started", "cancelled"]), (quiet, &["started"])];
+    let want: &[(i64, &[&str])] = &[
+        (ok, &["started", "finished"]),
+        (bad, &["started", "failed"]),
+        (slow, &["started", "timed_out"]),
+        (gone, &["started", "cancelled"]),
+        (quiet, &["started"]),
+    ];
     let mut delivered = 0;
     for (id, events) in want {
-        e.wait_until(&format!("job {id}'s notifications on alice's webhook"), || events_of(&http, "/alice", *id).len() >= events.len());
+        e.wait_until(&format!("job {id}'s notifications on alice's webhook"), || {
+            events_of(&http, "/alice", *id).len() >= events.len()
+        });
         delivered += events.len();
     }
     e.wait_until("alice's three emails", || smtp.mails().len() >= 3);
@@ -239,18 +336,57 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     // Everything due has been sent: check counts, bodies and recipients.
     e.wait_until("every delivery recorded", || {
         let log = e.json_as(&alice, &["notify", "log"]);
-        log.as_array().unwrap().iter().filter(|d| d["state"] == "delivered").count() >= delivered + 3
+        log.as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["state"] == "delivered")
+            .count()
+            >= delivered + 3
     });
     for (id, events) in want {
-        assert_eq!(events_of(&http, "/alice", *id), *events, "job {id}: each event once, in order");
+        assert_eq!(
+            events_of(&http, "/alice", *id),
+            *events,
+            "job {id}: each event once, in order"
+        );
     }
     let hits = http.hits("/alice");
-    let failed = hits.iter().find(|h| h.body["job"]["id"] == bad && h.body["event"] == "failed").unwrap();
+    let failed = hits
+        .iter()
+        .find(|h| h.body["job"]["id"] == bad && h.body["event"] == "failed")
+        .unwrap();
     let b = &failed.body;
-    assert_eq!((b["schema"].as_str(), b["job"]["owner"].as_str(), b["job"]["state"].as_str(), b["job"]["exit_code"].as_i64()), (Some("gantry.notification/1"), Some(alice.name.as_str()), Some("failed"), Some(3)), "{b}");
-    assert!(b["text"].as_str().unwrap().contains(&format!("job {bad} (bad) of {} failed", alice.name)), "Slack/Mattermost text: {b}");
-    assert_eq!(failed.headers.get("gantry-event-id").map(String::as_str), b["id"].as_str(), "the id is in the header too");
-    assert_eq!(failed.headers.get("content-type").map(String::as_str), Some("application/json"));
+    assert_eq!(
+        (
+            b["schema"].as_str(),
+            b["job"]["owner"].as_str(),
+            b["job"]["state"].as_str(),
+            b["job"]["exit_code"].as_i64()
+        ),
+        (
+            Some("gantry.notification/1"),
+            Some(alice.name.as_str()),
+            Some("failed"),
+            Some(3)
+        ),
+        "{b}"
+    );
+    assert!(
+        b["text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("job {bad} (bad) of {} failed", alice.name)),
+        "Slack/Mattermost text: {b}"
+    );
+    assert_eq!(
+        failed.headers.get("gantry-event-id").map(String::as_str),
+        b["id"].as_str(),
+        "the id is in the header too"
+    );
+    assert_eq!(
+        failed.headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
     let ids: Vec<&str> = hits.iter().map(|h| h.body["id"].as_str().unwrap()).collect();
     let mut uniq = ids.clone();
     uniq.sort();
@@ -258,18 +394,37 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     assert_eq!(ids.len(), uniq.len(), "no notification twice: {ids:?}");
 
     let mails = smtp.mails();
-    assert_eq!(mails.len(), 3, "failed and timed_out (the target's `--on`), and quiet's start (its own `notify:`): {mails:?}");
+    assert_eq!(
+        mails.len(),
+        3,
+        "failed and timed_out (the target's `--on`), and quiet's start (its own `notify:`): {mails:?}"
+    );
     for (id, what) in [(bad, "failed"), (slow, "timed out"), (quiet, "started")] {
-        let m = mails.iter().find(|m| m.data.contains(&format!("job {id} ("))).unwrap_or_else(|| panic!("no email about job {id}: {mails:?}"));
+        let m = mails
+            .iter()
+            .find(|m| m.data.contains(&format!("job {id} (")))
+            .unwrap_or_else(|| panic!("no email about job {id}: {mails:?}"));
         assert_eq!(m.to, ["alice@lab.test"], "{m:?}");
         assert!(m.data.contains(what), "{}", m.data);
-        assert!(m.data.contains("gantry@lab.test") && m.data.to_ascii_lowercase().contains("message-id: <"), "{}", m.data);
+        assert!(
+            m.data.contains("gantry@lab.test") && m.data.to_ascii_lowercase().contains("message-id: <"),
+            "{}",
+            m.data
+        );
     }
     let lab = http.hits("/lab");
     assert_eq!(lab.len(), 1, "the lab's webhook lists `failed` only: {lab:?}");
     assert_eq!(lab[0].body["job"]["id"], bad);
-    assert!(lab[0].body["job"].get("message").is_none(), "the lab's channel gets public fields only: {}", lab[0].body);
-    assert!(http.hits("/bob").is_empty(), "bob's target heard of alice's jobs: {:?}", http.hits("/bob"));
+    assert!(
+        lab[0].body["job"].get("message").is_none(),
+        "the lab's channel gets public fields only: {}",
+        lab[0].body
+    );
+    assert!(
+        http.hits("/bob").is_empty(),
+        "bob's target heard of alice's jobs: {:?}",
+        http.hits("/bob")
+    );
     assert!(e.json_as(&bob, &["notify", "log"]).as_array().unwrap().is_empty());
 }
 
@@ -282,24 +437,55 @@ fn an_engine_killed_between_commit_and_delivery_delivers_exactly_once_after_rest
     let (_d, cfg) = lab(&http, None, "");
     let mut e = Engine::start(&["--config", cfg.to_str().unwrap()]);
     let alice = user("gantry-alice");
-    e.json_as(&alice, &["notify", "add", "webhook", &http.url("/once"), "--on", "finished"]);
+    e.json_as(
+        &alice,
+        &["notify", "add", "webhook", &http.url("/once"), "--on", "finished"],
+    );
     http.status.store(0, Ordering::SeqCst);
-    let id = submit_as(&e, &alice, "once", &format!("name: once\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\n"));
-    e.wait_until("the engine to be sending (the sink holds it)", || !http.hits("/once").is_empty());
+    let id = submit_as(
+        &e,
+        &alice,
+        "once",
+        &format!("name: once\nimage: {IMAGE}\ncommand: 'true'\ngpus: 0\n"),
+    );
+    e.wait_until("the engine to be sending (the sink holds it)", || {
+        !http.hits("/once").is_empty()
+    });
     e.kill9();
     http.status.store(200, Ordering::SeqCst);
     e.restart();
-    e.wait_until("the notification to be delivered after the restart", || http.hits("/once").iter().any(|h| h.answered == 200));
-    e.wait_until("its delivery recorded", || e.json_as(&alice, &["notify", "log"]).as_array().unwrap().iter().any(|d| d["state"] == "delivered" && d["job_id"] == id));
+    e.wait_until("the notification to be delivered after the restart", || {
+        http.hits("/once").iter().any(|h| h.answered == 200)
+    });
+    e.wait_until("its delivery recorded", || {
+        e.json_as(&alice, &["notify", "log"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["state"] == "delivered" && d["job_id"] == id)
+    });
     e.kill9();
     e.restart();
     e.json_as(&alice, &["notify", "test"]);
-    e.wait_until("the test notification", || http.hits("/once").iter().any(|h| h.body["event"] == "test"));
+    e.wait_until("the test notification", || {
+        http.hits("/once").iter().any(|h| h.body["event"] == "test")
+    });
     let hits = http.hits("/once");
     let job: Vec<&Hit> = hits.iter().filter(|h| h.body["job"]["id"] == id).collect();
-    assert_eq!(job.iter().filter(|h| h.answered == 200).count(), 1, "delivered once: {hits:?}");
-    assert_eq!(job.len(), 2, "the held try and the one after the restart, nothing after: {hits:?}");
-    assert_eq!(job[0].body["id"], job[1].body["id"], "the resend carries the same id, so a receiver can drop a copy");
+    assert_eq!(
+        job.iter().filter(|h| h.answered == 200).count(),
+        1,
+        "delivered once: {hits:?}"
+    );
+    assert_eq!(
+        job.len(),
+        2,
+        "the held try and the one after the restart, nothing after: {hits:?}"
+    );
+    assert_eq!(
+        job[0].body["id"], job[1].body["id"],
+        "the resend carries the same id, so a receiver can drop a copy"
+    );
     let log = e.json_as(&alice, &["notify", "log"]);
     let rows: Vec<&Value> = log.as_array().unwrap().iter().filter(|d| d["job_id"] == id).collect();
     assert_eq!(rows.len(), 1, "{log}");
@@ -320,13 +506,25 @@ fn a_failing_target_is_retried_then_given_up_with_a_log_entry() {
     let id = sent[0]["id"].as_str().unwrap().to_string();
     let mut row = Value::Null;
     e.wait_until("the test notification to be given up", || {
-        row = e.json_as(&alice, &["notify", "log"]).as_array().unwrap().iter().find(|d| d["id"] == id.as_str()).cloned().unwrap_or(Value::Null);
+        row = e
+            .json_as(&alice, &["notify", "log"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["id"] == id.as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
         row["state"] == "failed"
     });
     assert_eq!(row["tries"], 3, "`max_tries = 3`: {row}");
     assert!(row["last_error"].as_str().unwrap().contains("503"), "{row}");
     assert_eq!(http.hits("/down").len(), 3, "three tries reached the sink");
-    assert!(e.daemon_log().contains(&format!("notification {id} (test to")) && e.daemon_log().contains("given up after 3 tries"), "{}", e.daemon_log());
+    assert!(
+        e.daemon_log().contains(&format!("notification {id} (test to"))
+            && e.daemon_log().contains("given up after 3 tries"),
+        "{}",
+        e.daemon_log()
+    );
     let human = out_text(&e.gantry_user(&alice, &["notify", "log"]));
     assert!(human.contains("failed") && human.contains("503"), "{human}");
 }
@@ -343,8 +541,14 @@ fn a_webhook_to_a_host_not_on_the_labs_list_is_refused_at_notify_add() {
     for (url, why) in [
         ("https://example.org/hook".to_string(), "not allowed on this machine"),
         ("http://127.0.0.1:22/".to_string(), "not allowed on this machine"),
-        ("http://169.254.169.254/latest/meta-data".to_string(), "not allowed on this machine"),
-        (format!("http://localhost:{}/x", http.port), "not allowed on this machine"),
+        (
+            "http://169.254.169.254/latest/meta-data".to_string(),
+            "not allowed on this machine",
+        ),
+        (
+            format!("http://localhost:{}/x", http.port),
+            "not allowed on this machine",
+        ),
         ("file:///etc/shadow".to_string(), "URL"),
     ] {
         let out = e.gantry_user(&bob, &["notify", "add", "webhook", &url]);
@@ -353,7 +557,14 @@ fn a_webhook_to_a_host_not_on_the_labs_list_is_refused_at_notify_add() {
     }
     let out = e.gantry_user(&bob, &["notify", "add", "email", "bob@lab.test"]);
     assert!(out_text(&out).contains("no email relay"), "{}", out_text(&out));
-    assert!(e.json_as(&bob, &["notify", "ls"]).as_array().unwrap().iter().all(|s| s["owner"].is_null()), "only the lab's webhook is listed");
+    assert!(
+        e.json_as(&bob, &["notify", "ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["owner"].is_null()),
+        "only the lab's webhook is listed"
+    );
     assert!(http.hits("/").is_empty() && http.hits("/x").is_empty());
 }
 
@@ -367,9 +578,24 @@ fn smtp_credentials_readable_by_others_stop_the_engine() {
     let creds = dir.path().join("smtp-credentials");
     std::fs::write(&creds, "relay:secret\n").unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    let (_d, cfg) = lab(&http, Some(&smtp), &format!("smtp_credentials = \"{}\"\n", creds.display()));
+    let (_d, cfg) = lab(
+        &http,
+        Some(&smtp),
+        &format!("smtp_credentials = \"{}\"\n", creds.display()),
+    );
     let state = tempfile::tempdir().unwrap();
-    let out = Command::new(bin()).arg("--state-dir").arg(state.path()).args(["daemon", "--gpus", "sim:1x24GiB@notify-creds", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(bin())
+        .arg("--state-dir")
+        .arg(state.path())
+        .args([
+            "daemon",
+            "--gpus",
+            "sim:1x24GiB@notify-creds",
+            "--config",
+            cfg.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success(), "the engine started: {}", out_text(&out));
     assert!(out_text(&out).contains("chmod 600"), "{}", out_text(&out));
 }
@@ -381,7 +607,14 @@ fn a_store_problem_reaches_the_labs_webhook() {
     let http = HttpSink::start();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.toml");
-    std::fs::write(&cfg, format!("[notify]\nwebhooks = [{{ url = \"{}\", on = [\"store_problem\"] }}]\nretry_backoff = \"1s\"\n", http.url("/store"))).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[notify]\nwebhooks = [{{ url = \"{}\", on = [\"store_problem\"] }}]\nretry_backoff = \"1s\"\n",
+            http.url("/store")
+        ),
+    )
+    .unwrap();
     let disk = Tmpfs::mount("3m");
     let mut e = Engine::stopped(&["--gpus", "sim:1x24GiB", "--config", cfg.to_str().unwrap()]);
     e.state = disk.path().to_path_buf();
@@ -389,14 +622,28 @@ fn a_store_problem_reaches_the_labs_webhook() {
     let a = e.submit_yaml("a", &format!("image: {IMAGE}\ncommand: 'sleep 3'\ngpus: 0\n"));
     e.wait_state(a, "running");
     let filler = disk.fill();
-    e.wait_until("the lab's webhook to hear of the store problem", || !http.hits("/store").is_empty());
+    e.wait_until("the lab's webhook to hear of the store problem", || {
+        !http.hits("/store").is_empty()
+    });
     let hit = &http.hits("/store")[0];
     assert_eq!(hit.body["event"], "store_problem", "{:?}", hit.body);
-    assert!(hit.body["text"].as_str().unwrap().contains("cannot write its state database"), "{:?}", hit.body);
+    assert!(
+        hit.body["text"]
+            .as_str()
+            .unwrap()
+            .contains("cannot write its state database"),
+        "{:?}",
+        hit.body
+    );
     assert!(hit.body.get("job").is_none());
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(e.wait_final(a)["job"]["state"], "succeeded");
-    assert_eq!(http.hits("/store").len(), 1, "once for the problem: {:?}", http.hits("/store"));
+    assert_eq!(
+        http.hits("/store").len(),
+        1,
+        "once for the problem: {:?}",
+        http.hits("/store")
+    );
 }
 
 /// A listed webhook that answers with a redirect (here to the cloud metadata address) is not
@@ -409,14 +656,33 @@ fn a_redirect_is_not_followed() {
     let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
     let alice = user("gantry-alice");
     e.json_as(&alice, &["notify", "add", "webhook", &http.url("/moved")]);
-    let id = e.json_as(&alice, &["notify", "test"])[0]["id"].as_str().unwrap().to_string();
+    let id = e.json_as(&alice, &["notify", "test"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut row = Value::Null;
     e.wait_until("the redirected notification to fail", || {
-        row = e.json_as(&alice, &["notify", "log"]).as_array().unwrap().iter().find(|d| d["id"] == id.as_str()).cloned().unwrap_or(Value::Null);
+        row = e
+            .json_as(&alice, &["notify", "log"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["id"] == id.as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
         row["state"] == "failed"
     });
-    assert!(row["last_error"].as_str().unwrap().contains("does not follow redirects"), "{row}");
+    assert!(
+        row["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("does not follow redirects"),
+        "{row}"
+    );
     let hits = http.hits.lock().unwrap().clone();
     assert_eq!(hits.len(), 3, "`max_tries = 3` requests: {hits:?}");
-    assert!(hits.iter().all(|h| h.path == "/moved"), "only the listed URL was requested: {hits:?}");
+    assert!(
+        hits.iter().all(|h| h.path == "/moved"),
+        "only the listed URL was requested: {hits:?}"
+    );
 }

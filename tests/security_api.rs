@@ -16,7 +16,11 @@ fn submit_as(e: &Engine, u: &User, dir: &Path, file: &str, text: &str) -> i64 {
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Run `cmd`; kill it if it is still running after `limit` (a hang must fail the test, not stall it).
@@ -57,27 +61,81 @@ fn other_users_see_a_jobs_row_but_not_its_spec_or_output() {
     // Bob sees the row, not the spec.
     let d = e.json_as(&bob, &["show", &id.to_string()]);
     assert_private("show --json", &d.to_string());
-    assert_eq!((d["job"]["name"].as_str(), d["job"]["owner"].as_str(), d["job"]["state"].as_str()), (Some("train"), Some("gantry-alice"), Some("running")), "{d}");
+    assert_eq!(
+        (
+            d["job"]["name"].as_str(),
+            d["job"]["owner"].as_str(),
+            d["job"]["state"].as_str()
+        ),
+        (Some("train"), Some("gantry-alice"), Some("running")),
+        "{d}"
+    );
     assert_eq!(d["job"]["spec_hidden"], true, "{d}");
     assert!(d["job"]["job"].is_null(), "{d}");
     let q = e.json_as(&bob, &["ls"]);
     assert_private("ls --json", &q.to_string());
-    let row = q.as_array().unwrap().iter().find(|r| r["job"]["id"] == id).unwrap_or_else(|| panic!("bob's ls lacks job {id}: {q}"));
-    assert_eq!((row["job"]["name"].as_str(), row["job"]["owner"].as_str()), (Some("train"), Some("gantry-alice")));
+    let row = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["job"]["id"] == id)
+        .unwrap_or_else(|| panic!("bob's ls lacks job {id}: {q}"));
+    assert_eq!(
+        (row["job"]["name"].as_str(), row["job"]["owner"].as_str()),
+        (Some("train"), Some("gantry-alice"))
+    );
     // The same row for everyone, public fields only: a field added to it is shown to every user,
     // so it must be chosen here on purpose (the spec, env, messages and source stay in `show`).
     let keys: std::collections::BTreeSet<&str> = row["job"].as_object().unwrap().keys().map(String::as_str).collect();
     // (`gpu_memory` and `started_at` are left out when there is none.)
-    let public = ["gpu_memory", "gpus", "id", "image", "name", "owner", "owner_uid", "priority", "started_at", "state", "submitted_at"];
-    assert!(keys.iter().all(|k| public.contains(k)) && keys.len() >= public.len() - 2, "bob's ls row of alice's job holds more than its public row: {row}");
+    let public = [
+        "gpu_memory",
+        "gpus",
+        "id",
+        "image",
+        "name",
+        "owner",
+        "owner_uid",
+        "priority",
+        "started_at",
+        "state",
+        "submitted_at",
+    ];
+    assert!(
+        keys.iter().all(|k| public.contains(k)) && keys.len() >= public.len() - 2,
+        "bob's ls row of alice's job holds more than its public row: {row}"
+    );
     let entry: std::collections::BTreeSet<&str> = row.as_object().unwrap().keys().map(String::as_str).collect();
-    let verdict = ["estimated_start", "eta_confidence", "gpus_assigned", "job", "position", "reason"];
-    assert!(entry.iter().all(|k| verdict.contains(k)), "bob's ls entry of alice's job: {row}");
-    assert_eq!(row, e.json_as(&alice, &["ls"]).as_array().unwrap().iter().find(|r| r["job"]["id"] == id).unwrap(), "alice's own row is the same");
+    let verdict = [
+        "estimated_start",
+        "eta_confidence",
+        "gpus_assigned",
+        "job",
+        "position",
+        "reason",
+    ];
+    assert!(
+        entry.iter().all(|k| verdict.contains(k)),
+        "bob's ls entry of alice's job: {row}"
+    );
+    assert_eq!(
+        row,
+        e.json_as(&alice, &["ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["job"]["id"] == id)
+            .unwrap(),
+        "alice's own row is the same"
+    );
     let show = e.gantry_user(&bob, &["show", &id.to_string()]);
     assert!(show.status.success(), "{}", text(&show));
     assert_private("show", &text(&show));
-    assert!(String::from_utf8_lossy(&show.stdout).contains("hidden: only gantry-alice and root"), "{}", text(&show));
+    assert!(
+        String::from_utf8_lossy(&show.stdout).contains("hidden: only gantry-alice and root"),
+        "{}",
+        text(&show)
+    );
 
     // Nor her output, with a clear reason.
     for args in [vec!["logs", "ID"], vec!["logs", "-f", "ID"]] {
@@ -86,7 +144,9 @@ fn other_users_see_a_jobs_row_but_not_its_spec_or_output() {
         assert!(!out.status.success(), "bob's {args:?} succeeded: {}", text(&out));
         assert_private("logs", &text(&out));
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or an admin can read its output")),
+            String::from_utf8_lossy(&out.stderr).contains(&format!(
+                "job {id} belongs to gantry-alice; only its owner or an admin can read its output"
+            )),
             "{}",
             text(&out)
         );
@@ -97,15 +157,29 @@ fn other_users_see_a_jobs_row_but_not_its_spec_or_output() {
     assert_eq!(mine["job"]["job"]["spec"]["env"]["TOKEN"], secret.as_str(), "{mine}");
     assert_eq!(mine["job"]["spec_hidden"], false);
     let mine = e.gantry_user(&alice, &["show", &id.to_string()]);
-    assert!(String::from_utf8_lossy(&mine.stdout).contains(&format!("TOKEN={secret}")), "{}", text(&mine));
+    assert!(
+        String::from_utf8_lossy(&mine.stdout).contains(&format!("TOKEN={secret}")),
+        "{}",
+        text(&mine)
+    );
     assert!(String::from_utf8_lossy(&e.gantry_user(&alice, &["logs", &id.to_string()]).stdout).contains(&secret));
-    assert_eq!(e.show(id)["job"]["job"]["spec"]["env"]["TOKEN"], secret.as_str(), "root sees the spec");
+    assert_eq!(
+        e.show(id)["job"]["job"]["spec"]["env"]["TOKEN"],
+        secret.as_str(),
+        "root sees the spec"
+    );
 
     assert!(e.gantry_user(&alice, &["cancel", &id.to_string()]).status.success());
     e.wait_final(id);
     let h = e.json_as(&bob, &["history"]);
     assert_private("history --json", &h.to_string());
-    assert!(h.as_array().unwrap().iter().any(|r| r["id"] == id && r["owner"] == "gantry-alice" && r["name"] == "train"), "{h}");
+    assert!(
+        h.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == id && r["owner"] == "gantry-alice" && r["name"] == "train"),
+        "{h}"
+    );
 }
 
 #[test]
@@ -113,18 +187,41 @@ fn only_the_owner_or_root_can_run_a_job_again() {
     let e = Engine::start(&[]);
     let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
     let dir = alice.private_dir("api-rerun");
-    let id = submit_as(&e, &alice, &dir, "once.yaml", &format!("image: {IMAGE}\ncommand: 'true'\nenv: {{TOKEN: alice-only}}\ngpus: 0\n"));
+    let id = submit_as(
+        &e,
+        &alice,
+        &dir,
+        "once.yaml",
+        &format!("image: {IMAGE}\ncommand: 'true'\nenv: {{TOKEN: alice-only}}\ngpus: 0\n"),
+    );
 
     let out = e.gantry_user(&bob, &["rerun", &id.to_string()]);
     assert!(!out.status.success(), "bob reran alice's job: {}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} belongs to gantry-alice; only its owner or an admin can run it again")), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!(
+            "job {id} belongs to gantry-alice; only its owner or an admin can run it again"
+        )),
+        "{}",
+        text(&out)
+    );
     let next = e.gantry(&["show", &(id + 1).to_string()]);
-    assert!(!next.status.success() && String::from_utf8_lossy(&next.stderr).contains("no job"), "bob's rerun created a job: {}", text(&next));
+    assert!(
+        !next.status.success() && String::from_utf8_lossy(&next.stderr).contains("no job"),
+        "bob's rerun created a job: {}",
+        text(&next)
+    );
 
     let again = e.json_as(&alice, &["rerun", &id.to_string()]);
     let new = again["job_id"].as_i64().unwrap();
     let j = e.show(new);
-    assert_eq!((j["job"]["owner"].as_str(), j["job"]["job"]["spec"]["env"]["TOKEN"].as_str()), (Some("gantry-alice"), Some("alice-only")), "{j}");
+    assert_eq!(
+        (
+            j["job"]["owner"].as_str(),
+            j["job"]["job"]["spec"]["env"]["TOKEN"].as_str()
+        ),
+        (Some("gantry-alice"), Some("alice-only")),
+        "{j}"
+    );
 }
 
 /// Opens N connections to the socket as the user running it, sends half a request head on each and
@@ -165,7 +262,12 @@ fn a_connection_flood_from_one_user_does_not_lock_out_the_others() {
     let n = 300;
     let mut flood = bob
         .command("perl")
-        .args(["-e", FLOOD, e.state.join("gantry.sock").to_str().unwrap(), &n.to_string()])
+        .args([
+            "-e",
+            FLOOD,
+            e.state.join("gantry.sock").to_str().unwrap(),
+            &n.to_string(),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -182,11 +284,22 @@ fn a_connection_flood_from_one_user_does_not_lock_out_the_others() {
     let status = flood.wait().unwrap();
     assert!(status.success(), "flood failed: {report:?}");
     let counts: Vec<usize> = report[0].split(' ').filter_map(|w| w.parse().ok()).collect();
-    let [refused, closed, open] = counts[..] else { panic!("{report:?}") };
-    assert_eq!(open, 0, "half-sent requests must be closed after the header timeout: {report:?}");
+    let [refused, closed, open] = counts[..] else {
+        panic!("{report:?}")
+    };
+    assert_eq!(
+        open, 0,
+        "half-sent requests must be closed after the header timeout: {report:?}"
+    );
     assert_eq!(refused + closed, n, "{report:?}");
-    assert!(refused > 0 && closed > 0, "connections over bob's cap are refused, the rest time out: {report:?}");
-    assert!(report[1].contains(&format!("too many connections from uid {}", bob.uid)), "{report:?}");
+    assert!(
+        refused > 0 && closed > 0,
+        "connections over bob's cap are refused, the rest time out: {report:?}"
+    );
+    assert!(
+        report[1].contains(&format!("too many connections from uid {}", bob.uid)),
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -195,11 +308,20 @@ fn the_cli_gives_up_on_an_engine_that_never_answers() {
     // Connections queue up in the backlog and are never answered.
     let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("gantry.sock")).unwrap();
     let mut cmd = Command::new(bin());
-    cmd.arg("--state-dir").arg(dir.path()).arg("ls").env("GANTRY_CLIENT_TIMEOUT", "2s");
+    cmd.arg("--state-dir")
+        .arg(dir.path())
+        .arg("ls")
+        .env("GANTRY_CLIENT_TIMEOUT", "2s");
     let out = output_within(cmd, Duration::from_secs(60)).unwrap_or_else(|e| panic!("the CLI hangs: {e}"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("the engine at {} did not answer within 2s: it may be overloaded", dir.path().join("gantry.sock").display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the engine at {} did not answer within 2s: it may be overloaded",
+            dir.path().join("gantry.sock").display()
+        )),
+        "{err}"
+    );
 }
 
 #[test]
@@ -208,28 +330,63 @@ fn terminal_escapes_in_job_names_print_as_visible_text() {
     let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
     let dir = alice.private_dir("api-escape");
     // A name is shown to everyone: control characters are refused when it is made.
-    let f = alice.write(&dir.join("evil.yaml"), &format!("name: \"\\x1b[2J\\x1b]0;pwned\\x07evil\"\nimage: {IMAGE}\ngpus: 0\n"));
+    let f = alice.write(
+        &dir.join("evil.yaml"),
+        &format!("name: \"\\x1b[2J\\x1b]0;pwned\\x07evil\"\nimage: {IMAGE}\ngpus: 0\n"),
+    );
     let out = e.gantry_user(&alice, &["submit", f.to_str().unwrap()]);
-    assert!(!out.status.success() && text(&out).contains("control characters"), "{}", text(&out));
+    assert!(
+        !out.status.success() && text(&out).contains("control characters"),
+        "{}",
+        text(&out)
+    );
     // Other public text (here the image name, which Docker then refuses) is escaped in human output.
-    let id = submit_as(&e, &alice, &dir, "img.yaml", "name: img\nimage: \"evil\\x1b[2J\\x1b]0;pwned\\x07:1\"\ngpus: 0\n");
+    let id = submit_as(
+        &e,
+        &alice,
+        &dir,
+        "img.yaml",
+        "name: img\nimage: \"evil\\x1b[2J\\x1b]0;pwned\\x07:1\"\ngpus: 0\n",
+    );
     e.wait_final(id);
     let seen_by_bob = |args: &[&str]| {
         let out = e.gantry_user(&bob, args);
         assert!(out.status.success(), "{args:?}: {}", text(&out));
-        assert!(!out.stdout.iter().any(|b| *b == 0x1b || *b == 0x07), "raw control characters reach bob's terminal in {args:?}: {:?}", text(&out));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("\\u{1b}[2J"), "{args:?} shows the escape as text: {}", text(&out));
+        assert!(
+            !out.stdout.iter().any(|b| *b == 0x1b || *b == 0x07),
+            "raw control characters reach bob's terminal in {args:?}: {:?}",
+            text(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("\\u{1b}[2J"),
+            "{args:?} shows the escape as text: {}",
+            text(&out)
+        );
     };
     seen_by_bob(&["show", &id.to_string()]);
 
     // A reader that stops early (`| head -1`) ends the CLI quietly.
     for args in [vec!["show".to_string(), id.to_string()], vec!["history".to_string()]] {
-        let mut child = bob.command(bin()).arg("--state-dir").arg(&e.state).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut child = bob
+            .command(bin())
+            .arg("--state-dir")
+            .arg(&e.state)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         drop(child.stdout.take()); // the pipe's only reader is gone before the CLI writes
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!err.contains("panicked") && err.is_empty(), "{args:?} into a closed pipe: {err}");
+        assert!(
+            !err.contains("panicked") && err.is_empty(),
+            "{args:?} into a closed pipe: {err}"
+        );
     }
     let h: Value = e.json_as(&bob, &["history"]);
-    assert_eq!(h[0]["image"], "evil\u{1b}[2J\u{1b}]0;pwned\u{7}:1", "--json keeps the text as it is");
+    assert_eq!(
+        h[0]["image"], "evil\u{1b}[2J\u{1b}]0;pwned\u{7}:1",
+        "--json keeps the text as it is"
+    );
 }

@@ -33,7 +33,12 @@ fn mounts_under(dir: &Path) -> HashMap<String, String> {
 
 /// Run `command` as `u` in a container with `mounts`; its output.
 async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, mounts: Vec<ResolvedMount>) -> String {
-    let job = validate_text(&format!("image: {IMAGE}\ngpus: 0\ncommand: {command:?}\n"), Format::Yaml, &Origin::default()).unwrap();
+    let job = validate_text(
+        &format!("image: {IMAGE}\ngpus: 0\ncommand: {command:?}\n"),
+        Format::Yaml,
+        &Origin::default(),
+    )
+    .unwrap();
     let l = Launch {
         engine_id: "race-test",
         db_uid: "race-test",
@@ -62,7 +67,11 @@ async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, m
     exec.wait(&cid).await.unwrap();
     let out = Command::new("docker").args(["logs", &cid]).output().unwrap();
     exec.remove(&cid).await.unwrap();
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Releases a test's pinned mounts even when it fails.
@@ -83,7 +92,10 @@ fn a_path_swapped_after_the_check_cannot_redirect_the_mount() {
     let made = alice.sh(&format!("mkdir {0} && echo alice-data > {0}/file.txt", data.display()));
     assert!(made.status.success(), "{made:?}");
     // A 755 folder with a 644 file, reachable only through root's 700 folder: once mounted, alice could read it.
-    let secret = tempfile::Builder::new().prefix("gantry-secret-").tempdir_in("/root").unwrap();
+    let secret = tempfile::Builder::new()
+        .prefix("gantry-secret-")
+        .tempdir_in("/root")
+        .unwrap();
     chmod(secret.path(), 0o700);
     let inner = secret.path().join("inner");
     std::fs::create_dir(&inner).unwrap();
@@ -94,8 +106,18 @@ fn a_path_swapped_after_the_check_cannot_redirect_the_mount() {
     // The engine's steps: check as alice, then pin what her check opened.
     let state = tempfile::tempdir().unwrap();
     let staging = Staging::in_state_dir(state.path());
-    let mount = Mount { host: data.to_string_lossy().into_owned(), container: "/d".into(), read_only: true };
-    let checked = check_mounts(&Cred::of_user(alice.uid, alice.gid), &[mount], None, &Forbidden::default()).unwrap();
+    let mount = Mount {
+        host: data.to_string_lossy().into_owned(),
+        container: "/d".into(),
+        read_only: true,
+    };
+    let checked = check_mounts(
+        &Cred::of_user(alice.uid, alice.gid),
+        &[mount],
+        None,
+        &Forbidden::default(),
+    )
+    .unwrap();
     let unpinned = vec![checked[0].mount.clone()];
     assert_eq!(unpinned[0].host, data);
     let name = format!("gantry-race-test-{}", std::process::id());
@@ -103,23 +125,49 @@ fn a_path_swapped_after_the_check_cannot_redirect_the_mount() {
     let _release = Release(&staging, &name);
 
     // Now alice swaps her checked directory for a symlink into root's secret directory.
-    let swapped = alice.sh(&format!("mv {0} {0}.old && ln -s {1} {0}", data.display(), inner.display()));
+    let swapped = alice.sh(&format!(
+        "mv {0} {0}.old && ln -s {1} {0}",
+        data.display(),
+        inner.display()
+    ));
     assert!(swapped.status.success(), "{swapped:?}");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let exec = DockerExecutor::connect().unwrap();
-    let seen = rt.block_on(output_of(&exec, &name, &alice, "cat /d/file.txt; touch /d/new || echo write refused", pinned.clone()));
-    assert!(seen.contains("alice-data") && !seen.contains("FLAG"), "the job must see what alice's check opened: {seen}");
-    assert!(seen.contains("write refused") && seen.contains("Read-only file system"), ":ro holds: {seen}");
+    let seen = rt.block_on(output_of(
+        &exec,
+        &name,
+        &alice,
+        "cat /d/file.txt; touch /d/new || echo write refused",
+        pinned.clone(),
+    ));
+    assert!(
+        seen.contains("alice-data") && !seen.contains("FLAG"),
+        "the job must see what alice's check opened: {seen}"
+    );
+    assert!(
+        seen.contains("write refused") && seen.contains("Read-only file system"),
+        ":ro holds: {seen}"
+    );
     assert!(!dir.join("data.old/new").exists());
-    assert!(pinned[0].host.starts_with(staging.root()), "a root engine gives Docker its staging path: {pinned:?}");
+    assert!(
+        pinned[0].host.starts_with(staging.root()),
+        "a root engine gives Docker its staging path: {pinned:?}"
+    );
     // Control: Docker given the checked path (what the engine did before pinning) follows the swap as root.
     let unsafe_seen = rt.block_on(output_of(&exec, &name, &alice, "cat /d/file.txt", unpinned));
-    assert!(unsafe_seen.contains("FLAG"), "the swap must be a real attack for this test to mean anything: {unsafe_seen}");
+    assert!(
+        unsafe_seen.contains("FLAG"),
+        "the swap must be a real attack for this test to mean anything: {unsafe_seen}"
+    );
 
     staging.release(&name).unwrap();
     assert!(mounts_under(state.path()).is_empty(), "released");
-    assert_eq!(std::fs::read_to_string(dir.join("data.old/file.txt")).unwrap(), "alice-data\n", "alice's files are untouched");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("data.old/file.txt")).unwrap(),
+        "alice-data\n",
+        "alice's files are untouched"
+    );
 }
 
 /// A spec by `u` whose job mounts `data` read-only and `out` read-write, then waits for `out/<go>`.
@@ -128,7 +176,11 @@ fn waiting_spec(u: &User, dir: &Path, name: &str, data: &Path, out: &Path, go: &
         "cat /d/in.txt; echo result > /o/{name}.txt; if touch /d/new 2>/dev/null; then echo WROTE-RO; else echo ro-refused; fi; \
          while [ ! -e /o/{go} ]; do sleep 0.1; done"
     );
-    let text = format!("image: {IMAGE}\ngpus: 0\nmounts: ['{}:/d:ro', '{}:/o']\ncommand: {command:?}\n", data.display(), out.display());
+    let text = format!(
+        "image: {IMAGE}\ngpus: 0\nmounts: ['{}:/d:ro', '{}:/o']\ncommand: {command:?}\n",
+        data.display(),
+        out.display()
+    );
     u.write(&dir.join(format!("{name}.yaml")), &text)
 }
 
@@ -145,7 +197,9 @@ fn pinned_mounts_are_read_only_when_asked_and_released_when_jobs_end() {
     let (data, out, spare) = (dir.join("data"), dir.join("out"), dir.join("spare"));
     let made = alice.sh(&format!(
         "mkdir {0} {1} {2} && echo input-data > {0}/in.txt && echo keep > {2}/keep.txt",
-        data.display(), out.display(), spare.display()
+        data.display(),
+        out.display(),
+        spare.display()
     ));
     assert!(made.status.success(), "{made:?}");
     let staging = e.state.join("mnt");
@@ -153,13 +207,24 @@ fn pinned_mounts_are_read_only_when_asked_and_released_when_jobs_end() {
     let id = submit_as(&e, &alice, &waiting_spec(&alice, &dir, "one", &data, &out, "go1"));
     e.wait_state(id, "running");
     let pinned = mounts_under(&staging);
-    assert_eq!(pinned.len(), 2, "both mounts are pinned under the state dir while the job runs: {pinned:?}");
-    assert_eq!(pinned.values().filter(|o| o.split(',').any(|f| f == "ro")).count(), 1, "the :ro one is read-only: {pinned:?}");
+    assert_eq!(
+        pinned.len(),
+        2,
+        "both mounts are pinned under the state dir while the job runs: {pinned:?}"
+    );
+    assert_eq!(
+        pinned.values().filter(|o| o.split(',').any(|f| f == "ro")).count(),
+        1,
+        "the :ro one is read-only: {pinned:?}"
+    );
     assert!(alice.sh(&format!("touch {}/go1", out.display())).status.success());
     let j = e.wait_final(id);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
     let log = e.logs(id);
-    assert!(log.contains("input-data") && log.contains("ro-refused") && !log.contains("WROTE-RO"), "{log}");
+    assert!(
+        log.contains("input-data") && log.contains("ro-refused") && !log.contains("WROTE-RO"),
+        "{log}"
+    );
     assert!(!data.join("new").exists());
     let result = std::fs::metadata(out.join("one.txt")).expect("the read-write mount reaches alice's folder");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&result), alice.uid);
@@ -175,11 +240,21 @@ fn pinned_mounts_are_read_only_when_asked_and_released_when_jobs_end() {
     e.kill9();
     let stale = staging.join("gantry-gone-j999-a1").join("0");
     std::fs::create_dir_all(&stale).unwrap();
-    let bound = Command::new("mount").args(["--bind", spare.to_str().unwrap(), stale.to_str().unwrap()]).output().unwrap();
+    let bound = Command::new("mount")
+        .args(["--bind", spare.to_str().unwrap(), stale.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(bound.status.success(), "{bound:?}");
     e.restart();
-    e.wait_until("the stale pinned mount to be released", || !stale.parent().unwrap().exists());
-    assert_eq!(mounts_under(&staging).len(), 2, "the running job's mounts stay pinned: {:?}", mounts_under(&staging));
+    e.wait_until("the stale pinned mount to be released", || {
+        !stale.parent().unwrap().exists()
+    });
+    assert_eq!(
+        mounts_under(&staging).len(),
+        2,
+        "the running job's mounts stay pinned: {:?}",
+        mounts_under(&staging)
+    );
     assert_eq!(std::fs::read_to_string(spare.join("keep.txt")).unwrap(), "keep\n");
     assert!(alice.sh(&format!("touch {}/go2", out.display())).status.success());
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");

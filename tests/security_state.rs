@@ -12,13 +12,23 @@ fn mode(p: &std::path::Path) -> u32 {
 fn the_database_and_logs_are_private_to_the_engine_and_the_socket_stays_reachable() {
     let e = Engine::start(&[]);
     let bob = user("gantry-bob");
-    let id = e.submit_yaml("secret", &format!("image: {IMAGE}\ncommand: echo the-secret-output\nenv: {{TOKEN: hunter2}}\n"));
+    let id = e.submit_yaml(
+        "secret",
+        &format!("image: {IMAGE}\ncommand: echo the-secret-output\nenv: {{TOKEN: hunter2}}\n"),
+    );
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded");
     assert_eq!(mode(&e.state), 0o711, "state dir");
     assert_eq!(mode(&e.state.join("gantry.db")), 0o600, "database");
     assert_eq!(mode(&e.state.join("logs")), 0o700, "logs dir");
-    let logs: Vec<_> = std::fs::read_dir(e.state.join("logs")).unwrap().flatten().map(|f| f.path()).collect();
-    let log = logs.iter().find(|p| p.to_string_lossy().ends_with(&format!("-{id}.log"))).expect("log named <db id>-<job id>.log");
+    let logs: Vec<_> = std::fs::read_dir(e.state.join("logs"))
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .collect();
+    let log = logs
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with(&format!("-{id}.log")))
+        .expect("log named <db id>-<job id>.log");
     assert_eq!(mode(log), 0o600, "job log");
     let state = e.state.display();
     for (what, script) in [
@@ -28,7 +38,11 @@ fn the_database_and_logs_are_private_to_the_engine_and_the_socket_stays_reachabl
         ("read a log", format!("cat {}", log.display())),
     ] {
         let out = bob.sh(&script);
-        assert!(!out.status.success(), "bob could {what}: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            !out.status.success(),
+            "bob could {what}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
     }
     // ...but the socket works for him (his identity comes from it).
@@ -41,7 +55,10 @@ fn the_database_and_logs_are_private_to_the_engine_and_the_socket_stays_reachabl
 #[test]
 fn a_moved_state_dir_keeps_its_engine_identity_and_reattaches() {
     let mut e = Engine::start(&[]);
-    let id = e.submit_yaml("long", &format!("image: {IMAGE}\ncommand: 'echo before; sleep 5; echo after'\n"));
+    let id = e.submit_yaml(
+        "long",
+        &format!("image: {IMAGE}\ncommand: 'echo before; sleep 5; echo after'\n"),
+    );
     e.wait_state(id, "running");
     let engine_id = e.engine_id.clone();
     e.kill9();
@@ -54,5 +71,9 @@ fn a_moved_state_dir_keeps_its_engine_identity_and_reattaches() {
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
     assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "reattached, not run again");
     let log = e.logs(id);
-    assert_eq!((log.matches("before").count(), log.matches("after").count()), (1, 1), "{log}");
+    assert_eq!(
+        (log.matches("before").count(), log.matches("after").count()),
+        (1, 1),
+        "{log}"
+    );
 }

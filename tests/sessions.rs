@@ -45,10 +45,17 @@ pub struct Pty {
 impl Pty {
     pub fn spawn(mut cmd: Command, cols: u16, rows: u16) -> Pty {
         use std::os::unix::process::CommandExt;
-        let ws = nix::pty::Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        let ws = nix::pty::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         let pty = nix::pty::openpty(Some(&ws), None).expect("openpty");
         let slave = std::fs::File::from(pty.slave);
-        cmd.stdin(Stdio::from(slave.try_clone().unwrap())).stdout(Stdio::from(slave.try_clone().unwrap())).stderr(Stdio::from(slave));
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -91,16 +98,28 @@ impl Pty {
             if let Some(at) = text.get(from..).and_then(|t| t.find(needle)) {
                 return from + at + needle.len();
             }
-            assert!(t.elapsed() < WAIT, "waited for {needle:?} on the terminal; it shows:\n{}", text.get(from..).unwrap_or(&text));
+            assert!(
+                t.elapsed() < WAIT,
+                "waited for {needle:?} on the terminal; it shows:\n{}",
+                text.get(from..).unwrap_or(&text)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     /// Make the window this size (the kernel sends SIGWINCH to the program).
     pub fn resize(&self, cols: u16, rows: u16) {
-        let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        let ws = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         // SAFETY: TIOCSWINSZ reads one winsize from the struct given.
-        assert_eq!(unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) }, 0);
+        assert_eq!(
+            unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) },
+            0
+        );
     }
 
     /// The program's exit status, once it ends.
@@ -110,7 +129,11 @@ impl Pty {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
             }
-            assert!(t.elapsed() < WAIT, "the program did not end; its terminal shows:\n{}", self.text());
+            assert!(
+                t.elapsed() < WAIT,
+                "the program did not end; its terminal shows:\n{}",
+                self.text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -126,13 +149,23 @@ impl Drop for Pty {
 /// `gantry ARGS` as `u` against the system engine `e`, on a terminal of its own.
 fn gantry_pty(e: &Engine, u: &User, args: &[&str]) -> Pty {
     let mut c = u.command(bin());
-    c.env("GANTRY_SYSTEM_SOCKET", e.system_socket()).env_remove("GANTRY_STATE_DIR").env("TERM", "xterm").args(args).current_dir("/");
+    c.env("GANTRY_SYSTEM_SOCKET", e.system_socket())
+        .env_remove("GANTRY_STATE_DIR")
+        .env("TERM", "xterm")
+        .args(args)
+        .current_dir("/");
     Pty::spawn(c, 80, 24)
 }
 
 /// `gantry ARGS` as `u` against the system engine `e`, without a terminal.
 fn gantry_as(e: &Engine, u: &User, args: &[&str]) -> std::process::Output {
-    u.command(bin()).env("GANTRY_SYSTEM_SOCKET", e.system_socket()).env_remove("GANTRY_STATE_DIR").args(args).current_dir("/").output().unwrap()
+    u.command(bin())
+        .env("GANTRY_SYSTEM_SOCKET", e.system_socket())
+        .env_remove("GANTRY_STATE_DIR")
+        .args(args)
+        .current_dir("/")
+        .output()
+        .unwrap()
 }
 
 pub fn session_id(p: &Pty) -> i64 {
@@ -148,7 +181,11 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
     let e = Engine::system();
     let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
 
-    let mut p = gantry_pty(&e, &alice, &["shell", "--gpus", "1", "--image", SESSION_IMAGE, "--for", "1h"]);
+    let mut p = gantry_pty(
+        &e,
+        &alice,
+        &["shell", "--gpus", "1", "--image", SESSION_IMAGE, "--for", "1h"],
+    );
     let id = session_id(&p);
     let mut at = p.wait_for(&format!("attached to session {id}; it ends in 60 min"), 0);
     assert!(p.text().contains("detach with Ctrl-P Ctrl-Q"), "{}", p.text());
@@ -157,7 +194,11 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
     at = p.wait_for(&format!("{}\r\n", alice.uid), at);
     at = p.wait_for("/dev/pts/", at);
     let j = e.show(id);
-    assert_eq!((j["job"]["state"].as_str(), j["job"]["owner_uid"].as_u64()), (Some("running"), Some(alice.uid as u64)), "{j}");
+    assert_eq!(
+        (j["job"]["state"].as_str(), j["job"]["owner_uid"].as_u64()),
+        (Some("running"), Some(alice.uid as u64)),
+        "{j}"
+    );
     assert_eq!(j["attempts"][0]["gpus"].as_array().unwrap().len(), 1, "{j}");
 
     // The window's size reaches the shell's terminal, then a new size.
@@ -172,7 +213,11 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
         if p.text()[at..].contains("43 132\r\n") {
             break;
         }
-        assert!(t.elapsed() < WAIT, "the resize never reached the shell:\n{}", &p.text()[at..]);
+        assert!(
+            t.elapsed() < WAIT,
+            "the resize never reached the shell:\n{}",
+            &p.text()[at..]
+        );
     }
     at = p.text().len();
 
@@ -187,16 +232,30 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
     // Detach: gantry exits 0, the session keeps running.
     p.send("\x10\x11");
     assert!(p.wait_exit().success(), "{}", p.text());
-    assert!(p.text().contains(&format!("detached from session {id}; it keeps running")), "{}", p.text());
+    assert!(
+        p.text()
+            .contains(&format!("detached from session {id}; it keeps running")),
+        "{}",
+        p.text()
+    );
     assert_eq!(e.show(id)["job"]["state"], "running");
 
     // bob cannot attach to alice's session (his own terminal, his own uid).
     let mut b = gantry_pty(&e, &bob, &["attach", &id.to_string()]);
     assert!(!b.wait_exit().success());
-    assert!(b.text().contains(&format!("session {id} belongs to gantry-alice; only its owner can attach to it")), "{}", b.text());
+    assert!(
+        b.text().contains(&format!(
+            "session {id} belongs to gantry-alice; only its owner can attach to it"
+        )),
+        "{}",
+        b.text()
+    );
     // Nor root's engine calls for another uid: peer credentials are the identity.
     let out = e.gantry(&["attach", &id.to_string()]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner"), "{out:?}");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner"),
+        "{out:?}"
+    );
 
     // alice, from another terminal, comes back to the same shell (what she typed before is still there).
     let mut p2 = gantry_pty(&e, &alice, &["attach", &id.to_string()]);
@@ -205,15 +264,36 @@ fn a_shell_session_runs_as_its_owner_on_its_gpu_resizes_detaches_and_is_attached
     p2.wait_for("still-42\r\n", at2);
     p2.send("exit 3\r");
     let status = p2.wait_exit();
-    assert_eq!(status.code(), Some(3), "gantry attach exits with the shell's status: {}", p2.text());
-    assert!(p2.text().contains(&format!("session {id} ended: its shell exited with status 3")), "{}", p2.text());
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "gantry attach exits with the shell's status: {}",
+        p2.text()
+    );
+    assert!(
+        p2.text()
+            .contains(&format!("session {id} ended: its shell exited with status 3")),
+        "{}",
+        p2.text()
+    );
     let j = e.wait_final(id);
-    assert_eq!((j["job"]["state"].as_str(), j["job"]["exit_code"].as_i64()), (Some("failed"), Some(3)), "{j}");
-    assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "a session is never run again: {j}");
+    assert_eq!(
+        (j["job"]["state"].as_str(), j["job"]["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "{j}"
+    );
+    assert_eq!(
+        j["attempts"].as_array().unwrap().len(),
+        1,
+        "a session is never run again: {j}"
+    );
 
     // An ended session cannot be attached to.
     let out = gantry_as(&e, &alice, &["attach", &id.to_string()]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("start another with `gantry shell`"), "{out:?}");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("start another with `gantry shell`"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -221,53 +301,110 @@ fn sessions_go_before_batch_jobs_within_the_labs_bounds_and_end_at_their_length(
     ensure_session_image();
     let cfg = tempfile::tempdir().unwrap();
     let file = cfg.path().join("config.toml");
-    std::fs::write(&file, "[sessions]\nmax_gpus = 1\ndefault_length = \"1h\"\nmax_length = \"2h\"\n").unwrap();
+    std::fs::write(
+        &file,
+        "[sessions]\nmax_gpus = 1\ndefault_length = \"1h\"\nmax_length = \"2h\"\n",
+    )
+    .unwrap();
     let e = Engine::start(&["--gpus", "sim:1x24GiB", "--config", file.to_str().unwrap()]);
     let alice = user("gantry-alice");
     let blocker = e.submit_yaml("blocker", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
     e.wait_state(blocker, "running");
-    let batch = e.submit_yaml("batch", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: 10\n"));
-    let spec = alice.write(&alice.private_dir("session").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\nports: [8080]\n"));
+    let batch = e.submit_yaml(
+        "batch",
+        &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\npriority: 10\n"),
+    );
+    let spec = alice.write(
+        &alice.private_dir("session").join("s.yaml"),
+        &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\nports: [8080]\n"),
+    );
     let v = e.json_as(&alice, &["submit", spec.to_str().unwrap()]);
     let session = v[0]["job_id"].as_i64().unwrap();
-    assert_eq!(e.show(session)["job"]["timeout_ms"], 3_600_000, "the lab's default length");
+    assert_eq!(
+        e.show(session)["job"]["timeout_ms"],
+        3_600_000,
+        "the lab's default length"
+    );
     // The queue says which rows are sessions (the app's Queue view): queued, no end yet.
-    let row = |id: i64| e.json(&["ls"]).as_array().unwrap().iter().find(|j| j["job"]["id"] == id).cloned().unwrap_or_default();
-    assert_eq!(row(session)["job"]["session"], serde_json::json!({"ends_at": null, "ports": []}), "{}", row(session));
+    let row = |id: i64| {
+        e.json(&["ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job"]["id"] == id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        row(session)["job"]["session"],
+        serde_json::json!({"ends_at": null, "ports": []}),
+        "{}",
+        row(session)
+    );
     assert!(row(batch)["job"].get("session").is_none(), "{}", row(batch));
 
     // Her sessions hold at most 1 GPU together; a session is at most 2 h.
     let out = e.gantry_user(&alice, &["submit", spec.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("your sessions already ask for 1 GPU; this one's 1 would pass the lab's limit of 1 GPUs in sessions per user (sessions.max_gpus in"), "{err}");
-    let long = alice.write(&spec.with_file_name("long.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\ntimeout: 3h\n"));
+    let long = alice.write(
+        &spec.with_file_name("long.yaml"),
+        &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\ntimeout: 3h\n"),
+    );
     let out = e.gantry_user(&alice, &["submit", long.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("the session would last 3h; the lab allows sessions of at most 2h"), "{err}");
-    let retried = alice.write(&spec.with_file_name("retried.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\nretries: 2\n"));
+    assert!(
+        !out.status.success() && err.contains("the session would last 3h; the lab allows sessions of at most 2h"),
+        "{err}"
+    );
+    let retried = alice.write(
+        &spec.with_file_name("retried.yaml"),
+        &format!("image: {SESSION_IMAGE}\ngpus: 0\ninteractive: true\nretries: 2\n"),
+    );
     let out = e.gantry_user(&alice, &["submit", retried.to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("an `interactive` session has `retries`"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("an `interactive` session has `retries`"),
+        "{out:?}"
+    );
 
     // The GPU frees: the session goes first, though the batch job has a higher priority and came first.
     assert!(e.gantry(&["cancel", &blocker.to_string()]).status.success());
-    let started = e.wait_state(session, "running")["attempts"][0]["started_at"].as_i64().unwrap();
+    let started = e.wait_state(session, "running")["attempts"][0]["started_at"]
+        .as_i64()
+        .unwrap();
     assert_eq!(e.show(batch)["job"]["state"], "queued");
     // Running: it ends at its attempt's start plus its length, and serves its ports.
-    assert_eq!(row(session)["job"]["session"], serde_json::json!({"ends_at": started + 3_600_000, "ports": [8080]}), "{}", row(session));
+    assert_eq!(
+        row(session)["job"]["session"],
+        serde_json::json!({"ends_at": started + 3_600_000, "ports": [8080]}),
+        "{}",
+        row(session)
+    );
     assert!(row(batch)["job"].get("session").is_none(), "{}", row(batch));
-    assert!(e.gantry_user(&alice, &["cancel", &session.to_string()]).status.success());
+    assert!(e
+        .gantry_user(&alice, &["cancel", &session.to_string()])
+        .status
+        .success());
     assert_eq!(e.wait_final(batch)["job"]["state"], "succeeded");
 
     // A session ends at its length, and the attached terminal says so.
     let mut c = alice.command(bin());
-    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["shell", "--gpus", "0", "--image", SESSION_IMAGE, "--for", "4s"]).current_dir("/");
+    c.arg("--state-dir")
+        .arg(&e.state)
+        .env("TERM", "xterm")
+        .args(["shell", "--gpus", "0", "--image", SESSION_IMAGE, "--for", "4s"])
+        .current_dir("/");
     let mut p = Pty::spawn(c, 80, 24);
     let id = session_id(&p);
     p.wait_for(&format!("attached to session {id}; it ends in 1 min"), 0);
     p.wait_for(&format!("session {id} ended: its time ran out"), 0);
     assert!(!p.wait_exit().success());
     let j = e.wait_final(id);
-    assert_eq!((j["job"]["state"].as_str(), j["attempts"][0]["reason"].as_str()), (Some("timed_out"), Some("timeout")), "{j}");
+    assert_eq!(
+        (j["job"]["state"].as_str(), j["attempts"][0]["reason"].as_str()),
+        (Some("timed_out"), Some("timeout")),
+        "{j}"
+    );
 }
 
 #[test]
@@ -278,20 +415,29 @@ fn over_ssh_a_session_is_attached_detached_and_attached_again_with_host() {
     let ws = crate::remote::Workstation::start(&e, &[&alice]);
     let laptop = |args: &[&str]| {
         let mut c = Command::new(bin());
-        c.env("GANTRY_SSH", format!("ssh -F {}", ws.dir.path().join("ssh_config").display()))
-            .env("XDG_STATE_HOME", ws.dir.path().join("laptop"))
-            .env_remove("GANTRY_STATE_DIR")
-            .env("GANTRY_SYSTEM_SOCKET", "/nonexistent/gantry.sock")
-            .env("TERM", "xterm")
-            .args(["--host", "gantry-alice-ws"])
-            .args(args)
-            .current_dir(ws.dir.path());
+        c.env(
+            "GANTRY_SSH",
+            format!("ssh -F {}", ws.dir.path().join("ssh_config").display()),
+        )
+        .env("XDG_STATE_HOME", ws.dir.path().join("laptop"))
+        .env_remove("GANTRY_STATE_DIR")
+        .env("GANTRY_SYSTEM_SOCKET", "/nonexistent/gantry.sock")
+        .env("TERM", "xterm")
+        .args(["--host", "gantry-alice-ws"])
+        .args(args)
+        .current_dir(ws.dir.path());
         Pty::spawn(c, 100, 30)
     };
     let mut p = laptop(&["shell", "--gpus", "1", "--image", SESSION_IMAGE, "--for", "30m"]);
     let id = session_id(&p);
     let at = p.wait_for(&format!("attached to session {id}"), 0);
-    assert!(p.text().contains(&format!("`gantry --host gantry-alice-ws attach {id}` comes back")), "{}{}", p.text(), ws.sshd_log());
+    assert!(
+        p.text()
+            .contains(&format!("`gantry --host gantry-alice-ws attach {id}` comes back")),
+        "{}{}",
+        p.text(),
+        ws.sshd_log()
+    );
     p.send("id -u; stty size\r");
     let at = p.wait_for(&format!("{}\r\n", alice.uid), at);
     p.wait_for("30 100\r\n", at);
@@ -339,7 +485,12 @@ fn ensure_notebook_image() {
 
 /// `curl URL` as `u` (empty when the connection is refused or closed before an answer).
 fn fetch_as(u: &User, url: &str) -> String {
-    let out = u.command("curl").args(["-sL", "--max-time", "10", url]).current_dir("/").output().unwrap();
+    let out = u
+        .command("curl")
+        .args(["-sL", "--max-time", "10", url])
+        .current_dir("/")
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -357,9 +508,31 @@ fn a_served_port_opens_on_loopback_for_its_owner_only_and_a_notebook_url_carries
     ensure_notebook_image();
     let e = Engine::system();
     let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
-    let run = gantry_as(&e, &alice, &["run", "--json", "--gpus", "0", "--image", SESSION_IMAGE, "--port", "8080", "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"]);
+    let run = gantry_as(
+        &e,
+        &alice,
+        &[
+            "run",
+            "--json",
+            "--gpus",
+            "0",
+            "--image",
+            SESSION_IMAGE,
+            "--port",
+            "8080",
+            "--",
+            "httpd",
+            "-f",
+            "-p",
+            "127.0.0.1:8080",
+            "-h",
+            "/www",
+        ],
+    );
     assert!(run.status.success(), "{run:?}");
-    let id = serde_json::from_slice::<serde_json::Value>(&run.stdout).unwrap()["job_id"].as_i64().unwrap();
+    let id = serde_json::from_slice::<serde_json::Value>(&run.stdout).unwrap()["job_id"]
+        .as_i64()
+        .unwrap();
     e.wait_state(id, "running");
     let out = gantry_as(&e, &alice, &["open", &id.to_string()]);
     assert!(out.status.success(), "{out:?}");
@@ -367,45 +540,112 @@ fn a_served_port_opens_on_loopback_for_its_owner_only_and_a_notebook_url_carries
     assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
     wait_served(&e, &alice, &url, "served-by-busybox");
     // The same forward every time.
-    assert_eq!(String::from_utf8_lossy(&gantry_as(&e, &alice, &["open", &id.to_string(), "8080"]).stdout).trim(), url);
+    assert_eq!(
+        String::from_utf8_lossy(&gantry_as(&e, &alice, &["open", &id.to_string(), "8080"]).stdout).trim(),
+        url
+    );
 
     // bob (and root, not the owner) get nothing through it, and cannot open one of their own.
     assert_eq!(fetch_as(&bob, &url), "", "bob reached alice's port");
-    let root = Command::new("curl").args(["-sL", "--max-time", "10", &url]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&root.stdout).contains("served-by-busybox"), "root reached alice's port");
-    for out in [gantry_as(&e, &bob, &["open", &id.to_string()]), e.gantry(&["open", &id.to_string()])] {
-        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner can open its ports"), "{out:?}");
+    let root = Command::new("curl")
+        .args(["-sL", "--max-time", "10", &url])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&root.stdout).contains("served-by-busybox"),
+        "root reached alice's port"
+    );
+    for out in [
+        gantry_as(&e, &bob, &["open", &id.to_string()]),
+        e.gantry(&["open", &id.to_string()]),
+    ] {
+        assert!(
+            !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("only its owner can open its ports"),
+            "{out:?}"
+        );
     }
     let out = gantry_as(&e, &alice, &["open", &id.to_string(), "9999"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} serves port 8080, not port 9999")), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("job {id} serves port 8080, not port 9999")),
+        "{out:?}"
+    );
 
     // Nothing listens on another address: the forward is on 127.0.0.1, the container publishes
     // nothing, and its server is not reachable at the container's address.
     let port = url.trim_end_matches('/').rsplit(':').next().unwrap().to_string();
     let ss = String::from_utf8_lossy(&Command::new("ss").args(["-ltnH"]).output().unwrap().stdout).into_owned();
-    let listening: Vec<&str> = ss.lines().filter(|l| l.split_whitespace().nth(3).is_some_and(|a| a.ends_with(&format!(":{port}")))).collect();
-    assert!(!listening.is_empty() && listening.iter().all(|l| l.split_whitespace().nth(3).unwrap().starts_with("127.0.0.1:")), "{listening:?}");
+    let listening: Vec<&str> = ss
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(3)
+                .is_some_and(|a| a.ends_with(&format!(":{port}")))
+        })
+        .collect();
+    assert!(
+        !listening.is_empty()
+            && listening
+                .iter()
+                .all(|l| l.split_whitespace().nth(3).unwrap().starts_with("127.0.0.1:")),
+        "{listening:?}"
+    );
     let cid = e.show(id)["attempts"][0]["container_id"].as_str().unwrap().to_string();
     let published = Command::new("docker").args(["port", &cid]).output().unwrap();
-    assert!(String::from_utf8_lossy(&published.stdout).trim().is_empty(), "{published:?}");
-    let ip = String::from_utf8_lossy(&Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &cid]).output().unwrap().stdout).trim().to_string();
+    assert!(
+        String::from_utf8_lossy(&published.stdout).trim().is_empty(),
+        "{published:?}"
+    );
+    let ip = String::from_utf8_lossy(
+        &Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                &cid,
+            ])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
     if !ip.is_empty() {
-        assert_eq!(fetch_as(&alice, &format!("http://{ip}:8080/")), "", "the server is reachable at the container's address {ip}");
+        assert_eq!(
+            fetch_as(&alice, &format!("http://{ip}:8080/")),
+            "",
+            "the server is reachable at the container's address {ip}"
+        );
     }
     assert!(gantry_as(&e, &alice, &["cancel", &id.to_string()]).status.success());
     e.wait_final(id);
-    e.wait_until("the forward to close with the job", || fetch_as(&alice, &url).is_empty());
+    e.wait_until("the forward to close with the job", || {
+        fetch_as(&alice, &url).is_empty()
+    });
 
     // `gantry notebook`: a session running `jupyter lab` on 127.0.0.1 with a token of its own; the URL carries it.
-    let out = gantry_as(&e, &alice, &["notebook", "--gpus", "0", "--image", NOTEBOOK_IMAGE, "--for", "30m"]);
+    let out = gantry_as(
+        &e,
+        &alice,
+        &["notebook", "--gpus", "0", "--image", NOTEBOOK_IMAGE, "--for", "30m"],
+    );
     assert!(out.status.success(), "{out:?}");
     let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let token = url.split_once("/lab?token=").map(|(_, t)| t.to_string()).unwrap_or_else(|| panic!("no token in {url}"));
+    let token = url
+        .split_once("/lab?token=")
+        .map(|(_, t)| t.to_string())
+        .unwrap_or_else(|| panic!("no token in {url}"));
     assert_eq!(token.len(), 32, "{url}");
     let page = wait_served(&e, &alice, &url, "token=");
     assert_eq!(page.trim(), format!("token={token} ip=127.0.0.1"));
     assert_eq!(fetch_as(&bob, &url), "");
-    let nb = e.json(&["ls"]).as_array().unwrap().iter().find(|j| j["job"]["name"] == "notebook").map(|j| j["job"]["id"].as_i64().unwrap()).unwrap();
+    let nb = e
+        .json(&["ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"]["name"] == "notebook")
+        .map(|j| j["job"]["id"].as_i64().unwrap())
+        .unwrap();
     assert_eq!(e.show(nb)["job"]["job"]["spec"]["interactive"], true);
     assert!(gantry_as(&e, &alice, &["cancel", &nb.to_string()]).status.success());
     e.wait_final(nb);
@@ -417,11 +657,32 @@ fn over_ssh_gantry_open_forwards_a_served_port_to_the_laptop_through_the_shared_
     let e = Engine::system();
     let alice = user("gantry-alice");
     let ws = crate::remote::Workstation::start(&e, &[&alice]);
-    let run = ws.json("gantry-alice-ws", &["run", "--gpus", "0", "--image", SESSION_IMAGE, "--port", "8080", "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"]);
+    let run = ws.json(
+        "gantry-alice-ws",
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--image",
+            SESSION_IMAGE,
+            "--port",
+            "8080",
+            "--",
+            "httpd",
+            "-f",
+            "-p",
+            "127.0.0.1:8080",
+            "-h",
+            "/www",
+        ],
+    );
     let id = run["job_id"].as_i64().unwrap();
     e.wait_state(id, "running");
     let mut open = Command::new(bin())
-        .env("GANTRY_SSH", format!("ssh -F {}", ws.dir.path().join("ssh_config").display()))
+        .env(
+            "GANTRY_SSH",
+            format!("ssh -F {}", ws.dir.path().join("ssh_config").display()),
+        )
         .env("XDG_STATE_HOME", ws.dir.path().join("laptop"))
         .env_remove("GANTRY_STATE_DIR")
         .env("GANTRY_SYSTEM_SOCKET", "/nonexistent/gantry.sock")
@@ -439,24 +700,47 @@ fn over_ssh_gantry_open_forwards_a_served_port_to_the_laptop_through_the_shared_
     let mut got = String::new();
     let t = Instant::now();
     while !got.contains("served-by-busybox") {
-        let out = Command::new("curl").args(["-sS", "--max-time", "10", &url]).output().unwrap();
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", &url])
+            .output()
+            .unwrap();
         got = String::from_utf8_lossy(&out.stdout).into_owned();
         if t.elapsed() > WAIT {
             let _ = open.kill();
             let mut err = String::new();
             let _ = open.stderr.take().unwrap().read_to_string(&mut err);
-            panic!("the forwarded port never answered on the laptop: curl: {}\ngantry open: {err}\n{}\n{}", String::from_utf8_lossy(&out.stderr), ws.sshd_log(), e.daemon_log());
+            panic!(
+                "the forwarded port never answered on the laptop: curl: {}\ngantry open: {err}\n{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                ws.sshd_log(),
+                e.daemon_log()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(open.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(open.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     assert!(open.wait().unwrap().success());
     let t = Instant::now();
-    while !String::from_utf8_lossy(&Command::new("curl").args(["-s", "--max-time", "5", &url]).output().unwrap().stdout).is_empty() {
+    while !String::from_utf8_lossy(
+        &Command::new("curl")
+            .args(["-s", "--max-time", "5", &url])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .is_empty()
+    {
         assert!(t.elapsed() < WAIT, "the laptop's forward outlived `gantry open`");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(ws.gantry("gantry-alice-ws", &["cancel", &id.to_string()]).status.success());
+    assert!(ws
+        .gantry("gantry-alice-ws", &["cancel", &id.to_string()])
+        .status
+        .success());
 }
 
 #[test]
@@ -464,26 +748,42 @@ fn a_session_outlives_an_engine_restart_and_is_attached_again() {
     ensure_session_image();
     let mut e = Engine::start(&[]);
     let alice = user("gantry-alice");
-    let spec = alice.write(&alice.private_dir("restart").join("s.yaml"), &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\ntimeout: 1h\n"));
-    let id = e.json_as(&alice, &["submit", spec.to_str().unwrap()])[0]["job_id"].as_i64().unwrap();
+    let spec = alice.write(
+        &alice.private_dir("restart").join("s.yaml"),
+        &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\ntimeout: 1h\n"),
+    );
+    let id = e.json_as(&alice, &["submit", spec.to_str().unwrap()])[0]["job_id"]
+        .as_i64()
+        .unwrap();
     e.wait_state(id, "running");
     e.kill9();
     e.restart();
     e.wait_state(id, "running");
     let mut c = alice.command(bin());
-    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["attach", &id.to_string()]).current_dir("/");
+    c.arg("--state-dir")
+        .arg(&e.state)
+        .env("TERM", "xterm")
+        .args(["attach", &id.to_string()])
+        .current_dir("/");
     let mut p = Pty::spawn(c, 80, 24);
     let at = p.wait_for(&format!("attached to session {id}"), 0);
     p.send("echo back-$((1+1)); exit 0\r");
     p.wait_for("back-2\r\n", at);
     assert!(p.wait_exit().success(), "{}", p.text());
     let j = e.wait_final(id);
-    assert_eq!((j["job"]["state"].as_str(), j["attempts"].as_array().unwrap().len()), (Some("succeeded"), 1), "{j}");
+    assert_eq!(
+        (j["job"]["state"].as_str(), j["attempts"].as_array().unwrap().len()),
+        (Some("succeeded"), 1),
+        "{j}"
+    );
 }
 
 /// Whether job `id`'s history has an event whose message contains `text`.
 fn has_event(e: &Engine, id: i64, text: &str) -> bool {
-    e.show(id)["events"].as_array().is_some_and(|ev| ev.iter().any(|v| v["message"].as_str().is_some_and(|m| m.contains(text))))
+    e.show(id)["events"].as_array().is_some_and(|ev| {
+        ev.iter()
+            .any(|v| v["message"].as_str().is_some_and(|m| m.contains(text)))
+    })
 }
 
 #[test]
@@ -491,29 +791,51 @@ fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_
     ensure_session_image();
     let gpus = FakeGpus::new();
     let h100 = "NVIDIA H100 80GB HBM3";
-    gpus.set(serde_json::json!([fake_gpu(&gpus.uuid(0), h100, 80, 0, &[]), fake_gpu(&gpus.uuid(1), h100, 80, 0, &[])]));
+    gpus.set(serde_json::json!([
+        fake_gpu(&gpus.uuid(0), h100, 80, 0, &[]),
+        fake_gpu(&gpus.uuid(1), h100, 80, 0, &[])
+    ]));
     let cfg = tempfile::tempdir().unwrap();
     let file = cfg.path().join("config.toml");
     std::fs::write(&file, "[sessions]\nidle_after = \"4s\"\n").unwrap();
     let e = Engine::start_nvml(&gpus, &["--config", file.to_str().unwrap()]);
     let batch = e.submit_yaml("idle-batch", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
     e.wait_state(batch, "running");
-    let session = e.submit_yaml("idle-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    let session = e.submit_yaml(
+        "idle-session",
+        &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"),
+    );
     e.wait_state(session, "running");
     let mut c = Command::new(bin());
-    c.arg("--state-dir").arg(&e.state).env("TERM", "xterm").args(["attach", &session.to_string()]).current_dir("/");
+    c.arg("--state-dir")
+        .arg(&e.state)
+        .env("TERM", "xterm")
+        .args(["attach", &session.to_string()])
+        .current_dir("/");
     let p = Pty::spawn(c, 80, 24);
     p.wait_for(&format!("attached to session {session}"), 0);
 
     // Both GPUs read 0 %: the session is warned (history, log, a session_idle notification), then ended.
-    e.wait_until("the idle warning", || has_event(&e, session, "its GPUs have been idle for 4s; it ends in 1s unless they are used"));
+    e.wait_until("the idle warning", || {
+        has_event(
+            &e,
+            session,
+            "its GPUs have been idle for 4s; it ends in 1s unless they are used",
+        )
+    });
     let j = e.wait_final(session);
     assert_eq!(j["job"]["state"], "cancelled", "{j}");
     // The attached terminal was told.
     p.wait_for(&format!("session {session}: its GPUs have been idle for 4s"), 0);
-    assert!(has_event(&e, session, "ended: its GPUs were idle for 4s ([sessions] idle_after)"), "{j}");
+    assert!(
+        has_event(&e, session, "ended: its GPUs were idle for 4s ([sessions] idle_after)"),
+        "{j}"
+    );
     let logs = e.gantry(&["logs", &session.to_string()]);
-    assert!(String::from_utf8_lossy(&logs.stdout).contains("ended: its GPUs were idle for 4s"), "{logs:?}");
+    assert!(
+        String::from_utf8_lossy(&logs.stdout).contains("ended: its GPUs were idle for 4s"),
+        "{logs:?}"
+    );
     let shown = String::from_utf8_lossy(&e.gantry(&["show", &session.to_string()]).stdout).into_owned();
     assert!(shown.contains("ended: its GPUs were idle for 4s"), "{shown}");
     // A batch job is not given back unless the lab says `idle_batch = true`.
@@ -521,13 +843,19 @@ fn a_session_whose_gpus_sit_idle_is_warned_then_ended_and_a_busy_one_or_a_batch_
     assert!(!has_event(&e, batch, "idle_after"), "{}", e.show(batch));
 
     // A session whose GPUs work is left alone, well past idle_after and its quarter.
-    let mut busy = [fake_gpu(&gpus.uuid(0), h100, 80, 10, &[]), fake_gpu(&gpus.uuid(1), h100, 80, 10, &[])];
+    let mut busy = [
+        fake_gpu(&gpus.uuid(0), h100, 80, 10, &[]),
+        fake_gpu(&gpus.uuid(1), h100, 80, 10, &[]),
+    ];
     for g in &mut busy {
         g["utilization"] = 97.into();
     }
     gpus.set(serde_json::json!(busy));
     e.wait_until("the busy reading", || e.json(&["gpus"])["gpus"][0]["utilization"] == 97);
-    let working = e.submit_yaml("busy-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    let working = e.submit_yaml(
+        "busy-session",
+        &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"),
+    );
     e.wait_state(working, "running");
     let since = Instant::now();
     while since.elapsed() < Duration::from_secs(12) {
@@ -552,15 +880,22 @@ fn keep_free_holds_the_last_gpu_back_from_batch_jobs_while_a_session_takes_it_at
     e.wait_state(first, "running");
     let second = e.submit_yaml("kf-second", &format!("image: {IMAGE}\ncommand: sleep 300\ngpus: 1\n"));
     let want = "kept free for interactive sessions ([sessions] keep_free)";
-    e.wait_until("the keep_free reason", || e.show(second)["reason"].as_str() == Some(want));
+    e.wait_until("the keep_free reason", || {
+        e.show(second)["reason"].as_str() == Some(want)
+    });
     assert_eq!(e.show(second)["job"]["state"], "queued");
-    let session = e.submit_yaml("kf-session", &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"));
+    let session = e.submit_yaml(
+        "kf-session",
+        &format!("image: {SESSION_IMAGE}\ngpus: 1\ninteractive: true\n"),
+    );
     e.wait_state(session, "running");
     assert_eq!(e.show(second)["job"]["state"], "queued");
     // The session ends: its GPU is the last free one again, still kept from the batch job.
     assert!(e.gantry(&["cancel", &session.to_string()]).status.success());
     e.wait_final(session);
-    e.wait_until("the keep_free reason again", || e.show(second)["reason"].as_str() == Some(want));
+    e.wait_until("the keep_free reason again", || {
+        e.show(second)["reason"].as_str() == Some(want)
+    });
     // The first batch job ends: two are free, the second takes one.
     assert!(e.gantry(&["cancel", &first.to_string()]).status.success());
     e.wait_state(second, "running");

@@ -19,16 +19,31 @@ fn a_jobs_cpu_share_leaves_the_other_gpus_theirs() {
     // The lab's default share: the CPUs for jobs split into one per GPU plus one for CPU-only jobs.
     let share = cap / 5;
     let ceiling = cap - 3 * share;
-    let err = submit_as(&e, &bob, &format!("image: {IMAGE}\ngpus: 1\ncpus: {}\ncommand: sleep 300\n", cpus(cap))).unwrap_err();
+    let err = submit_as(
+        &e,
+        &bob,
+        &format!("image: {IMAGE}\ngpus: 1\ncpus: {}\ncommand: sleep 300\n", cpus(cap)),
+    )
+    .unwrap_err();
     assert!(
-        err.contains(&format!("a 1-GPU job may hold at most {} CPU{} here, so that the other 3 GPUs keep their share", format_cpus(ceiling), if ceiling == 1000 { "" } else { "s" }))
-            && err.contains(&format!("ask for at most `cpus: {}`", format_cpus(ceiling))),
+        err.contains(&format!(
+            "a 1-GPU job may hold at most {} CPU{} here, so that the other 3 GPUs keep their share",
+            format_cpus(ceiling),
+            if ceiling == 1000 { "" } else { "s" }
+        )) && err.contains(&format!("ask for at most `cpus: {}`", format_cpus(ceiling))),
         "{err}"
     );
     // At the ceiling it runs, and alice's three 1-GPU jobs (the default share each) all start beside it.
-    let bobs = submit_as(&e, &bob, &format!("image: {IMAGE}\ngpus: 1\ncpus: {}\ncommand: sleep 300\n", cpus(ceiling))).unwrap();
+    let bobs = submit_as(
+        &e,
+        &bob,
+        &format!("image: {IMAGE}\ngpus: 1\ncpus: {}\ncommand: sleep 300\n", cpus(ceiling)),
+    )
+    .unwrap();
     e.wait_state(bobs, "running");
-    let hers: Vec<i64> = (0..3).map(|_| submit_as(&e, &alice, &format!("image: {IMAGE}\ngpus: 1\ncommand: sleep 300\n")).unwrap()).collect();
+    let hers: Vec<i64> = (0..3)
+        .map(|_| submit_as(&e, &alice, &format!("image: {IMAGE}\ngpus: 1\ncommand: sleep 300\n")).unwrap())
+        .collect();
     for id in &hers {
         e.wait_state(*id, "running");
     }
@@ -42,6 +57,15 @@ fn a_jobs_cpu_share_leaves_the_other_gpus_theirs() {
     let cpu_only = submit_as(&e, &carol, &format!("image: {IMAGE}\ngpus: 0\ncommand: sleep 2\n")).unwrap();
     assert_eq!(e.wait_final(cpu_only)["job"]["state"], "succeeded");
     let usage = e.json(&["usage", "--since", "1h"]);
-    let u = usage["users"].as_array().unwrap().iter().find(|u| u["user"] == carol.name.as_str()).cloned().unwrap_or_else(|| panic!("{usage}"));
-    assert!(u["fair_share_usage"].as_f64().unwrap() > 0.0, "a CPU-only job counts in fair share: {u}");
+    let u = usage["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["user"] == carol.name.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("{usage}"));
+    assert!(
+        u["fair_share_usage"].as_f64().unwrap() > 0.0,
+        "a CPU-only job counts in fair share: {u}"
+    );
 }

@@ -11,22 +11,41 @@ fn a_second_engine_never_places_a_job_on_gpus_another_engine_holds() {
     // Forced up side by side: the system engine takes no machine lock, so an embedded one can still start.
     let a = Engine::system_with(&["--gpus", &machine]);
     let b = Engine::start(&["--gpus", &machine]);
-    let held: Vec<i64> = (0..2).map(|i| a.submit_yaml(&format!("a{i}"), &format!("image: {IMAGE}\ncommand: sleep 6\ngpus: 1\n"))).collect();
+    let held: Vec<i64> = (0..2)
+        .map(|i| {
+            a.submit_yaml(
+                &format!("a{i}"),
+                &format!("image: {IMAGE}\ncommand: sleep 6\ngpus: 1\n"),
+            )
+        })
+        .collect();
     for id in &held {
         a.wait_state(*id, "running");
     }
     let late = b.submit_yaml("b", &format!("image: {IMAGE}\ncommand: echo second engine\ngpus: 1\n"));
     b.wait_until("the second engine to say why its job waits", || {
         let q = b.json(&["ls"]);
-        q[0]["reason"].as_str().is_some_and(|r| r.contains("in use outside this engine"))
+        q[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("in use outside this engine"))
     });
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(b.show(late)["job"]["state"], "queued", "both GPUs are held by the first engine");
-    let ends: Vec<i64> = held.iter().map(|id| a.wait_final(*id)["job"]["finished_at"].as_i64().unwrap()).collect();
+    assert_eq!(
+        b.show(late)["job"]["state"],
+        "queued",
+        "both GPUs are held by the first engine"
+    );
+    let ends: Vec<i64> = held
+        .iter()
+        .map(|id| a.wait_final(*id)["job"]["finished_at"].as_i64().unwrap())
+        .collect();
     let j = b.wait_final(late);
     assert_eq!(j["job"]["state"], "succeeded", "{j}");
     let started = j["attempts"][0]["started_at"].as_i64().unwrap();
-    assert!(started >= *ends.iter().min().unwrap() - 1000, "the second engine started on a GPU the first still held");
+    assert!(
+        started >= *ends.iter().min().unwrap() - 1000,
+        "the second engine started on a GPU the first still held"
+    );
 }
 
 /// GPU UUIDs in each running container's `NVIDIA_VISIBLE_DEVICES`, for containers of these engines.
@@ -34,12 +53,25 @@ fn holders(engines: &[&Engine]) -> Vec<(String, Vec<String>)> {
     let mut out = vec![];
     for e in engines {
         for id in e.our_containers() {
-            let env = std::process::Command::new("docker").args(["inspect", "-f", "{{.State.Running}} {{range .Config.Env}}{{println .}}{{end}}", &id]).output().unwrap();
+            let env = std::process::Command::new("docker")
+                .args([
+                    "inspect",
+                    "-f",
+                    "{{.State.Running}} {{range .Config.Env}}{{println .}}{{end}}",
+                    &id,
+                ])
+                .output()
+                .unwrap();
             let text = String::from_utf8_lossy(&env.stdout).into_owned();
             if !text.starts_with("true") {
                 continue;
             }
-            let uuids = text.lines().filter_map(|l| l.split_once("NVIDIA_VISIBLE_DEVICES=").map(|(_, v)| v)).flat_map(|v| v.split(',')).map(String::from).collect();
+            let uuids = text
+                .lines()
+                .filter_map(|l| l.split_once("NVIDIA_VISIBLE_DEVICES=").map(|(_, v)| v))
+                .flat_map(|v| v.split(','))
+                .map(String::from)
+                .collect();
             out.push((id, uuids));
         }
     }
@@ -59,7 +91,8 @@ fn two_engines_placing_at_the_same_moment_never_share_a_gpu() {
     let submit = |e: &Engine, f: &std::path::Path, system: bool| {
         let mut c = std::process::Command::new(bin());
         if system {
-            c.env("GANTRY_SYSTEM_SOCKET", sys.system_socket()).env_remove("GANTRY_STATE_DIR");
+            c.env("GANTRY_SYSTEM_SOCKET", sys.system_socket())
+                .env_remove("GANTRY_STATE_DIR");
         } else {
             c.arg("--state-dir").arg(&e.state);
         }
@@ -85,17 +118,25 @@ fn two_engines_placing_at_the_same_moment_never_share_a_gpu() {
         let idle = |e: &Engine, system: bool| {
             let mut c = std::process::Command::new(bin());
             if system {
-                c.env("GANTRY_SYSTEM_SOCKET", sys.system_socket()).env_remove("GANTRY_STATE_DIR");
+                c.env("GANTRY_SYSTEM_SOCKET", sys.system_socket())
+                    .env_remove("GANTRY_STATE_DIR");
             } else {
                 c.arg("--state-dir").arg(&e.state);
             }
             let out = c.args(["ls", "--json"]).output().unwrap();
-            serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|v| v.as_array().is_some_and(|a| a.is_empty())).unwrap_or(false)
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .map(|v| v.as_array().is_some_and(|a| a.is_empty()))
+                .unwrap_or(false)
         };
         if idle(&sys, true) && idle(&own, false) {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(120), "the six jobs did not finish\n{}\n{}", sys.daemon_log(), own.daemon_log());
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the six jobs did not finish\n{}\n{}",
+            sys.daemon_log(),
+            own.daemon_log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(most >= 1);

@@ -18,8 +18,9 @@ use gantry_core::machine_lock::{LockError, MachineLock};
 use gantry_core::machines;
 use gantry_core::protocol::routes::parse_query;
 use gantry_core::protocol::{
-    ConnectionEvent, EngineEvent, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, JobChanged, JobDetailView as JobDetail, JobState,
-    Machines, Preview, QueueEntryView as QueueEntry, RecentSample, SessionAsk, StatusInfo, Bookings, BookingsQuery, BookRequest, BookingView, TimelineRun, UsageReport, WhoAmI,
+    BookRequest, BookingView, Bookings, BookingsQuery, ConnectionEvent, EngineEvent, EngineView, GpuMinute, GpuStatus,
+    HistoryFilter, HistoryRow, JobChanged, JobDetailView as JobDetail, JobState, Machines, Preview,
+    QueueEntryView as QueueEntry, RecentSample, SessionAsk, StatusInfo, TimelineRun, UsageReport, WhoAmI,
 };
 use tauri::ipc::Channel;
 use tauri::{Emitter, Manager, State};
@@ -122,17 +123,35 @@ async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
 }
 /// The Usage view's charts: GPU-hours per user per bucket, utilization by local day and hour.
 #[tauri::command]
-async fn usage_charts(s: State<'_, AppState>, since_ms: i64, bucket_ms: i64, tz_offset_min: i32) -> R<gantry_core::protocol::UsageCharts> {
-    s.client().usage_charts(&gantry_core::protocol::UsageChartsQuery { since_ms, bucket_ms, tz_offset_min }).await.map_err(e)
+async fn usage_charts(
+    s: State<'_, AppState>,
+    since_ms: i64,
+    bucket_ms: i64,
+    tz_offset_min: i32,
+) -> R<gantry_core::protocol::UsageCharts> {
+    s.client()
+        .usage_charts(&gantry_core::protocol::UsageChartsQuery {
+            since_ms,
+            bucket_ms,
+            tz_offset_min,
+        })
+        .await
+        .map_err(e)
 }
 /// `query` is the URL query string built by the UI (filters, sort, page), read as the engine reads it.
 #[tauri::command]
 async fn history(s: State<'_, AppState>, query: String) -> R<Vec<HistoryRow>> {
-    s.client().history(&parse_query::<HistoryFilter>(&query).map_err(e)?).await.map_err(e)
+    s.client()
+        .history(&parse_query::<HistoryFilter>(&query).map_err(e)?)
+        .await
+        .map_err(e)
 }
 #[tauri::command]
 async fn history_count(s: State<'_, AppState>, query: String) -> R<i64> {
-    s.client().history_count(&parse_query::<HistoryFilter>(&query).map_err(e)?).await.map_err(e)
+    s.client()
+        .history_count(&parse_query::<HistoryFilter>(&query).map_err(e)?)
+        .await
+        .map_err(e)
 }
 #[tauri::command]
 async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineRun>> {
@@ -140,17 +159,27 @@ async fn timeline(s: State<'_, AppState>, from: i64, to: i64) -> R<Vec<TimelineR
 }
 #[tauri::command]
 async fn logs(s: State<'_, AppState>, id: i64) -> R<String> {
-    s.client().logs(id).await.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(e)
+    s.client()
+        .logs(id)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(e)
 }
 /// Live log tail through a Channel until the job ends or the view closes (`unwatch`).
 #[tauri::command]
 async fn follow_logs(s: State<'_, AppState>, id: i64, on_chunk: Channel<String>) -> R<()> {
     let ch = on_chunk.id();
-    s.client().follow_logs(id, |c| live(ch) && on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()).await.map_err(e)
+    s.client()
+        .follow_logs(id, |c| {
+            live(ch) && on_chunk.send(String::from_utf8_lossy(c).into_owned()).is_ok()
+        })
+        .await
+        .map_err(e)
 }
 /// Channels of closed or hidden views (`unwatch`): their streams end at the next message. A webview
 /// cannot tell Rust that it dropped a channel, and sending to a dead one still succeeds.
-static UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+static UNWATCHED: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 fn live(channel: u32) -> bool {
     !UNWATCHED.lock().unwrap_or_else(|p| p.into_inner()).remove(&channel)
 }
@@ -159,7 +188,10 @@ fn live(channel: u32) -> bool {
 #[tauri::command]
 async fn watch_gpus(s: State<'_, AppState>, on_sample: Channel<EngineEvent>) -> R<()> {
     let id = on_sample.id();
-    s.client().events(|ev| !matches!(ev, EngineEvent::Gpus { .. }) || (live(id) && on_sample.send(ev).is_ok())).await.map_err(e)
+    s.client()
+        .events(|ev| !matches!(ev, EngineEvent::Gpus { .. }) || (live(id) && on_sample.send(ev).is_ok()))
+        .await
+        .map_err(e)
 }
 /// End the stream behind a channel (`watch_gpus`, `follow_logs`) whose view closed.
 #[tauri::command]
@@ -186,10 +218,15 @@ async fn submit_paths(s: State<'_, AppState>, paths: Vec<PathBuf>) -> R<Vec<Resu
 async fn open_inbox(app: tauri::AppHandle, s: State<'_, AppState>) -> R<()> {
     let st = s.client().status().await.map_err(e)?;
     if let Some(host) = s.host() {
-        return Err(format!("your drop folder {} is on {host}: drop spec files on this window instead, or use it there (`ssh {host}`)", st.inbox.display()));
+        return Err(format!(
+            "your drop folder {} is on {host}: drop spec files on this window instead, or use it there (`ssh {host}`)",
+            st.inbox.display()
+        ));
     }
     std::fs::create_dir_all(&st.inbox).map_err(e)?;
-    tauri_plugin_opener::OpenerExt::opener(&app).open_path(st.inbox.to_string_lossy(), None::<&str>).map_err(e)
+    tauri_plugin_opener::OpenerExt::opener(&app)
+        .open_path(st.inbox.to_string_lossy(), None::<&str>)
+        .map_err(e)
 }
 
 /// Queue a session (`gantry shell` / `gantry notebook`); its id. The app has no terminal: the page
@@ -208,11 +245,25 @@ async fn open_port(s: State<'_, AppState>, id: i64, port: Option<u16>) -> R<Stri
     if s.host().is_none() {
         return Ok(o.url);
     }
-    let local = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map_err(e)?.port();
-    let mut forward = client.target().forward_command(local, &o.address).ok_or("not an ssh target")?;
-    let out = forward.stdin(std::process::Stdio::null()).output().await.map_err(|err| format!("running ssh: {err}"))?;
+    let local = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map_err(e)?
+        .port();
+    let mut forward = client
+        .target()
+        .forward_command(local, &o.address)
+        .ok_or("not an ssh target")?;
+    let out = forward
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|err| format!("running ssh: {err}"))?;
     if !out.status.success() {
-        return Err(format!("ssh could not forward port {local} to {}: {}", o.address, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "ssh could not forward port {local} to {}: {}",
+            o.address,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     Ok(o.url.replace(&o.address, &format!("127.0.0.1:{local}")))
 }
@@ -220,7 +271,10 @@ async fn open_port(s: State<'_, AppState>, id: i64, port: Option<u16>) -> R<Stri
 /// The bookings timeline: open bookings (`all`: closed ones too) and the lab's rules (`gantry bookings`).
 #[tauri::command]
 async fn bookings(s: State<'_, AppState>, all: bool) -> R<Bookings> {
-    s.client().bookings(&BookingsQuery { all, limit: None }).await.map_err(e)
+    s.client()
+        .bookings(&BookingsQuery { all, limit: None })
+        .await
+        .map_err(e)
 }
 /// A slot dragged on the timeline, booked for the caller (`gantry book`).
 #[tauri::command]
@@ -249,7 +303,14 @@ fn connect_or_embed(rt: &tokio::runtime::Handle) -> anyhow::Result<(EngineRef, O
         Err(LockError::Held(h)) => {
             let mine = h.is_mine() && h.socket.as_deref().is_some_and(core_client::answers);
             tracing::warn!("{}", LockError::Held(h.clone()));
-            return Ok((if mine { EngineRef::Holder(h) } else { EngineRef::Blocked(h) }, None));
+            return Ok((
+                if mine {
+                    EngineRef::Holder(h)
+                } else {
+                    EngineRef::Blocked(h)
+                },
+                None,
+            ));
         }
         Err(err) => return Err(err.into()),
     };
@@ -310,14 +371,30 @@ async fn supervise(app: tauri::AppHandle, client: Client, host: Option<String>) 
             match client.status().await {
                 Ok(_) => {
                     if lost {
-                        let _ = app.emit("connection", ConnectionEvent { host: host.clone(), ok: true, error: None, retry_in_s: None });
+                        let _ = app.emit(
+                            "connection",
+                            ConnectionEvent {
+                                host: host.clone(),
+                                ok: true,
+                                error: None,
+                                retry_in_s: None,
+                            },
+                        );
                     }
                     break;
                 }
                 Err(err) => {
                     lost = true;
                     tracing::warn!("lost {host}: {err}; retrying in {delay:?}");
-                    let _ = app.emit("connection", ConnectionEvent { host: host.clone(), ok: false, error: Some(err.to_string()), retry_in_s: Some(delay.as_secs()) });
+                    let _ = app.emit(
+                        "connection",
+                        ConnectionEvent {
+                            host: host.clone(),
+                            ok: false,
+                            error: Some(err.to_string()),
+                            retry_in_s: Some(delay.as_secs()),
+                        },
+                    );
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(30));
                 }
@@ -348,7 +425,12 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
                                 Some(c) => format!("{} — exit code {c}", state.as_str()),
                                 None => state.as_str().to_string(),
                             };
-                            let _ = app.notification().builder().title(format!("Job {job_id} {}: {}", state.as_str(), d.job.name)).body(body).show();
+                            let _ = app
+                                .notification()
+                                .builder()
+                                .title(format!("Job {job_id} {}: {}", state.as_str(), d.job.name))
+                                .body(body)
+                                .show();
                         }
                     }
                 }
@@ -357,7 +439,11 @@ async fn forward_events(app: tauri::AppHandle, client: Client) {
                 if at - last_tray >= 5_000 {
                     last_tray = at;
                     let busy = gpus.iter().filter(|g| g.utilization > 5).count();
-                    let queued = client.queue().await.map(|q| q.iter().filter(|j| j.job.state == JobState::Queued).count()).unwrap_or(0);
+                    let queued = client
+                        .queue()
+                        .await
+                        .map(|q| q.iter().filter(|j| j.job.state == JobState::Queued).count())
+                        .unwrap_or(0);
                     let line = format!("Gantry: {busy}/{} GPUs busy · {queued} queued", gpus.len());
                     if let Some(t) = app.tray_by_id("gantry") {
                         let _ = t.set_tooltip(Some(&line));
@@ -380,7 +466,8 @@ fn light_webview(app: &tauri::App) {
     use webkit2gtk::{CacheModel, HardwareAccelerationPolicy, SettingsExt, WebContextExt, WebViewExt};
     // GANTRY_LIGHT_WEBVIEW=1 keeps it light under WebDriver too: the app benchmark measures the rendering
     // users get, and takes no screenshots.
-    let automated = std::env::var_os("TAURI_WEBVIEW_AUTOMATION").is_some() && std::env::var_os("GANTRY_LIGHT_WEBVIEW").is_none();
+    let automated =
+        std::env::var_os("TAURI_WEBVIEW_AUTOMATION").is_some() && std::env::var_os("GANTRY_LIGHT_WEBVIEW").is_none();
     if let Some(w) = app.get_webview_window("main") {
         let _ = w.with_webview(move |wv| {
             // One local page, never browsed: WebKit's page and resource caches only hold memory.
@@ -403,16 +490,19 @@ fn build_tray(app: &tauri::App) -> tauri::Result<()> {
     let show = MenuItem::with_id(app, "show", "Show Gantry", true, None::<&str>)?;
     let quit = MenuItem::with_id(app, "quit", "Quit", true, None::<&str>)?;
     let menu = Menu::with_items(app, &[&show, &quit])?;
-    let mut b = TrayIconBuilder::with_id("gantry").menu(&menu).tooltip("Gantry").on_menu_event(|app, ev| match ev.id.as_ref() {
-        "show" => {
-            if let Some(w) = app.get_webview_window("main") {
-                let _ = w.show();
-                let _ = w.set_focus();
+    let mut b = TrayIconBuilder::with_id("gantry")
+        .menu(&menu)
+        .tooltip("Gantry")
+        .on_menu_event(|app, ev| match ev.id.as_ref() {
+            "show" => {
+                if let Some(w) = app.get_webview_window("main") {
+                    let _ = w.show();
+                    let _ = w.set_focus();
+                }
             }
-        }
-        "quit" => app.exit(0),
-        _ => {}
-    });
+            "quit" => app.exit(0),
+            _ => {}
+        });
     if let Some(icon) = app.default_window_icon() {
         b = b.icon(icon.clone());
     }
@@ -440,10 +530,25 @@ pub fn run() {
             let rt = tauri::async_runtime::handle();
             let (engine, lock) = connect_or_embed(rt.inner())?;
             // Blocked: no engine; the UI shows why and calls nothing else.
-            let client = Client::new(engine.socket().map(PathBuf::from).unwrap_or_else(|| Paths::default_state_dir().join("gantry.sock")));
-            let machines_file = app.path().app_config_dir().map(|d| d.join("machines.json")).unwrap_or_else(|_| Paths::default_state_dir().join("machines.json"));
+            let client = Client::new(
+                engine
+                    .socket()
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| Paths::default_state_dir().join("gantry.sock")),
+            );
+            let machines_file = app
+                .path()
+                .app_config_dir()
+                .map(|d| d.join("machines.json"))
+                .unwrap_or_else(|_| Paths::default_state_dir().join("machines.json"));
             let local = (client, engine);
-            app.manage(AppState { current: std::sync::RwLock::new(local.clone()), local, events: Default::default(), machines_file, _lock: lock });
+            app.manage(AppState {
+                current: std::sync::RwLock::new(local.clone()),
+                local,
+                events: Default::default(),
+                machines_file,
+                _lock: lock,
+            });
             let host = std::env::var("GANTRY_HOST").ok().filter(|h| !h.is_empty());
             if let Err(err) = rt.block_on(switch(app.handle(), &app.state::<AppState>(), host.clone())) {
                 // Start on this computer; the switcher offers the host again.
@@ -458,8 +563,36 @@ pub fn run() {
             Ok(())
         })
         .invoke_handler(tauri::generate_handler![
-            engine, machines, connect_machine, forget_machine, status, whoami, queue, job, cancel, set_priority, rerun, gpus, gpu_recent, gpu_minutes, history,
-            history_count, timeline, usage, usage_charts, logs, follow_logs, watch_gpus, unwatch, preview_paths, submit_paths, open_inbox, start_session, open_port, bookings, book,
+            engine,
+            machines,
+            connect_machine,
+            forget_machine,
+            status,
+            whoami,
+            queue,
+            job,
+            cancel,
+            set_priority,
+            rerun,
+            gpus,
+            gpu_recent,
+            gpu_minutes,
+            history,
+            history_count,
+            timeline,
+            usage,
+            usage_charts,
+            logs,
+            follow_logs,
+            watch_gpus,
+            unwatch,
+            preview_paths,
+            submit_paths,
+            open_inbox,
+            start_session,
+            open_port,
+            bookings,
+            book,
             cancel_booking
         ])
         .run(tauri::generate_context!("../tauri.conf.json"))
@@ -491,11 +624,23 @@ mod tests {
         }
         let rt = tauri::async_runtime::handle();
         let (engine, lock) = connect_or_embed(rt.inner()).unwrap();
-        assert!(matches!(engine, EngineRef::Embedded { .. }) && lock.is_some(), "{engine:?}");
+        assert!(
+            matches!(engine, EngineRef::Embedded { .. }) && lock.is_some(),
+            "{engine:?}"
+        );
         let client = Client::new(engine.socket().unwrap());
         assert_eq!(rt.block_on(client.status()).unwrap().config_file, Some(config));
-        let spec = |priority: i32| SubmitRequest { text: format!("image: busybox\ngpus: 0\npriority: {priority}\n"), file_name: "p.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() };
+        let spec = |priority: i32| SubmitRequest {
+            text: format!("image: busybox\ngpus: 0\npriority: {priority}\n"),
+            file_name: "p.yaml".into(),
+            base_dir: None,
+            idempotency_key: None,
+            origin: Default::default(),
+        };
         let refused = rt.block_on(client.submit(&spec(5))).unwrap_err().to_string();
-        assert!(refused.contains("priority 5 is outside the range you may use (-2..2)"), "{refused}");
+        assert!(
+            refused.contains("priority 5 is outside the range you may use (-2..2)"),
+            "{refused}"
+        );
     }
 }

@@ -24,13 +24,26 @@ pub fn parse_at(s: &str, now: i64, slot_ms: i64) -> Result<(i64, bool)> {
     let s = s.trim();
     let bad = || anyhow::anyhow!("--at {s:?} is not a time: {FORMS}");
     if let Some(rel) = s.strip_prefix('+') {
-        let d = humantime::parse_duration(rel.trim()).map_err(|_| anyhow::anyhow!("--at {s:?}: after `+` write a duration such as 2h or 90m"))?;
+        let d = humantime::parse_duration(rel.trim())
+            .map_err(|_| anyhow::anyhow!("--at {s:?}: after `+` write a duration such as 2h or 90m"))?;
         let t = now + d.as_millis() as i64;
-        let up = if slot_ms > 0 && t.rem_euclid(slot_ms) != 0 { t - t.rem_euclid(slot_ms) + slot_ms } else { t };
+        let up = if slot_ms > 0 && t.rem_euclid(slot_ms) != 0 {
+            t - t.rem_euclid(slot_ms) + slot_ms
+        } else {
+            t
+        };
         return Ok((up, up != t));
     }
     let today = local_time(now);
-    let at_day = |day_offset: u32, (hour, minute): (u32, u32)| from_local(LocalTime { day: today.day + day_offset, hour, minute, ..today }).ok_or_else(bad);
+    let at_day = |day_offset: u32, (hour, minute): (u32, u32)| {
+        from_local(LocalTime {
+            day: today.day + day_offset,
+            hour,
+            minute,
+            ..today
+        })
+        .ok_or_else(bad)
+    };
     let words: Vec<&str> = s.split_whitespace().collect();
     let t = match words.as_slice() {
         [t] if hhmm(t).is_some() => {
@@ -47,12 +60,21 @@ pub fn parse_at(s: &str, now: i64, slot_ms: i64) -> Result<(i64, bool)> {
         [date, t] | [date, "at", t] => {
             let parts: Vec<&str> = date.split('-').collect();
             let [y, m, d] = parts.as_slice() else { return Err(bad()) };
-            let (Ok(year), Ok(month), Ok(day)) = (y.parse::<i32>(), m.parse::<u32>(), d.parse::<u32>()) else { return Err(bad()) };
+            let (Ok(year), Ok(month), Ok(day)) = (y.parse::<i32>(), m.parse::<u32>(), d.parse::<u32>()) else {
+                return Err(bad());
+            };
             let (hour, minute) = hhmm(t).ok_or_else(bad)?;
             if day == 0 || day > 31 {
                 return Err(bad());
             }
-            let ms = from_local(LocalTime { year, month, day, hour, minute }).ok_or_else(bad)?;
+            let ms = from_local(LocalTime {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+            })
+            .ok_or_else(bad)?;
             // mktime rolls 2026-02-31 over to March: not what was meant.
             if local_time(ms).day != day {
                 bail!("--at {s:?}: {year}-{month:02} has no day {day}");
@@ -69,7 +91,11 @@ pub fn parse_at(s: &str, now: i64, slot_ms: i64) -> Result<(i64, bool)> {
 }
 
 fn gpus_of(b: &BookingView) -> String {
-    let n = if b.gpus == 1 { "1 GPU".to_string() } else { format!("{} GPUs", b.gpus) };
+    let n = if b.gpus == 1 {
+        "1 GPU".to_string()
+    } else {
+        format!("{} GPUs", b.gpus)
+    };
     match &b.gpu_type {
         Some(t) => format!("{n} ({})", esc(t)),
         None => n,
@@ -90,15 +116,30 @@ fn state_of(b: &BookingView) -> String {
         BookingState::Active => {
             let mut s = String::from("active");
             if !b.gpu_indices.is_empty() {
-                s.push_str(&format!(" on GPU {}", b.gpu_indices.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")));
+                s.push_str(&format!(
+                    " on GPU {}",
+                    b.gpu_indices
+                        .iter()
+                        .map(|g| g.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
             }
             if !b.waiting_for.is_empty() {
                 let jobs: Vec<String> = b.waiting_for.iter().map(|j| j.to_string()).collect();
-                s.push_str(&format!("; waiting for job{} {}", if jobs.len() == 1 { "" } else { "s" }, jobs.join(", ")));
+                s.push_str(&format!(
+                    "; waiting for job{} {}",
+                    if jobs.len() == 1 { "" } else { "s" },
+                    jobs.join(", ")
+                ));
             }
             s
         }
-        BookingState::Cancelled | BookingState::Released => b.closed_why.as_deref().map(|w| esc(w).into_owned()).unwrap_or_else(|| b.state.as_str().to_string()),
+        BookingState::Cancelled | BookingState::Released => b
+            .closed_why
+            .as_deref()
+            .map(|w| esc(w).into_owned())
+            .unwrap_or_else(|| b.state.as_str().to_string()),
         s => s.as_str().to_string(),
     }
 }
@@ -108,7 +149,10 @@ fn rules_line(r: &BookingRules) -> String {
         return "Bookings are turned off on this machine ([bookings] enabled = false).".into();
     }
     let d = |ms: i64| duration_setting(Duration::from_millis(ms.max(0) as u64));
-    let week = r.max_gpu_hours_week.map(|h| format!(", {h} GPU-hours per user per week")).unwrap_or_default();
+    let week = r
+        .max_gpu_hours_week
+        .map(|h| format!(", {h} GPU-hours per user per week"))
+        .unwrap_or_default();
     format!(
         "Lab rules: {} slots, up to {} ahead, at most {} GPU{} per booking{week}; a booking unused {} after its start is released.",
         d(r.slot_ms),
@@ -119,21 +163,55 @@ fn rules_line(r: &BookingRules) -> String {
     )
 }
 
-pub async fn book(ctx: &Ctx, gpus: u32, gpu_type: Option<String>, at: Option<&str>, length: Option<Duration>, note: Option<String>) -> Result<()> {
+pub async fn book(
+    ctx: &Ctx,
+    gpus: u32,
+    gpu_type: Option<String>,
+    at: Option<&str>,
+    length: Option<Duration>,
+    note: Option<String>,
+) -> Result<()> {
     let (Some(at), Some(length)) = (at, length) else {
         bail!("say when and for how long: gantry book --gpus {gpus} --at \"tomorrow 14:00\" --for 4h (or `gantry book cancel ID`, `gantry bookings`)");
     };
     let now = gantry_core::store::now_ms();
-    let rules = ctx.client.bookings(&BookingsQuery { all: false, limit: None }).await?.rules;
+    let rules = ctx
+        .client
+        .bookings(&BookingsQuery {
+            all: false,
+            limit: None,
+        })
+        .await?
+        .rules;
     let (start, rounded) = parse_at(at, now, rules.slot_ms)?;
     let end = start + length.as_millis() as i64;
-    let b = ctx.client.book(&BookRequest { gpus, gpu_type, start_ms: start, end_ms: end, note }).await?;
+    let b = ctx
+        .client
+        .book(&BookRequest {
+            gpus,
+            gpu_type,
+            start_ms: start,
+            end_ms: end,
+            note,
+        })
+        .await?;
     if ctx.json {
         return print_json(&b);
     }
-    let round = if rounded { format!(" (rounded up to the lab's {} slots)", duration_setting(Duration::from_millis(rules.slot_ms as u64))) } else { String::new() };
+    let round = if rounded {
+        format!(
+            " (rounded up to the lab's {} slots)",
+            duration_setting(Duration::from_millis(rules.slot_ms as u64))
+        )
+    } else {
+        String::new()
+    };
     outln!("booked {} as booking {}: {}{round}", gpus_of(&b), b.id, when(&b));
-    outln!("your jobs and sessions get them from {}; cancel with `gantry book cancel {}`", local_hhmm(b.start_ms), b.id);
+    outln!(
+        "your jobs and sessions get them from {}; cancel with `gantry book cancel {}`",
+        local_hhmm(b.start_ms),
+        b.id
+    );
     Ok(())
 }
 
@@ -152,15 +230,42 @@ pub async fn bookings(ctx: &Ctx, all: bool) -> Result<()> {
         return print_json(&list);
     }
     if list.bookings.is_empty() {
-        outln!("no bookings{}", if all { "" } else { " ahead (`gantry bookings --all` shows past ones)" });
+        outln!(
+            "no bookings{}",
+            if all {
+                ""
+            } else {
+                " ahead (`gantry bookings --all` shows past ones)"
+            }
+        );
     } else {
         let rows: Vec<[String; 6]> = list
             .bookings
             .iter()
-            .map(|b| [b.id.to_string(), esc(&b.owner).into_owned(), gpus_of(b), when(b), state_of(b), b.note.as_deref().map(|n| esc(n).into_owned()).unwrap_or_else(|| "-".into())])
+            .map(|b| {
+                [
+                    b.id.to_string(),
+                    esc(&b.owner).into_owned(),
+                    gpus_of(b),
+                    when(b),
+                    state_of(b),
+                    b.note
+                        .as_deref()
+                        .map(|n| esc(n).into_owned())
+                        .unwrap_or_else(|| "-".into()),
+                ]
+            })
             .collect();
         let head = ["ID", "OWNER", "GPUS", "WHEN", "STATE", "NOTE"];
-        let w: Vec<usize> = (0..6).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+        let w: Vec<usize> = (0..6)
+            .map(|i| {
+                rows.iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([head[i].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
         let line = |r: [&str; 6]| {
             let mut s = String::new();
             for (i, c) in r.iter().enumerate() {
@@ -188,23 +293,52 @@ mod tests {
     const SLOT: i64 = 30 * 60_000;
 
     fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> i64 {
-        from_local(LocalTime { year: y, month: mo, day: d, hour: h, minute: mi }).unwrap()
+        from_local(LocalTime {
+            year: y,
+            month: mo,
+            day: d,
+            hour: h,
+            minute: mi,
+        })
+        .unwrap()
     }
 
     #[test]
     fn at_forms_in_local_time() {
         let now = at(2026, 12, 2, 10, 7);
         assert_eq!(parse_at("14:00", now, SLOT).unwrap(), (at(2026, 12, 2, 14, 0), false));
-        assert_eq!(parse_at("09:00", now, SLOT).unwrap().0, at(2026, 12, 3, 9, 0), "past today: tomorrow");
-        assert_eq!(parse_at("10:00", now, SLOT).unwrap().0, at(2026, 12, 2, 10, 0), "the current slot is still today");
+        assert_eq!(
+            parse_at("09:00", now, SLOT).unwrap().0,
+            at(2026, 12, 3, 9, 0),
+            "past today: tomorrow"
+        );
+        assert_eq!(
+            parse_at("10:00", now, SLOT).unwrap().0,
+            at(2026, 12, 2, 10, 0),
+            "the current slot is still today"
+        );
         assert_eq!(parse_at("tomorrow 14:00", now, SLOT).unwrap().0, at(2026, 12, 3, 14, 0));
         assert_eq!(parse_at("today 16:30", now, SLOT).unwrap().0, at(2026, 12, 2, 16, 30));
-        assert_eq!(parse_at("2026-12-03 09:30", now, SLOT).unwrap().0, at(2026, 12, 3, 9, 30));
-        assert_eq!(parse_at("2026-12-03T09:30", now, SLOT).unwrap().0, at(2026, 12, 3, 9, 30));
-        assert_eq!(parse_at("+2h", now, SLOT).unwrap(), (at(2026, 12, 2, 12, 30), true), "rounded up to the slot");
+        assert_eq!(
+            parse_at("2026-12-03 09:30", now, SLOT).unwrap().0,
+            at(2026, 12, 3, 9, 30)
+        );
+        assert_eq!(
+            parse_at("2026-12-03T09:30", now, SLOT).unwrap().0,
+            at(2026, 12, 3, 9, 30)
+        );
+        assert_eq!(
+            parse_at("+2h", now, SLOT).unwrap(),
+            (at(2026, 12, 2, 12, 30), true),
+            "rounded up to the slot"
+        );
         assert_eq!(parse_at("+1h53m", now, SLOT).unwrap(), (at(2026, 12, 2, 12, 0), false));
         let dec31 = at(2026, 12, 31, 23, 0);
-        assert_eq!(parse_at("tomorrow 08:00", dec31, SLOT).unwrap().0, at(2027, 1, 1, 8, 0), "across the year");
+        assert_eq!(
+            parse_at("tomorrow 08:00", dec31, SLOT).unwrap().0,
+            at(2027, 1, 1, 8, 0),
+            "across the year"
+        );
         for (s, want) in [
             ("teatime", "is not a time"),
             ("25:00", "is not a time"),

@@ -11,7 +11,9 @@ use crate::term::{esc, outln};
 
 /// `file`: default `$GANTRY_CONFIG` (through clap), else the system engine's file.
 pub fn check(file: Option<PathBuf>, json: bool) -> Result<ExitCode> {
-    let root = std::env::var_os("GANTRY_SYSTEM_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
+    let root = std::env::var_os("GANTRY_SYSTEM_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
     let file = file.unwrap_or_else(|| gantry_core::config::under(&root, SYSTEM_CONFIG));
     // Explicitly named or not, checking a file that is not there is a mistake worth saying.
     match LabConfig::load(&file, false) {
@@ -21,7 +23,10 @@ pub fn check(file: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             } else {
                 outln!("OK: {}", esc(&file.display().to_string()));
                 if let Some(g) = &lab.gpus {
-                    outln!("note: `gpus` ({}) is checked against the machine's GPUs when the engine starts", g.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
+                    outln!(
+                        "note: `gpus` ({}) is checked against the machine's GPUs when the engine starts",
+                        g.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ")
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -22,7 +22,14 @@ pub async fn daemon(state_dir: Option<PathBuf>, a: &DaemonArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(dir) = &a.node_agent {
-        return gantry_core::node_agent::run(dir.clone(), a.gpus.clone(), gantry_core::config::SAMPLE_EVERY, terminated()).await.context("the node agent stopped");
+        return gantry_core::node_agent::run(
+            dir.clone(),
+            a.gpus.clone(),
+            gantry_core::config::SAMPLE_EVERY,
+            terminated(),
+        )
+        .await
+        .context("the node agent stopped");
     }
     let setup = EngineSetup {
         system_root: a.system.then(|| a.system_root.clone()),
@@ -31,7 +38,11 @@ pub async fn daemon(state_dir: Option<PathBuf>, a: &DaemonArgs) -> Result<()> {
         gpus: a.gpus.clone(),
         config: a.config.clone(),
         // The flags win over the lab config, also after a reload.
-        overrides: Overrides { reserve_after: a.reserve_after, stop_grace: a.stop_grace, retry_backoff: a.retry_backoff },
+        overrides: Overrides {
+            reserve_after: a.reserve_after,
+            stop_grace: a.stop_grace,
+            retry_backoff: a.retry_backoff,
+        },
         header_timeout: a.header_timeout,
         inbox_group: a.inbox_group.clone(),
         inbox_path: a.inbox_path.clone(),
@@ -39,5 +50,7 @@ pub async fn daemon(state_dir: Option<PathBuf>, a: &DaemonArgs) -> Result<()> {
     };
     let cfg = setup.config()?;
     let _lock = EngineSetup::lock(&cfg).await?;
-    gantry_core::daemon::run(cfg, terminated()).await.context("the engine stopped")
+    gantry_core::daemon::run(cfg, terminated())
+        .await
+        .context("the engine stopped")
 }

@@ -20,7 +20,8 @@ pub fn generate(dir: &Path) -> Result<()> {
     use clap_complete::Shell;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        let path = clap_complete::generate_to(shell, &mut Cli::command(), "gantry", dir).with_context(|| format!("cannot write {shell} completions into {}", dir.display()))?;
+        let path = clap_complete::generate_to(shell, &mut Cli::command(), "gantry", dir)
+            .with_context(|| format!("cannot write {shell} completions into {}", dir.display()))?;
         outln!("{}", path.display());
     }
     let mut man = Vec::new();

@@ -24,12 +24,20 @@ pub async fn inbox(ctx: &Ctx, action: Option<&InboxAction>) -> Result<ExitCode> 
             .mode(0o700)
             .create(&info.path)
             .with_context(|| format!("cannot create your drop folder {}", info.path.display()))?;
-        info = ctx.client.inbox_init().await.context("the engine does not watch your drop folder")?;
+        info = ctx
+            .client
+            .inbox_init()
+            .await
+            .context("the engine does not watch your drop folder")?;
     }
     if ctx.json {
         print_json(&info)?;
     } else {
         print_inbox(&info, init);
     }
-    Ok(if init && !info.watched { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if init && !info.watched {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -28,7 +28,10 @@ pub async fn ls(ctx: &Ctx, limit: Option<usize>) -> Result<()> {
     print_queue(&q);
     let shown = q.iter().filter(|e| e.job.state == JobState::Queued).count();
     if shown < queued {
-        outln!("… {} more queued jobs not shown (gantry ls --all shows every job)", queued - shown);
+        outln!(
+            "… {} more queued jobs not shown (gantry ls --all shows every job)",
+            queued - shown
+        );
     }
     Ok(())
 }
@@ -46,7 +49,8 @@ pub async fn show(ctx: &Ctx, id: i64) -> Result<()> {
 pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
     // Raw for the job's owner (progress bars, colours); escaped when someone else (root)
     // reads it on a terminal, since the owner wrote it.
-    let mut safe = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !own_job(&ctx.client, id).await?).then(TermSafe::default);
+    let mut safe = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !own_job(&ctx.client, id).await?)
+        .then(TermSafe::default);
     let mut show = |chunk: &[u8]| match safe.as_mut() {
         Some(s) => write_out(s.feed(chunk).as_bytes()),
         None => write_out(chunk),
@@ -79,7 +83,9 @@ async fn own_job(client: &Client, id: i64) -> Result<bool> {
 pub async fn cancel(ctx: &Ctx, id: i64) -> Result<()> {
     match ctx.client.cancel(id).await? {
         JobState::Queued => outln!("job {id} cancelled"),
-        JobState::Starting | JobState::Running => outln!("job {id} is being stopped (SIGTERM, then SIGKILL after the grace period)"),
+        JobState::Starting | JobState::Running => {
+            outln!("job {id} is being stopped (SIGTERM, then SIGKILL after the grace period)")
+        }
         s => outln!("job {id} had already ended ({})", s.as_str()),
     }
     Ok(())
@@ -95,11 +101,17 @@ pub async fn priority(ctx: &Ctx, id: i64, priority: i32) -> Result<()> {
 
 /// `gantry hold` (`held`) and `gantry release`.
 pub async fn hold(ctx: &Ctx, id: i64, held: bool) -> Result<()> {
-    let ok = if held { ctx.client.hold(id).await? } else { ctx.client.release(id).await? };
+    let ok = if held {
+        ctx.client.hold(id).await?
+    } else {
+        ctx.client.release(id).await?
+    };
     match (ok, held) {
         (true, true) => outln!("job {id} is held: it stays queued until `gantry release {id}`"),
         (true, false) => outln!("job {id} released: it starts when the scheduler places it"),
-        (false, true) => bail!("job {id} is not waiting in the queue, or is held already; only queued jobs can be held"),
+        (false, true) => {
+            bail!("job {id} is not waiting in the queue, or is held already; only queued jobs can be held")
+        }
         (false, false) => bail!("job {id} is not held (or no longer queued); nothing to release"),
     }
     Ok(())

@@ -2,14 +2,14 @@
 
 mod book;
 mod config;
-mod generate;
 mod daemon;
+mod generate;
 mod gpus;
 mod history;
 mod inbox;
 mod jobs;
-mod session;
 mod notify;
+mod session;
 mod sim;
 mod status;
 mod submit;
@@ -45,11 +45,19 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     if let Some(t) = cli.client_timeout {
         client = client.with_timeout(t);
     }
-    let ctx = Ctx { client, remote, json: cli.json, socket, found_by };
+    let ctx = Ctx {
+        client,
+        remote,
+        json: cli.json,
+        socket,
+        found_by,
+    };
     match &cli.cmd {
         // These decide their exit status.
         Cmd::Submit { files } => return submit::submit(&ctx, files).await,
-        Cmd::Config { cmd: ConfigCmd::Check { file } } => return config::check(file.clone(), ctx.json),
+        Cmd::Config {
+            cmd: ConfigCmd::Check { file },
+        } => return config::check(file.clone(), ctx.json),
         Cmd::Inbox { action } => return inbox::inbox(&ctx, action.as_ref()).await,
         Cmd::Shell(args) => return session::shell(&ctx, args).await,
         Cmd::Attach { id } => return session::attach(&ctx, *id).await,
@@ -69,11 +77,26 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Hold { id } => jobs::hold(&ctx, *id, true).await?,
         Cmd::Release { id } => jobs::hold(&ctx, *id, false).await?,
         Cmd::Gpus => gpus::gpus(&ctx).await?,
-        Cmd::History { user, status, since, limit } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
+        Cmd::History {
+            user,
+            status,
+            since,
+            limit,
+        } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
         Cmd::Usage { since, csv } => history::usage(&ctx, since, *csv).await?,
         Cmd::Notify { action } => notify::notify(&ctx, action).await?,
-        Cmd::Book { action: Some(crate::cli::BookAction::Cancel { id }), .. } => book::cancel(&ctx, *id).await?,
-        Cmd::Book { action: None, gpus, gpu_type, at, length, note } => book::book(&ctx, *gpus, gpu_type.clone(), at.as_deref(), *length, note.clone()).await?,
+        Cmd::Book {
+            action: Some(crate::cli::BookAction::Cancel { id }),
+            ..
+        } => book::cancel(&ctx, *id).await?,
+        Cmd::Book {
+            action: None,
+            gpus,
+            gpu_type,
+            at,
+            length,
+            note,
+        } => book::book(&ctx, *gpus, gpu_type.clone(), at.as_deref(), *length, note.clone()).await?,
         Cmd::Bookings { all } => book::bookings(&ctx, *all).await?,
         Cmd::Sim(args) => sim::sim(args, ctx.json)?,
         Cmd::Status => status::status(&ctx, cli.host.as_deref()).await?,

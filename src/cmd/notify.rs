@@ -30,11 +30,25 @@ pub async fn notify(ctx: &Ctx, action: &NotifyAction) -> Result<()> {
                 "webhook" => NotifyTarget::Webhook { url: address.clone() },
                 other => bail!("`{other}` is not a kind of target: write `gantry notify add email ADDRESS` or `gantry notify add webhook URL`"),
             };
-            let s = ctx.client.notify_add(&NotifyAdd { target, on: events(on)?, job: *job }).await?;
+            let s = ctx
+                .client
+                .notify_add(&NotifyAdd {
+                    target,
+                    on: events(on)?,
+                    job: *job,
+                })
+                .await?;
             if ctx.json {
                 return print_json(&s);
             }
-            println!("added target {}: {} {} on {}{}", s.id, s.target.kind(), s.target.address(), names(&s.on), s.job.map(|j| format!(" (job {j} only)")).unwrap_or_default());
+            println!(
+                "added target {}: {} {} on {}{}",
+                s.id,
+                s.target.kind(),
+                s.target.address(),
+                names(&s.on),
+                s.job.map(|j| format!(" (job {j} only)")).unwrap_or_default()
+            );
             println!("check it with `gantry notify test`");
         }
         NotifyAction::Ls => {
@@ -52,7 +66,13 @@ pub async fn notify(ctx: &Ctx, action: &NotifyAction) -> Result<()> {
                     (Some(_), Some(j)) => format!("yours, job {j}"),
                     (Some(_), None) => "yours".to_string(),
                 };
-                println!("{:<5} {:<8} {:<40} {:<28} {whose}", s.id, s.target.kind(), s.target.address(), names(&s.on));
+                println!(
+                    "{:<5} {:<8} {:<40} {:<28} {whose}",
+                    s.id,
+                    s.target.kind(),
+                    s.target.address(),
+                    names(&s.on)
+                );
             }
         }
         NotifyAction::Rm { id } => {
@@ -71,7 +91,12 @@ pub async fn notify(ctx: &Ctx, action: &NotifyAction) -> Result<()> {
                 return print_json(&sent);
             }
             for d in sent {
-                println!("test notification {} queued for {} {}; `gantry notify log` shows when it is delivered", d.id, d.target.kind(), d.target.address());
+                println!(
+                    "test notification {} queued for {} {}; `gantry notify log` shows when it is delivered",
+                    d.id,
+                    d.target.kind(),
+                    d.target.address()
+                );
             }
         }
         NotifyAction::Log { limit } => {
@@ -79,14 +104,31 @@ pub async fn notify(ctx: &Ctx, action: &NotifyAction) -> Result<()> {
             if ctx.json {
                 return print_json(&log);
             }
-            println!("{:<10} {:<16} {:<6} {:<40} {:<10} {:>5}  NOTE", "WHEN", "EVENT", "JOB", "TARGET", "STATE", "TRIES");
+            println!(
+                "{:<10} {:<16} {:<6} {:<40} {:<10} {:>5}  NOTE",
+                "WHEN", "EVENT", "JOB", "TARGET", "STATE", "TRIES"
+            );
             for d in log {
                 let note = match d.state {
-                    DeliveryState::Pending if d.tries > 0 => format!("next try {}; {}", d.next_at.map(|t| format!("in {}s", ((t - gantry_core::clock::now_ms()) / 1000).max(0))).unwrap_or_default(), d.last_error.unwrap_or_default()),
+                    DeliveryState::Pending if d.tries > 0 => format!(
+                        "next try {}; {}",
+                        d.next_at
+                            .map(|t| format!("in {}s", ((t - gantry_core::clock::now_ms()) / 1000).max(0)))
+                            .unwrap_or_default(),
+                        d.last_error.unwrap_or_default()
+                    ),
                     _ => d.last_error.unwrap_or_default(),
                 };
                 let job = d.job_id.map(|j| j.to_string()).unwrap_or_else(|| "-".into());
-                println!("{:<10} {:<16} {:<6} {:<40} {:<10} {:>5}  {note}", ago(d.at), d.event.as_str(), job, d.target.address(), d.state.as_str(), d.tries);
+                println!(
+                    "{:<10} {:<16} {:<6} {:<40} {:<10} {:>5}  {note}",
+                    ago(d.at),
+                    d.event.as_str(),
+                    job,
+                    d.target.address(),
+                    d.state.as_str(),
+                    d.tries
+                );
             }
         }
     }

@@ -63,7 +63,9 @@ impl Raw {
         if !stdin.is_terminal() {
             return Raw { saved: None };
         }
-        let Ok(saved) = tcgetattr(&stdin) else { return Raw { saved: None } };
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return Raw { saved: None };
+        };
         let mut raw = saved.clone();
         cfmakeraw(&mut raw);
         if tcsetattr(&stdin, SetArg::TCSADRAIN, &raw).is_err() {
@@ -84,7 +86,12 @@ impl Drop for Raw {
 /// The local terminal's size (columns, rows), if stdout or stdin is one.
 fn window_size() -> Option<(u16, u16)> {
     for fd in [1, 0] {
-        let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+        let mut ws = libc::winsize {
+            ws_row: 0,
+            ws_col: 0,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, which lives here.
         let ok = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0;
         if ok && ws.ws_col > 0 && ws.ws_row > 0 {
@@ -120,12 +127,19 @@ fn session_ask(args: &ShellArgs, notebook_port: Option<u16>) -> gantry_core::pro
 
 pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
     // No image: this machine's own folders and your home, starting where you are (when it is there).
-    let image = args.image.clone().unwrap_or_else(|| gantry_core::spec::HOST_IMAGE.into());
+    let image = args
+        .image
+        .clone()
+        .unwrap_or_else(|| gantry_core::spec::HOST_IMAGE.into());
     let mut spec = gantry_core::spec::session_spec(&session_ask(args, None), image, "");
     if spec.is_host_image() && ctx.remote.is_none() {
         let here = std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned());
         let home = std::env::var("HOME").unwrap_or_default();
-        spec.workdir = here.filter(|d| !home.is_empty() && home != "/" && (*d == home || d.starts_with(&format!("{}/", home.trim_end_matches('/')))));
+        spec.workdir = here.filter(|d| {
+            !home.is_empty()
+                && home != "/"
+                && (*d == home || d.starts_with(&format!("{}/", home.trim_end_matches('/'))))
+        });
     }
     let id = queue_session(ctx, &spec).await?;
     if !wait_running(ctx, id).await? {
@@ -144,7 +158,11 @@ pub async fn notebook(ctx: &Ctx, args: &crate::cli::NotebookArgs) -> Result<Exit
         )?,
     };
     let port = args.port;
-    let spec = gantry_core::spec::session_spec(&session_ask(&args.session, Some(port)), image, &gantry_core::client::new_submit_key());
+    let spec = gantry_core::spec::session_spec(
+        &session_ask(&args.session, Some(port)),
+        image,
+        &gantry_core::client::new_submit_key(),
+    );
     let id = queue_session(ctx, &spec).await?;
     if !wait_running(ctx, id).await? {
         return Ok(ExitCode::FAILURE);
@@ -166,18 +184,39 @@ pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let local = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).context("finding a free port on this computer")?.port();
-    let forward = target.forward_command(local, &o.address).context("an ssh target")?.stdin(std::process::Stdio::null()).output().await.context("running ssh")?;
+    let local = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .context("finding a free port on this computer")?
+        .port();
+    let forward = target
+        .forward_command(local, &o.address)
+        .context("an ssh target")?
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("running ssh")?;
     if !forward.status.success() {
-        bail!("ssh could not forward port {local} to {} on {}: {}", o.address, target.describe(), String::from_utf8_lossy(&forward.stderr).trim());
+        bail!(
+            "ssh could not forward port {local} to {} on {}: {}",
+            o.address,
+            target.describe(),
+            String::from_utf8_lossy(&forward.stderr).trim()
+        );
     }
     let url = o.url.replace(&o.address, &format!("127.0.0.1:{local}"));
     if ctx.json {
-        crate::print::print_json(&gantry_core::protocol::terminal::Opened { url, address: format!("127.0.0.1:{local}"), ..o })?;
+        crate::print::print_json(&gantry_core::protocol::terminal::Opened {
+            url,
+            address: format!("127.0.0.1:{local}"),
+            ..o
+        })?;
     } else {
         crate::term::outln!("{url}");
     }
-    eprintln!("gantry: forwarding through ssh to {} while job {id} runs; Ctrl-C stops", target.describe());
+    eprintln!(
+        "gantry: forwarding through ssh to {} while job {id} runs; Ctrl-C stops",
+        target.describe()
+    );
     // Following the engine's events keeps the shared connection (which holds the forward) open,
     // and says when the job ends.
     let ended = ctx.client.events(|ev| !matches!(ev, gantry_core::protocol::EngineEvent::Job { job_id, state, .. } if job_id == id && state.is_final()));
@@ -189,7 +228,12 @@ pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
         },
     }
     if let Some(mut cancel) = target.cancel_forward_command(local, &o.address) {
-        let _ = cancel.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().await;
+        let _ = cancel
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -197,13 +241,28 @@ pub async fn open(ctx: &Ctx, id: i64, port: Option<u16>) -> Result<ExitCode> {
 /// Queue a session's spec; its id.
 async fn queue_session(ctx: &Ctx, spec: &gantry_core::spec::JobSpec) -> Result<i64> {
     let text = serde_yaml_ng::to_string(spec)?;
-    let req = SubmitRequest { text, file_name: "shell.yaml".into(), base_dir: None, idempotency_key: None, origin: SpecOrigin::RunFlags };
+    let req = SubmitRequest {
+        text,
+        file_name: "shell.yaml".into(),
+        base_dir: None,
+        idempotency_key: None,
+        origin: SpecOrigin::RunFlags,
+    };
     let id = ctx
         .client
         .submit(&req)
         .await
         .map_err(|e| match e {
-            gantry_core::client::ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
+            gantry_core::client::ClientError::Api {
+                spec_error: Some(se), ..
+            } => anyhow::anyhow!(
+                "{}",
+                gantry_core::spec::SpecError {
+                    line: None,
+                    column: None,
+                    ..se
+                }
+            ),
             e => e.into(),
         })?
         .job_id;
@@ -221,8 +280,21 @@ async fn wait_running(ctx: &Ctx, id: i64) -> Result<bool> {
         match d.job.state {
             JobState::Running => return Ok(true),
             s if s.is_final() => {
-                let why = d.job.message.clone().or_else(|| d.attempts.last().and_then(|a| a.message.clone())).unwrap_or_default();
-                eprintln!("gantry: session {id} ended {} before it could be attached{}", s.as_str(), if why.is_empty() { String::new() } else { format!(": {}", esc(&why)) });
+                let why = d
+                    .job
+                    .message
+                    .clone()
+                    .or_else(|| d.attempts.last().and_then(|a| a.message.clone()))
+                    .unwrap_or_default();
+                eprintln!(
+                    "gantry: session {id} ended {} before it could be attached{}",
+                    s.as_str(),
+                    if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", esc(&why))
+                    }
+                );
                 return Ok(false);
             }
             _ => {}
@@ -273,7 +345,8 @@ pub async fn attach(ctx: &Ctx, id: i64) -> Result<ExitCode> {
             }
         }
     });
-    let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).context("watching the window size")?;
+    let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+        .context("watching the window size")?;
     let mut detach = DetachKeys::default();
     let mut decoder = Decoder::default();
     let mut buf = vec![0u8; 16 * 1024];
@@ -333,7 +406,9 @@ pub async fn attach(ctx: &Ctx, id: i64) -> Result<ExitCode> {
         Left::Ended(end) => {
             eprintln!("\r\ngantry: session {id} ended: {}", esc(&end.message));
             match end.exit_code {
-                Some(c) if end.state != JobState::TimedOut && end.state != JobState::Cancelled => ExitCode::from(c.clamp(0, 255) as u8),
+                Some(c) if end.state != JobState::TimedOut && end.state != JobState::Cancelled => {
+                    ExitCode::from(c.clamp(0, 255) as u8)
+                }
                 _ => ExitCode::FAILURE,
             }
         }
@@ -350,6 +425,7 @@ mod tests {
 
     #[test]
     fn ctrl_p_ctrl_q_detaches_and_a_lone_ctrl_p_goes_through() {
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(Vec<&[u8]>, Vec<u8>, bool)> = vec![
             (vec![b"ls\r"], b"ls\r".to_vec(), false),
             (vec![b"ab\x10\x11cd"], b"ab".to_vec(), true),

@@ -13,7 +13,11 @@ use crate::term::{esc, outln};
 
 /// `gantry sim`: the scheduler's policies side by side on a trace.
 pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
-    let mut sched = gantry_core::scheduler::Config { reserve_after_ms: a.reserve_after.as_millis() as i64, reserve_factor: a.reserve_factor, ..Default::default() };
+    let mut sched = gantry_core::scheduler::Config {
+        reserve_after_ms: a.reserve_after.as_millis() as i64,
+        reserve_factor: a.reserve_factor,
+        ..Default::default()
+    };
     if let Some(w) = a.wide_reserve_factor {
         sched.wide_reserve_factor = w;
     }
@@ -21,7 +25,10 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     sched.hrrn = a.order == "hrrn";
     sched.drain_limit_factor = match a.drain_limit.as_str() {
         "none" => None,
-        f => Some(f.parse().with_context(|| format!("--drain-limit {f:?}: a number or none"))?),
+        f => Some(
+            f.parse()
+                .with_context(|| format!("--drain-limit {f:?}: a number or none"))?,
+        ),
     };
     sched.age_narrow = match a.narrow.as_str() {
         "age" => true,
@@ -53,14 +60,42 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
     } else if a.protocol != "queue" {
         bail!("unknown protocol {:?}: queue or fgd", a.protocol);
     } else if a.seeds > 1 {
-        let runs = sim_seeds(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, a.seeds, a.from_fraction, preempt.as_ref(), a.lying_users, a.preempt_only)?;
+        let runs = sim_seeds(
+            &a.trace,
+            &a.gpus,
+            &a.policy,
+            a.load,
+            a.runtimes,
+            sched,
+            a.fair_share,
+            learn,
+            a.seeds,
+            a.from_fraction,
+            preempt.as_ref(),
+            a.lying_users,
+            a.preempt_only,
+        )?;
         if json {
             print_json(&runs)?;
         } else {
             print_seeds(&runs, a.seeds);
         }
     } else {
-        let reports = simulate(&a.trace, &a.gpus, &a.policy, a.load, a.runtimes, sched, a.fair_share, learn, 0, a.from_fraction, preempt.as_ref(), a.lying_users, a.preempt_only)?;
+        let reports = simulate(
+            &a.trace,
+            &a.gpus,
+            &a.policy,
+            a.load,
+            a.runtimes,
+            sched,
+            a.fair_share,
+            learn,
+            0,
+            a.from_fraction,
+            preempt.as_ref(),
+            a.lying_users,
+            a.preempt_only,
+        )?;
         if json {
             print_json(&reports)?;
         } else {
@@ -73,7 +108,13 @@ pub fn sim(a: &SimArgs, json: bool) -> Result<()> {
 /// `--preempt` and its settings as the simulator's model.
 fn preempt_model(a: &SimArgs) -> Result<gantry_core::sim::SimPreempt> {
     let ms = |d: Duration| d.as_millis() as i64;
-    let mut rules = gantry_core::scheduler::PreemptRules { overdue: false, priority_gap: None, fair_share: false, min_run_ms: ms(a.min_run), max_per_day: a.max_per_day };
+    let mut rules = gantry_core::scheduler::PreemptRules {
+        overdue: false,
+        priority_gap: None,
+        fair_share: false,
+        min_run_ms: ms(a.min_run),
+        max_per_day: a.max_per_day,
+    };
     for r in a.preempt_rules.split(',').map(str::trim).filter(|r| !r.is_empty()) {
         match r {
             "overdue" => rules.overdue = true,
@@ -86,7 +127,13 @@ fn preempt_model(a: &SimArgs) -> Result<gantry_core::sim::SimPreempt> {
     if !(0.0..=1.0).contains(&a.preemptible) {
         bail!("--preemptible {}: a share from 0 to 1", a.preemptible);
     }
-    Ok(gantry_core::sim::SimPreempt { rules, checkpoint_every_ms: ms(a.checkpoint_every), restart_cost_ms: ms(a.restart_cost), grace_ms: ms(a.grace), preemptible_share: a.preemptible })
+    Ok(gantry_core::sim::SimPreempt {
+        rules,
+        checkpoint_every_ms: ms(a.checkpoint_every),
+        restart_cost_ms: ms(a.restart_cost),
+        grace_ms: ms(a.grace),
+        preemptible_share: a.preemptible,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -118,30 +165,66 @@ fn simulate(
     let policies: Vec<Policy> = if policy == "all" {
         Policy::ALL.to_vec()
     } else {
-        vec![Policy::parse(policy).with_context(|| format!("unknown policy {policy:?}: serial, fifo, greedy, gantry or all"))?]
+        vec![Policy::parse(policy)
+            .with_context(|| format!("unknown policy {policy:?}: serial, fifo, greedy, gantry or all"))?]
     };
     let mut out = vec![];
     for p in policies {
-        let mut cfg = SimConfig { gpus: n, gpu_memory: mem, policy: p, declared_runtimes: false, scheduler: sched.clone(), fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()), learn_runtimes: learn, preempt: None, lying: None };
+        let mut cfg = SimConfig {
+            gpus: n,
+            gpu_memory: mem,
+            policy: p,
+            declared_runtimes: false,
+            scheduler: sched.clone(),
+            fair_share_half_life_s: fair_share.map(|d| d.as_secs_f64()),
+            learn_runtimes: learn,
+            preempt: None,
+            lying: None,
+        };
         if !(preempt_only && preempt.is_some() && p == Policy::Gantry) {
             out.push(sim::simulate(&t, &cfg));
         }
         if p == Policy::Gantry && preempt.is_some() {
-            out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
+            out.push(sim::simulate(
+                &t,
+                &SimConfig {
+                    preempt: preempt.cloned(),
+                    ..cfg.clone()
+                },
+            ));
         }
         if p == Policy::Gantry && (runtimes || policy == "all") {
             cfg.declared_runtimes = true;
             out.push(sim::simulate(&t, &cfg));
             if preempt.is_some() {
-                out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), ..cfg.clone() }));
+                out.push(sim::simulate(
+                    &t,
+                    &SimConfig {
+                        preempt: preempt.cloned(),
+                        ..cfg.clone()
+                    },
+                ));
             }
             // Some users lie: declarations trusted (before issue 18 item 7), then checked.
             if lying > 0.0 {
                 for checked in [false, true] {
                     let lying = Some(sim::SimLying { share: lying, checked });
-                    out.push(sim::simulate(&t, &SimConfig { lying: lying.clone(), ..cfg.clone() }));
+                    out.push(sim::simulate(
+                        &t,
+                        &SimConfig {
+                            lying: lying.clone(),
+                            ..cfg.clone()
+                        },
+                    ));
                     if preempt.is_some() {
-                        out.push(sim::simulate(&t, &SimConfig { preempt: preempt.cloned(), lying, ..cfg.clone() }));
+                        out.push(sim::simulate(
+                            &t,
+                            &SimConfig {
+                                preempt: preempt.cloned(),
+                                lying,
+                                ..cfg.clone()
+                            },
+                        ));
                     }
                 }
             }
@@ -184,23 +267,64 @@ fn sim_seeds(
 ) -> Result<Vec<SeedRow>> {
     let mut rows: Vec<SeedRow> = vec![];
     for seed in 0..seeds {
-        let mut reports = simulate(trace, gpus, policy, load, runtimes, sched.clone(), fair_share, learn, seed, from_fraction, preempt, lying, preempt_only)?;
+        let mut reports = simulate(
+            trace,
+            gpus,
+            policy,
+            load,
+            runtimes,
+            sched.clone(),
+            fair_share,
+            learn,
+            seed,
+            from_fraction,
+            preempt,
+            lying,
+            preempt_only,
+        )?;
         // Waits are reported relative to strict FIFO on the same arrivals.
         let fifo = match reports.iter().find(|r| r.policy == "fifo") {
             Some(f) => f.mean_wait_s,
-            None => simulate(trace, gpus, "fifo", load, false, sched.clone(), fair_share, learn, seed, from_fraction, None, 0.0, false)?[0].mean_wait_s,
+            None => {
+                simulate(
+                    trace,
+                    gpus,
+                    "fifo",
+                    load,
+                    false,
+                    sched.clone(),
+                    fair_share,
+                    learn,
+                    seed,
+                    from_fraction,
+                    None,
+                    0.0,
+                    false,
+                )?[0]
+                    .mean_wait_s
+            }
         };
         for r in reports.drain(..) {
             let row = match rows.iter_mut().position(|x| x.policy == r.policy) {
                 Some(i) => &mut rows[i],
                 None => {
-                    rows.push(SeedRow { policy: r.policy.clone(), makespan_ratio: vec![], alloc_share_while_waiting: vec![], wait_over_fifo: vec![], big_over_one: vec![], mean_wait_by_user: vec![], lost_share: vec![], preemptions: vec![] });
+                    rows.push(SeedRow {
+                        policy: r.policy.clone(),
+                        makespan_ratio: vec![],
+                        alloc_share_while_waiting: vec![],
+                        wait_over_fifo: vec![],
+                        big_over_one: vec![],
+                        mean_wait_by_user: vec![],
+                        lost_share: vec![],
+                        preemptions: vec![],
+                    });
                     rows.last_mut().unwrap()
                 }
             };
             row.makespan_ratio.push(r.makespan_ratio);
             row.alloc_share_while_waiting.push(r.alloc_share_while_waiting);
-            row.wait_over_fifo.push(if fifo > 0.0 { r.mean_wait_s / fifo } else { f64::NAN });
+            row.wait_over_fifo
+                .push(if fifo > 0.0 { r.mean_wait_s / fifo } else { f64::NAN });
             if let Some(b) = r.big_over_one() {
                 row.big_over_one.push(b);
             }
@@ -216,7 +340,19 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
     use gantry_core::sim::mean_ci;
     outln!("{seeds} seeds (arrival perturbations; seed 0 = as recorded); mean ± 95% CI");
     let pre = rows.iter().any(|r| r.policy.contains("+preempt"));
-    outln!("{:<26} {:>16} {:>16} {:>16} {:>16}{}", "policy", "makespan/LB", "alloc/wait %", "wait/fifo", "wait 4+/1 GPU", if pre { format!(" {:>16} {:>14}", "GPU-h lost %", "preemptions") } else { String::new() });
+    outln!(
+        "{:<26} {:>16} {:>16} {:>16} {:>16}{}",
+        "policy",
+        "makespan/LB",
+        "alloc/wait %",
+        "wait/fifo",
+        "wait 4+/1 GPU",
+        if pre {
+            format!(" {:>16} {:>14}", "GPU-h lost %", "preemptions")
+        } else {
+            String::new()
+        }
+    );
     let f = |xs: &[f64], scale: f64, digits: usize| {
         if xs.is_empty() {
             "-".to_string()
@@ -233,7 +369,11 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
             f(&r.alloc_share_while_waiting, 100.0, 1),
             f(&r.wait_over_fifo, 1.0, 3),
             f(&r.big_over_one, 1.0, 2),
-            if pre { format!(" {:>16} {:>14}", f(&r.lost_share, 100.0, 2), f(&r.preemptions, 1.0, 0)) } else { String::new() }
+            if pre {
+                format!(" {:>16} {:>14}", f(&r.lost_share, 100.0, 2), f(&r.preemptions, 1.0, 0))
+            } else {
+                String::new()
+            }
         );
     }
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
@@ -253,13 +393,26 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
     }
 }
 
-fn sim_fgd(trace: &Path, gpus: &str, nodes: u32, sched: gantry_core::scheduler::Config, seeds: u64) -> Result<Vec<gantry_core::sim::FgdReport>> {
+fn sim_fgd(
+    trace: &Path,
+    gpus: &str,
+    nodes: u32,
+    sched: gantry_core::scheduler::Config,
+    seeds: u64,
+) -> Result<Vec<gantry_core::sim::FgdReport>> {
     let b = gantry_core::gpu::SimulatedBackend::from_spec(gpus)?;
     let (n, mem) = b.shape();
     let t = gantry_core::sim::load_trace(trace, n)?;
     let mut out = vec![];
-    for packing in [gantry_core::scheduler::Packing::Fgd, gantry_core::scheduler::Packing::BestFit, gantry_core::scheduler::Packing::WorstFit] {
-        let cfg = gantry_core::scheduler::Config { packing, ..sched.clone() };
+    for packing in [
+        gantry_core::scheduler::Packing::Fgd,
+        gantry_core::scheduler::Packing::BestFit,
+        gantry_core::scheduler::Packing::WorstFit,
+    ] {
+        let cfg = gantry_core::scheduler::Config {
+            packing,
+            ..sched.clone()
+        };
         out.push(gantry_core::sim::simulate_fgd(&t, n, mem, nodes, &cfg, seeds, 1.3));
     }
     Ok(out)
@@ -272,37 +425,98 @@ fn print_fgd(rs: &[gantry_core::sim::FgdReport]) {
         "FGD protocol: {} machine(s) of {} GPUs, tasks in shuffled order, arrivals only, a task that does not fit fails; stop at {:.0}% of the GPU capacity requested; {} seeds, mean ± 95% CI",
         r0.nodes, r0.gpus_per_node, r0.stop_at * 100.0, r0.alloc_ratio.len()
     );
-    outln!("{:<12} {:>22} {:>16}", "packing", "GPU allocation ratio %", "failed tasks");
+    outln!(
+        "{:<12} {:>22} {:>16}",
+        "packing",
+        "GPU allocation ratio %",
+        "failed tasks"
+    );
     for r in rs {
         let (m, c) = mean_ci(&r.alloc_ratio);
         let (fm, fc) = mean_ci(&r.failed);
-        outln!("{:<12} {:>22} {:>16}", r.packing, format!("{:.1} ± {:.1}", m * 100.0, c * 100.0), format!("{fm:.1} ± {fc:.1}"));
+        outln!(
+            "{:<12} {:>22} {:>16}",
+            r.packing,
+            format!("{:.1} ± {:.1}", m * 100.0, c * 100.0),
+            format!("{fm:.1} ± {fc:.1}")
+        );
     }
 }
 
 fn print_sim(reports: &[gantry_core::sim::Report]) {
     let Some(r0) = reports.first() else { return };
-    outln!("{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)", r0.jobs, r0.gpus, r0.dropped_cpu_only, r0.dropped_too_big);
+    outln!(
+        "{} jobs on {} GPUs ({} CPU-only and {} too-large tasks dropped)",
+        r0.jobs,
+        r0.gpus,
+        r0.dropped_cpu_only,
+        r0.dropped_too_big
+    );
     let pre = reports.iter().any(|r| r.policy.contains("+preempt"));
-    outln!("{:<26} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}{}", "policy", "makespan", "xLB", "alloc/wait", "mean wait", "p95 wait", "wait 4+/1 GPU", if pre { format!(" {:>12} {:>12}", "GPU-h lost", "preemptions") } else { String::new() });
+    outln!(
+        "{:<26} {:>12} {:>9} {:>11} {:>12} {:>12} {:>14}{}",
+        "policy",
+        "makespan",
+        "xLB",
+        "alloc/wait",
+        "mean wait",
+        "p95 wait",
+        "wait 4+/1 GPU",
+        if pre {
+            format!(" {:>12} {:>12}", "GPU-h lost", "preemptions")
+        } else {
+            String::new()
+        }
+    );
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
     for r in reports {
         let w1 = r.mean_wait_by_gpus.get(&1).copied().unwrap_or(0.0);
-        let big: Vec<f64> = r.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
-        let ratio = if big.is_empty() || w1 == 0.0 { "-".to_string() } else { format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1) };
-        let lost = if pre { format!(" {:>11.2}% {:>12}", 100.0 * r.lost_share, r.preemptions) } else { String::new() };
+        let big: Vec<f64> = r
+            .mean_wait_by_gpus
+            .iter()
+            .filter(|(g, _)| **g >= 4)
+            .map(|(_, w)| *w)
+            .collect();
+        let ratio = if big.is_empty() || w1 == 0.0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1)
+        };
+        let lost = if pre {
+            format!(" {:>11.2}% {:>12}", 100.0 * r.lost_share, r.preemptions)
+        } else {
+            String::new()
+        };
         outln!(
             "{:<26} {:>12} {:>9.3} {:>10.1}% {:>12} {:>12} {:>14}{lost}",
-            r.policy, h(r.makespan_s), r.makespan_ratio, 100.0 * r.alloc_share_while_waiting, h(r.mean_wait_s), h(r.p95_wait_s), ratio
+            r.policy,
+            h(r.makespan_s),
+            r.makespan_ratio,
+            100.0 * r.alloc_share_while_waiting,
+            h(r.mean_wait_s),
+            h(r.p95_wait_s),
+            ratio
         );
     }
     outln!("lower bound: {}", h(r0.lower_bound_s));
     if r0.user_share.len() > 1 {
         for r in reports {
-            let shares: Vec<String> = r.user_share.iter().map(|(u, s)| format!("{} {:.1}%", esc(u), s * 100.0)).collect();
-            let waits: Vec<String> = r.mean_wait_by_user.iter().map(|(u, w)| format!("{} {}", esc(u), h(*w))).collect();
-            outln!("{:<26} GPU share under contention: {}; mean wait: {}", r.policy, shares.join(", "), waits.join(", "));
+            let shares: Vec<String> = r
+                .user_share
+                .iter()
+                .map(|(u, s)| format!("{} {:.1}%", esc(u), s * 100.0))
+                .collect();
+            let waits: Vec<String> = r
+                .mean_wait_by_user
+                .iter()
+                .map(|(u, w)| format!("{} {}", esc(u), h(*w)))
+                .collect();
+            outln!(
+                "{:<26} GPU share under contention: {}; mean wait: {}",
+                r.policy,
+                shares.join(", "),
+                waits.join(", ")
+            );
         }
     }
 }
-

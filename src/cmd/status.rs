@@ -23,8 +23,18 @@ pub async fn status(ctx: &Ctx, host: Option<&str>) -> Result<()> {
             host: Option<&'a str>,
         }
         let located = match host {
-            Some(h) => Located { status: &s, found_by: None, socket: None, host: Some(h) },
-            None => Located { status: &s, found_by: Some(ctx.found_by), socket: Some(&ctx.socket), host: None },
+            Some(h) => Located {
+                status: &s,
+                found_by: None,
+                socket: None,
+                host: Some(h),
+            },
+            None => Located {
+                status: &s,
+                found_by: Some(ctx.found_by),
+                socket: Some(&ctx.socket),
+                host: None,
+            },
         };
         return print_json(&located);
     }
@@ -32,7 +42,15 @@ pub async fn status(ctx: &Ctx, host: Option<&str>) -> Result<()> {
     outln!(
         "{}",
         match (host, ctx.found_by) {
-            (Some(h), _) => format!("remote: {} ({}, through ssh)", esc(h), if s.system { "system engine" } else { "an engine of your own there" }),
+            (Some(h), _) => format!(
+                "remote: {} ({}, through ssh)",
+                esc(h),
+                if s.system {
+                    "system engine"
+                } else {
+                    "an engine of your own there"
+                }
+            ),
             (None, FoundBy::System) => format!("system engine at {at}"),
             (None, FoundBy::StateDir) => format!("engine from --state-dir at {at}"),
             (None, FoundBy::User) => format!("your own engine at {at}"),

@@ -22,7 +22,12 @@ pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
                 if !ctx.json {
                     match new.as_slice() {
                         [one] => outln!("{}: queued as job {one}", esc(&f.display().to_string())),
-                        many => outln!("{}: queued {} jobs: {}", esc(&f.display().to_string()), many.len(), many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+                        many => outln!(
+                            "{}: queued {} jobs: {}",
+                            esc(&f.display().to_string()),
+                            many.len(),
+                            many.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                        ),
                     }
                 }
             }
@@ -48,14 +53,35 @@ pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
     // Remote: this computer's folder means nothing on the workstation (relative mounts are refused there).
     let base_dir = match ctx.remote {
         Some(_) => None,
-        None => Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?),
+        None => {
+            Some(std::env::current_dir().context("cannot read the current directory (relative mounts start from it)")?)
+        }
     };
     let (text, file_name) = args.spec_text(base_dir.as_deref())?;
-    let s = ctx.client.submit(&SubmitRequest { text, file_name, base_dir, idempotency_key: None, origin: SpecOrigin::RunFlags }).await.map_err(|e| match e {
-        // The line numbers point into text the user never saw: name the field only.
-        ClientError::Api { spec_error: Some(se), .. } => anyhow::anyhow!("{}", gantry_core::spec::SpecError { line: None, column: None, ..se }),
-        e => e.into(),
-    })?;
+    let s = ctx
+        .client
+        .submit(&SubmitRequest {
+            text,
+            file_name,
+            base_dir,
+            idempotency_key: None,
+            origin: SpecOrigin::RunFlags,
+        })
+        .await
+        .map_err(|e| match e {
+            // The line numbers point into text the user never saw: name the field only.
+            ClientError::Api {
+                spec_error: Some(se), ..
+            } => anyhow::anyhow!(
+                "{}",
+                gantry_core::spec::SpecError {
+                    line: None,
+                    column: None,
+                    ..se
+                }
+            ),
+            e => e.into(),
+        })?;
     if ctx.json {
         print_json(&s)?;
     } else {
@@ -86,7 +112,9 @@ impl RunArgs {
         use gantry_core::spec::{Command, JobSpec, HOST_IMAGE};
         let mut env = std::collections::BTreeMap::new();
         for kv in &self.env {
-            let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} is not K=V: write e.g. --env CUDA_LAUNCH_BLOCKING=1") };
+            let Some((k, v)) = kv.split_once('=') else {
+                bail!("--env {kv:?} is not K=V: write e.g. --env CUDA_LAUNCH_BLOCKING=1")
+            };
             env.insert(k.to_string(), v.to_string());
         }
         let image = self.image.clone().unwrap_or_else(|| HOST_IMAGE.into());
@@ -103,8 +131,15 @@ impl RunArgs {
                 workdir = Some(dir.clone());
                 // The home is there already; a folder elsewhere is mounted (checked as you, like any mount).
                 let home = std::env::var("HOME").unwrap_or_default();
-                let in_home = !home.is_empty() && home != "/" && (dir == home || dir.starts_with(&format!("{}/", home.trim_end_matches('/'))));
-                if !in_home && !gantry_core::spec::HOST_SYSTEM_FOLDERS.iter().any(|d| dir == *d || dir.starts_with(&format!("{d}/"))) && dir != "/" {
+                let in_home = !home.is_empty()
+                    && home != "/"
+                    && (dir == home || dir.starts_with(&format!("{}/", home.trim_end_matches('/'))));
+                if !in_home
+                    && !gantry_core::spec::HOST_SYSTEM_FOLDERS
+                        .iter()
+                        .any(|d| dir == *d || dir.starts_with(&format!("{d}/")))
+                    && dir != "/"
+                {
                     mounts.push(format!("{dir}:{dir}"));
                 }
             }
@@ -116,7 +151,14 @@ impl RunArgs {
         };
         let name = self.name.clone().unwrap_or_else(|| match self.command.first() {
             Some(prog) => prog.rsplit('/').next().unwrap_or(prog).to_string(),
-            None => image.rsplit('/').next().unwrap_or(&image).split(':').next().unwrap_or("run").to_string(),
+            None => image
+                .rsplit('/')
+                .next()
+                .unwrap_or(&image)
+                .split(':')
+                .next()
+                .unwrap_or("run")
+                .to_string(),
         });
         let spec = JobSpec {
             name: Some(name.clone()),

@@ -20,8 +20,16 @@ pub struct Tmpfs {
 impl Tmpfs {
     pub fn mount(size: &str) -> Tmpfs {
         let dir = tempfile::Builder::new().prefix("gantry-tmpfs-").tempdir().unwrap();
-        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"]).arg(dir.path()).output().unwrap();
-        assert!(out.status.success(), "mount tmpfs (needs root): {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount tmpfs (needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Tmpfs { dir }
     }
 
@@ -48,7 +56,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let ok = Command::new("umount").arg(self.path()).status().is_ok_and(|s| s.success());
+        let ok = Command::new("umount")
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success());
         if !ok {
             // Something still holds a file open: detach now, the kernel frees it when closed.
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
@@ -81,9 +92,15 @@ struct ProxyShared {
 
 impl DockerProxy {
     pub fn start() -> DockerProxy {
-        let dir = tempfile::Builder::new().prefix("gantry-docker-proxy-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("gantry-docker-proxy-")
+            .tempdir()
+            .unwrap();
         let listener = UnixListener::bind(dir.path().join("docker.sock")).unwrap();
-        let shared = Arc::new(ProxyShared { up: AtomicBool::new(true), ..Default::default() });
+        let shared = Arc::new(ProxyShared {
+            up: AtomicBool::new(true),
+            ..Default::default()
+        });
         let s = shared.clone();
         let accept = std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -96,13 +113,19 @@ impl DockerProxy {
                 if !s.up.load(Ordering::SeqCst) {
                     continue; // dropped: the client sees the connection closed at once
                 }
-                let Ok(upstream) = UnixStream::connect("/var/run/docker.sock") else { continue };
+                let Ok(upstream) = UnixStream::connect("/var/run/docker.sock") else {
+                    continue;
+                };
                 conns.extend([client.try_clone().unwrap(), upstream.try_clone().unwrap()]);
                 forward_requests(client.try_clone().unwrap(), upstream.try_clone().unwrap(), s.clone());
                 pipe(upstream, client);
             }
         });
-        DockerProxy { dir, shared, accept: Some(accept) }
+        DockerProxy {
+            dir,
+            shared,
+            accept: Some(accept),
+        }
     }
 
     /// Value for `DOCKER_HOST`.
@@ -145,13 +168,17 @@ fn request_line(chunk: &[u8]) -> Option<(String, String)> {
     let line = chunk.split(|b| *b == b'\r').next()?;
     let mut parts = std::str::from_utf8(line).ok()?.split(' ');
     let (method, path, version) = (parts.next()?, parts.next()?, parts.next()?);
-    version.starts_with("HTTP/").then(|| (method.to_string(), path.to_string()))
+    version
+        .starts_with("HTTP/")
+        .then(|| (method.to_string(), path.to_string()))
 }
 
 /// The container id of a `…/containers/ID/start` path.
 fn started_container(path: &str) -> Option<String> {
     let rest = path.split('?').next()?.split_once("/containers/")?.1;
-    rest.strip_suffix("/start").filter(|id| !id.contains('/')).map(String::from)
+    rest.strip_suffix("/start")
+        .filter(|id| !id.contains('/'))
+        .map(String::from)
 }
 
 /// Client -> Docker, request by request (one write each: no client pipelines), holding and letting
@@ -172,7 +199,11 @@ fn forward_requests(mut from: UnixStream, mut to: UnixStream, s: Arc<ProxyShared
                     continue; // its sender waits for an answer that never comes
                 }
                 let mut held = s.held.lock().unwrap();
-                let names = |id: &str| path.split('?').next().is_some_and(|p| p.contains(&format!("/containers/{id}/")) || p.ends_with(&format!("/containers/{id}")));
+                let names = |id: &str| {
+                    path.split('?').next().is_some_and(|p| {
+                        p.contains(&format!("/containers/{id}/")) || p.ends_with(&format!("/containers/{id}"))
+                    })
+                };
                 if let Some(i) = held.iter().position(|(id, _)| names(id)) {
                     let (_, request) = held.remove(i);
                     drop(held);
@@ -230,7 +261,9 @@ impl ApiProxy {
                     break;
                 }
                 let Ok(client) = client else { continue };
-                let Ok(upstream) = UnixStream::connect(&engine) else { continue }; // no engine: hung up
+                let Ok(upstream) = UnixStream::connect(&engine) else {
+                    continue;
+                }; // no engine: hung up
                 pipe(client.try_clone().unwrap(), upstream.try_clone().unwrap());
                 if !s.lose.swap(false, Ordering::SeqCst) {
                     pipe(upstream, client);
@@ -250,7 +283,11 @@ impl ApiProxy {
                 });
             }
         });
-        ApiProxy { dir, shared, accept: Some(accept) }
+        ApiProxy {
+            dir,
+            shared,
+            accept: Some(accept),
+        }
     }
 
     /// For `gantry --state-dir`: its `gantry.sock` is the proxy.
@@ -322,7 +359,9 @@ pub fn ticker(n: u32, every: &str) -> String {
 
 /// The numbers of the `tick-N` lines in a log, in order (the command's own `tick-$i` is skipped).
 pub fn ticks(log: &str) -> Vec<u32> {
-    log.lines().filter_map(|l| l.rsplit_once("tick-").and_then(|(_, n)| n.trim_end().parse().ok())).collect()
+    log.lines()
+        .filter_map(|l| l.rsplit_once("tick-").and_then(|(_, n)| n.trim_end().parse().ok()))
+        .collect()
 }
 
 pub fn count(haystack: &str, needle: &str) -> usize {
@@ -334,7 +373,11 @@ impl Engine {
     pub fn wait_long(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
         let t = Instant::now();
         while !f() {
-            assert!(t.elapsed() < limit, "timed out after {limit:?} waiting for {what}\n{}", self.daemon_log());
+            assert!(
+                t.elapsed() < limit,
+                "timed out after {limit:?} waiting for {what}\n{}",
+                self.daemon_log()
+            );
             std::thread::sleep(Duration::from_millis(250));
         }
     }

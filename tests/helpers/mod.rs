@@ -28,7 +28,11 @@ pub fn bin() -> &'static str {
 pub fn ensure_image() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let have = Command::new("docker").args(["image", "inspect", IMAGE]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let have = Command::new("docker")
+            .args(["image", "inspect", IMAGE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         if have.map(|s| s.success()).unwrap_or(false) {
             return;
         }
@@ -41,12 +45,20 @@ pub fn ensure_image() {
             ))
             .status()
             .expect("run sh");
-        assert!(status.success(), "could not build {IMAGE}: is Docker running and busybox-static installed?");
+        assert!(
+            status.success(),
+            "could not build {IMAGE}: is Docker running and busybox-static installed?"
+        );
     });
 }
 
 pub fn gantry_in(state: &Path, args: &[&str]) -> Output {
-    Command::new(bin()).arg("--state-dir").arg(state).args(args).output().expect("run gantry")
+    Command::new(bin())
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        .output()
+        .expect("run gantry")
 }
 
 pub struct Engine {
@@ -74,7 +86,13 @@ impl Engine {
         // Other test users (setpriv) must reach the socket inside.
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let state = dir.path().join("state");
-        let mut args: Vec<String> = vec!["daemon".into(), "--stop-grace".into(), "2s".into(), "--retry-backoff".into(), "1s".into()];
+        let mut args: Vec<String> = vec![
+            "daemon".into(),
+            "--stop-grace".into(),
+            "2s".into(),
+            "--retry-backoff".into(),
+            "1s".into(),
+        ];
         if !extra.contains(&"--gpus") {
             args.extend(["--gpus".into(), "sim:2x24GiB".into()]);
         }
@@ -85,7 +103,14 @@ impl Engine {
         for a in args.iter_mut().filter(|a| a.starts_with("sim:") && !a.contains('@')) {
             a.push_str(&format!("@{machine}"));
         }
-        Engine { _dir: dir, state, args, child: None, engine_id: String::new(), env: vec![] }
+        Engine {
+            _dir: dir,
+            state,
+            args,
+            child: None,
+            engine_id: String::new(),
+            env: vec![],
+        }
     }
 
     /// `gantry daemon --system` with its `/var/lib/gantry` and `/run/gantry` under the temp dir.
@@ -118,9 +143,17 @@ impl Engine {
         if !system {
             std::fs::create_dir_all(&self.state).unwrap();
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.daemon_log_path()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.daemon_log_path())
+            .unwrap();
         let child = Command::new(bin())
-            .args(if system { vec![] } else { vec!["--state-dir".into(), self.state.clone()] })
+            .args(if system {
+                vec![]
+            } else {
+                vec!["--state-dir".into(), self.state.clone()]
+            })
             .args(&self.args)
             .envs(self.env.iter().cloned())
             .stdout(log.try_clone().unwrap())
@@ -131,7 +164,12 @@ impl Engine {
         let t = Instant::now();
         loop {
             let out = match system {
-                true => Command::new(bin()).args(["status", "--json"]).env("GANTRY_SYSTEM_SOCKET", self.system_socket()).env_remove("GANTRY_STATE_DIR").output().unwrap(),
+                true => Command::new(bin())
+                    .args(["status", "--json"])
+                    .env("GANTRY_SYSTEM_SOCKET", self.system_socket())
+                    .env_remove("GANTRY_STATE_DIR")
+                    .output()
+                    .unwrap(),
                 false => gantry_in(&self.state, &["status", "--json"]),
             };
             if out.status.success() && self.inbox().join("accepted").exists() {
@@ -164,7 +202,11 @@ impl Engine {
 
     /// The drop folder: `--inbox` when given, else `STATE/inbox`.
     pub fn inbox(&self) -> PathBuf {
-        self.args.iter().position(|a| a == "--inbox").map(|i| PathBuf::from(&self.args[i + 1])).unwrap_or_else(|| self.state.join("inbox"))
+        self.args
+            .iter()
+            .position(|a| a == "--inbox")
+            .map(|i| PathBuf::from(&self.args[i + 1]))
+            .unwrap_or_else(|| self.state.join("inbox"))
     }
 
     pub fn pid(&self) -> u32 {
@@ -173,7 +215,12 @@ impl Engine {
 
     pub fn gantry(&self, args: &[&str]) -> Output {
         match self.args.iter().any(|a| a == "--system") {
-            true => Command::new(bin()).env("GANTRY_SYSTEM_SOCKET", self.system_socket()).env_remove("GANTRY_STATE_DIR").args(args).output().expect("run gantry"),
+            true => Command::new(bin())
+                .env("GANTRY_SYSTEM_SOCKET", self.system_socket())
+                .env_remove("GANTRY_STATE_DIR")
+                .args(args)
+                .output()
+                .expect("run gantry"),
             false => gantry_in(&self.state, args),
         }
     }
@@ -181,7 +228,11 @@ impl Engine {
     /// Run the CLI as another user (uid = gid).
     pub fn gantry_as(&self, uid: u32, args: &[&str]) -> Output {
         Command::new("setpriv")
-            .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()])
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+            ])
             .arg(bin())
             .arg("--state-dir")
             .arg(&self.state)
@@ -192,7 +243,13 @@ impl Engine {
 
     /// Run the CLI as a real user (their uid, gid and supplementary groups).
     pub fn gantry_user(&self, u: &User, args: &[&str]) -> Output {
-        u.command(bin()).arg("--state-dir").arg(&self.state).args(args).current_dir("/").output().expect("run setpriv")
+        u.command(bin())
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(args)
+            .current_dir("/")
+            .output()
+            .expect("run setpriv")
     }
 
     /// `gantry --json ARGS` as a user; panics unless it succeeds.
@@ -200,7 +257,13 @@ impl Engine {
         let mut a = args.to_vec();
         a.push("--json");
         let out = self.gantry_user(u, &a);
-        assert!(out.status.success(), "gantry {args:?} as {} failed: {}\n{}", u.name, String::from_utf8_lossy(&out.stderr), self.daemon_log());
+        assert!(
+            out.status.success(),
+            "gantry {args:?} as {} failed: {}\n{}",
+            u.name,
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -208,7 +271,12 @@ impl Engine {
         let mut a = args.to_vec();
         a.push("--json");
         let out = self.gantry(&a);
-        assert!(out.status.success(), "gantry {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.daemon_log());
+        assert!(
+            out.status.success(),
+            "gantry {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -239,7 +307,11 @@ impl Engine {
     pub fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
         let t = Instant::now();
         while !f() {
-            assert!(t.elapsed() < WAIT, "timed out waiting for {what}\n{}", self.daemon_log());
+            assert!(
+                t.elapsed() < WAIT,
+                "timed out waiting for {what}\n{}",
+                self.daemon_log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -262,7 +334,10 @@ impl Engine {
         self.wait_until(&format!("job {id} to end"), || {
             last = self.show(id);
             ["succeeded", "failed", "cancelled", "timed_out"].contains(&last["job"]["state"].as_str().unwrap_or(""))
-                && last["attempts"].as_array().map(|a| a.iter().all(|a| !a["ended_at"].is_null())).unwrap_or(true)
+                && last["attempts"]
+                    .as_array()
+                    .map(|a| a.iter().all(|a| !a["ended_at"].is_null()))
+                    .unwrap_or(true)
         });
         last
     }
@@ -277,7 +352,12 @@ impl Engine {
         let mut found = String::new();
         self.wait_until(&format!("a file *{suffix} in {}", dir.display()), || {
             found = std::fs::read_dir(&dir)
-                .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).find(|n| n.ends_with(suffix)).unwrap_or_default())
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .find(|n| n.ends_with(suffix))
+                        .unwrap_or_default()
+                })
                 .unwrap_or_default();
             !found.is_empty()
         });
@@ -291,17 +371,28 @@ impl Engine {
 
     pub fn our_containers(&self) -> Vec<String> {
         let out = Command::new("docker")
-            .args(["ps", "-aq", "--filter", &format!("label=dev.gantry.engine={}", self.engine_id)])
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=dev.gantry.engine={}", self.engine_id),
+            ])
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect()
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
             let _ = c.wait();
         }
         let ids = self.our_containers();
@@ -310,6 +401,12 @@ impl Drop for Engine {
         }
         // Pinned mounts a stopped engine left (a job still ran): unmount them before the temp dir is
         // deleted, or its removal would reach into the users' mounted folders.
-        let _ = Command::new("sh").arg("-c").arg(format!("grep -o ' {0}/mnt/[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l", self.state.display())).output();
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep -o ' {0}/mnt/[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l",
+                self.state.display()
+            ))
+            .output();
     }
 }

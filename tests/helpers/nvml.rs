@@ -14,10 +14,23 @@ pub fn fake_nvml_lib() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         // target/debug/gantry -> target
-        let target = Path::new(bin()).parent().and_then(Path::parent).expect("the gantry binary lives in <target>/<profile>/");
+        let target = Path::new(bin())
+            .parent()
+            .and_then(Path::parent)
+            .expect("the gantry binary lives in <target>/<profile>/");
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml");
-        let out = Command::new("make").arg("-C").arg(&dir).arg(format!("TARGET_DIR={}", target.display())).output().expect("run make (build-essential)");
-        assert!(out.status.success(), "make -C tests/fake-nvml failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("make")
+            .arg("-C")
+            .arg(&dir)
+            .arg(format!("TARGET_DIR={}", target.display()))
+            .output()
+            .expect("run make (build-essential)");
+        assert!(
+            out.status.success(),
+            "make -C tests/fake-nvml failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         target.join("fake-nvml/libnvidia-ml.so.1")
     })
 }
@@ -38,14 +51,25 @@ impl FakeGpus {
     pub fn new() -> FakeGpus {
         static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let guard = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
-        let f = FakeGpus { dir: tempfile::Builder::new().prefix("gantry-fake-nvml-").tempdir().unwrap(), _one_machine: guard };
+        let f = FakeGpus {
+            dir: tempfile::Builder::new().prefix("gantry-fake-nvml-").tempdir().unwrap(),
+            _one_machine: guard,
+        };
         f.set(json!([]));
         f
     }
     /// A UUID for GPU `i` of this test only: engines treat GPUs that other engines' containers hold
     /// (by UUID) as busy, and tests run side by side.
     pub fn uuid(&self, i: u32) -> String {
-        let tag: String = self.dir.path().file_name().unwrap().to_string_lossy().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+        let tag: String = self
+            .dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
         format!("GPU-fake-{tag}-{i}")
     }
     pub fn path(&self) -> PathBuf {
@@ -77,7 +101,10 @@ pub fn require_gpu_docker() {
     static OK: OnceLock<Result<(), String>> = OnceLock::new();
     let r = OK.get_or_init(|| {
         super::ensure_image();
-        let out = Command::new("docker").args(["run", "--rm", "--gpus", "all", IMAGE, "true"]).output().expect("run docker");
+        let out = Command::new("docker")
+            .args(["run", "--rm", "--gpus", "all", IMAGE, "true"])
+            .output()
+            .expect("run docker");
         if out.status.success() {
             return Ok(());
         }
@@ -99,8 +126,10 @@ impl Engine {
         if let Some(i) = e.args.iter().position(|a| a == "--gpus") {
             e.args.drain(i..i + 2);
         }
-        e.env.push(("GANTRY_NVML_LIB".into(), fake_nvml_lib().display().to_string()));
-        e.env.push(("GANTRY_FAKE_NVML_CONFIG".into(), gpus.path().display().to_string()));
+        e.env
+            .push(("GANTRY_NVML_LIB".into(), fake_nvml_lib().display().to_string()));
+        e.env
+            .push(("GANTRY_FAKE_NVML_CONFIG".into(), gpus.path().display().to_string()));
         e.restart();
         e
     }

@@ -30,16 +30,33 @@ fn id_of(name: &str, flag: &str) -> Option<u32> {
 pub fn user(name: &str) -> User {
     let _g = USERADD.lock().unwrap_or_else(|p| p.into_inner());
     if id_of(name, "-u").is_none() {
-        let out = Command::new("useradd").args(["-m", "-U", "-s", "/bin/sh", name]).output().expect("run useradd");
-        assert!(out.status.success() || id_of(name, "-u").is_some(), "useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("useradd")
+            .args(["-m", "-U", "-s", "/bin/sh", name])
+            .output()
+            .expect("run useradd");
+        assert!(
+            out.status.success() || id_of(name, "-u").is_some(),
+            "useradd {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let home = PathBuf::from(format!("/home/{name}"));
     std::fs::create_dir_all(&home).unwrap();
-    let u = User { name: name.into(), uid: id_of(name, "-u").unwrap(), gid: id_of(name, "-g").unwrap(), home };
+    let u = User {
+        name: name.into(),
+        uid: id_of(name, "-u").unwrap(),
+        gid: id_of(name, "-g").unwrap(),
+        home,
+    };
     chown(&u.home, u.uid, u.gid);
     chmod(&u.home, 0o700);
     let groups = Command::new("id").args(["-nG", name]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&groups.stdout).split_whitespace().any(|g| g == "docker"), "{name} must not be in the docker group");
+    assert!(
+        !String::from_utf8_lossy(&groups.stdout)
+            .split_whitespace()
+            .any(|g| g == "docker"),
+        "{name} must not be in the docker group"
+    );
     u
 }
 
@@ -47,8 +64,15 @@ pub fn user(name: &str) -> User {
 pub fn add_to_group(user: &User, group: &str) {
     let _g = USERADD.lock().unwrap_or_else(|p| p.into_inner());
     let _ = Command::new("groupadd").arg("-f").arg(group).output();
-    let out = Command::new("usermod").args(["-a", "-G", group, &user.name]).output().unwrap();
-    assert!(out.status.success(), "usermod: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("usermod")
+        .args(["-a", "-G", group, &user.name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "usermod: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn chown(p: &Path, uid: u32, gid: u32) {
@@ -63,22 +87,35 @@ impl User {
     /// `program` run as this user (real uid, gid and supplementary groups).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("setpriv");
-        c.args([format!("--reuid={}", self.uid), format!("--regid={}", self.gid), "--init-groups".into()])
-            .arg(program)
-            .env("HOME", &self.home)
-            .env("USER", &self.name)
-            .env_remove("XDG_STATE_HOME");
+        c.args([
+            format!("--reuid={}", self.uid),
+            format!("--regid={}", self.gid),
+            "--init-groups".into(),
+        ])
+        .arg(program)
+        .env("HOME", &self.home)
+        .env("USER", &self.name)
+        .env_remove("XDG_STATE_HOME");
         c
     }
 
     /// `sh -c script` as this user.
     pub fn sh(&self, script: &str) -> Output {
-        self.command("sh").arg("-c").arg(script).current_dir("/").output().expect("run setpriv")
+        self.command("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir("/")
+            .output()
+            .expect("run setpriv")
     }
 
     /// A fresh directory `~/<tag>-<random>` owned by the user (mode 700), for one test's files.
     pub fn private_dir(&self, tag: &str) -> PathBuf {
-        let d = tempfile::Builder::new().prefix(&format!("{tag}-")).tempdir_in(&self.home).unwrap().keep();
+        let d = tempfile::Builder::new()
+            .prefix(&format!("{tag}-"))
+            .tempdir_in(&self.home)
+            .unwrap()
+            .keep();
         chown(&d, self.uid, self.gid);
         chmod(&d, 0o700);
         d

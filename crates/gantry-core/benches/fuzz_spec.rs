@@ -22,34 +22,193 @@ use gantry_core::spec::{self, Format, Origin, ValidJob};
 use serde_json::{json, Map, Value};
 
 /// Every documented field.
-const FIELDS: &[&str] =
-    &["name", "image", "command", "workdir", "env", "mounts", "gpus", "gpu_memory", "priority", "timeout", "retries", "expected_runtime", "after", "matrix"];
+const FIELDS: &[&str] = &[
+    "name",
+    "image",
+    "command",
+    "workdir",
+    "env",
+    "mounts",
+    "gpus",
+    "gpu_memory",
+    "priority",
+    "timeout",
+    "retries",
+    "expected_runtime",
+    "after",
+    "matrix",
+];
 
 const STRINGS: &[&str] = &[
-    "", " ", "a", "busybox", "gantry-test/busybox:1", "a b", "\t", "\u{0}", "é", "日本語", "\u{202e}evil", "\u{feff}", "\x1b[31mred", "\r\n", "'",
-    "\"", "#", ":", "- ", "{", "[", "*a", "&a", "!!binary", "~", "null", "true", "0x10", "1e999", "-0", "NaN", ".inf", "{lr}", "{config}",
-    "{config}{config}", "../..", "/", "a:b:c", "${HOME}", "%s%n", "\\", "\u{10ffff}",
+    "",
+    " ",
+    "a",
+    "busybox",
+    "gantry-test/busybox:1",
+    "a b",
+    "\t",
+    "\u{0}",
+    "é",
+    "日本語",
+    "\u{202e}evil",
+    "\u{feff}",
+    "\x1b[31mred",
+    "\r\n",
+    "'",
+    "\"",
+    "#",
+    ":",
+    "- ",
+    "{",
+    "[",
+    "*a",
+    "&a",
+    "!!binary",
+    "~",
+    "null",
+    "true",
+    "0x10",
+    "1e999",
+    "-0",
+    "NaN",
+    ".inf",
+    "{lr}",
+    "{config}",
+    "{config}{config}",
+    "../..",
+    "/",
+    "a:b:c",
+    "${HOME}",
+    "%s%n",
+    "\\",
+    "\u{10ffff}",
 ];
-const INTS: &[i64] = &[0, 1, -1, 2, 63, 64, 65, 100, 101, 1000, i32::MAX as i64, i32::MIN as i64, i32::MAX as i64 + 1, i64::MAX, i64::MIN];
+const INTS: &[i64] = &[
+    0,
+    1,
+    -1,
+    2,
+    63,
+    64,
+    65,
+    100,
+    101,
+    1000,
+    i32::MAX as i64,
+    i32::MIN as i64,
+    i32::MAX as i64 + 1,
+    i64::MAX,
+    i64::MIN,
+];
 const SIZES: &[&str] = &[
-    "20GiB", "0", "1", "1.5T", "512 MiB", "99999999999999999999TiB", "1e309", "-1G", ".5G", "5.G", "NaN", "inf", "GiB", "1..2G", " 3 g ", "18446744073709551616",
-    "0.0000001K", "١٢GiB",
+    "20GiB",
+    "0",
+    "1",
+    "1.5T",
+    "512 MiB",
+    "99999999999999999999TiB",
+    "1e309",
+    "-1G",
+    ".5G",
+    "5.G",
+    "NaN",
+    "inf",
+    "GiB",
+    "1..2G",
+    " 3 g ",
+    "18446744073709551616",
+    "0.0000001K",
+    "١٢GiB",
 ];
 const DURATIONS: &[&str] = &[
-    "24h", "0s", "1ns", "90m", "1h 30m", "18446744073709551615s", "584942417355y", "300000000y", "99999999999999h", "1y", "-1s", "1.5h", "1h1h1h", "", "  ",
+    "24h",
+    "0s",
+    "1ns",
+    "90m",
+    "1h 30m",
+    "18446744073709551615s",
+    "584942417355y",
+    "300000000y",
+    "99999999999999h",
+    "1y",
+    "-1s",
+    "1.5h",
+    "1h1h1h",
+    "",
+    "  ",
     "1 fortnight",
 ];
 const HOSTS: &[&str] = &[
-    "/data", "rel", "../../etc", "/var/run/docker.sock", "/a/../var/run/docker.sock", "", "/", "//x", "/x/./y", "~", "/run/containerd/x",
-    "x/../../../../", "/srv/g/gantry.sock", "/tmp/\u{0}", "/é",
+    "/data",
+    "rel",
+    "../../etc",
+    "/var/run/docker.sock",
+    "/a/../var/run/docker.sock",
+    "",
+    "/",
+    "//x",
+    "/x/./y",
+    "~",
+    "/run/containerd/x",
+    "x/../../../../",
+    "/srv/g/gantry.sock",
+    "/tmp/\u{0}",
+    "/é",
 ];
 const CONTAINERS: &[&str] = &["/d", "d", "", "/", "/a:b", "/gantry/config/x"];
 const MODES: &[&str] = &["ro", "rw", "xx", "", "ro:ro"];
 /// Syntax pieces for mutations.
 const TOKENS: &[&str] = &[
-    ":", ": ", "- ", "[", "]", "{", "}", "\"", "'", "#", "&a ", "*a", "!!str ", "!!int ", "\n", "\t", "  ", "=", " = ", "[[x]]\n", "[x]\n", "\"\"\"", "'''",
-    "\\u0000", "\\", "é", "\u{feff}", "---\n", "...\n", "%YAML 1.2\n", "<<: *a\n", "? ", "|\n", ">-\n", "0x", "1e", "-", "inf", ".nan", "~", ",", "0o7",
-    "1979-05-27T07:32:00Z", "\r", "\u{0}", "{config}", "{lr}", "image: a\n", "image = \"a\"\n", "matrix:\n  a: [1, 2]\n",
+    ":",
+    ": ",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    "\"",
+    "'",
+    "#",
+    "&a ",
+    "*a",
+    "!!str ",
+    "!!int ",
+    "\n",
+    "\t",
+    "  ",
+    "=",
+    " = ",
+    "[[x]]\n",
+    "[x]\n",
+    "\"\"\"",
+    "'''",
+    "\\u0000",
+    "\\",
+    "é",
+    "\u{feff}",
+    "---\n",
+    "...\n",
+    "%YAML 1.2\n",
+    "<<: *a\n",
+    "? ",
+    "|\n",
+    ">-\n",
+    "0x",
+    "1e",
+    "-",
+    "inf",
+    ".nan",
+    "~",
+    ",",
+    "0o7",
+    "1979-05-27T07:32:00Z",
+    "\r",
+    "\u{0}",
+    "{config}",
+    "{lr}",
+    "image: a\n",
+    "image = \"a\"\n",
+    "matrix:\n  a: [1, 2]\n",
 ];
 
 /// The seeds for mutation: valid specs in both syntaxes, using every feature.
@@ -89,7 +248,9 @@ fn gen_string(r: &mut Rng) -> String {
     match r.below(4) {
         0 => r.pick(STRINGS).to_string(),
         1 => r.pick(STRINGS).repeat(1 + r.below(300)),
-        2 => (0..r.below(40)).map(|_| char::from_u32(r.below(0x11_0000) as u32).unwrap_or('x')).collect(),
+        2 => (0..r.below(40))
+            .map(|_| char::from_u32(r.below(0x11_0000) as u32).unwrap_or('x'))
+            .collect(),
         _ => format!("{}{}", r.pick(STRINGS), r.pick(STRINGS)),
     }
 }
@@ -109,7 +270,11 @@ fn gen_any(r: &mut Rng, depth: u32) -> Value {
     match if depth > 2 { 0 } else { r.below(3) } {
         0 => gen_scalar(r),
         1 => Value::Array((0..r.below(4)).map(|_| gen_any(r, depth + 1)).collect()),
-        _ => Value::Object((0..r.below(4)).map(|_| (gen_string(r), gen_any(r, depth + 1))).collect()),
+        _ => Value::Object(
+            (0..r.below(4))
+                .map(|_| (gen_string(r), gen_any(r, depth + 1)))
+                .collect(),
+        ),
     }
 }
 
@@ -133,12 +298,31 @@ fn gen_field(r: &mut Rng, field: &str) -> Value {
         "gpus" | "priority" | "retries" => json!(*r.pick(INTS)),
         "gpu_memory" => json!(r.pick(SIZES)),
         "timeout" | "expected_runtime" => json!(r.pick(DURATIONS)),
-        "after" => Value::Array((0..r.below(4)).map(|_| if r.chance(50) { json!(*r.pick(INTS)) } else { json!(gen_string(r)) }).collect()),
+        "after" => Value::Array(
+            (0..r.below(4))
+                .map(|_| {
+                    if r.chance(50) {
+                        json!(*r.pick(INTS))
+                    } else {
+                        json!(gen_string(r))
+                    }
+                })
+                .collect(),
+        ),
         "matrix" => {
             // 64 keys of 2 values: 2^64 combinations, which wraps a usize product to 0.
             let keys = *r.pick(&[0usize, 1, 2, 3, 10, 40, 63, 64, 65, 70]);
             let width = 1 + r.below(3);
-            Value::Object((0..keys).map(|k| (format!("k{k}"), Value::Array((0..width).map(|_| gen_scalar(r)).collect()))).collect())
+            Value::Object(
+                (0..keys)
+                    .map(|k| {
+                        (
+                            format!("k{k}"),
+                            Value::Array((0..width).map(|_| gen_scalar(r)).collect()),
+                        )
+                    })
+                    .collect(),
+            )
         }
         _ => json!(gen_string(r)),
     }
@@ -193,7 +377,12 @@ fn mutate(r: &mut Rng, corpus: &[String]) -> String {
             }
             5 => b.truncate(at),
             _ => {
-                let line = format!("{}{}{}\n", r.pick(FIELDS), r.pick(&[": ", " = ", ":", "="]), gen_scalar(r));
+                let line = format!(
+                    "{}{}{}\n",
+                    r.pick(FIELDS),
+                    r.pick(&[": ", " = ", ":", "="]),
+                    gen_scalar(r)
+                );
                 b.splice(at..at, line.into_bytes());
             }
         }
@@ -218,20 +407,47 @@ fn nasty() -> Vec<(String, String)> {
     for n in [1_000, 10_000, 30_000] {
         v.push((format!("{n} nested ["), format!("image: {}", "[".repeat(n))));
         v.push((format!("{n} nested {{"), format!("image: a\nenv: {}", "{a: ".repeat(n))));
-        v.push((format!("{n} nested TOML arrays"), format!("image = \"a\"\nafter = {}", "[".repeat(n))));
-        v.push((format!("{n} nested TOML inline tables"), format!("image = \"a\"\nenv = {}", "{a = ".repeat(n))));
+        v.push((
+            format!("{n} nested TOML arrays"),
+            format!("image = \"a\"\nafter = {}", "[".repeat(n)),
+        ));
+        v.push((
+            format!("{n} nested TOML inline tables"),
+            format!("image = \"a\"\nenv = {}", "{a = ".repeat(n)),
+        ));
     }
-    v.push(("1400 nested block lists".into(), (0..1_400).map(|i| format!("{}- \n", " ".repeat(i))).collect()));
+    v.push((
+        "1400 nested block lists".into(),
+        (0..1_400).map(|i| format!("{}- \n", " ".repeat(i))).collect(),
+    ));
     let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
     for i in 1..12 {
-        let _ = writeln!(bomb, "{}: &{} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]", (b'a' + i) as char, (b'a' + i) as char, p = (b'a' + i - 1) as char);
+        let _ = writeln!(
+            bomb,
+            "{}: &{} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]",
+            (b'a' + i) as char,
+            (b'a' + i) as char,
+            p = (b'a' + i - 1) as char
+        );
     }
     bomb.push_str("image: a\nmatrix: {k: *l}\n");
     v.push(("alias bomb (10^12 elements)".into(), bomb));
     v.push(("1 MiB line".into(), format!("image: {}\n", "a".repeat(1 << 20))));
-    v.push(("1 MiB of keys".into(), (0..60_000).map(|i| format!("k{i}: 1\n")).collect()));
-    v.push(("100k matrix values".into(), format!("image: a\nmatrix:\n  k: [{}]\n", vec!["1"; 100_000].join(","))));
-    v.push(("64 matrix keys x 2".into(), format!("image: a\nmatrix:\n{}", (0..64).map(|k| format!("  k{k}: [1, 2]\n")).collect::<String>())));
+    v.push((
+        "1 MiB of keys".into(),
+        (0..60_000).map(|i| format!("k{i}: 1\n")).collect(),
+    ));
+    v.push((
+        "100k matrix values".into(),
+        format!("image: a\nmatrix:\n  k: [{}]\n", vec!["1"; 100_000].join(",")),
+    ));
+    v.push((
+        "64 matrix keys x 2".into(),
+        format!(
+            "image: a\nmatrix:\n{}",
+            (0..64).map(|k| format!("  k{k}: [1, 2]\n")).collect::<String>()
+        ),
+    ));
     // The engine reads at most MAX_SPEC_BYTES of a spec.
     for (_, t) in v.iter_mut() {
         let mut end = t.len().min(spec::MAX_SPEC_BYTES as usize);
@@ -253,18 +469,29 @@ fn check(text: &str, origin: &Origin) -> Vec<Problem> {
         let t0 = Instant::now();
         let parsed = spec::validate_text(text, format, origin);
         if t0.elapsed() > SLOW {
-            bad.push((format!("slow {format:?} parse"), format!("validate_text took {:.1?} for {} bytes", t0.elapsed(), text.len())));
+            bad.push((
+                format!("slow {format:?} parse"),
+                format!("validate_text took {:.1?} for {} bytes", t0.elapsed(), text.len()),
+            ));
         }
         match parsed {
             Ok(job) => check_valid(&job, &mut bad),
             Err(e) => {
                 // YAML also breaks lines at a lone CR, and reports an unexpected end one line further.
-                let lines = text.replace("\r\n", "\n").chars().filter(|c| matches!(c, '\n' | '\r')).count() + 2;
+                let lines = text
+                    .replace("\r\n", "\n")
+                    .chars()
+                    .filter(|c| matches!(c, '\n' | '\r'))
+                    .count()
+                    + 2;
                 if e.message.trim().is_empty() {
                     bad.push((format!("{format:?} error without a message"), format!("{e:?}")));
                 }
                 if e.line.is_some_and(|l| l == 0 || l > lines) {
-                    bad.push((format!("{format:?} error line out of range"), format!("line {:?} of {lines}: {e}", e.line)));
+                    bad.push((
+                        format!("{format:?} error line out of range"),
+                        format!("line {:?} of {lines}: {e}", e.line),
+                    ));
                 }
                 let _ = e.to_string();
             }
@@ -287,38 +514,83 @@ fn check_valid(job: &ValidJob, bad: &mut Vec<Problem>) {
         }
     };
     rule(job.gpus > 64, "accepted gpus > 64", format!("gpus {}", job.gpus));
-    rule(job.retries > 100, "accepted retries > 100", format!("retries {}", job.retries));
-    rule(job.name.trim().is_empty(), "accepted an empty name", format!("name {:?}", job.name));
+    rule(
+        job.retries > 100,
+        "accepted retries > 100",
+        format!("retries {}", job.retries),
+    );
+    rule(
+        job.name.trim().is_empty(),
+        "accepted an empty name",
+        format!("name {:?}", job.name),
+    );
     let chars = job.name.chars().count();
-    rule(chars > gantry_core::spec::MAX_NAME_CHARS, "accepted a name over the length limit", format!("{chars} characters"));
-    rule(s.image.trim().is_empty(), "accepted an empty image", format!("image {:?}", s.image));
+    rule(
+        chars > gantry_core::spec::MAX_NAME_CHARS,
+        "accepted a name over the length limit",
+        format!("{chars} characters"),
+    );
+    rule(
+        s.image.trim().is_empty(),
+        "accepted an empty image",
+        format!("image {:?}", s.image),
+    );
     for m in &job.mounts {
-        let normal = m.host.starts_with('/') && !m.host.split('/').any(|c| c == ".." || c == ".") && m.container.starts_with('/');
-        rule(!normal, "accepted a mount that is not absolute and normalized", format!("{m:?}"));
-        let engine = ["/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/var/run/containerd"].iter().any(|f| m.host.starts_with(f));
+        let normal = m.host.starts_with('/')
+            && !m.host.split('/').any(|c| c == ".." || c == ".")
+            && m.container.starts_with('/');
+        rule(
+            !normal,
+            "accepted a mount that is not absolute and normalized",
+            format!("{m:?}"),
+        );
+        let engine = [
+            "/var/run/docker.sock",
+            "/run/docker.sock",
+            "/run/containerd",
+            "/var/run/containerd",
+        ]
+        .iter()
+        .any(|f| m.host.starts_with(f));
         rule(engine, "accepted a mount of the container engine", format!("{m:?}"));
     }
     // The store keeps milliseconds as i64 (`as i64`, wrapping) and the engine adds them to "now".
     let now_ms = 1_800_000_000_000u128;
     for (what, d) in [("timeout", job.timeout), ("expected_runtime", job.expected_runtime)] {
         if let Some(d) = d.filter(|d| d.as_millis() + now_ms > i64::MAX as u128) {
-            rule(true, &format!("accepted a {what} that overflows i64 milliseconds"), format!("{d:?} = {} ms", d.as_millis()));
+            rule(
+                true,
+                &format!("accepted a {what} that overflows i64 milliseconds"),
+                format!("{d:?} = {} ms", d.as_millis()),
+            );
         }
     }
     let combos = s.matrix.values().try_fold(1usize, |acc, v| acc.checked_mul(v.len()));
     match combos {
         Some(c) if c <= 1000 => {
             let jobs = spec::expand(job);
-            rule(jobs.len() != c, "expand made the wrong number of jobs", format!("{} jobs for {c} combinations", jobs.len()));
+            rule(
+                jobs.len() != c,
+                "expand made the wrong number of jobs",
+                format!("{} jobs for {c} combinations", jobs.len()),
+            );
             for j in jobs {
                 // The store keeps each job as JSON and reads it back for every later step.
                 let back = serde_json::to_string(&j).map(|t| serde_json::from_str::<ValidJob>(&t));
                 if !matches!(&back, Ok(Ok(b)) if *b == j) {
-                    rule(true, "an accepted job does not survive the store's JSON round trip", format!("{back:?}"));
+                    rule(
+                        true,
+                        "an accepted job does not survive the store's JSON round trip",
+                        format!("{back:?}"),
+                    );
                 }
             }
         }
-        _ => rule(true, "accepted a matrix over 1000 combinations", combos.map_or("more than 2^64".into(), |c| c.to_string())),
+        _ => rule(
+            true,
+            "accepted a matrix over 1000 combinations",
+            combos.map_or("more than 2^64".into(), |c| c.to_string()),
+        ),
     }
 }
 
@@ -346,10 +618,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let seconds: u64 = args.first().map(|s| s.parse().expect("SECONDS")).unwrap_or(60);
     let seed: u64 = args.get(1).map(|s| s.parse().expect("SEED")).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1
     });
     let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fuzz-spec");
-    println!("fuzz-spec: {seconds} s, seed {seed}; crashes go to {}", out_dir.display());
+    println!(
+        "fuzz-spec: {seconds} s, seed {seed}; crashes go to {}",
+        out_dir.display()
+    );
     let panic_msg: Arc<Mutex<String>> = Arc::default();
     {
         let m = panic_msg.clone();
@@ -366,28 +645,42 @@ fn main() {
         let mut findings: BTreeMap<String, (u64, String, String)> = BTreeMap::new();
         let origins = [
             Origin::default(),
-            Origin { file_name: Some("x.yaml".into()), base_dir: Some("/home/u/specs".into()) },
-            Origin { file_name: Some(format!("{}.toml", "n".repeat(250))), base_dir: Some("/".into()) },
-            Origin { file_name: Some(".yaml".into()), base_dir: None },
+            Origin {
+                file_name: Some("x.yaml".into()),
+                base_dir: Some("/home/u/specs".into()),
+            },
+            Origin {
+                file_name: Some(format!("{}.toml", "n".repeat(250))),
+                base_dir: Some("/".into()),
+            },
+            Origin {
+                file_name: Some(".yaml".into()),
+                base_dir: None,
+            },
         ];
-        let run = |what: &str, text: &str, origin: &Origin, findings: &mut BTreeMap<String, (u64, String, String)>| -> bool {
-            CURRENT_LEN.store(text.len(), Ordering::SeqCst);
-            CURRENT.store(text.as_ptr() as *mut u8, Ordering::SeqCst);
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| check(text, origin)));
-            let problems = result.unwrap_or_else(|_| {
-                let msg = panic_msg.lock().unwrap().clone();
-                vec![(format!("PANIC {}", msg.lines().next().unwrap_or("")), msg)]
-            });
-            let ok = problems.is_empty();
-            for (kind, detail) in problems {
-                let f = findings.entry(kind.clone()).or_insert_with(|| {
-                    println!("FOUND ({what}): {kind}: {detail}\n  input ({} bytes): {:?}", text.len(), text.chars().take(300).collect::<String>());
-                    (0, detail, text.to_string())
+        let run =
+            |what: &str, text: &str, origin: &Origin, findings: &mut BTreeMap<String, (u64, String, String)>| -> bool {
+                CURRENT_LEN.store(text.len(), Ordering::SeqCst);
+                CURRENT.store(text.as_ptr() as *mut u8, Ordering::SeqCst);
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| check(text, origin)));
+                let problems = result.unwrap_or_else(|_| {
+                    let msg = panic_msg.lock().unwrap().clone();
+                    vec![(format!("PANIC {}", msg.lines().next().unwrap_or("")), msg)]
                 });
-                f.0 += 1;
-            }
-            ok
-        };
+                let ok = problems.is_empty();
+                for (kind, detail) in problems {
+                    let f = findings.entry(kind.clone()).or_insert_with(|| {
+                        println!(
+                            "FOUND ({what}): {kind}: {detail}\n  input ({} bytes): {:?}",
+                            text.len(),
+                            text.chars().take(300).collect::<String>()
+                        );
+                        (0, detail, text.to_string())
+                    });
+                    f.0 += 1;
+                }
+                ok
+            };
         for (what, text) in nasty() {
             let t0 = Instant::now();
             tried += 1;
@@ -424,7 +717,11 @@ fn main() {
     println!("fuzz-spec: {tried} inputs tried ({valid} valid YAML specs), seed {seed}");
     for (i, (kind, (n, detail, input))) in findings.iter().enumerate() {
         println!("  {n:>8} x {kind}");
-        std::fs::write(out_dir.join(format!("finding-{i}.txt")), format!("{kind}\n{detail}\n---- input ----\n{input}")).unwrap();
+        std::fs::write(
+            out_dir.join(format!("finding-{i}.txt")),
+            format!("{kind}\n{detail}\n---- input ----\n{input}"),
+        )
+        .unwrap();
     }
     if !findings.is_empty() {
         std::process::exit(1);

@@ -22,16 +22,18 @@ use crate::engine::submit::{Spec, Submission};
 use crate::engine::{Engine, EngineError};
 use crate::inbox::user_name;
 use crate::inbox::users::Registry;
+use crate::notify::{Notifier, NotifyError};
 use crate::protocol::routes::{
-    ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST,
-    OPEN, QUEUE_PAGE, PRIORITY, RELEASE, RERUN, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
+    ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD,
+    INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PRIORITY, QUEUE_PAGE, RELEASE, RERUN,
+    STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
-    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, JobView, LogQuery, PriorityRequest, QueuePageQuery,
-    Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
+    ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState,
+    JobView, LogQuery, PriorityRequest, QueuePageQuery, Range, RecentSample, Since, StatusInfo, SubmitRequest,
+    Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
 use crate::protocol::{NotifyAdd, NotifyDelivery, NotifyLogQuery, Subscription, UsageCharts, UsageChartsQuery};
-use crate::notify::{Notifier, NotifyError};
 use crate::spec::ValidJob;
 use crate::store::{Job, Owner};
 
@@ -46,7 +48,10 @@ impl Peer {
     fn of(stream: &UnixStream) -> Peer {
         let cred = stream.peer_cred().ok();
         // No credentials: treat as "nobody", which owns nothing.
-        Peer { uid: cred.map(|c| c.uid()).unwrap_or(NOBODY), gid: cred.map(|c| c.gid()).unwrap_or(NOBODY) }
+        Peer {
+            uid: cred.map(|c| c.uid()).unwrap_or(NOBODY),
+            gid: cred.map(|c| c.gid()).unwrap_or(NOBODY),
+        }
     }
 }
 
@@ -64,7 +69,10 @@ pub struct Viewer {
 
 impl Viewer {
     pub fn of(policy: &crate::policy::Policy, uid: u32) -> Viewer {
-        Viewer { uid, sees_everyones: policy.sees_everyones(uid) }
+        Viewer {
+            uid,
+            sees_everyones: policy.sees_everyones(uid),
+        }
     }
     pub fn may_see_private(&self, owner: u32) -> bool {
         self.sees_everyones || self.uid == owner
@@ -77,15 +85,53 @@ impl JobView {
         // Destructured field by field: a new `Job` field does not compile until someone decides
         // whether it is public.
         let Job {
-            id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, job, state, source,
-            submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message,
+            id,
+            name,
+            owner_uid,
+            owner_gid,
+            owner,
+            image,
+            gpus,
+            gpu_memory,
+            priority,
+            retries,
+            timeout_ms,
+            job,
+            state,
+            source,
+            submitted_at,
+            not_before,
+            started_at,
+            finished_at,
+            exit_code,
+            attempts,
+            cancel_requested,
+            message,
         } = j;
         let shown = viewer.may_see_private(owner_uid);
         JobView {
-            id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms,
+            id,
+            name,
+            owner_uid,
+            owner_gid,
+            owner,
+            image,
+            gpus,
+            gpu_memory,
+            priority,
+            retries,
+            timeout_ms,
             job: shown.then_some(job),
             spec_hidden: !shown,
-            state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested,
+            state,
+            source,
+            submitted_at,
+            not_before,
+            started_at,
+            finished_at,
+            exit_code,
+            attempts,
+            cancel_requested,
             message: message.filter(|_| shown),
         }
     }
@@ -96,8 +142,22 @@ impl JobDetailView {
         let shown = viewer.may_see_private(d.job.owner_uid);
         JobDetailView {
             job: JobView::new(d.job, viewer),
-            attempts: d.attempts.into_iter().map(|a| Attempt { message: a.message.filter(|_| shown), ..a }).collect(),
-            events: d.events.into_iter().map(|e| Event { message: e.message.filter(|_| shown), ..e }).collect(),
+            attempts: d
+                .attempts
+                .into_iter()
+                .map(|a| Attempt {
+                    message: a.message.filter(|_| shown),
+                    ..a
+                })
+                .collect(),
+            events: d
+                .events
+                .into_iter()
+                .map(|e| Event {
+                    message: e.message.filter(|_| shown),
+                    ..e
+                })
+                .collect(),
             reason: d.reason,
         }
     }
@@ -111,12 +171,17 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// After a failed accept (e.g. EMFILE), wait this long instead of spinning on the error.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-
 struct Failure(StatusCode, ApiError);
 
 impl Failure {
     fn forbidden(error: String) -> Failure {
-        Failure(StatusCode::FORBIDDEN, ApiError { error, spec_error: None })
+        Failure(
+            StatusCode::FORBIDDEN,
+            ApiError {
+                error,
+                spec_error: None,
+            },
+        )
     }
 }
 
@@ -137,11 +202,20 @@ impl From<EngineError> for Failure {
             EngineError::BookingRefused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let spec_error = if let EngineError::Spec(s) = &e { Some(s.clone()) } else { None };
-        Failure(status, ApiError { error: e.to_string(), spec_error })
+        let spec_error = if let EngineError::Spec(s) = &e {
+            Some(s.clone())
+        } else {
+            None
+        };
+        Failure(
+            status,
+            ApiError {
+                error: e.to_string(),
+                spec_error,
+            },
+        )
     }
 }
-
 
 type E = State<Arc<Engine>>;
 type Res<T> = Result<Json<T>, Failure>;
@@ -184,7 +258,11 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .with_state(engine)
 }
 
-async fn status(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Json<StatusInfo> {
+async fn status(
+    State(e): E,
+    Extension(inboxes): Extension<Arc<Registry>>,
+    ConnectInfo(p): ConnectInfo<Peer>,
+) -> Json<StatusInfo> {
     let g = e.gpu_status();
     let h = e.health();
     Json(StatusInfo {
@@ -213,8 +291,18 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
     let owner = owner_of(&p);
     // Mounts are checked by helper processes that may wait on a slow file system: off the async workers.
     let ids = tokio::task::spawn_blocking(move || {
-        let spec = Spec::File { text: &r.text, file_name: &r.file_name, base_dir: r.base_dir.clone() };
-        e.submit(Submission { spec, owner: &owner, source: r.origin.source(&r.file_name), source_key: None, idempotency_key: r.idempotency_key.as_deref() })
+        let spec = Spec::File {
+            text: &r.text,
+            file_name: &r.file_name,
+            base_dir: r.base_dir.clone(),
+        };
+        e.submit(Submission {
+            spec,
+            owner: &owner,
+            source: r.origin.source(&r.file_name),
+            source_key: None,
+            idempotency_key: r.idempotency_key.as_deref(),
+        })
     })
     .await
     .map_err(|err| EngineError::Fatal(format!("submit crashed: {err}")))??;
@@ -225,25 +313,41 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
 /// fields, so every caller gets the same list (no spec, env, messages or output to hide). Written
 /// by the engine straight from the queue in memory (a deep queue is tens of MB of JSON).
 async fn queue(State(e): E) -> Result<Response, Failure> {
-    let body = tokio::task::spawn_blocking(move || e.queue_json()).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
+    let body = tokio::task::spawn_blocking(move || e.queue_json())
+        .await
+        .map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// `gantry ls`'s page of the queue: public rows only, as [`queue`]; the caller's own jobs among them.
-async fn queue_page(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<QueuePageQuery>) -> Result<Response, Failure> {
-    let body = tokio::task::spawn_blocking(move || e.queue_page_json(q.limit, p.uid)).await.map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
+async fn queue_page(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Query(q): Query<QueuePageQuery>,
+) -> Result<Response, Failure> {
+    let body = tokio::task::spawn_blocking(move || e.queue_page_json(q.limit, p.uid))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("listing the queue crashed: {err}")))??;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn job(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobDetailView> {
-    Ok(Json(JobDetailView::new(e.job_detail(id)?, Viewer::of(&e.policy(), p.uid))))
+    Ok(Json(JobDetailView::new(
+        e.job_detail(id)?,
+        Viewer::of(&e.policy(), p.uid),
+    )))
 }
 
 async fn cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<JobState> {
     Ok(Json(e.cancel(id, p.uid)?))
 }
 
-async fn priority(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<PriorityRequest>) -> Res<bool> {
+async fn priority(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+    Json(r): Json<PriorityRequest>,
+) -> Res<bool> {
     Ok(Json(e.set_priority(id, r.priority, p.uid)?))
 }
 
@@ -280,14 +384,22 @@ async fn usage(State(e): E, Query(q): Query<UsageQuery>) -> Res<UsageReport> {
 
 /// GPU-hours per user per day and GPU utilization by hour of day since `since_ms` (public, like `usage`).
 async fn usage_charts(State(e): E, Query(q): Query<UsageChartsQuery>) -> Res<UsageCharts> {
-    let r = tokio::task::spawn_blocking(move || e.usage_charts(q.since_ms, q.bucket_ms, q.tz_offset_min)).await.map_err(|err| EngineError::Fatal(format!("usage charts crashed: {err}")))??;
+    let r = tokio::task::spawn_blocking(move || e.usage_charts(q.since_ms, q.bucket_ms, q.tz_offset_min))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("usage charts crashed: {err}")))??;
     Ok(Json(r))
 }
 
 impl From<NotifyError> for Failure {
     fn from(e: NotifyError) -> Self {
         match e {
-            NotifyError::Refused(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, ApiError { error: m, spec_error: None }),
+            NotifyError::Refused(m) => Failure(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ApiError {
+                    error: m,
+                    spec_error: None,
+                },
+            ),
             NotifyError::Forbidden(m) => Failure::forbidden(m),
             NotifyError::Engine(e) => e.into(),
             NotifyError::Store(e) => EngineError::Store(e).into(),
@@ -299,51 +411,114 @@ type N = Extension<Arc<Notifier>>;
 
 /// The caller's notification targets (and the lab's webhooks, which everyone may see).
 async fn notify_list(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<Subscription>> {
-    Ok(Json(tokio::task::spawn_blocking(move || n.list(p.uid)).await.map_err(|err| EngineError::Fatal(format!("notify ls crashed: {err}")))??))
+    Ok(Json(
+        tokio::task::spawn_blocking(move || n.list(p.uid))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("notify ls crashed: {err}")))??,
+    ))
 }
 
 /// Subscribe the caller (never anyone else: the target is theirs, and only their jobs reach it).
-async fn bookings_list(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<crate::protocol::BookingsQuery>) -> Res<crate::protocol::Bookings> {
-    Ok(Json(tokio::task::spawn_blocking(move || e.bookings(p.uid, &q)).await.map_err(|err| EngineError::Fatal(format!("bookings crashed: {err}")))??))
+async fn bookings_list(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Query(q): Query<crate::protocol::BookingsQuery>,
+) -> Res<crate::protocol::Bookings> {
+    Ok(Json(
+        tokio::task::spawn_blocking(move || e.bookings(p.uid, &q))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("bookings crashed: {err}")))??,
+    ))
 }
 
-async fn book(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<crate::protocol::BookRequest>) -> Res<crate::protocol::BookingView> {
-    Ok(Json(tokio::task::spawn_blocking(move || e.book(p.uid, &user_name(p.uid), r)).await.map_err(|err| EngineError::Fatal(format!("book crashed: {err}")))??))
+async fn book(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Json(r): Json<crate::protocol::BookRequest>,
+) -> Res<crate::protocol::BookingView> {
+    Ok(Json(
+        tokio::task::spawn_blocking(move || e.book(p.uid, &user_name(p.uid), r))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("book crashed: {err}")))??,
+    ))
 }
 
-async fn booking_cancel(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<crate::protocol::BookingView> {
-    Ok(Json(tokio::task::spawn_blocking(move || e.cancel_booking(p.uid, id)).await.map_err(|err| EngineError::Fatal(format!("book cancel crashed: {err}")))??))
+async fn booking_cancel(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+) -> Res<crate::protocol::BookingView> {
+    Ok(Json(
+        tokio::task::spawn_blocking(move || e.cancel_booking(p.uid, id))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("book cancel crashed: {err}")))??,
+    ))
 }
 
-async fn notify_add(State(e): E, Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<NotifyAdd>) -> Res<Subscription> {
+async fn notify_add(
+    State(e): E,
+    Extension(n): N,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Json(r): Json<NotifyAdd>,
+) -> Res<Subscription> {
     Ok(Json(n.add(&e, p.uid, &user_name(p.uid), r).await?))
 }
 
 async fn notify_remove(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<bool> {
-    Ok(Json(tokio::task::spawn_blocking(move || n.remove(p.uid, id)).await.map_err(|err| EngineError::Fatal(format!("notify rm crashed: {err}")))??))
+    Ok(Json(
+        tokio::task::spawn_blocking(move || n.remove(p.uid, id))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("notify rm crashed: {err}")))??,
+    ))
 }
 
 async fn notify_test(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>) -> Res<Vec<NotifyDelivery>> {
-    Ok(Json(tokio::task::spawn_blocking(move || n.test(p.uid, &user_name(p.uid))).await.map_err(|err| EngineError::Fatal(format!("notify test crashed: {err}")))??))
+    Ok(Json(
+        tokio::task::spawn_blocking(move || n.test(p.uid, &user_name(p.uid)))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("notify test crashed: {err}")))??,
+    ))
 }
 
-async fn notify_log(Extension(n): N, ConnectInfo(p): ConnectInfo<Peer>, Query(q): Query<NotifyLogQuery>) -> Res<Vec<NotifyDelivery>> {
+async fn notify_log(
+    Extension(n): N,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Query(q): Query<NotifyLogQuery>,
+) -> Res<Vec<NotifyDelivery>> {
     let limit = q.limit.unwrap_or(50).clamp(1, 1000) as usize;
-    Ok(Json(tokio::task::spawn_blocking(move || n.log(p.uid, limit)).await.map_err(|err| EngineError::Fatal(format!("notify log crashed: {err}")))??))
+    Ok(Json(
+        tokio::task::spawn_blocking(move || n.log(p.uid, limit))
+            .await
+            .map_err(|err| EngineError::Fatal(format!("notify log crashed: {err}")))??,
+    ))
 }
 
 /// 1 Hz samples of the last hour: `[ms, [[util, mem_used], ...]]`.
 async fn gpus_recent(State(e): E, Query(q): Query<Since>) -> Json<Vec<RecentSample>> {
-    Json(e.recent_samples(q.since).into_iter().map(|(at, gpus)| RecentSample(at, gpus)).collect())
+    Json(
+        e.recent_samples(q.since)
+            .into_iter()
+            .map(|(at, gpus)| RecentSample(at, gpus))
+            .collect(),
+    )
 }
 
 async fn gpu_minutes(State(e): E, UrlPath(index): UrlPath<u32>, Query(r): Query<Range>) -> Res<Vec<GpuMinute>> {
-    Ok(Json(e.gpu_minutes(index, r.from, r.to)?.into_iter().map(|(at, util, mem)| GpuMinute(at, util, mem)).collect()))
+    Ok(Json(
+        e.gpu_minutes(index, r.from, r.to)?
+            .into_iter()
+            .map(|(at, util, mem)| GpuMinute(at, util, mem))
+            .collect(),
+    ))
 }
 
 fn owner_of(p: &Peer) -> Owner {
     // The user's own primary group, not the connecting process's (a setgid program's group is not theirs).
-    Owner { uid: p.uid, gid: crate::access::primary_gid(p.uid, p.gid), name: user_name(p.uid) }
+    Owner {
+        uid: p.uid,
+        gid: crate::access::primary_gid(p.uid, p.gid),
+        name: user_name(p.uid),
+    }
 }
 
 /// Check a spec without queueing it (the app's submit preview).
@@ -356,26 +531,52 @@ async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<ValidJob> {
 async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
     let job = e.job_detail(id)?.job;
     if p.uid != job.owner_uid && !e.policy().is_admin(p.uid) {
-        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can run it again", job.owner)));
+        return Err(Failure::forbidden(format!(
+            "job {id} belongs to {}; only its owner or an admin can run it again",
+            job.owner
+        )));
     }
     let owner = owner_of(&p);
-    let ids = tokio::task::spawn_blocking(move || e.submit(Submission { spec: Spec::Rerun(id), owner: &owner, source: format!("rerun:{id}"), source_key: None, idempotency_key: None })).await.map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
+    let ids = tokio::task::spawn_blocking(move || {
+        e.submit(Submission {
+            spec: Spec::Rerun(id),
+            owner: &owner,
+            source: format!("rerun:{id}"),
+            source_key: None,
+            idempotency_key: None,
+        })
+    })
+    .await
+    .map_err(|err| EngineError::Fatal(format!("rerun crashed: {err}")))??;
     Ok(Json(Submitted::of(ids)))
 }
 
 /// The caller's drop folder and whether the engine watches it.
-async fn inbox(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Json<InboxInfo> {
+async fn inbox(
+    State(e): E,
+    Extension(inboxes): Extension<Arc<Registry>>,
+    ConnectInfo(p): ConnectInfo<Peer>,
+) -> Json<InboxInfo> {
     Json(inboxes.info(&e, p.uid))
 }
 
 /// `gantry inbox init`: the caller made their drop folder (as themselves); watch it from now on.
-async fn inbox_init(State(e): E, Extension(inboxes): Extension<Arc<Registry>>, ConnectInfo(p): ConnectInfo<Peer>) -> Res<InboxInfo> {
-    let info = tokio::task::spawn_blocking(move || inboxes.register(&e, p.uid)).await.map_err(|err| EngineError::Fatal(format!("inbox init crashed: {err}")))??;
+async fn inbox_init(
+    State(e): E,
+    Extension(inboxes): Extension<Arc<Registry>>,
+    ConnectInfo(p): ConnectInfo<Peer>,
+) -> Res<InboxInfo> {
+    let info = tokio::task::spawn_blocking(move || inboxes.register(&e, p.uid))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("inbox init crashed: {err}")))??;
     Ok(Json(info))
 }
 
 async fn whoami(ConnectInfo(p): ConnectInfo<Peer>) -> Json<WhoAmI> {
-    Json(WhoAmI { uid: p.uid, name: user_name(p.uid) })
+    Json(WhoAmI {
+        uid: p.uid,
+        name: user_name(p.uid),
+    })
 }
 
 /// The job's log file, streamed: read a chunk at a time as the socket drains (never the whole
@@ -390,7 +591,10 @@ async fn logs(
 ) -> Result<Response, Failure> {
     let job = e.job_detail(id)?.job;
     if !e.policy().may_see_private(p.uid, job.owner_uid) {
-        return Err(Failure::forbidden(format!("job {id} belongs to {}; only its owner or an admin can read its output", job.owner)));
+        return Err(Failure::forbidden(format!(
+            "job {id} belongs to {}; only its owner or an admin can read its output",
+            job.owner
+        )));
     }
     let slot = streams.open(p.uid, e.policy().log_streams_per_user).map_err(|open| {
         let set = match e.lab_file() {
@@ -467,7 +671,10 @@ impl LogStreams {
             return Err(*mine);
         }
         *mine += 1;
-        Ok(StreamSlot { streams: self.clone(), uid })
+        Ok(StreamSlot {
+            streams: self.clone(),
+            uid,
+        })
     }
 }
 
@@ -485,21 +692,52 @@ impl Drop for StreamSlot {
 
 /// A session's terminal: checked (the caller's own running session), its TTY attached, then the
 /// connection is upgraded and carries [`crate::protocol::terminal`] frames both ways.
-async fn attach(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, mut req: axum::extract::Request) -> Result<Response, Failure> {
+async fn attach(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+    mut req: axum::extract::Request,
+) -> Result<Response, Failure> {
     use crate::engine::session::AttachError;
     use crate::protocol::terminal::UPGRADE;
-    let asked = req.headers().get(axum::http::header::UPGRADE).and_then(|v| v.to_str().ok()) == Some(UPGRADE);
+    let asked = req
+        .headers()
+        .get(axum::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        == Some(UPGRADE);
     if !asked {
         let error = format!("this route is a terminal: ask for `Upgrade: {UPGRADE}` (`gantry attach {id}` does)");
-        return Err(Failure(StatusCode::UPGRADE_REQUIRED, ApiError { error, spec_error: None }));
+        return Err(Failure(
+            StatusCode::UPGRADE_REQUIRED,
+            ApiError {
+                error,
+                spec_error: None,
+            },
+        ));
     }
-    let fail = |status, e: AttachError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    let fail = |status, e: AttachError| {
+        Failure(
+            status,
+            ApiError {
+                error: e.to_string(),
+                spec_error: None,
+            },
+        )
+    };
     let s = e.attachable(id, p.uid).map_err(|err| match err {
         AttachError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
         AttachError::NotASession(_) | AttachError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
         AttachError::Engine(err) => Failure::from(err),
     })?;
-    let slot = crate::engine::session::TerminalSlot::take(p.uid).map_err(|why| Failure(StatusCode::TOO_MANY_REQUESTS, ApiError { error: why, spec_error: None }))?;
+    let slot = crate::engine::session::TerminalSlot::take(p.uid).map_err(|why| {
+        Failure(
+            StatusCode::TOO_MANY_REQUESTS,
+            ApiError {
+                error: why,
+                spec_error: None,
+            },
+        )
+    })?;
     let on_upgrade = hyper::upgrade::on(&mut req);
     let term = e.open_terminal(&s).await?;
     tokio::spawn(async move {
@@ -518,12 +756,27 @@ async fn attach(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): Url
 }
 
 /// A loopback URL reaching one of the caller's job's `ports` (see `engine::ports`).
-async fn open_port(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>, Json(r): Json<crate::protocol::terminal::OpenRequest>) -> Res<crate::protocol::terminal::Opened> {
+async fn open_port(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+    Json(r): Json<crate::protocol::terminal::OpenRequest>,
+) -> Res<crate::protocol::terminal::Opened> {
     use crate::engine::ports::OpenError;
-    let fail = |status, e: OpenError| Failure(status, ApiError { error: e.to_string(), spec_error: None });
+    let fail = |status, e: OpenError| {
+        Failure(
+            status,
+            ApiError {
+                error: e.to_string(),
+                spec_error: None,
+            },
+        )
+    };
     e.open_port(id, p.uid, r.port).await.map(Json).map_err(|err| match err {
         OpenError::NotOwner { .. } => fail(StatusCode::FORBIDDEN, err),
-        OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => fail(StatusCode::CONFLICT, err),
+        OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => {
+            fail(StatusCode::CONFLICT, err)
+        }
         OpenError::Engine(err) => Failure::from(err),
     })
 }
@@ -555,7 +808,13 @@ async fn events(State(e): E) -> Response {
 }
 
 /// Bind the socket (refusing if another engine answers on it) and serve until `shutdown`.
-pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifier>, socket: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+pub async fn serve(
+    engine: Arc<Engine>,
+    inboxes: Arc<Registry>,
+    notifier: Arc<Notifier>,
+    socket: &Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
     if socket.exists() {
         if UnixStream::connect(socket).await.is_ok() {
             return Err(EngineError::AlreadyRunning(socket.to_path_buf()));
@@ -577,9 +836,13 @@ pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<No
     info!("API listening on {}", socket.display());
     let limits = engine.cfg.api;
     let app = router(engine, inboxes, notifier);
-    let admission = Arc::new(Admission { limits, open: Mutex::default() });
+    let admission = Arc::new(Admission {
+        limits,
+        open: Mutex::default(),
+    });
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
     let stopping = CancellationToken::new();
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
@@ -632,7 +895,10 @@ pub async fn serve(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<No
     }
     drop(listener);
     stopping.cancel();
-    if tokio::time::timeout(SHUTDOWN_GRACE, async { while conns.join_next().await.is_some() {} }).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, async { while conns.join_next().await.is_some() {} })
+        .await
+        .is_err()
+    {
         info!("closing remaining API connections");
     }
     conns.shutdown().await;
@@ -664,13 +930,22 @@ impl Admission {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let mine = open.by_uid.get(&uid).copied().unwrap_or(0);
         let why = if mine >= self.limits.per_uid {
-            format!("too many connections from uid {uid}: at most {} per user; close some and try again", self.limits.per_uid)
+            format!(
+                "too many connections from uid {uid}: at most {} per user; close some and try again",
+                self.limits.per_uid
+            )
         } else if open.total >= self.limits.total {
-            format!("the engine has {} connections open, its limit; try again shortly", self.limits.total)
+            format!(
+                "the engine has {} connections open, its limit; try again shortly",
+                self.limits.total
+            )
         } else {
             open.total += 1;
             *open.by_uid.entry(uid).or_default() += 1;
-            return Ok(Slot { admission: self.clone(), uid });
+            return Ok(Slot {
+                admission: self.clone(),
+                uid,
+            });
         };
         if open.refusing.insert(uid) {
             warn!("refusing API connections: {why}");
@@ -697,7 +972,11 @@ impl Drop for Slot {
 
 /// Answer 503 with the reason if the socket takes it at once (never wait on a refused client), then close.
 fn refuse(stream: &UnixStream, why: &str) {
-    let body = serde_json::to_string(&ApiError { error: why.into(), spec_error: None }).unwrap_or_default();
+    let body = serde_json::to_string(&ApiError {
+        error: why.into(),
+        spec_error: None,
+    })
+    .unwrap_or_default();
     let reply = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()

@@ -17,9 +17,9 @@ use crate::config::Paths;
 use crate::machine_lock::{Holder, LockError};
 use crate::protocol::routes::{self, fill, with_query};
 use crate::protocol::{
-    ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState, LogQuery,
-    Preview, PriorityRequest, QueueEntryView, QueuePage, QueuePageQuery, Range, RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport,
-    WhoAmI,
+    ApiError, EngineEvent, EngineKind, EngineView, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo,
+    JobDetailView, JobState, LogQuery, Preview, PriorityRequest, QueueEntryView, QueuePage, QueuePageQuery, Range,
+    RecentSample, Since, StatusInfo, SubmitRequest, Submitted, TimelineRun, UsageQuery, UsageReport, WhoAmI,
 };
 use crate::spec::{SpecError, ValidJob, MAX_SPEC_BYTES};
 
@@ -32,7 +32,11 @@ pub enum ClientError {
     #[error("the engine at {} did not answer within {}: it may be overloaded; see its log or `gantry status`", socket.display(), humantime::format_duration(*after))]
     Timeout { socket: PathBuf, after: Duration },
     #[error("{message}")]
-    Api { status: u16, message: String, spec_error: Option<SpecError> },
+    Api {
+        status: u16,
+        message: String,
+        spec_error: Option<SpecError>,
+    },
     #[error("talking to the engine failed: {0}")]
     Protocol(String),
     /// The connection ended (reset, or closed) after the request went out and before the whole
@@ -50,18 +54,26 @@ pub enum ClientError {
 /// Read a spec file the way every client does: size-capped UTF-8, relative mounts resolved
 /// against the file's own folder.
 pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
-    let meta = std::fs::metadata(path).map_err(|e| ClientError::File(format!("cannot read {}: {e}", path.display())))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| ClientError::File(format!("cannot read {}: {e}", path.display())))?;
     if !meta.is_file() {
         return Err(ClientError::File(format!("{} is not a file", path.display())));
     }
     if meta.len() > MAX_SPEC_BYTES {
-        return Err(ClientError::File(format!("the file is {} bytes; job files are limited to {MAX_SPEC_BYTES} bytes", meta.len())));
+        return Err(ClientError::File(format!(
+            "the file is {} bytes; job files are limited to {MAX_SPEC_BYTES} bytes",
+            meta.len()
+        )));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| ClientError::File(format!("cannot read {} as UTF-8 text: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ClientError::File(format!("cannot read {} as UTF-8 text: {e}", path.display())))?;
     let abs = std::fs::canonicalize(path).map_err(|e| ClientError::File(e.to_string()))?;
     Ok(SubmitRequest {
         text,
-        file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        file_name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         base_dir: abs.parent().map(Path::to_path_buf),
         idempotency_key: None,
         origin: Default::default(),
@@ -77,8 +89,15 @@ pub fn new_submit_key() -> String {
         // Unique still (the key only has to differ from this user's other submits of the day).
         Err(_) => {
             static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-            format!("{}-{nanos}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            format!(
+                "{}-{nanos}-{}",
+                std::process::id(),
+                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            )
         }
     }
 }
@@ -98,7 +117,10 @@ pub enum Target {
     /// `ssh HOST gantry proxy`: HOST is anything ssh accepts (`user@host`, a `~/.ssh/config` alias).
     /// The proxy runs as the ssh user on the workstation and connects to the engine there, so the
     /// engine sees that user's uid.
-    Ssh { host: String, ssh: Vec<String> },
+    Ssh {
+        host: String,
+        ssh: Vec<String>,
+    },
 }
 
 impl Target {
@@ -108,10 +130,18 @@ impl Target {
         let host = host.trim();
         // A leading `-` would be read by ssh as an option.
         if host.is_empty() || host.starts_with('-') || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(ClientError::File(format!("{host:?} is not a host name: write `user@host` or a Host from ~/.ssh/config")));
+            return Err(ClientError::File(format!(
+                "{host:?} is not a host name: write `user@host` or a Host from ~/.ssh/config"
+            )));
         }
-        let ssh = std::env::var("GANTRY_SSH").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "ssh".into());
-        Ok(Target::Ssh { host: host.into(), ssh: ssh.split_whitespace().map(String::from).collect() })
+        let ssh = std::env::var("GANTRY_SSH")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| "ssh".into());
+        Ok(Target::Ssh {
+            host: host.into(),
+            ssh: ssh.split_whitespace().map(String::from).collect(),
+        })
     }
 
     /// For messages: the socket, or `HOST`.
@@ -137,9 +167,21 @@ impl Target {
     fn ssh_base(&self) -> Option<(tokio::process::Command, String)> {
         let Target::Ssh { host, ssh } = self else { return None };
         let mut c = tokio::process::Command::new(&ssh[0]);
-        c.args(&ssh[1..]).args(["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]);
+        c.args(&ssh[1..]).args([
+            "-T",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=2",
+        ]);
         if let Some(dir) = control_dir() {
-            c.arg("-o").arg("ControlMaster=auto").arg("-o").arg(format!("ControlPath={}/%C", dir.display())).args(["-o", "ControlPersist=60"]);
+            c.arg("-o")
+                .arg("ControlMaster=auto")
+                .arg("-o")
+                .arg(format!("ControlPath={}/%C", dir.display()))
+                .args(["-o", "ControlPersist=60"]);
         }
         Some((c, host.clone()))
     }
@@ -150,14 +192,18 @@ impl Target {
     /// [`Target::cancel_forward_command`], or until it closes (60 s after its last session).
     pub fn forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
         let (mut c, host) = self.ssh_base()?;
-        c.args(["-O", "forward", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
+        c.args(["-O", "forward", "-L"])
+            .arg(format!("127.0.0.1:{local}:{remote}"))
+            .args(["--", &host]);
         Some(c)
     }
 
     /// `ssh -O cancel -L …`: the shared connection stops the forward of [`Target::forward_command`].
     pub fn cancel_forward_command(&self, local: u16, remote: &str) -> Option<tokio::process::Command> {
         let (mut c, host) = self.ssh_base()?;
-        c.args(["-O", "cancel", "-L"]).arg(format!("127.0.0.1:{local}:{remote}")).args(["--", &host]);
+        c.args(["-O", "cancel", "-L"])
+            .arg(format!("127.0.0.1:{local}:{remote}"))
+            .args(["--", &host]);
         Some(c)
     }
 }
@@ -167,8 +213,17 @@ impl Target {
 /// 107 bytes, and ssh adds 58 (`/` + 40 hex digits of `%C` + a 17-byte temporary suffix).
 fn control_dir() -> Option<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join("gantry"));
-    runtime.into_iter().chain([Paths::default_state_dir()]).find(|dir| dir.as_os_str().len() <= 107 - 58 && std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_ok())
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join("gantry"));
+    runtime.into_iter().chain([Paths::default_state_dir()]).find(|dir| {
+        dir.as_os_str().len() <= 107 - 58
+            && std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .is_ok()
+    })
 }
 
 /// One connection to the engine: a Unix socket, or a `gantry proxy` behind ssh (its stdout and stdin).
@@ -182,19 +237,33 @@ struct SshIo {
 }
 
 impl AsyncRead for SshIo {
-    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for SshIo {
-    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
     }
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_flush(cx)
     }
-    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
@@ -211,7 +280,10 @@ impl Client {
     }
 
     pub fn to(target: Target) -> Self {
-        Client { target, timeout: DEFAULT_TIMEOUT }
+        Client {
+            target,
+            timeout: DEFAULT_TIMEOUT,
+        }
     }
 
     pub fn with_timeout(self, timeout: Duration) -> Self {
@@ -224,7 +296,12 @@ impl Client {
 
     /// `fut` within the timeout, or [`ClientError::Timeout`].
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
-        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| Err(ClientError::Timeout { socket: PathBuf::from(self.target.describe()), after: self.timeout }))
+        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| {
+            Err(ClientError::Timeout {
+                socket: PathBuf::from(self.target.describe()),
+                after: self.timeout,
+            })
+        })
     }
 
     /// A connection, and for ssh the task collecting its stderr (the reason when it fails).
@@ -233,9 +310,19 @@ impl Client {
             Target::Socket(s) => s,
             Target::Ssh { host, .. } => {
                 let mut cmd = self.target.command().expect("ssh target");
-                cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
-                let mut child = cmd.spawn().map_err(|e| ClientError::Remote { host: host.clone(), message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()) })?;
-                let (stdout, stdin, mut stderr) = (child.stdout.take().unwrap(), child.stdin.take().unwrap(), child.stderr.take().unwrap());
+                cmd.stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true);
+                let mut child = cmd.spawn().map_err(|e| ClientError::Remote {
+                    host: host.clone(),
+                    message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
+                })?;
+                let (stdout, stdin, mut stderr) = (
+                    child.stdout.take().unwrap(),
+                    child.stdin.take().unwrap(),
+                    child.stderr.take().unwrap(),
+                );
                 // Drained all along (ssh must never block on a full pipe), kept to explain a failure.
                 let errors = tokio::spawn(async move {
                     use tokio::io::AsyncReadExt;
@@ -244,26 +331,49 @@ impl Client {
                     let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
                     String::from_utf8_lossy(&buf).trim().to_string()
                 });
-                return Ok((Box::new(SshIo { io: tokio::io::join(stdout, stdin), _child: child }), Some(errors)));
+                return Ok((
+                    Box::new(SshIo {
+                        io: tokio::io::join(stdout, stdin),
+                        _child: child,
+                    }),
+                    Some(errors),
+                ));
             }
         };
         loop {
             match UnixStream::connect(socket).await {
                 Ok(s) => return Ok((Box::new(s), None)),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
                     return Err(ClientError::NoEngine(socket.clone()))
                 }
                 // EAGAIN: the engine's accept queue is full; it may drain.
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => tokio::time::sleep(CONNECT_RETRY).await,
-                Err(error) => return Err(ClientError::Connect { socket: socket.clone(), error }),
+                Err(error) => {
+                    return Err(ClientError::Connect {
+                        socket: socket.clone(),
+                        error,
+                    })
+                }
             }
         }
     }
 
-    async fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let (stream, errors) = self.connect().await?;
         let sent = async {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
@@ -274,15 +384,32 @@ impl Client {
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from(body.unwrap_or_default())))
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            sender.send_request(req).await.map_err(|e| ClientError::Interrupted(e.to_string()))
+            sender
+                .send_request(req)
+                .await
+                .map_err(|e| ClientError::Interrupted(e.to_string()))
         };
         let resp = match (sent.await, errors, &self.target) {
             (Ok(r), _, _) => r,
             // The connection ended before an answer: ssh or the remote proxy says why on stderr.
             (Err(e), Some(errors), Target::Ssh { host, .. }) => {
-                let said = tokio::time::timeout(Duration::from_secs(5), errors).await.ok().and_then(Result::ok).unwrap_or_default();
-                let message = if said.is_empty() { format!("ssh closed the connection ({e})") } else { said.lines().map(|l| l.strip_prefix("gantry: ").unwrap_or(l)).collect::<Vec<_>>().join("; ") };
-                return Err(ClientError::Remote { host: host.clone(), message });
+                let said = tokio::time::timeout(Duration::from_secs(5), errors)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default();
+                let message = if said.is_empty() {
+                    format!("ssh closed the connection ({e})")
+                } else {
+                    said.lines()
+                        .map(|l| l.strip_prefix("gantry: ").unwrap_or(l))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                return Err(ClientError::Remote {
+                    host: host.clone(),
+                    message,
+                });
             }
             (Err(e), _, _) => return Err(e),
         };
@@ -299,7 +426,9 @@ impl Client {
         use crate::protocol::terminal::UPGRADE;
         self.bounded(async {
             let (stream, errors) = self.connect().await?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
             tokio::spawn(async move {
                 let _ = conn.with_upgrades().await;
             });
@@ -314,22 +443,40 @@ impl Client {
             let resp = match (sender.send_request(req).await, errors, &self.target) {
                 (Ok(r), _, _) => r,
                 (Err(e), Some(errors), Target::Ssh { host, .. }) => {
-                    let said = tokio::time::timeout(Duration::from_secs(5), errors).await.ok().and_then(Result::ok).unwrap_or_default();
-                    let message = if said.is_empty() { format!("ssh closed the connection ({e})") } else { said };
-                    return Err(ClientError::Remote { host: host.clone(), message });
+                    let said = tokio::time::timeout(Duration::from_secs(5), errors)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                    let message = if said.is_empty() {
+                        format!("ssh closed the connection ({e})")
+                    } else {
+                        said
+                    };
+                    return Err(ClientError::Remote {
+                        host: host.clone(),
+                        message,
+                    });
                 }
                 (Err(e), _, _) => return Err(ClientError::Interrupted(e.to_string())),
             };
             if resp.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
                 return Err(refusal(resp).await);
             }
-            let upgraded = hyper::upgrade::on(resp).await.map_err(|e| ClientError::Protocol(format!("the terminal connection failed: {e}")))?;
+            let upgraded = hyper::upgrade::on(resp)
+                .await
+                .map_err(|e| ClientError::Protocol(format!("the terminal connection failed: {e}")))?;
             Ok(TokioIo::new(upgraded))
         })
         .await
     }
 
-    async fn json<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<T, ClientError> {
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
         let bytes = self.bytes(method, path, body).await?;
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(format!("unexpected reply: {e}")))
     }
@@ -338,7 +485,12 @@ impl Client {
     async fn bytes(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Bytes, ClientError> {
         self.bounded(async {
             let resp = self.send(method, path, body).await?;
-            Ok(resp.into_body().collect().await.map_err(|e| ClientError::Interrupted(e.to_string()))?.to_bytes())
+            Ok(resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| ClientError::Interrupted(e.to_string()))?
+                .to_bytes())
         })
         .await
     }
@@ -391,7 +543,8 @@ impl Client {
     /// What `gantry ls` shows: every started job, the first `limit` queued ones in scheduling
     /// order and the first `limit` of the caller's own, with how many are queued in all.
     pub async fn queue_page(&self, limit: usize) -> Result<QueuePage, ClientError> {
-        self.get(&with_query(routes::QUEUE_PAGE, &QueuePageQuery { limit })?).await
+        self.get(&with_query(routes::QUEUE_PAGE, &QueuePageQuery { limit })?)
+            .await
     }
 
     /// Queue one spec (its text); [`Client::submit_file`] reads a file first. The request carries an
@@ -405,7 +558,9 @@ impl Client {
         let body = serde_json::to_vec(&req).map_err(|e| ClientError::Protocol(e.to_string()))?;
         match self.json("POST", routes::JOBS, Some(body.clone())).await {
             // Over ssh a lost answer and a failed ssh look alike (`Remote`): not sent again.
-            Err(ClientError::Interrupted(_)) if matches!(self.target, Target::Socket(_)) => self.resend(routes::JOBS, body).await,
+            Err(ClientError::Interrupted(_)) if matches!(self.target, Target::Socket(_)) => {
+                self.resend(routes::JOBS, body).await
+            }
             done => done,
         }
     }
@@ -416,7 +571,9 @@ impl Client {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             match self.json("POST", path, Some(body.clone())).await {
-                Err(ClientError::NoEngine(_)) if tokio::time::Instant::now() + RESEND_POLL < deadline => tokio::time::sleep(RESEND_POLL).await,
+                Err(ClientError::NoEngine(_)) if tokio::time::Instant::now() + RESEND_POLL < deadline => {
+                    tokio::time::sleep(RESEND_POLL).await
+                }
                 done => return done,
             }
         }
@@ -439,7 +596,8 @@ impl Client {
 
     /// `false` when the job is no longer queued (only queued jobs change priority).
     pub async fn set_priority(&self, id: i64, priority: i32) -> Result<bool, ClientError> {
-        self.post(&fill(routes::PRIORITY, id), &PriorityRequest { priority }).await
+        self.post(&fill(routes::PRIORITY, id), &PriorityRequest { priority })
+            .await
     }
 
     /// `true` when the job was queued and not held yet.
@@ -470,12 +628,24 @@ impl Client {
 
     /// The job's output as it is written, until the job ends or `on_chunk` returns false.
     pub async fn follow_logs(&self, id: i64, on_chunk: impl FnMut(&[u8]) -> bool) -> Result<(), ClientError> {
-        self.stream(&with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?, on_chunk).await
+        self.stream(
+            &with_query(&fill(routes::LOGS, id), &LogQuery { follow: true })?,
+            on_chunk,
+        )
+        .await
     }
 
     /// A loopback URL on the engine's machine reaching one of the job's `ports` (default: its first).
-    pub async fn open_port(&self, id: i64, port: Option<u16>) -> Result<crate::protocol::terminal::Opened, ClientError> {
-        self.post(&fill(routes::OPEN, id), &crate::protocol::terminal::OpenRequest { port }).await
+    pub async fn open_port(
+        &self,
+        id: i64,
+        port: Option<u16>,
+    ) -> Result<crate::protocol::terminal::Opened, ClientError> {
+        self.post(
+            &fill(routes::OPEN, id),
+            &crate::protocol::terminal::OpenRequest { port },
+        )
+        .await
     }
 
     /// Queue session `ask` (the app's "Start a session"; `gantry shell` and `notebook` write the same
@@ -491,9 +661,21 @@ impl Client {
             })?,
         };
         let spec = crate::spec::session_spec(ask, image, &new_submit_key());
-        let text = serde_yaml_ng::to_string(&spec).map_err(|e| ClientError::File(format!("writing the session's spec: {e}")))?;
-        let name = if ask.notebook_port.is_some() { "notebook.yaml" } else { "shell.yaml" };
-        self.submit(&SubmitRequest { text, file_name: name.into(), base_dir: None, idempotency_key: None, origin: crate::protocol::SpecOrigin::RunFlags }).await
+        let text = serde_yaml_ng::to_string(&spec)
+            .map_err(|e| ClientError::File(format!("writing the session's spec: {e}")))?;
+        let name = if ask.notebook_port.is_some() {
+            "notebook.yaml"
+        } else {
+            "shell.yaml"
+        };
+        self.submit(&SubmitRequest {
+            text,
+            file_name: name.into(),
+            base_dir: None,
+            idempotency_key: None,
+            origin: crate::protocol::SpecOrigin::RunFlags,
+        })
+        .await
     }
 
     /// Check a spec without queueing it.
@@ -503,13 +685,24 @@ impl Client {
 
     /// Check one spec file without queueing it.
     pub async fn preview_file(&self, path: &Path) -> Result<Preview, ClientError> {
-        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut p = Preview { path: path.to_path_buf(), file_name, job: None, error: None, spec_error: None };
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut p = Preview {
+            path: path.to_path_buf(),
+            file_name,
+            job: None,
+            error: None,
+            spec_error: None,
+        };
         match self.spec_request(path) {
             Err(e) => p.error = Some(e.to_string()),
             Ok(req) => match self.validate(&req).await {
                 Ok(j) => p.job = Some(j),
-                Err(ClientError::Api { message, spec_error, .. }) => {
+                Err(ClientError::Api {
+                    message, spec_error, ..
+                }) => {
                     p.error = Some(message);
                     p.spec_error = spec_error;
                 }
@@ -531,7 +724,8 @@ impl Client {
 
     /// Per-minute figures of GPU `index` in [from, to) (ms).
     pub async fn gpu_minutes(&self, index: u32, from: i64, to: i64) -> Result<Vec<GpuMinute>, ClientError> {
-        self.get(&with_query(&fill(routes::GPU_MINUTES, index), &Range { from, to })?).await
+        self.get(&with_query(&fill(routes::GPU_MINUTES, index), &Range { from, to })?)
+            .await
     }
 
     /// Finished runs matching `filter`, one page.
@@ -555,7 +749,10 @@ impl Client {
     }
 
     /// GPU-hours per user per bucket and utilization by local day and hour since `since_ms`.
-    pub async fn usage_charts(&self, q: &crate::protocol::UsageChartsQuery) -> Result<crate::protocol::UsageCharts, ClientError> {
+    pub async fn usage_charts(
+        &self,
+        q: &crate::protocol::UsageChartsQuery,
+    ) -> Result<crate::protocol::UsageCharts, ClientError> {
         self.get(&with_query(routes::USAGE_CHARTS, q)?).await
     }
 
@@ -565,7 +762,10 @@ impl Client {
     }
 
     /// Add a notification target for the caller (`gantry notify add`).
-    pub async fn notify_add(&self, req: &crate::protocol::NotifyAdd) -> Result<crate::protocol::Subscription, ClientError> {
+    pub async fn notify_add(
+        &self,
+        req: &crate::protocol::NotifyAdd,
+    ) -> Result<crate::protocol::Subscription, ClientError> {
         self.post(routes::NOTIFY, req).await
     }
 
@@ -581,7 +781,11 @@ impl Client {
 
     /// The caller's notifications, newest first.
     pub async fn notify_log(&self, limit: u32) -> Result<Vec<crate::protocol::NotifyDelivery>, ClientError> {
-        self.get(&with_query(routes::NOTIFY_LOG, &crate::protocol::NotifyLogQuery { limit: Some(limit) })?).await
+        self.get(&with_query(
+            routes::NOTIFY_LOG,
+            &crate::protocol::NotifyLogQuery { limit: Some(limit) },
+        )?)
+        .await
     }
 
     /// Every open booking (with `all`, closed ones too) and the lab's rules (`gantry bookings`).
@@ -613,7 +817,8 @@ impl Client {
     /// false or the connection ends. A line that does not parse (a newer engine's kind) is skipped.
     pub async fn events(&self, mut on_event: impl FnMut(EngineEvent) -> bool) -> Result<(), ClientError> {
         let mut buf = Vec::new();
-        self.stream(routes::EVENTS, |chunk| for_each_line(&mut buf, chunk, &mut on_event)).await
+        self.stream(routes::EVENTS, |chunk| for_each_line(&mut buf, chunk, &mut on_event))
+            .await
     }
 
     /// [`read_spec_file`], for this engine: a remote one gets the text alone, since this computer's
@@ -635,8 +840,16 @@ async fn refusal(resp: hyper::Response<hyper::body::Incoming>) -> ClientError {
         Err(e) => return ClientError::Protocol(e.to_string()),
     };
     match serde_json::from_slice::<ApiError>(&bytes) {
-        Ok(e) => ClientError::Api { status, message: e.error, spec_error: e.spec_error },
-        Err(_) => ClientError::Api { status, message: String::from_utf8_lossy(&bytes).into_owned(), spec_error: None },
+        Ok(e) => ClientError::Api {
+            status,
+            message: e.error,
+            spec_error: e.spec_error,
+        },
+        Err(_) => ClientError::Api {
+            status,
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+            spec_error: None,
+        },
     }
 }
 
@@ -665,12 +878,26 @@ impl From<serde_urlencoded::ser::Error> for ClientError {
 pub async fn proxy(socket: &Path) -> Result<(), ClientError> {
     let mut engine = match UnixStream::connect(socket).await {
         Ok(s) => s,
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => return Err(ClientError::NoEngine(socket.into())),
-        Err(error) => return Err(ClientError::Connect { socket: socket.into(), error }),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Err(ClientError::NoEngine(socket.into()))
+        }
+        Err(error) => {
+            return Err(ClientError::Connect {
+                socket: socket.into(),
+                error,
+            })
+        }
     };
     let mut stdio = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
     // Ends when both sides have closed: the client's EOF is passed on as a half-close.
-    tokio::io::copy_bidirectional(&mut stdio, &mut engine).await.map_err(|e| ClientError::Protocol(format!("proxy: {e}")))?;
+    tokio::io::copy_bidirectional(&mut stdio, &mut engine)
+        .await
+        .map_err(|e| ClientError::Protocol(format!("proxy: {e}")))?;
     Ok(())
 }
 
@@ -690,7 +917,12 @@ pub enum FoundBy {
 /// user's own state dir (so a shared machine's users all reach the one engine without configuring).
 /// The user's socket comes back whether or not it answers: the CLI then says no engine runs there, and
 /// the app hosts one there.
-pub fn discover(explicit: Option<PathBuf>, system_socket: &Path, system_answers: bool, user_dir: PathBuf) -> (PathBuf, FoundBy) {
+pub fn discover(
+    explicit: Option<PathBuf>,
+    system_socket: &Path,
+    system_answers: bool,
+    user_dir: PathBuf,
+) -> (PathBuf, FoundBy) {
     match explicit {
         Some(dir) => (Paths::in_dir(dir, PathBuf::new()).socket(), FoundBy::StateDir),
         None if system_answers => (system_socket.to_path_buf(), FoundBy::System),
@@ -700,7 +932,10 @@ pub fn discover(explicit: Option<PathBuf>, system_socket: &Path, system_answers:
 
 /// The system engine's socket. `GANTRY_SYSTEM_SOCKET` (hidden) moves it, for tests.
 pub fn system_socket() -> PathBuf {
-    std::env::var_os("GANTRY_SYSTEM_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(crate::config::SYSTEM_SOCKET))
+    std::env::var_os("GANTRY_SYSTEM_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(crate::config::SYSTEM_SOCKET))
 }
 
 /// Whether an engine accepts connections on `socket` (a stale socket file of a stopped one refuses).
@@ -745,15 +980,29 @@ impl EngineRef {
         let dir = |socket: &Path| {
             let d = socket.parent().unwrap_or(socket);
             match d.strip_prefix(home) {
-                Ok(rest) if !home.as_os_str().is_empty() && home != Path::new("/") => Path::new("~").join(rest).display().to_string(),
+                Ok(rest) if !home.as_os_str().is_empty() && home != Path::new("/") => {
+                    Path::new("~").join(rest).display().to_string()
+                }
                 _ => d.display().to_string(),
             }
         };
         match self {
-            EngineRef::Found { by: FoundBy::System, socket } => format!("System engine ({})", socket.display()),
-            EngineRef::Found { by: FoundBy::User, socket } => format!("Your engine ({})", dir(socket)),
-            EngineRef::Found { by: FoundBy::StateDir, socket } => format!("Engine in {}", dir(socket)),
-            EngineRef::Embedded { gpus: Some(g), .. } => format!("Engine in this app (simulated GPUs {})", g.strip_prefix("sim:").unwrap_or(g)),
+            EngineRef::Found {
+                by: FoundBy::System,
+                socket,
+            } => format!("System engine ({})", socket.display()),
+            EngineRef::Found {
+                by: FoundBy::User,
+                socket,
+            } => format!("Your engine ({})", dir(socket)),
+            EngineRef::Found {
+                by: FoundBy::StateDir,
+                socket,
+            } => format!("Engine in {}", dir(socket)),
+            EngineRef::Embedded { gpus: Some(g), .. } => format!(
+                "Engine in this app (simulated GPUs {})",
+                g.strip_prefix("sim:").unwrap_or(g)
+            ),
             EngineRef::Embedded { gpus: None, .. } => "Engine in this app (this machine's GPUs)".into(),
             EngineRef::Holder(h) => format!("Engine of {}", h.user),
             EngineRef::Blocked(h) => format!("Engine of {} (cannot connect)", h.user),
@@ -763,9 +1012,13 @@ impl EngineRef {
 
     pub fn view(&self) -> EngineView {
         let kind = match self {
-            EngineRef::Found { by: FoundBy::System, .. } => EngineKind::System,
+            EngineRef::Found {
+                by: FoundBy::System, ..
+            } => EngineKind::System,
             EngineRef::Found { by: FoundBy::User, .. } => EngineKind::User,
-            EngineRef::Found { by: FoundBy::StateDir, .. } => EngineKind::StateDir,
+            EngineRef::Found {
+                by: FoundBy::StateDir, ..
+            } => EngineKind::StateDir,
             EngineRef::Embedded { .. } => EngineKind::Embedded,
             EngineRef::Holder(_) => EngineKind::Holder,
             EngineRef::Blocked(_) => EngineKind::Blocked,
@@ -776,7 +1029,12 @@ impl EngineRef {
             _ => None,
         };
         let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        EngineView { kind, label: self.label(&home), socket: self.socket().map(Path::to_path_buf), problem }
+        EngineView {
+            kind,
+            label: self.label(&home),
+            socket: self.socket().map(Path::to_path_buf),
+            problem,
+        }
     }
 }
 
@@ -789,7 +1047,10 @@ mod tests {
         let sys = Path::new("/run/gantry/gantry.sock");
         let user = PathBuf::from("/home/a/.local/state/gantry");
         let d = |explicit: Option<&str>, answers| discover(explicit.map(PathBuf::from), sys, answers, user.clone());
-        assert_eq!(d(Some("/srv/q"), true), (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir));
+        assert_eq!(
+            d(Some("/srv/q"), true),
+            (PathBuf::from("/srv/q/gantry.sock"), FoundBy::StateDir)
+        );
         assert_eq!(d(None, true), (sys.to_path_buf(), FoundBy::System));
         assert_eq!(d(None, false), (user.join("gantry.sock"), FoundBy::User));
     }
@@ -854,7 +1115,14 @@ mod tests {
                 buf.extend_from_slice(&chunk[..n]);
                 let text = String::from_utf8_lossy(&buf).into_owned();
                 if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len: usize = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
                     if body.len() >= len {
                         break body.to_string();
                     }
@@ -863,7 +1131,10 @@ mod tests {
             };
             seen.push(serde_json::from_str(&body).unwrap());
             if let Turn::Answer(status, answer) = turn {
-                let head = format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", answer.len());
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    answer.len()
+                );
                 c.write_all(format!("{head}{answer}").as_bytes()).await.unwrap();
                 let _ = c.read(&mut [0u8; 16]).await; // until the client closes
             }
@@ -872,14 +1143,27 @@ mod tests {
     }
 
     fn spec() -> SubmitRequest {
-        SubmitRequest { text: "image: a\n".into(), file_name: "a.yaml".into(), base_dir: None, idempotency_key: None, origin: Default::default() }
+        SubmitRequest {
+            text: "image: a\n".into(),
+            file_name: "a.yaml".into(),
+            base_dir: None,
+            idempotency_key: None,
+            origin: Default::default(),
+        }
     }
 
     #[tokio::test]
     async fn a_submit_whose_answer_is_lost_is_sent_once_more_with_the_same_key_once_the_engine_is_back() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("gantry.sock");
-        let server = engine(sock.clone(), vec![Turn::HangUp, Turn::Gone, Turn::Answer(200, r#"{"job_id":7,"job_ids":[7]}"#)]);
+        let server = engine(
+            sock.clone(),
+            vec![
+                Turn::HangUp,
+                Turn::Gone,
+                Turn::Answer(200, r#"{"job_id":7,"job_ids":[7]}"#),
+            ],
+        );
         let got = Client::new(&sock).submit(&spec()).await.unwrap();
         assert_eq!(got.job_ids, [7]);
         let seen = server.await.unwrap();
@@ -901,27 +1185,69 @@ mod tests {
 
         let sock = dir.path().join("refused.sock");
         let server = engine(sock.clone(), vec![Turn::Answer(500, r#"{"error":"queue full"}"#)]);
-        let err = Client::new(&sock).with_timeout(Duration::from_secs(2)).submit(&SubmitRequest { idempotency_key: Some("mine-1234".into()), ..spec() }).await.unwrap_err();
-        assert!(matches!(&err, ClientError::Api { status: 500, message, .. } if message == "queue full"), "{err}");
+        let err = Client::new(&sock)
+            .with_timeout(Duration::from_secs(2))
+            .submit(&SubmitRequest {
+                idempotency_key: Some("mine-1234".into()),
+                ..spec()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ClientError::Api { status: 500, message, .. } if message == "queue full"),
+            "{err}"
+        );
         let seen = server.await.unwrap();
         assert_eq!(seen.len(), 1, "an answer is never sent again");
-        assert_eq!(seen[0].idempotency_key.as_deref(), Some("mine-1234"), "the caller's own key is kept");
+        assert_eq!(
+            seen[0].idempotency_key.as_deref(),
+            Some("mine-1234"),
+            "the caller's own key is kept"
+        );
     }
 
     #[test]
     fn the_header_names_the_engine() {
         let home = Path::new("/home/alice");
-        let found = |by, s: &str| EngineRef::Found { by, socket: PathBuf::from(s) }.label(home);
-        assert_eq!(found(FoundBy::System, "/run/gantry/gantry.sock"), "System engine (/run/gantry/gantry.sock)");
-        assert_eq!(found(FoundBy::User, "/home/alice/.local/state/gantry/gantry.sock"), "Your engine (~/.local/state/gantry)");
+        let found = |by, s: &str| {
+            EngineRef::Found {
+                by,
+                socket: PathBuf::from(s),
+            }
+            .label(home)
+        };
+        assert_eq!(
+            found(FoundBy::System, "/run/gantry/gantry.sock"),
+            "System engine (/run/gantry/gantry.sock)"
+        );
+        assert_eq!(
+            found(FoundBy::User, "/home/alice/.local/state/gantry/gantry.sock"),
+            "Your engine (~/.local/state/gantry)"
+        );
         assert_eq!(found(FoundBy::StateDir, "/srv/q/gantry.sock"), "Engine in /srv/q");
-        let embedded = |gpus: Option<&str>| EngineRef::Embedded { socket: PathBuf::from("/x/gantry.sock"), gpus: gpus.map(String::from) }.label(home);
-        assert_eq!(embedded(Some("sim:4x24GiB")), "Engine in this app (simulated GPUs 4x24GiB)");
+        let embedded = |gpus: Option<&str>| {
+            EngineRef::Embedded {
+                socket: PathBuf::from("/x/gantry.sock"),
+                gpus: gpus.map(String::from),
+            }
+            .label(home)
+        };
+        assert_eq!(
+            embedded(Some("sim:4x24GiB")),
+            "Engine in this app (simulated GPUs 4x24GiB)"
+        );
         assert_eq!(embedded(None), "Engine in this app (this machine's GPUs)");
-        let bob = Holder { uid: 1002, pid: 77, socket: Some(PathBuf::from("/home/bob/.local/state/gantry/gantry.sock")), user: "bob".into() };
+        let bob = Holder {
+            uid: 1002,
+            pid: 77,
+            socket: Some(PathBuf::from("/home/bob/.local/state/gantry/gantry.sock")),
+            user: "bob".into(),
+        };
         assert_eq!(EngineRef::Holder(bob.clone()).label(home), "Engine of bob");
         let v = EngineRef::Blocked(bob).view();
         assert_eq!((v.kind.as_str(), v.socket), ("blocked", None));
-        assert!(v.problem.unwrap().starts_with("the Gantry engine of bob (pid 77, socket /home/bob/.local/state/gantry/gantry.sock) already manages"));
+        assert!(v.problem.unwrap().starts_with(
+            "the Gantry engine of bob (pid 77, socket /home/bob/.local/state/gantry/gantry.sock) already manages"
+        ));
     }
 }

@@ -30,7 +30,10 @@ pub struct TokioClock {
 
 impl TokioClock {
     pub fn new() -> TokioClock {
-        TokioClock { wall_ms: now_ms(), at: tokio::time::Instant::now() }
+        TokioClock {
+            wall_ms: now_ms(),
+            at: tokio::time::Instant::now(),
+        }
     }
 }
 
@@ -42,7 +45,10 @@ impl Default for TokioClock {
 
 impl Clock for TokioClock {
     fn now_ms(&self) -> i64 {
-        self.wall_ms + tokio::time::Instant::now().saturating_duration_since(self.at).as_millis() as i64
+        self.wall_ms
+            + tokio::time::Instant::now()
+                .saturating_duration_since(self.at)
+                .as_millis() as i64
     }
 }
 
@@ -52,7 +58,10 @@ pub fn system() -> Arc<dyn Clock> {
 
 /// The wall clock now, in ms since the epoch (what is stored and shown; the engine reads its [`Clock`]).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

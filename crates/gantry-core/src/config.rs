@@ -20,14 +20,24 @@ pub struct Paths {
 impl Paths {
     /// A per-user (or `--state-dir`) engine: the socket lives in the state dir.
     pub fn in_dir(state_dir: PathBuf, inbox: PathBuf) -> Paths {
-        Paths { socket: state_dir.join("gantry.sock"), state_dir, inbox, system_root: None }
+        Paths {
+            socket: state_dir.join("gantry.sock"),
+            state_dir,
+            inbox,
+            system_root: None,
+        }
     }
     /// The machine's engine (`gantry daemon --system`): state in `/var/lib/gantry`, socket in
     /// `/run/gantry`, both under `root` (`/` except in tests). `inbox` is root's own drop folder (the
     /// state dir's `inbox`); users drop into `~/<Config::inbox_path>`.
     pub fn system(root: &Path) -> Paths {
         let state_dir = under(root, SYSTEM_STATE_DIR);
-        Paths { inbox: state_dir.join("inbox"), socket: under(root, SYSTEM_SOCKET), state_dir, system_root: Some(root.to_path_buf()) }
+        Paths {
+            inbox: state_dir.join("inbox"),
+            socket: under(root, SYSTEM_SOCKET),
+            state_dir,
+            system_root: Some(root.to_path_buf()),
+        }
     }
     pub fn db(&self) -> PathBuf {
         self.state_dir.join("gantry.db")
@@ -56,7 +66,9 @@ pub fn under(root: &Path, abs: &str) -> PathBuf {
 }
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +176,10 @@ pub struct ApiLimits {
 
 impl Default for ApiLimits {
     fn default() -> Self {
-        ApiLimits { header_read_timeout: HEADER_READ_TIMEOUT, per_uid: MAX_CONNECTIONS_PER_UID, total: MAX_CONNECTIONS }
+        ApiLimits {
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            per_uid: MAX_CONNECTIONS_PER_UID,
+            total: MAX_CONNECTIONS,
+        }
     }
 }

@@ -70,7 +70,10 @@ impl EngineSetup {
             inbox: var("GANTRY_INBOX").map(PathBuf::from),
             gpus: var("GANTRY_GPUS"),
             config: var("GANTRY_CONFIG").map(PathBuf::from),
-            sample_every: var("GANTRY_SAMPLE_MS").and_then(|v| v.parse::<u64>().ok()).filter(|ms| *ms > 0).map(Duration::from_millis),
+            sample_every: var("GANTRY_SAMPLE_MS")
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
             ..EngineSetup::default()
         }
     }
@@ -85,7 +88,13 @@ impl EngineSetup {
             }
             None => {
                 let state_dir = self.state_dir.clone().unwrap_or_else(Paths::default_state_dir);
-                let inbox = self.inbox.clone().unwrap_or_else(|| if self.state_dir.is_some() { state_dir.join("inbox") } else { Paths::default_inbox() });
+                let inbox = self.inbox.clone().unwrap_or_else(|| {
+                    if self.state_dir.is_some() {
+                        state_dir.join("inbox")
+                    } else {
+                        Paths::default_inbox()
+                    }
+                });
                 Paths::in_dir(state_dir, inbox)
             }
         }
@@ -122,7 +131,9 @@ impl EngineSetup {
         if cfg.paths.system_root.is_some() {
             return Ok(None);
         }
-        Ok(Some(machine_lock::take(&machine_lock::lock_name(cfg.gpus.as_deref()), &cfg.paths.socket()).await?))
+        Ok(Some(
+            machine_lock::take(&machine_lock::lock_name(cfg.gpus.as_deref()), &cfg.paths.socket()).await?,
+        ))
     }
 }
 
@@ -146,7 +157,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
 }
 
 /// Serve an open engine (the app's embedded one; [`run`] for the daemon) until `shutdown` resolves.
-pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), EngineError> {
+pub async fn run_engine(
+    engine: Arc<Engine>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
     raise_fd_limit();
     // Notifications: the API adds targets, one owned task delivers (stops with the engine).
     let notifier = Arc::new(crate::notify::Notifier::open(&engine)?);
@@ -155,10 +169,12 @@ pub async fn run_engine(engine: Arc<Engine>, shutdown: impl Future<Output = ()> 
     let inbox = tokio::spawn(crate::inbox::users::run(engine.clone(), inboxes.clone()));
     let delivery = tokio::spawn(notifier.clone().run(engine.clone()));
     // `/metrics`, when the lab config asks for it.
-    let metrics = match engine.cfg.lab.metrics.listen {
-        Some(addr) => Some(tokio::spawn(crate::metrics::serve(engine.clone(), addr))),
-        None => None,
-    };
+    let metrics = engine
+        .cfg
+        .lab
+        .metrics
+        .listen
+        .map(|addr| tokio::spawn(crate::metrics::serve(engine.clone(), addr)));
     let looped = {
         let e = engine.clone();
         tokio::spawn(async move {

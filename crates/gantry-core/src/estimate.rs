@@ -37,7 +37,10 @@ pub struct JobKey {
 impl JobKey {
     /// The groups a job belongs to, most specific first.
     fn groups(&self) -> [String; 3] {
-        let shape = format!("{}|{:?}|{}|{}", self.gpus, self.gpu_memory, self.cpus_milli, self.memory);
+        let shape = format!(
+            "{}|{:?}|{}|{}",
+            self.gpus, self.gpu_memory, self.cpus_milli, self.memory
+        );
         [
             format!("j|{}|{}|{}|{shape}", self.user, self.name, self.image),
             format!("s|{shape}"),
@@ -148,19 +151,36 @@ impl History {
         }
         let elapsed = elapsed_ms.max(0);
         let [a, b, c] = key.groups();
-        let levels = [(self.groups.get(&a), Basis::SameJob), (self.groups.get(&b), Basis::SameShape), (self.groups.get(&c), Basis::SameGpus), (Some(&self.all), Basis::All)];
+        let levels = [
+            (self.groups.get(&a), Basis::SameJob),
+            (self.groups.get(&b), Basis::SameShape),
+            (self.groups.get(&c), Basis::SameGpus),
+            (Some(&self.all), Basis::All),
+        ];
         for (g, basis) in levels {
             let Some(g) = g else { continue };
             let from = g.sorted.partition_point(|x| *x <= elapsed);
             let alive = &g.sorted[from..];
             if alive.len() >= MIN_SAMPLES {
                 let q = |p: f64| alive[((alive.len() as f64 * p).ceil() as usize).clamp(1, alive.len()) - 1] - elapsed;
-                return Some(Estimate { p50_ms: q(0.5), p80_ms: q(0.8), p95_ms: q(0.95), samples: alive.len(), basis });
+                return Some(Estimate {
+                    p50_ms: q(0.5),
+                    p80_ms: q(0.8),
+                    p95_ms: q(0.95),
+                    samples: alive.len(),
+                    basis,
+                });
             }
         }
         // Outlived (nearly) everything seen: Lindy's rule.
         let e = elapsed.max(1);
-        Some(Estimate { p50_ms: e, p80_ms: 4 * e, p95_ms: 19 * e, samples: 0, basis: Basis::Elapsed })
+        Some(Estimate {
+            p50_ms: e,
+            p80_ms: 4 * e,
+            p95_ms: 19 * e,
+            samples: 0,
+            basis: Basis::Elapsed,
+        })
     }
 }
 
@@ -183,7 +203,13 @@ mod tests {
     use super::*;
 
     fn key(user: &str, name: &str, gpus: u32) -> JobKey {
-        JobKey { user: user.into(), name: name.into(), image: "img".into(), gpus, ..Default::default() }
+        JobKey {
+            user: user.into(),
+            name: name.into(),
+            image: "img".into(),
+            gpus,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -203,7 +229,10 @@ mod tests {
         assert_eq!((e.basis, e.samples, e.p50_ms), (Basis::SameJob, 10, 1004));
         // A new name falls back to the shape (both jobs' runs), then to everything.
         let e = h.estimate(&key("c", "new", 1), 0).unwrap();
-        assert_eq!((e.basis, e.samples, e.p50_ms, e.p95_ms), (Basis::SameShape, 20, 1009, 100_008));
+        assert_eq!(
+            (e.basis, e.samples, e.p50_ms, e.p95_ms),
+            (Basis::SameShape, 20, 1009, 100_008)
+        );
         let e = h.estimate(&key("c", "new", 4), 0).unwrap();
         assert_eq!((e.basis, e.samples), (Basis::All, 20));
     }
@@ -235,7 +264,11 @@ mod tests {
         let before = h.estimate(&key("a", "x", 1), 0);
         let mut leaked = h.clone();
         leaked.record(&key("a", "x", 1), 1_000_000); // what recording it early would do
-        assert_ne!(before, leaked.estimate(&key("a", "x", 1), 0), "the test can fail: a leak would show");
+        assert_ne!(
+            before,
+            leaked.estimate(&key("a", "x", 1), 0),
+            "the test can fail: a leak would show"
+        );
         assert_eq!(before, History::estimate(&h, &key("a", "x", 1), 0));
     }
 
@@ -243,19 +276,54 @@ mod tests {
     /// declarations were overrun.
     #[test]
     fn a_declaration_counts_until_its_owner_overran_one() {
-        let e = Estimate { p50_ms: 40_000, p80_ms: 53_000, p95_ms: 60_000, samples: 10, basis: Basis::SameJob };
+        let e = Estimate {
+            p50_ms: 40_000,
+            p80_ms: 53_000,
+            p95_ms: 60_000,
+            samples: 10,
+            basis: Basis::SameJob,
+        };
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let cases: [(&str, Option<i64>, Option<&Estimate>, u32, Option<i64>); 6] = [
             ("no declaration: the learned median", None, Some(&e), 0, Some(40_000)),
             ("no declaration, nothing learned: unknown", None, None, 3, None),
-            ("an honest owner's declaration is used as declared", Some(1_000), Some(&e), 0, Some(1_000)),
-            ("bob overran once: his 1 s declaration counts as the learned p80, 53 s", Some(1_000), Some(&e), 1, Some(53_000)),
-            ("...and a declaration longer than the p80 stays as declared", Some(90_000), Some(&e), 1, Some(90_000)),
-            ("...nothing learned yet: unknown, so never backfilled", Some(1_000), None, 1, None),
+            (
+                "an honest owner's declaration is used as declared",
+                Some(1_000),
+                Some(&e),
+                0,
+                Some(1_000),
+            ),
+            (
+                "bob overran once: his 1 s declaration counts as the learned p80, 53 s",
+                Some(1_000),
+                Some(&e),
+                1,
+                Some(53_000),
+            ),
+            (
+                "...and a declaration longer than the p80 stays as declared",
+                Some(90_000),
+                Some(&e),
+                1,
+                Some(90_000),
+            ),
+            (
+                "...nothing learned yet: unknown, so never backfilled",
+                Some(1_000),
+                None,
+                1,
+                None,
+            ),
         ];
         for (name, declared, learned, overruns, want) in cases {
             assert_eq!(trusted_runtime(declared, learned, overruns, 1), want, "{name}");
         }
-        assert_eq!(trusted_runtime(Some(1_000), Some(&e), 1, 2), Some(1_000), "below the strikes (2 here): still trusted");
+        assert_eq!(
+            trusted_runtime(Some(1_000), Some(&e), 1, 2),
+            Some(1_000),
+            "below the strikes (2 here): still trusted"
+        );
         assert_eq!(trusted_runtime(Some(1_000), Some(&e), 2, 2), Some(53_000));
     }
 

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountType, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountType, ResourcesUlimits,
+};
 use bollard::query_parameters as qp;
 use bollard::Docker;
 use bytes::Bytes;
@@ -88,7 +90,8 @@ pub struct ForeignGpuUse {
 /// the nvidia runtime (the variable alone does nothing elsewhere; CUDA images set it to `all`).
 pub fn gpus_of(device_requests: &[DeviceRequest], runtime: Option<&str>, env: &[String]) -> Option<GpuSet> {
     for r in device_requests {
-        let gpu = r.driver.as_deref() == Some("nvidia") || r.capabilities.iter().flatten().flatten().any(|c| c == "gpu");
+        let gpu =
+            r.driver.as_deref() == Some("nvidia") || r.capabilities.iter().flatten().flatten().any(|c| c == "gpu");
         if !gpu {
             continue;
         }
@@ -134,7 +137,14 @@ pub enum ExecError {
 impl ExecError {
     /// Errors that say nothing about the job itself: retry later without using up the job's retries.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ExecError::DockerUnavailable(_) | ExecError::DockerForbidden(_) | ExecError::GpuTaken(_) | ExecError::NetworkGone(_) | ExecError::ImageGone(_))
+        matches!(
+            self,
+            ExecError::DockerUnavailable(_)
+                | ExecError::DockerForbidden(_)
+                | ExecError::GpuTaken(_)
+                | ExecError::NetworkGone(_)
+                | ExecError::ImageGone(_)
+        )
     }
 }
 
@@ -143,7 +153,10 @@ fn unreachable_or_forbidden(e: DockerError) -> ExecError {
     // The io error sits deep in hyper's chain; its Debug form names it.
     let detail = format!("{e:?}");
     if detail.contains("PermissionDenied") || detail.contains("ermission denied") {
-        let socket = std::env::var("DOCKER_HOST").ok().and_then(|h| h.strip_prefix("unix://").map(String::from)).unwrap_or_else(|| "/var/run/docker.sock".into());
+        let socket = std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|h| h.strip_prefix("unix://").map(String::from))
+            .unwrap_or_else(|| "/var/run/docker.sock".into());
         ExecError::DockerForbidden(socket)
     } else {
         ExecError::DockerUnavailable(e.to_string())
@@ -152,7 +165,10 @@ fn unreachable_or_forbidden(e: DockerError) -> ExecError {
 
 fn classify(e: DockerError) -> ExecError {
     match e {
-        DockerError::DockerResponseServerError { status_code: 404, message } => ExecError::NotFound(message),
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            message,
+        } => ExecError::NotFound(message),
         DockerError::DockerResponseServerError { message, .. } => ExecError::Rejected(message),
         other => unreachable_or_forbidden(other),
     }
@@ -220,8 +236,21 @@ pub struct HostRoot {
 /// `sbin` is the container's own: Docker puts its init at `/sbin/docker-init`, which it could not
 /// create inside the machine's read-only `/sbin` (the machine's are in `/usr/sbin` on a merged-/usr
 /// system, which Debian 12 and Ubuntu are).
-const HOST_ROOT_DIRS: [(&str, u32); 13] =
-    [("sbin", 0o755), ("tmp", 0o1777), ("var", 0o755), ("var/tmp", 0o1777), ("home", 0o755), ("root", 0o700), ("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("run", 0o755), ("mnt", 0o755), ("media", 0o755), ("srv", 0o755)];
+const HOST_ROOT_DIRS: [(&str, u32); 13] = [
+    ("sbin", 0o755),
+    ("tmp", 0o1777),
+    ("var", 0o755),
+    ("var/tmp", 0o1777),
+    ("home", 0o755),
+    ("root", 0o700),
+    ("proc", 0o555),
+    ("sys", 0o555),
+    ("dev", 0o755),
+    ("run", 0o755),
+    ("mnt", 0o755),
+    ("media", 0o755),
+    ("srv", 0o755),
+];
 
 /// What a top-level system folder is on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,8 +284,14 @@ impl HostRoot {
         }
         tar.extend([0u8; 1024]);
         // FNV-1a of the layout: another machine's (or a changed) layout is another image.
-        let hash = described.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-        HostRoot { tag: format!("gantry-host-root:{:012x}", hash >> 16), tar, binds }
+        let hash = described.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        HostRoot {
+            tag: format!("gantry-host-root:{:012x}", hash >> 16),
+            tar,
+            binds,
+        }
     }
 
     /// This machine's.
@@ -280,7 +315,11 @@ impl HostRoot {
 /// One ustar header (a directory or a symbolic link: no data follows), owned by root.
 fn tar_header(name: &str, kind: u8, mode: u32, link: &str) -> [u8; 512] {
     let mut h = [0u8; 512];
-    let name = if kind == b'5' { format!("{name}/") } else { name.to_string() };
+    let name = if kind == b'5' {
+        format!("{name}/")
+    } else {
+        name.to_string()
+    };
     h[..name.len().min(100)].copy_from_slice(&name.as_bytes()[..name.len().min(100)]);
     let octal = |h: &mut [u8; 512], at: usize, width: usize, v: u64| {
         let s = format!("{v:0w$o}\0", w = width - 1);
@@ -313,8 +352,15 @@ pub struct Terminal {
 /// The argv of a session without a command: `shell` (the owner's login shell on this machine) as a
 /// login shell where the image has it, else the image's `/bin/sh`.
 pub fn session_argv(shell: Option<&str>) -> Vec<String> {
-    let shell = shell.filter(|s| s.starts_with('/') && !s.ends_with("/nologin") && !s.ends_with("/false")).unwrap_or("/bin/sh");
-    vec!["/bin/sh".into(), "-c".into(), r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#.into(), shell.into()]
+    let shell = shell
+        .filter(|s| s.starts_with('/') && !s.ends_with("/nologin") && !s.ends_with("/false"))
+        .unwrap_or("/bin/sh");
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#.into(),
+        shell.into(),
+    ]
 }
 
 /// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
@@ -325,7 +371,12 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         env.push((k.to_string(), v));
     };
     // A HOME the job can write (many tools cache there); one the spec sets itself is kept.
-    if let Some(h) = l.container.home.as_ref().filter(|_| !l.job.spec.env.contains_key("HOME")) {
+    if let Some(h) = l
+        .container
+        .home
+        .as_ref()
+        .filter(|_| !l.job.spec.env.contains_key("HOME"))
+    {
         set("HOME", h.clone());
     }
     set("GANTRY_JOB_ID", l.job_id.to_string());
@@ -342,7 +393,13 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         set("CUDA_VISIBLE_DEVICES", String::new());
     } else {
         set("NVIDIA_VISIBLE_DEVICES", l.gpu_uuids.join(","));
-        set("CUDA_VISIBLE_DEVICES", (0..l.gpu_uuids.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        set(
+            "CUDA_VISIBLE_DEVICES",
+            (0..l.gpu_uuids.len())
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     }
     // Who the job runs as, by name (its passwd entry is in the container too), unless the spec says.
     if let Some(u) = l.container.user.as_ref() {
@@ -475,7 +532,9 @@ pub trait Executor: Send + Sync + 'static {
     }
     /// An interactive session's terminal (its container was created with a TTY and open stdin).
     async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
-        Err(ExecError::Rejected(format!("container {id} has no terminal to attach to here")))
+        Err(ExecError::Rejected(format!(
+            "container {id} has no terminal to attach to here"
+        )))
     }
     /// Set the size of a session's terminal.
     async fn resize(&self, _id: &str, _cols: u16, _rows: u16) -> Result<(), ExecError> {
@@ -484,7 +543,9 @@ pub trait Executor: Send + Sync + 'static {
     /// A TCP connection to `port` on 127.0.0.1 inside the container's network namespace (or, where
     /// this process may not enter it, to the container's own address).
     async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
-        Err(ExecError::Rejected(format!("cannot reach port {port} of container {id} here")))
+        Err(ExecError::Rejected(format!(
+            "cannot reach port {port} of container {id} here"
+        )))
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
@@ -503,14 +564,23 @@ pub struct Frame {
 
 impl Frame {
     pub fn stdout(data: impl Into<Bytes>) -> Frame {
-        Frame { stderr: false, data: data.into() }
+        Frame {
+            stderr: false,
+            data: data.into(),
+        }
     }
 
     fn of(o: bollard::container::LogOutput) -> Frame {
         use bollard::container::LogOutput;
         match o {
-            LogOutput::StdErr { message } => Frame { stderr: true, data: message },
-            LogOutput::StdOut { message } | LogOutput::Console { message } | LogOutput::StdIn { message } => Frame { stderr: false, data: message },
+            LogOutput::StdErr { message } => Frame {
+                stderr: true,
+                data: message,
+            },
+            LogOutput::StdOut { message } | LogOutput::Console { message } | LogOutput::StdIn { message } => Frame {
+                stderr: false,
+                data: message,
+            },
         }
     }
 }
@@ -519,12 +589,29 @@ impl Frame {
 /// ulimits, the process limit, IPC, HOME's tmpfs and Docker's own bounded log.
 fn container_host_config(l: &Launch) -> HostConfig {
     let c = &l.container;
-    let ulimit = |name: &str, v: Option<i64>| v.map(|v| ResourcesUlimits { name: Some(name.into()), soft: Some(v), hard: Some(v) });
-    let ulimits: Vec<ResourcesUlimits> = [ulimit("memlock", c.memlock), ulimit("stack", c.stack)].into_iter().flatten().collect();
-    let tmpfs = c.home.as_ref().filter(|_| c.home_tmpfs).map(|h| HashMap::from([(h.clone(), format!("rw,nosuid,nodev,mode=0700,uid={},gid={}", l.uid, l.gid))]));
+    let ulimit = |name: &str, v: Option<i64>| {
+        v.map(|v| ResourcesUlimits {
+            name: Some(name.into()),
+            soft: Some(v),
+            hard: Some(v),
+        })
+    };
+    let ulimits: Vec<ResourcesUlimits> = [ulimit("memlock", c.memlock), ulimit("stack", c.stack)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let tmpfs = c.home.as_ref().filter(|_| c.home_tmpfs).map(|h| {
+        HashMap::from([(
+            h.clone(),
+            format!("rw,nosuid,nodev,mode=0700,uid={},gid={}", l.uid, l.gid),
+        )])
+    });
     let log_config = c.log_file_size.map(|size| HostConfigLogConfig {
         typ: Some("json-file".into()),
-        config: Some(HashMap::from([("max-size".to_string(), size.to_string()), ("max-file".to_string(), crate::defaults::DOCKER_LOG_FILES.to_string())])),
+        config: Some(HashMap::from([
+            ("max-size".to_string(), size.to_string()),
+            ("max-file".to_string(), crate::defaults::DOCKER_LOG_FILES.to_string()),
+        ])),
     });
     HostConfig {
         // With pinned CPUs the quota equals their number, so it never throttles the job.
@@ -538,7 +625,9 @@ fn container_host_config(l: &Launch) -> HostConfig {
         ulimits: (!ulimits.is_empty()).then_some(ulimits),
         ipc_mode: Some(if c.ipc_host { "host" } else { "private" }.into()),
         tmpfs,
-        storage_opt: c.layer_size.map(|b| HashMap::from([("size".to_string(), b.to_string())])),
+        storage_opt: c
+            .layer_size
+            .map(|b| HashMap::from([("size".to_string(), b.to_string())])),
         ..Default::default()
     }
 }
@@ -575,7 +664,21 @@ impl NetworkLock {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
         let path = network_lock_path(nix::unistd::geteuid().as_raw());
-        let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)) else {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .or_else(|_| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(path)
+            })
+        else {
             return NetworkLock { _held: None };
         };
         let began = std::time::Instant::now();
@@ -585,7 +688,10 @@ impl NetworkLock {
                 return NetworkLock { _held: Some(f) };
             }
             if began.elapsed() > NETWORK_LOCK_WAIT {
-                tracing::warn!("{path} stayed locked for {}s; going on without it", NETWORK_LOCK_WAIT.as_secs());
+                tracing::warn!(
+                    "{path} stayed locked for {}s; going on without it",
+                    NETWORK_LOCK_WAIT.as_secs()
+                );
                 return NetworkLock { _held: None };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -612,7 +718,9 @@ fn first_plain_file(tar: &[u8]) -> Option<Vec<u8>> {
     let mut at = 0;
     for _ in 0..4 {
         let h = tar.get(at..at + 512)?;
-        let size_field = std::str::from_utf8(&h[124..136]).ok()?.trim_matches(|c: char| c == '\0' || c == ' ');
+        let size_field = std::str::from_utf8(&h[124..136])
+            .ok()?
+            .trim_matches(|c: char| c == '\0' || c == ' ');
         let size = usize::from_str_radix(size_field, 8).ok()?;
         let data = at + 512;
         match h[156] {
@@ -635,7 +743,11 @@ impl DockerExecutor {
         if let Some(g) = self.inspected.lock().unwrap().get(&id).cloned() {
             return g;
         }
-        let info = self.docker.inspect_container(&id, None::<qp::InspectContainerOptions>).await.ok()?;
+        let info = self
+            .docker
+            .inspect_container(&id, None::<qp::InspectContainerOptions>)
+            .await
+            .ok()?;
         let hc = info.host_config.unwrap_or_default();
         let env = info.config.and_then(|c| c.env).unwrap_or_default();
         let g = gpus_of(&hc.device_requests.unwrap_or_default(), hc.runtime.as_deref(), &env);
@@ -651,9 +763,17 @@ impl DockerExecutor {
         let name = user_network(uid);
         let find = || async {
             let filters = HashMap::from([("name".to_string(), vec![name.clone()])]);
-            let list = self.docker.list_networks(Some(qp::ListNetworksOptions { filters: Some(filters) })).await.map_err(classify)?;
+            let list = self
+                .docker
+                .list_networks(Some(qp::ListNetworksOptions { filters: Some(filters) }))
+                .await
+                .map_err(classify)?;
             // `name` filters by substring: only the exact name counts.
-            let mut ids: Vec<String> = list.into_iter().filter(|n| n.name.as_deref() == Some(name.as_str())).filter_map(|n| n.id).collect();
+            let mut ids: Vec<String> = list
+                .into_iter()
+                .filter(|n| n.name.as_deref() == Some(name.as_str()))
+                .filter_map(|n| n.id)
+                .collect();
             ids.sort();
             Ok::<_, ExecError>(ids)
         };
@@ -686,7 +806,13 @@ impl DockerExecutor {
     async fn remove_network_if_unused(&self, network: &str) {
         let _one = self.networks.lock().await;
         let _all = NetworkLock::take().await;
-        let Ok(info) = self.docker.inspect_network(network, None::<qp::InspectNetworkOptions>).await else { return };
+        let Ok(info) = self
+            .docker
+            .inspect_network(network, None::<qp::InspectNetworkOptions>)
+            .await
+        else {
+            return;
+        };
         if !info.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NETWORK_UID)) {
             return;
         }
@@ -696,7 +822,11 @@ impl DockerExecutor {
         // container between its create and its start and removed the network under it.
         let Some(name) = info.name else { return };
         let filters = HashMap::from([("network".to_string(), vec![name])]);
-        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let opts = qp::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
         match self.docker.list_containers(Some(opts)).await {
             Ok(list) if list.is_empty() => {
                 if let Err(e) = self.docker.remove_network(&id).await {
@@ -709,7 +839,12 @@ impl DockerExecutor {
 
     pub fn connect() -> Result<DockerExecutor, ExecError> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| ExecError::DockerUnavailable(e.to_string()))?;
-        Ok(DockerExecutor { docker, inspected: Default::default(), image_files: Default::default(), networks: Default::default() })
+        Ok(DockerExecutor {
+            docker,
+            inspected: Default::default(),
+            image_files: Default::default(),
+            networks: Default::default(),
+        })
     }
 }
 
@@ -728,7 +863,10 @@ impl Executor for DockerExecutor {
     }
 
     async fn pull(&self, image: &str) -> Result<(), ExecError> {
-        let opts = qp::CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
+        let opts = qp::CreateImageOptions {
+            from_image: Some(image.to_string()),
+            ..Default::default()
+        };
         let mut stream = self.docker.create_image(Some(opts), None, None);
         while let Some(item) = stream.next().await {
             if let Err(e) = item {
@@ -737,12 +875,18 @@ impl Executor for DockerExecutor {
                     DockerError::DockerStreamError { error } => error,
                     other => other.to_string(),
                 };
-                return Err(ExecError::ImageUnavailable { image: image.into(), detail });
+                return Err(ExecError::ImageUnavailable {
+                    image: image.into(),
+                    detail,
+                });
             }
         }
         match self.has_image(image).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(ExecError::ImageUnavailable { image: image.into(), detail: "Docker finished the pull without the image".into() }),
+            Ok(false) => Err(ExecError::ImageUnavailable {
+                image: image.into(),
+                detail: "Docker finished the pull without the image".into(),
+            }),
             Err(e) => Err(e),
         }
     }
@@ -753,7 +897,10 @@ impl Executor for DockerExecutor {
             (LABEL_JOB.to_string(), l.job_id.to_string()),
             (LABEL_ATTEMPT.to_string(), l.attempt_id.to_string()),
             (LABEL_DB.to_string(), l.db_uid.to_string()),
-            (LABEL_GPUS.to_string(), l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
+            (
+                LABEL_GPUS.to_string(),
+                l.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
+            ),
             (LABEL_GPU_UUIDS.to_string(), l.gpu_uuids.join(",")),
         ]);
         let mut labels = labels;
@@ -776,7 +923,12 @@ impl Executor for DockerExecutor {
                 ..Default::default()
             })
             .collect();
-        let groups: Vec<String> = l.groups.iter().filter(|g| **g != l.gid).map(|g| g.to_string()).collect();
+        let groups: Vec<String> = l
+            .groups
+            .iter()
+            .filter(|g| **g != l.gid)
+            .map(|g| g.to_string())
+            .collect();
         let device_requests = (l.binding == GpuBinding::Nvidia && !l.gpu_uuids.is_empty()).then(|| {
             vec![DeviceRequest {
                 driver: Some("nvidia".into()),
@@ -788,7 +940,10 @@ impl Executor for DockerExecutor {
         let tty = l.job.spec.interactive;
         let body = ContainerCreateBody {
             image: Some(l.image.clone().unwrap_or_else(|| l.job.spec.image.clone())),
-            cmd: l.command.clone().or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
+            cmd: l
+                .command
+                .clone()
+                .or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
             // A session's shell gets a terminal, and its stdin stays open between attachments.
             tty: tty.then_some(true),
             open_stdin: tty.then_some(true),
@@ -808,7 +963,10 @@ impl Executor for DockerExecutor {
             }),
             ..Default::default()
         };
-        let opts = qp::CreateContainerOptions { name: Some(l.name.clone()), ..Default::default() };
+        let opts = qp::CreateContainerOptions {
+            name: Some(l.name.clone()),
+            ..Default::default()
+        };
         // On the owner's own network. This engine never removes it between ensure and create (the
         // lock); another engine may, when its last container goes (see `remove`): then once more.
         let mut body = body;
@@ -823,7 +981,9 @@ impl Executor for DockerExecutor {
             body.host_config.as_mut().unwrap().network_mode = Some(net);
             match self.docker.create_container(Some(opts.clone()), body.clone()).await {
                 Ok(c) => return Ok(c.id),
-                Err(DockerError::DockerResponseServerError { status_code, message }) if (status_code == 404 || message.contains("ambiguous")) && message.contains("network") => {
+                Err(DockerError::DockerResponseServerError { status_code, message })
+                    if (status_code == 404 || message.contains("ambiguous")) && message.contains("network") =>
+                {
                     if tries >= 20 {
                         return Err(ExecError::NetworkGone(message));
                     }
@@ -837,13 +997,27 @@ impl Executor for DockerExecutor {
 
     async fn storage(&self) -> Result<Option<Storage>, ExecError> {
         let info = self.docker.info().await.map_err(unreachable_or_forbidden)?;
-        let backing = info.driver_status.unwrap_or_default().into_iter().find(|kv| kv.first().is_some_and(|k| k == "Backing Filesystem")).and_then(|kv| kv.get(1).cloned());
-        Ok(Some(Storage { root_dir: info.docker_root_dir.unwrap_or_else(|| "/var/lib/docker".into()), driver: info.driver.unwrap_or_default(), backing }))
+        let backing = info
+            .driver_status
+            .unwrap_or_default()
+            .into_iter()
+            .find(|kv| kv.first().is_some_and(|k| k == "Backing Filesystem"))
+            .and_then(|kv| kv.get(1).cloned());
+        Ok(Some(Storage {
+            root_dir: info.docker_root_dir.unwrap_or_else(|| "/var/lib/docker".into()),
+            driver: info.driver.unwrap_or_default(),
+            backing,
+        }))
     }
 
     async fn writers(&self) -> Result<Vec<crate::policy::Writer>, ExecError> {
         let filters = HashMap::from([("label".to_string(), vec![LABEL_JOB.to_string()])]);
-        let opts = qp::ListContainersOptions { all: true, size: true, filters: Some(filters), ..Default::default() };
+        let opts = qp::ListContainersOptions {
+            all: true,
+            size: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
         let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
         Ok(list
             .into_iter()
@@ -851,10 +1025,18 @@ impl Executor for DockerExecutor {
                 let labels = c.labels.unwrap_or_default();
                 let uid = labels.get(LABEL_UID).and_then(|u| u.parse::<u32>().ok());
                 let owner = match uid {
-                    Some(u) => nix::unistd::User::from_uid(u.into()).ok().flatten().map(|p| p.name).unwrap_or_else(|| format!("uid {u}")),
+                    Some(u) => nix::unistd::User::from_uid(u.into())
+                        .ok()
+                        .flatten()
+                        .map(|p| p.name)
+                        .unwrap_or_else(|| format!("uid {u}")),
                     None => "owner unknown".into(),
                 };
-                crate::policy::Writer { job_id: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()), owner, size_rw: c.size_rw.unwrap_or(0).max(0) as u64 }
+                crate::policy::Writer {
+                    job_id: labels.get(LABEL_JOB).and_then(|j| j.parse().ok()),
+                    owner,
+                    size_rw: c.size_rw.unwrap_or(0).max(0) as u64,
+                }
             })
             .collect())
     }
@@ -862,15 +1044,37 @@ impl Executor for DockerExecutor {
     async fn pinned_cpus(&self) -> Result<Vec<u32>, ExecError> {
         let filters = HashMap::from([
             ("label".to_string(), vec![LABEL_CPUS.to_string()]),
-            ("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string(), "paused".to_string()]),
+            (
+                "status".to_string(),
+                vec![
+                    "created".to_string(),
+                    "running".to_string(),
+                    "restarting".to_string(),
+                    "paused".to_string(),
+                ],
+            ),
         ]);
-        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let opts = qp::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
         let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
-        Ok(list.iter().filter_map(|c| c.labels.as_ref()?.get(LABEL_CPUS)).flat_map(|l| crate::resources::parse_cpu_list(l)).collect())
+        Ok(list
+            .iter()
+            .filter_map(|c| c.labels.as_ref()?.get(LABEL_CPUS))
+            .flat_map(|l| crate::resources::parse_cpu_list(l))
+            .collect())
     }
 
     async fn image_files(&self, image: &str, paths: &[&str], max: usize) -> Result<Vec<Option<Vec<u8>>>, ExecError> {
-        let id = self.docker.inspect_image(image).await.map_err(classify)?.id.unwrap_or_else(|| image.to_string());
+        let id = self
+            .docker
+            .inspect_image(image)
+            .await
+            .map_err(classify)?
+            .id
+            .unwrap_or_else(|| image.to_string());
         let key = (id, paths.iter().map(|p| p.to_string()).collect::<Vec<_>>());
         if let Some(hit) = self.image_files.lock().unwrap().get(&key) {
             return Ok(hit.clone());
@@ -882,10 +1086,17 @@ impl Executor for DockerExecutor {
             labels: Some(HashMap::from([(LABEL_PROBE.to_string(), "1".to_string())])),
             ..Default::default()
         };
-        let probe = self.docker.create_container(None::<qp::CreateContainerOptions>, body).await.map_err(classify)?.id;
+        let probe = self
+            .docker
+            .create_container(None::<qp::CreateContainerOptions>, body)
+            .await
+            .map_err(classify)?
+            .id;
         let mut out = vec![];
         for p in paths {
-            let mut s = self.docker.download_from_container(&probe, Some(qp::DownloadFromContainerOptions { path: p.to_string() }));
+            let mut s = self
+                .docker
+                .download_from_container(&probe, Some(qp::DownloadFromContainerOptions { path: p.to_string() }));
             let mut tar = vec![];
             let mut ok = true;
             while let Some(chunk) = s.next().await {
@@ -899,7 +1110,11 @@ impl Executor for DockerExecutor {
             }
             out.push(ok.then(|| first_plain_file(&tar)).flatten().filter(|f| f.len() <= max));
         }
-        let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        let opts = qp::RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
         if let Err(e) = self.docker.remove_container(&probe, Some(opts)).await {
             tracing::warn!("could not remove the container {probe} made to read {image}'s files: {e}");
         }
@@ -915,7 +1130,11 @@ impl Executor for DockerExecutor {
         match self.docker.start_container(id, None::<qp::StartContainerOptions>).await {
             // Another engine removed the user's network between our create and start (its last
             // container went at that moment): the next try makes it again.
-            Err(DockerError::DockerResponseServerError { status_code, message }) if message.contains("network") && (status_code == 404 || message.contains("ambiguous")) => Err(ExecError::NetworkGone(message)),
+            Err(DockerError::DockerResponseServerError { status_code, message })
+                if message.contains("network") && (status_code == 404 || message.contains("ambiguous")) =>
+            {
+                Err(ExecError::NetworkGone(message))
+            }
             r => r.map_err(classify),
         }
     }
@@ -926,20 +1145,32 @@ impl Executor for DockerExecutor {
             Some(Ok(_)) | Some(Err(DockerError::DockerContainerWaitError { .. })) | None => {}
             Some(Err(e)) => return Err(classify(e)),
         }
-        self.exit_of(id).await?.ok_or_else(|| ExecError::Rejected(format!("container {id} still running after wait")))
+        self.exit_of(id)
+            .await?
+            .ok_or_else(|| ExecError::Rejected(format!("container {id} still running after wait")))
     }
 
     async fn exit_of(&self, id: &str) -> Result<Option<Exit>, ExecError> {
-        let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
+        let info = self
+            .docker
+            .inspect_container(id, None::<qp::InspectContainerOptions>)
+            .await
+            .map_err(classify)?;
         let st = info.state.unwrap_or_default();
         if st.running.unwrap_or(false) {
             return Ok(None);
         }
-        Ok(Some(Exit { code: st.exit_code.unwrap_or(-1), oom_killed: st.oom_killed.unwrap_or(false) }))
+        Ok(Some(Exit {
+            code: st.exit_code.unwrap_or(-1),
+            oom_killed: st.oom_killed.unwrap_or(false),
+        }))
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
-        let opts = qp::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
+        let opts = qp::StopContainerOptions {
+            t: Some(grace.as_secs() as i32),
+            signal: None,
+        };
         match self.docker.stop_container(id, Some(opts)).await {
             Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
             Err(e) => Err(classify(e)),
@@ -950,10 +1181,21 @@ impl Executor for DockerExecutor {
         // The signal is sent with `kill`, not as `stop`'s `signal`: Docker before API 1.42 (Debian 12's
         // 20.10 speaks 1.41) ignores that parameter and sends SIGTERM, which kills a job that saves
         // its checkpoint on SIGUSR1. Then the grace, then `stop` (SIGTERM, SIGKILL a second later).
-        match self.docker.kill_container(id, Some(qp::KillContainerOptions { signal: signal.to_string() })).await {
+        match self
+            .docker
+            .kill_container(
+                id,
+                Some(qp::KillContainerOptions {
+                    signal: signal.to_string(),
+                }),
+            )
+            .await
+        {
             Ok(()) => {}
             // Not running (any more): nothing to stop.
-            Err(DockerError::DockerResponseServerError { status_code: 304 | 409, .. }) => return Ok(()),
+            Err(DockerError::DockerResponseServerError {
+                status_code: 304 | 409, ..
+            }) => return Ok(()),
             Err(e) => return Err(classify(e)),
         }
         let mut exited = self.docker.wait_container(id, None::<qp::WaitContainerOptions>);
@@ -966,11 +1208,22 @@ impl Executor for DockerExecutor {
     async fn remove(&self, id: &str) -> Result<(), ExecError> {
         // Its user's network goes with the user's last container (bridge networks come from a small
         // address pool: about 30 on Docker's defaults).
-        let network = match self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
-            Ok(c) => c.host_config.and_then(|h| h.network_mode).filter(|n| n.starts_with("gantry-u") || n.len() == 64),
+        let network = match self
+            .docker
+            .inspect_container(id, None::<qp::InspectContainerOptions>)
+            .await
+        {
+            Ok(c) => c
+                .host_config
+                .and_then(|h| h.network_mode)
+                .filter(|n| n.starts_with("gantry-u") || n.len() == 64),
             Err(_) => None,
         };
-        let opts = qp::RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        let opts = qp::RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
         match self.docker.remove_container(id, Some(opts)).await {
             Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
             Err(e) => return Err(classify(e)),
@@ -983,7 +1236,11 @@ impl Executor for DockerExecutor {
 
     async fn list_ours(&self, engine_id: &str) -> Result<Vec<Found>, ExecError> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_ENGINE}={engine_id}")])]);
-        let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let opts = qp::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
         let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
         Ok(list
             .into_iter()
@@ -992,11 +1249,19 @@ impl Executor for DockerExecutor {
                 let state = c.state.map(|s| s.to_string()).unwrap_or_default();
                 Some(Found {
                     container_id: c.id?,
-                    name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
+                    name: c
+                        .names
+                        .unwrap_or_default()
+                        .first()
+                        .map(|n| n.trim_start_matches('/').to_string())
+                        .unwrap_or_default(),
                     job_id: labels.get(LABEL_JOB)?.parse().ok()?,
                     attempt_id: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
                     db_uid: labels.get(LABEL_DB).cloned(),
-                    gpus: labels.get(LABEL_GPUS).map(|g| g.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_default(),
+                    gpus: labels
+                        .get(LABEL_GPUS)
+                        .map(|g| g.split(',').filter_map(|x| x.parse().ok()).collect())
+                        .unwrap_or_default(),
                     life: match state.as_str() {
                         "running" | "restarting" | "paused" => Life::Running,
                         "created" => Life::Unsettled,
@@ -1012,17 +1277,32 @@ impl Executor for DockerExecutor {
     }
 
     async fn foreign_gpu_users(&self, engine_id: &str) -> Result<Vec<ForeignGpuUse>, ExecError> {
-        let list = self.docker.list_containers(Some(qp::ListContainersOptions { all: false, ..Default::default() })).await.map_err(classify)?;
+        let list = self
+            .docker
+            .list_containers(Some(qp::ListContainersOptions {
+                all: false,
+                ..Default::default()
+            }))
+            .await
+            .map_err(classify)?;
         let mut out = vec![];
         let mut seen = vec![];
         for c in list {
             let Some(id) = c.id.clone() else { continue };
-            if c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
+            if c.labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_ENGINE))
+                .is_some_and(|e| e == engine_id)
+            {
                 continue;
             }
             seen.push(id.clone());
             if let Some(gpus) = self.gpus_of_listed(&c).await {
-                out.push(ForeignGpuUse { container_id: id, name: listed_name(&c), gpus });
+                out.push(ForeignGpuUse {
+                    container_id: id,
+                    name: listed_name(&c),
+                    gpus,
+                });
             }
         }
         self.inspected.lock().unwrap().retain(|k, _| seen.contains(k));
@@ -1035,21 +1315,38 @@ impl Executor for DockerExecutor {
         }
         let began = std::time::Instant::now();
         loop {
-            let filters = HashMap::from([("status".to_string(), vec!["created".to_string(), "running".to_string(), "restarting".to_string()])]);
-            let opts = qp::ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+            let filters = HashMap::from([(
+                "status".to_string(),
+                vec!["created".to_string(), "running".to_string(), "restarting".to_string()],
+            )]);
+            let opts = qp::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            };
             let list = self.docker.list_containers(Some(opts)).await.map_err(classify)?;
             let now_s = now_ns() / 1_000_000_000;
             let mut later: Option<String> = None;
             for c in list {
                 let Some(cid) = c.id.clone() else { continue };
-                if cid == id || c.labels.as_ref().and_then(|l| l.get(LABEL_ENGINE)).is_some_and(|e| e == engine_id) {
+                if cid == id
+                    || c.labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_ENGINE))
+                        .is_some_and(|e| e == engine_id)
+                {
                     continue;
                 }
-                let Some(theirs) = self.gpus_of_listed(&c).await else { continue };
+                let Some(theirs) = self.gpus_of_listed(&c).await else {
+                    continue;
+                };
                 if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
                     continue;
                 }
-                let created_only = c.state.as_ref().is_some_and(|s| matches!(s, bollard::models::ContainerSummaryStateEnum::CREATED));
+                let created_only = c
+                    .state
+                    .as_ref()
+                    .is_some_and(|s| matches!(s, bollard::models::ContainerSummaryStateEnum::CREATED));
                 if !created_only {
                     return Ok(Some(listed_name(&c))); // it runs: it was first
                 }
@@ -1074,15 +1371,34 @@ impl Executor for DockerExecutor {
     }
 
     fn logs(&self, id: &str, since_s: i64, follow: bool) -> BoxStream<'static, Result<Frame, ExecError>> {
-        let opts = qp::LogsOptions { follow, stdout: true, stderr: true, timestamps: true, since: since_s as i32, ..Default::default() };
-        self.docker.logs(id, Some(opts)).map(|r| r.map(Frame::of).map_err(classify)).boxed()
+        let opts = qp::LogsOptions {
+            follow,
+            stdout: true,
+            stderr: true,
+            timestamps: true,
+            since: since_s as i32,
+            ..Default::default()
+        };
+        self.docker
+            .logs(id, Some(opts))
+            .map(|r| r.map(Frame::of).map_err(classify))
+            .boxed()
     }
 
     async fn terminal(&self, id: &str) -> Result<Terminal, ExecError> {
         // Docker's own detach keys stay its default (Ctrl-P Ctrl-Q), the ones the CLI detaches on itself.
-        let opts = qp::AttachContainerOptions { stream: true, stdin: true, stdout: true, stderr: true, ..Default::default() };
+        let opts = qp::AttachContainerOptions {
+            stream: true,
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        };
         let a = self.docker.attach_container(id, Some(opts)).await.map_err(classify)?;
-        Ok(Terminal { output: a.output.map(|o| o.map(|o| Frame::of(o).data).map_err(classify)).boxed(), input: a.input })
+        Ok(Terminal {
+            output: a.output.map(|o| o.map(|o| Frame::of(o).data).map_err(classify)).boxed(),
+            input: a.input,
+        })
     }
 
     async fn ensure_host_root(&self, root: &HostRoot) -> Result<String, ExecError> {
@@ -1092,56 +1408,131 @@ impl Executor for DockerExecutor {
             Err(e) => return Err(classify(e)),
         }
         let (repo, tag) = root.tag.split_once(':').unwrap_or((&root.tag, "latest"));
-        let opts = qp::CreateImageOptions { from_src: Some("-".into()), repo: Some(repo.into()), tag: Some(tag.into()), ..Default::default() };
-        let mut stream = self.docker.create_image(Some(opts), Some(bollard::body_full(Bytes::from(root.tar.clone()))), None);
+        let opts = qp::CreateImageOptions {
+            from_src: Some("-".into()),
+            repo: Some(repo.into()),
+            tag: Some(tag.into()),
+            ..Default::default()
+        };
+        let mut stream = self.docker.create_image(
+            Some(opts),
+            Some(bollard::body_full(Bytes::from(root.tar.clone()))),
+            None,
+        );
         while let Some(item) = stream.next().await {
-            item.map_err(|e| ExecError::ImageUnavailable { image: root.tag.clone(), detail: e.to_string() })?;
+            item.map_err(|e| ExecError::ImageUnavailable {
+                image: root.tag.clone(),
+                detail: e.to_string(),
+            })?;
         }
         tracing::info!("made {}, the root of jobs in this machine's own folders", root.tag);
         Ok(root.tag.clone())
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, ExecError> {
-        let info = self.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await.map_err(classify)?;
-        let pid = info.state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0).ok_or_else(|| ExecError::Rejected(format!("container {id} is not running")))?;
-        let inside = tokio::task::spawn_blocking(move || connect_in_netns(pid as u32, port)).await.map_err(|e| ExecError::Rejected(e.to_string()))?;
+        let info = self
+            .docker
+            .inspect_container(id, None::<qp::InspectContainerOptions>)
+            .await
+            .map_err(classify)?;
+        let pid = info
+            .state
+            .as_ref()
+            .and_then(|s| s.pid)
+            .filter(|p| *p > 0)
+            .ok_or_else(|| ExecError::Rejected(format!("container {id} is not running")))?;
+        let inside = tokio::task::spawn_blocking(move || connect_in_netns(pid as u32, port))
+            .await
+            .map_err(|e| ExecError::Rejected(e.to_string()))?;
         let stream = match inside {
             Ok(s) => s,
             // Not root (a user's own engine): the container's address on its Docker network.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) => {
-                let ip = info.network_settings.and_then(|n| n.networks).and_then(|n| n.into_values().find_map(|v| v.ip_address.filter(|a| !a.is_empty())));
-                let ip = ip.ok_or_else(|| ExecError::Rejected(format!("container {id} has no address to reach port {port} at")))?;
-                std::net::TcpStream::connect((ip.as_str(), port)).map_err(|e| ExecError::Rejected(format!("port {port} of the job: {e}")))?
+                let ip = info
+                    .network_settings
+                    .and_then(|n| n.networks)
+                    .and_then(|n| n.into_values().find_map(|v| v.ip_address.filter(|a| !a.is_empty())));
+                let ip = ip.ok_or_else(|| {
+                    ExecError::Rejected(format!("container {id} has no address to reach port {port} at"))
+                })?;
+                std::net::TcpStream::connect((ip.as_str(), port))
+                    .map_err(|e| ExecError::Rejected(format!("port {port} of the job: {e}")))?
             }
-            Err(e) => return Err(ExecError::Rejected(format!("port {port} of the job: {e}; is its server listening on 127.0.0.1:{port} inside?"))),
+            Err(e) => {
+                return Err(ExecError::Rejected(format!(
+                    "port {port} of the job: {e}; is its server listening on 127.0.0.1:{port} inside?"
+                )))
+            }
         };
-        stream.set_nonblocking(true).map_err(|e| ExecError::Rejected(e.to_string()))?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| ExecError::Rejected(e.to_string()))?;
         tokio::net::TcpStream::from_std(stream).map_err(|e| ExecError::Rejected(e.to_string()))
     }
 
     async fn resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
-        let opts = qp::ResizeContainerTTYOptions { w: cols.max(1) as i32, h: rows.max(1) as i32 };
+        let opts = qp::ResizeContainerTTYOptions {
+            w: cols.max(1) as i32,
+            h: rows.max(1) as i32,
+        };
         self.docker.resize_container_tty(id, opts).await.map_err(classify)
     }
 
     fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         let (docker, id) = (self.docker.clone(), id.to_string());
-        let opts = qp::AttachContainerOptions { stream: true, stdout: true, stderr: true, ..Default::default() };
+        let opts = qp::AttachContainerOptions {
+            stream: true,
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        };
         futures_util::stream::once(async move { docker.attach_container(&id, Some(opts)).await })
             .flat_map(|r| match r {
                 // The input half is kept with the output: dropping it could end the attachment.
                 Ok(a) => {
                     let input = a.input;
-                    a.output.map(move |o| {
-                        let _ = &input;
-                        o.map(Frame::of).map_err(classify)
-                    })
-                    .boxed()
+                    a.output
+                        .map(move |o| {
+                            let _ = &input;
+                            o.map(Frame::of).map_err(classify)
+                        })
+                        .boxed()
                 }
                 Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
             })
             .boxed()
     }
+}
+
+/// Connect to 127.0.0.1:`port` in the network namespace of process `pid`, from a thread made for
+/// it (a thread's namespace is its own; the socket keeps the namespace it was made in, and the
+/// thread ends there).
+fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(10),
+        )
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
+}
+
+fn listed_name(c: &bollard::models::ContainerSummary) -> String {
+    c.names
+        .as_ref()
+        .and_then(|n| n.first())
+        .map(|n| n.trim_start_matches('/').to_string())
+        .unwrap_or_default()
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -1168,7 +1559,10 @@ mod tests {
             gpu_uuids: uuids.iter().map(|s| s.to_string()).collect(),
             gpu_total_memory: Some(40 << 30),
             binding: GpuBinding::EnvOnly,
-            container: ContainerSettings { home: Some("/home/u".into()), ..Default::default() },
+            container: ContainerSettings {
+                home: Some("/home/u".into()),
+                ..Default::default()
+            },
             command: None,
             image: None,
         })
@@ -1176,19 +1570,38 @@ mod tests {
 
     #[test]
     fn the_host_root_mirrors_the_machines_links_and_mounts_its_folders() {
-        let merged = [("usr", TopLevel::Dir), ("bin", TopLevel::Link("usr/bin".into())), ("lib", TopLevel::Link("usr/lib".into())), ("etc", TopLevel::Dir), ("opt", TopLevel::Dir)];
+        let merged = [
+            ("usr", TopLevel::Dir),
+            ("bin", TopLevel::Link("usr/bin".into())),
+            ("lib", TopLevel::Link("usr/lib".into())),
+            ("etc", TopLevel::Dir),
+            ("opt", TopLevel::Dir),
+        ];
         let r = HostRoot::of(&merged);
         assert_eq!(r.binds, ["/usr", "/etc", "/opt"]);
         assert!(r.tag.starts_with("gantry-host-root:"));
-        let split = HostRoot::of(&[("usr", TopLevel::Dir), ("bin", TopLevel::Dir), ("sbin", TopLevel::Dir), ("etc", TopLevel::Dir)]);
-        assert_eq!(split.binds, ["/usr", "/bin", "/etc"], "/sbin is the container's own (Docker's init is there)");
+        let split = HostRoot::of(&[
+            ("usr", TopLevel::Dir),
+            ("bin", TopLevel::Dir),
+            ("sbin", TopLevel::Dir),
+            ("etc", TopLevel::Dir),
+        ]);
+        assert_eq!(
+            split.binds,
+            ["/usr", "/bin", "/etc"],
+            "/sbin is the container's own (Docker's init is there)"
+        );
         assert_ne!(r.tag, split.tag, "another layout, another image");
         assert_eq!(r.tag, HostRoot::of(&merged).tag);
         // Headers a tar reader takes: checksum, link, sticky /tmp.
         let h = &r.tar[512..1024];
         assert_eq!(&h[..4], b"tmp/");
         assert_eq!(&h[100..107], b"0001777");
-        let sum: u32 = h.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+        let sum: u32 = h
+            .iter()
+            .enumerate()
+            .map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) })
+            .sum();
         assert_eq!(std::str::from_utf8(&h[148..154]).unwrap(), format!("{sum:06o}"));
         let link = r.tar.chunks(512).find(|c| c.starts_with(b"bin\0")).unwrap();
         assert_eq!((link[156], &link[157..164]), (b'2', &b"usr/bin"[..]));
@@ -1213,8 +1626,16 @@ mod tests {
         pax.extend_from_slice(&[b'p'; 20]);
         pax.resize(1024, 0);
         pax.extend_from_slice(&tar);
-        assert_eq!(first_plain_file(&pax).as_deref(), Some(&body[..]), "an extended header first");
-        assert_eq!(first_plain_file(&header("passwd", b'2', 0)), None, "a symlink is not read");
+        assert_eq!(
+            first_plain_file(&pax).as_deref(),
+            Some(&body[..]),
+            "an extended header first"
+        );
+        assert_eq!(
+            first_plain_file(&header("passwd", b'2', 0)),
+            None,
+            "a symlink is not read"
+        );
         assert_eq!(first_plain_file(&tar[..520]), None, "a cut archive");
     }
 
@@ -1228,14 +1649,25 @@ mod tests {
             ..Default::default()
         };
         let env = |v: &str| vec![format!("NVIDIA_VISIBLE_DEVICES={v}")];
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(Vec<DeviceRequest>, Option<&str>, Vec<String>, Option<GpuSet>)> = vec![
-            (vec![req(Some(vec!["GPU-a", "GPU-b"]), None)], None, vec![], Some(GpuSet::Ids(vec!["GPU-a".into(), "GPU-b".into()]))),
+            (
+                vec![req(Some(vec!["GPU-a", "GPU-b"]), None)],
+                None,
+                vec![],
+                Some(GpuSet::Ids(vec!["GPU-a".into(), "GPU-b".into()])),
+            ),
             (vec![req(None, Some(-1))], None, vec![], Some(GpuSet::All)),
             (vec![req(None, Some(2))], None, vec![], Some(GpuSet::All)),
             // A CUDA image's own `NVIDIA_VISIBLE_DEVICES=all` gives no GPU without the nvidia runtime.
             (vec![], Some("runc"), env("all"), None),
             (vec![], Some("nvidia"), env("all"), Some(GpuSet::All)),
-            (vec![], Some("nvidia"), env("0,GPU-c"), Some(GpuSet::Ids(vec!["0".into(), "GPU-c".into()]))),
+            (
+                vec![],
+                Some("nvidia"),
+                env("0,GPU-c"),
+                Some(GpuSet::Ids(vec!["0".into(), "GPU-c".into()])),
+            ),
             (vec![], Some("nvidia"), env("void"), None),
             (vec![], None, vec![], None),
         ];
@@ -1248,48 +1680,41 @@ mod tests {
 
     #[test]
     fn env_binds_exactly_the_assigned_gpus() {
-        let j = validate_text("image: a\ngpus: 2\nenv: {CUDA_VISIBLE_DEVICES: '5', MY: x}\n", Format::Yaml, &Origin::default()).unwrap();
+        let j = validate_text(
+            "image: a\ngpus: 2\nenv: {CUDA_VISIBLE_DEVICES: '5', MY: x}\n",
+            Format::Yaml,
+            &Origin::default(),
+        )
+        .unwrap();
         let env = launch(&j, &["GPU-a", "GPU-b"]);
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b".to_string()));
-        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=0,1".to_string()), "a spec must not override the GPU binding: {env:?}");
+        assert!(
+            env.contains(&"CUDA_VISIBLE_DEVICES=0,1".to_string()),
+            "a spec must not override the GPU binding: {env:?}"
+        );
         assert!(env.contains(&"GANTRY_JOB_ID=7".to_string()));
         assert!(env.contains(&"MY=x".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("XLA_")));
         assert!(env.contains(&"HOME=/home/u".to_string()), "{env:?}");
         let own = validate_text("image: a\nenv: {HOME: /w}\n", Format::Yaml, &Origin::default()).unwrap();
-        assert!(launch(&own, &[]).contains(&"HOME=/w".to_string()), "a spec's HOME is kept");
+        assert!(
+            launch(&own, &[]).contains(&"HOME=/w".to_string()),
+            "a spec's HOME is kept"
+        );
     }
 
     #[test]
     fn shared_gpu_gets_memory_hints_and_cpu_job_sees_none() {
         let j = validate_text("image: a\ngpu_memory: 10GiB\n", Format::Yaml, &Origin::default()).unwrap();
         let env = launch(&j, &["GPU-a"]);
-        assert!(env.contains(&"FLAGS_fraction_of_gpu_memory_to_use=0.250".to_string()), "{env:?}");
+        assert!(
+            env.contains(&"FLAGS_fraction_of_gpu_memory_to_use=0.250".to_string()),
+            "{env:?}"
+        );
         assert!(env.contains(&"XLA_PYTHON_CLIENT_MEM_FRACTION=0.250".to_string()));
         assert!(env.contains(&"TF_FORCE_GPU_ALLOW_GROWTH=true".to_string()));
         let cpu = validate_text("image: a\ngpus: 0\n", Format::Yaml, &Origin::default()).unwrap();
         let env = launch(&cpu, &[]);
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
     }
-}
-
-/// Connect to 127.0.0.1:`port` in the network namespace of process `pid`, from a thread made for
-/// it (a thread's namespace is its own; the socket keeps the namespace it was made in, and the
-/// thread ends there).
-fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
-        std::net::TcpStream::connect_timeout(&std::net::SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))
-    })
-    .join()
-    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
-}
-
-fn listed_name(c: &bollard::models::ContainerSummary) -> String {
-    c.names.as_ref().and_then(|n| n.first()).map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default()
-}
-
-fn now_ns() -> i128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i128).unwrap_or(0)
 }

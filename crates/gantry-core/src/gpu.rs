@@ -46,11 +46,20 @@ pub trait GpuBackend: Send {
 pub fn numa_node_of(bus_id: &str) -> Option<u32> {
     let id = bus_id.trim().to_ascii_lowercase();
     // NVML pads the PCI domain to 8 digits, sysfs to 4.
-    let id = if id.len() == 16 && id.starts_with("0000") { id[4..].to_string() } else { id };
+    let id = if id.len() == 16 && id.starts_with("0000") {
+        id[4..].to_string()
+    } else {
+        id
+    };
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') {
         return None;
     }
-    std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+    std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node"))
+        .ok()?
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 /// Simulated GPUs: `sim:4x24GiB`, or a mixed machine `sim:2xA100-40GiB+2xH100-80GiB`.
@@ -70,11 +79,17 @@ impl SimulatedBackend {
     fn on_machine(groups: &[(u32, Option<String>, u64)], machine: u16) -> Self {
         let gpus = groups
             .iter()
-            .flat_map(|(n, ty, mem)| (0..*n).map(move |_| (format!("Simulated {}", ty.as_deref().unwrap_or("GPU")), *mem)))
+            .flat_map(|(n, ty, mem)| {
+                (0..*n).map(move |_| (format!("Simulated {}", ty.as_deref().unwrap_or("GPU")), *mem))
+            })
             .enumerate()
             .map(|(i, (name, mem))| (format!("GPU-5160a7ed-{machine:04x}-4000-8000-{i:012x}"), name, mem))
             .collect();
-        SimulatedBackend { gpus, load: vec![], tick: 0 }
+        SimulatedBackend {
+            gpus,
+            load: vec![],
+            tick: 0,
+        }
     }
     /// (GPU count, memory of the first GPU).
     pub fn shape(&self) -> (u32, u64) {
@@ -87,7 +102,12 @@ impl SimulatedBackend {
         let bad = || GpuError::BadSimSpec(s.into());
         let body = s.strip_prefix("sim:").unwrap_or(s);
         let (body, machine) = match body.split_once('@') {
-            Some((b, name)) => (b, name.bytes().fold(0u16, |h, c| h.wrapping_mul(31).wrapping_add(c as u16)).max(1)),
+            Some((b, name)) => (
+                b,
+                name.bytes()
+                    .fold(0u16, |h, c| h.wrapping_mul(31).wrapping_add(c as u16))
+                    .max(1),
+            ),
             None => (body, 0),
         };
         let mut groups = vec![];
@@ -98,7 +118,10 @@ impl SimulatedBackend {
                 Some((ty, mem)) => (Some(ty.trim().to_string()), mem),
                 None => (None, rest),
             };
-            if ty.as_ref().is_some_and(|t| t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || " ._".contains(c))) {
+            if ty
+                .as_ref()
+                .is_some_and(|t| t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || " ._".contains(c)))
+            {
                 return Err(bad());
             }
             let mem = crate::units::parse_bytes(mem).filter(|m| *m > 0).ok_or_else(bad)?;
@@ -125,7 +148,12 @@ impl GpuBackend for SimulatedBackend {
             .iter()
             .enumerate()
             .map(|(i, (uuid, name, total))| {
-                let l = self.load.iter().find(|l| l.index == i as u32).cloned().unwrap_or_default();
+                let l = self
+                    .load
+                    .iter()
+                    .find(|l| l.index == i as u32)
+                    .cloned()
+                    .unwrap_or_default();
                 // Deterministic wobble so charts look alive without randomness.
                 let wobble = ((self.tick * 7 + i as u64 * 13) % 11) as u32;
                 let util = if l.exclusive {
@@ -139,7 +167,13 @@ impl GpuBackend for SimulatedBackend {
                 let processes: Vec<GpuProcess> = l
                     .containers
                     .iter()
-                    .map(|(cid, declared)| GpuProcess { pid: 0, used_memory: Some(declared.unwrap_or(total * 7 / 10)), container_id: Some(cid.clone()), uid: None, command: None })
+                    .map(|(cid, declared)| GpuProcess {
+                        pid: 0,
+                        used_memory: Some(declared.unwrap_or(total * 7 / 10)),
+                        container_id: Some(cid.clone()),
+                        uid: None,
+                        command: None,
+                    })
                     .collect();
                 let used = processes.iter().filter_map(|p| p.used_memory).sum::<u64>().min(*total);
                 GpuSample {
@@ -188,7 +222,10 @@ impl NvmlBackend {
         if n == 0 {
             return Err(GpuError::Nvml("the driver reports no GPUs".into()));
         }
-        Ok(NvmlBackend { nvml, links: Default::default() })
+        Ok(NvmlBackend {
+            nvml,
+            links: Default::default(),
+        })
     }
 }
 
@@ -205,7 +242,12 @@ fn init_error(drivers_library: bool, e: &nvml_wrapper::error::NvmlError) -> Stri
 }
 
 /// One NVML device (a GPU or a MIG instance) as a sample.
-fn read_device(d: &nvml_wrapper::Device, index: u32, name: String, mig_parent: Option<MigParent>) -> Result<GpuSample, GpuError> {
+fn read_device(
+    d: &nvml_wrapper::Device,
+    index: u32,
+    name: String,
+    mig_parent: Option<MigParent>,
+) -> Result<GpuSample, GpuError> {
     use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
     use nvml_wrapper::enums::device::UsedGpuMemory;
     let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
@@ -276,8 +318,17 @@ impl GpuBackend for NvmlBackend {
     }
     /// From each physical GPU's PCI bus id; MIG instances are on their GPU's node.
     fn numa_nodes(&mut self) -> Vec<(u32, u32)> {
-        let node_of = |i: u32| self.nvml.device_by_index(i).ok()?.pci_info().ok().and_then(|p| numa_node_of(&p.bus_id));
-        let physical: Vec<(u32, Option<u32>)> = (0..self.nvml.device_count().unwrap_or(0)).map(|i| (i, node_of(i))).collect();
+        let node_of = |i: u32| {
+            self.nvml
+                .device_by_index(i)
+                .ok()?
+                .pci_info()
+                .ok()
+                .and_then(|p| numa_node_of(&p.bus_id))
+        };
+        let physical: Vec<(u32, Option<u32>)> = (0..self.nvml.device_count().unwrap_or(0))
+            .map(|i| (i, node_of(i)))
+            .collect();
         let Ok(samples) = self.sample() else { return vec![] };
         samples
             .iter()
@@ -303,7 +354,11 @@ impl GpuBackend for NvmlBackend {
             let name = d.name().unwrap_or_else(|_| "NVIDIA GPU".into());
             match mig_instances(&d) {
                 Some(migs) => {
-                    let parent = MigParent { index: i, uuid: d.uuid().map_err(e)?, name };
+                    let parent = MigParent {
+                        index: i,
+                        uuid: d.uuid().map_err(e)?,
+                        name,
+                    };
                     for (k, m) in migs.iter().enumerate() {
                         let name = m.name().unwrap_or_else(|_| format!("{} MIG {k}", parent.name));
                         out.push(read_device(m, next_mig, name, Some(parent.clone()))?);
@@ -321,8 +376,16 @@ impl GpuBackend for NvmlBackend {
         let cache = &mut self.links;
         for (x, &i) in whole.iter().enumerate() {
             for &j in &whole[x + 1..] {
-                let ui = out.iter().find(|g| g.index == i).map(|g| g.uuid.clone()).unwrap_or_default();
-                let uj = out.iter().find(|g| g.index == j).map(|g| g.uuid.clone()).unwrap_or_default();
+                let ui = out
+                    .iter()
+                    .find(|g| g.index == i)
+                    .map(|g| g.uuid.clone())
+                    .unwrap_or_default();
+                let uj = out
+                    .iter()
+                    .find(|g| g.index == j)
+                    .map(|g| g.uuid.clone())
+                    .unwrap_or_default();
                 let link = *cache.entry((ui, uj)).or_insert_with(|| {
                     let (a, b) = (nvml.device_by_index(i), nvml.device_by_index(j));
                     a.ok().zip(b.ok()).and_then(|(a, b)| link_between(&a, b))
@@ -356,7 +419,11 @@ pub fn uid_of_pid(pid: u32) -> Option<u32> {
 /// A host PID's command line, arguments joined by spaces (kernel threads and zombies have none).
 pub fn command_of_pid(pid: u32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<String> = raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let args: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
     let line = args.join(" ");
     (!line.is_empty()).then(|| line.chars().take(COMMAND_MAX).collect())
 }
@@ -389,21 +456,42 @@ pub struct Opened {
 /// load: the admin asked for it, so falling back to simulated GPUs would hide the mistake.
 pub fn open(forced: Option<&str>) -> Result<Opened, GpuError> {
     if let Some(s) = forced {
-        return Ok(Opened { backend: Box::new(SimulatedBackend::from_spec(s)?), note: None, library: None });
+        return Ok(Opened {
+            backend: Box::new(SimulatedBackend::from_spec(s)?),
+            note: None,
+            library: None,
+        });
     }
     if let Some(lib) = std::env::var_os(NVML_LIB_ENV).filter(|l| !l.is_empty()) {
         let path = std::path::PathBuf::from(lib);
-        let b = NvmlBackend::new(Some(&path)).map_err(|e| GpuError::Nvml(format!("{e} (loading {} named by {NVML_LIB_ENV}; unset it to use the driver's library)", path.display())))?;
-        return Ok(Opened { backend: Box::new(b), note: None, library: Some(path.display().to_string()) });
+        let b = NvmlBackend::new(Some(&path)).map_err(|e| {
+            GpuError::Nvml(format!(
+                "{e} (loading {} named by {NVML_LIB_ENV}; unset it to use the driver's library)",
+                path.display()
+            ))
+        })?;
+        return Ok(Opened {
+            backend: Box::new(b),
+            note: None,
+            library: Some(path.display().to_string()),
+        });
     }
     match NvmlBackend::new(None) {
-        Ok(b) => Ok(Opened { backend: Box::new(b), note: None, library: None }),
+        Ok(b) => Ok(Opened {
+            backend: Box::new(b),
+            note: None,
+            library: None,
+        }),
         Err(e) => {
             let why = match e {
                 GpuError::Nvml(why) => why,
                 e => e.to_string(),
             };
-            Ok(Opened { backend: Box::new(SimulatedBackend::new(2, 24 << 30)), note: Some(why), library: None })
+            Ok(Opened {
+                backend: Box::new(SimulatedBackend::new(2, 24 << 30)),
+                note: Some(why),
+                library: None,
+            })
         }
     }
 }
@@ -421,21 +509,55 @@ mod tests {
         assert_ne!(s[0].uuid, s[1].uuid);
         assert!(SimulatedBackend::from_spec("sim:0x1GiB").is_err());
         assert!(SimulatedBackend::from_spec("sim:four").is_err());
-        let uuids = |spec: &str| SimulatedBackend::from_spec(spec).unwrap().sample().unwrap().into_iter().map(|g| g.uuid).collect::<Vec<_>>();
-        assert_eq!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@lab"), "one machine, the same GPUs");
+        let uuids = |spec: &str| {
+            SimulatedBackend::from_spec(spec)
+                .unwrap()
+                .sample()
+                .unwrap()
+                .into_iter()
+                .map(|g| g.uuid)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            uuids("sim:2x1GiB@lab"),
+            uuids("sim:2x1GiB@lab"),
+            "one machine, the same GPUs"
+        );
         assert_ne!(uuids("sim:2x1GiB@lab"), uuids("sim:2x1GiB@other"));
         assert_eq!(uuids("sim:2x1GiB"), uuids("2x1GiB"));
     }
 
     #[test]
     fn sim_spec_mixed_cards() {
-        let s = SimulatedBackend::from_spec("sim:2xA100-40GiB+1xH100-80GiB@lab").unwrap().sample().unwrap();
+        let s = SimulatedBackend::from_spec("sim:2xA100-40GiB+1xH100-80GiB@lab")
+            .unwrap()
+            .sample()
+            .unwrap();
         let got: Vec<(u32, &str, u64)> = s.iter().map(|g| (g.index, g.name.as_str(), g.memory_total)).collect();
-        assert_eq!(got, vec![(0, "Simulated A100", 40 << 30), (1, "Simulated A100", 40 << 30), (2, "Simulated H100", 80 << 30)]);
-        assert_eq!(SimulatedBackend::from_spec("sim:2x24GiB").unwrap().sample().unwrap()[1].name, "Simulated GPU");
+        assert_eq!(
+            got,
+            vec![
+                (0, "Simulated A100", 40 << 30),
+                (1, "Simulated A100", 40 << 30),
+                (2, "Simulated H100", 80 << 30)
+            ]
+        );
+        assert_eq!(
+            SimulatedBackend::from_spec("sim:2x24GiB").unwrap().sample().unwrap()[1].name,
+            "Simulated GPU"
+        );
         // The first GPUs keep the UUIDs of the plain spec.
-        assert_eq!(s[0].uuid, SimulatedBackend::from_spec("sim:1x1GiB@lab").unwrap().sample().unwrap()[0].uuid);
-        for bad in ["sim:2xA100-40GiB+", "sim:2x-40GiB", "sim:2xA100-", "sim:40x1GiB+30x1GiB", "sim:1xA$-1GiB"] {
+        assert_eq!(
+            s[0].uuid,
+            SimulatedBackend::from_spec("sim:1x1GiB@lab").unwrap().sample().unwrap()[0].uuid
+        );
+        for bad in [
+            "sim:2xA100-40GiB+",
+            "sim:2x-40GiB",
+            "sim:2xA100-",
+            "sim:40x1GiB+30x1GiB",
+            "sim:1xA$-1GiB",
+        ] {
             assert!(SimulatedBackend::from_spec(bad).is_err(), "{bad}");
         }
     }
@@ -443,31 +565,66 @@ mod tests {
     #[test]
     fn sim_reflects_load() {
         let mut b = SimulatedBackend::new(2, 24 << 30);
-        b.set_load(&[SimLoad { index: 1, exclusive: true, ..Default::default() }]);
+        b.set_load(&[SimLoad {
+            index: 1,
+            exclusive: true,
+            ..Default::default()
+        }]);
         let s = b.sample().unwrap();
         assert_eq!(s[0].utilization, 0);
         assert!(s[1].utilization >= 88);
         // Gantry's jobs are the GPU's processes, in their containers, with their memory.
         let c = |n: char| n.to_string().repeat(64);
         b.set_load(&[
-            SimLoad { index: 0, shared_jobs: 2, shared_declared: 16 << 30, containers: vec![(c('a'), Some(8 << 30)), (c('b'), Some(8 << 30))], ..Default::default() },
-            SimLoad { index: 1, exclusive: true, containers: vec![(c('c'), None)], ..Default::default() },
+            SimLoad {
+                index: 0,
+                shared_jobs: 2,
+                shared_declared: 16 << 30,
+                containers: vec![(c('a'), Some(8 << 30)), (c('b'), Some(8 << 30))],
+                ..Default::default()
+            },
+            SimLoad {
+                index: 1,
+                exclusive: true,
+                containers: vec![(c('c'), None)],
+                ..Default::default()
+            },
         ]);
         let s = b.sample().unwrap();
         assert_eq!(s[0].memory_used, 16 << 30);
-        let procs: Vec<(Option<&str>, Option<u64>)> = s[0].processes.iter().map(|p| (p.container_id.as_deref(), p.used_memory)).collect();
-        assert_eq!(procs, vec![(Some(c('a').as_str()), Some(8 << 30)), (Some(c('b').as_str()), Some(8 << 30))]);
-        assert_eq!((s[1].memory_used, s[1].processes[0].used_memory), ((24u64 << 30) * 7 / 10, Some((24u64 << 30) * 7 / 10)));
+        let procs: Vec<(Option<&str>, Option<u64>)> = s[0]
+            .processes
+            .iter()
+            .map(|p| (p.container_id.as_deref(), p.used_memory))
+            .collect();
+        assert_eq!(
+            procs,
+            vec![
+                (Some(c('a').as_str()), Some(8 << 30)),
+                (Some(c('b').as_str()), Some(8 << 30))
+            ]
+        );
+        assert_eq!(
+            (s[1].memory_used, s[1].processes[0].used_memory),
+            ((24u64 << 30) * 7 / 10, Some((24u64 << 30) * 7 / 10))
+        );
     }
 
     #[test]
     fn numa_nodes_of_devices_that_are_not_there_are_unknown() {
         assert_eq!(numa_node_of("00000000:FF:1F.7"), None);
         assert_eq!(numa_node_of("../../../etc/passwd"), None);
-        assert!(SimulatedBackend::new(2, 1 << 30).numa_nodes().is_empty(), "simulated GPUs have no NUMA node");
+        assert!(
+            SimulatedBackend::new(2, 1 << 30).numa_nodes().is_empty(),
+            "simulated GPUs have no NUMA node"
+        );
         // A device this machine has (the host bridge), as NVML would name it.
         if std::path::Path::new("/sys/bus/pci/devices/0000:00:00.0/numa_node").exists() {
-            let raw: i64 = std::fs::read_to_string("/sys/bus/pci/devices/0000:00:00.0/numa_node").unwrap().trim().parse().unwrap();
+            let raw: i64 = std::fs::read_to_string("/sys/bus/pci/devices/0000:00:00.0/numa_node")
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
             assert_eq!(numa_node_of("00000000:00:00.0"), u32::try_from(raw).ok());
         }
     }
@@ -475,7 +632,10 @@ mod tests {
     #[test]
     fn cgroup_parsing() {
         let id = "a".repeat(64);
-        assert_eq!(container_id_from_cgroup(&format!("0::/system.slice/docker-{id}.scope\n")), Some(id.clone()));
+        assert_eq!(
+            container_id_from_cgroup(&format!("0::/system.slice/docker-{id}.scope\n")),
+            Some(id.clone())
+        );
         assert_eq!(container_id_from_cgroup(&format!("12:memory:/docker/{id}\n")), Some(id));
         assert_eq!(container_id_from_cgroup("0::/user.slice/session-1.scope\n"), None);
     }
@@ -491,6 +651,9 @@ mod tests {
         }
         let o = open(None).unwrap();
         assert_eq!(o.backend.kind(), BackendKind::Simulated);
-        assert_eq!(o.note.as_deref(), Some("no NVIDIA driver found (libnvidia-ml.so.1 missing)"));
+        assert_eq!(
+            o.note.as_deref(),
+            Some("no NVIDIA driver found (libnvidia-ml.so.1 missing)")
+        );
     }
 }

@@ -49,9 +49,9 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, renameat2, AtFlags, OFlag, RenameFlags};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, InotifyEvent, Inotify, WatchDescriptor};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use tokio::io::unix::AsyncFd;
@@ -67,21 +67,37 @@ use crate::store::Owner;
 pub const ACCEPTED: &str = "accepted";
 pub const REJECTED: &str = "rejected";
 
-const DIR: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
+const DIR: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
 const NOFOLLOW: AtFlags = AtFlags::AT_SYMLINK_NOFOLLOW;
 
 /// What happened to one dropped file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Accepted { job_id: i64, moved_to: PathBuf },
-    Rejected { moved_to: PathBuf, error: String },
+    Accepted {
+        job_id: i64,
+        moved_to: PathBuf,
+    },
+    Rejected {
+        moved_to: PathBuf,
+        error: String,
+    },
     /// An ownership or folder problem: the file stays where it is, with `<name>.error.txt` next to it.
-    Refused { error: String },
+    Refused {
+        error: String,
+    },
     /// A transient problem, not the file's fault: the file stays and is tried again later.
-    Retry { reason: String },
+    Retry {
+        reason: String,
+    },
     /// Refused for now by something only time lifts (the owner's queue is full): the file stays,
     /// with one `<name>.error.txt` saying so, and is tried again after a wait (see [`Waiting`]).
-    Waiting { reason: String, key: (u64, u64, i64, i64) },
+    Waiting {
+        reason: String,
+        key: (u64, u64, i64, i64),
+    },
     /// Not a job file (template itself, hidden/temporary file, our own folders), or already handled.
     Ignored,
 }
@@ -106,7 +122,16 @@ pub use crate::access::user_name;
 pub fn transient(e: Errno) -> bool {
     matches!(
         e,
-        Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM | Errno::ENOBUFS | Errno::EAGAIN | Errno::EINTR | Errno::EIO | Errno::ENOSPC | Errno::EDQUOT | Errno::ESTALE
+        Errno::EMFILE
+            | Errno::ENFILE
+            | Errno::ENOMEM
+            | Errno::ENOBUFS
+            | Errno::EAGAIN
+            | Errno::EINTR
+            | Errno::EIO
+            | Errno::ENOSPC
+            | Errno::EDQUOT
+            | Errno::ESTALE
     )
 }
 
@@ -116,7 +141,9 @@ fn ignorable(name: &str) -> bool {
         || name.starts_with('.')
         || name.ends_with(".error.txt")
         || name.ends_with('~')
-        || [".tmp", ".part", ".swp", ".crdownload"].iter().any(|s| name.ends_with(s))
+        || [".tmp", ".part", ".swp", ".crdownload"]
+            .iter()
+            .any(|s| name.ends_with(s))
 }
 
 fn kind(st: &FileStat) -> SFlag {
@@ -135,7 +162,10 @@ struct Ids {
 
 impl Ids {
     fn of(st: &FileStat) -> Ids {
-        Ids { uid: st.st_uid, gid: st.st_gid }
+        Ids {
+            uid: st.st_uid,
+            gid: st.st_gid,
+        }
     }
 }
 
@@ -200,6 +230,9 @@ enum Unwatched {
 /// One drop folder's inotify watches: the folder itself and at most the lab's bound of its folders
 /// (`[inbox] max_watches`, the folder included), each on its own, one level deep. A watch goes in
 /// O(1) when its folder goes (`IN_IGNORED`), so deleting many folders costs one event each.
+/// A file as the last scan saw it: (device, inode, size, mtime s, mtime ns).
+type FileLook = (u64, u64, u64, i64, i64);
+
 struct Watches {
     fd: Option<AsyncFd<InotifyFd>>,
     /// Watch -> `None` (the drop folder) or the folder's name.
@@ -211,7 +244,7 @@ struct Watches {
     writing: HashMap<(Option<String>, String), tokio::time::Instant>,
     /// What each file looked like at the last scan: a scan reads a file only once it is unchanged
     /// since the one before (a writer the watches cannot see may still be writing it).
-    seen: HashMap<(Option<String>, String), (u64, u64, u64, i64, i64)>,
+    seen: HashMap<(Option<String>, String), FileLook>,
     /// Folders not watched at the last scan, and why.
     unwatched: Vec<(String, Unwatched)>,
     /// Where the last scan's look into unwatched folders stopped (they are looked into in turns).
@@ -242,24 +275,40 @@ impl Waiting {
             Some(p) if p.key == key => (p.delay * 2).min(WAIT_MAX),
             _ => WAIT_FIRST,
         };
-        Waiting { key, next: now + delay, delay }
+        Waiting {
+            key,
+            next: now + delay,
+            delay,
+        }
     }
 }
 
 fn file_key(st: &FileStat) -> (u64, u64, i64, i64) {
-    (st.st_dev, st.st_ino, st.st_size, st.st_mtime * 1_000_000_000 + st.st_mtime_nsec)
+    (
+        st.st_dev,
+        st.st_ino,
+        st.st_size,
+        st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+    )
 }
 
 impl Watches {
     fn new(ib: &Inbox) -> Watches {
-        let registered = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(std::io::Error::from).and_then(|i| {
-            // SAFETY: the descriptor is the `Inotify`'s own, which the `AsyncFd` owns (and closes) from here on.
-            unsafe { AsyncFd::register_with_interest(InotifyFd(i), tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
-        });
+        let registered = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(std::io::Error::from)
+            .and_then(|i| {
+                // SAFETY: the descriptor is the `Inotify`'s own, which the `AsyncFd` owns (and closes) from here on.
+                unsafe { AsyncFd::register_with_interest(InotifyFd(i), tokio::io::Interest::READABLE) }
+                    .map_err(std::io::Error::from)
+            });
         let fd = match registered {
             Ok(fd) => Some(fd),
             Err(e) => {
-                warn!("drop folder {}: no inotify instance ({e}); it is scanned every {} s instead", log_safe(&ib.path.display().to_string()), INBOX_RESCAN.as_secs());
+                warn!(
+                    "drop folder {}: no inotify instance ({e}); it is scanned every {} s instead",
+                    log_safe(&ib.path.display().to_string()),
+                    INBOX_RESCAN.as_secs()
+                );
                 None
             }
         };
@@ -291,7 +340,11 @@ impl Watches {
                 true
             }
             Err(e) => {
-                warn!("cannot watch the drop folder {}: {e}; it is scanned every {} s instead", log_safe(&ib.path.display().to_string()), INBOX_RESCAN.as_secs());
+                warn!(
+                    "cannot watch the drop folder {}: {e}; it is scanned every {} s instead",
+                    log_safe(&ib.path.display().to_string()),
+                    INBOX_RESCAN.as_secs()
+                );
                 false
             }
         }
@@ -302,7 +355,9 @@ impl Watches {
         if self.names.contains_key(name) {
             return Ok(());
         }
-        let Some(fd) = &self.fd else { return Err(Unwatched::Kernel) };
+        let Some(fd) = &self.fd else {
+            return Err(Unwatched::Kernel);
+        };
         if self.names.len() + 1 >= max {
             return Err(Unwatched::Bound);
         }
@@ -335,7 +390,9 @@ impl Watches {
 
     /// The next batch of events (never, without an inotify instance).
     async fn events(&self) -> Vec<InotifyEvent> {
-        let Some(fd) = &self.fd else { return std::future::pending().await };
+        let Some(fd) = &self.fd else {
+            return std::future::pending().await;
+        };
         loop {
             let mut guard = match fd.readable().await {
                 Ok(g) => g,
@@ -399,13 +456,26 @@ pub fn log_safe(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return text.into();
     }
-    text.chars().map(|c| if c.is_control() { c.escape_default().collect::<String>() } else { c.to_string() }).collect::<String>().into()
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<String>()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// Pick up what is already in the drop folder, then watch it until the engine stops.
 pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
     let mut w = Watches::new(&ib);
-    info!("watching drop folder {} (owned by {})", log_safe(&ib.path.display().to_string()), user_name(ib.owner.uid));
+    info!(
+        "watching drop folder {} (owned by {})",
+        log_safe(&ib.path.display().to_string()),
+        user_name(ib.owner.uid)
+    );
     ib.rescan(&engine, &mut w);
     // A safety net for events the kernel drops (inotify queue overflow), for folders not watched,
     // and for files waiting to be tried again.
@@ -432,7 +502,12 @@ pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
 
 /// Entries of a folder with their `lstat`, sorted by name; names that are not UTF-8 are skipped.
 fn list(dir: &OwnedFd) -> nix::Result<Vec<(String, FileStat)>> {
-    let mut d = nix::dir::Dir::openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut d = nix::dir::Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
     let mut out = vec![];
     for e in d.iter() {
         let e = e?;
@@ -514,7 +589,12 @@ fn subdir(dir: &OwnedFd, dir_path: &Path, name: &str, owner: Ids) -> Result<Owne
             Ok(()) => created = true,
             Err(Errno::EEXIST) => {}
             Err(e) if transient(e) => return Err(Stop::Retry(format!("cannot create {}: {e}", shown.display()))),
-            Err(e) => return Err(Stop::Refuse(SpecError::new(format!("cannot create {}: {}", shown.display(), e.desc()), "check the folder's permissions"))),
+            Err(e) => {
+                return Err(Stop::Refuse(SpecError::new(
+                    format!("cannot create {}: {}", shown.display(), e.desc()),
+                    "check the folder's permissions",
+                )))
+            }
         }
         opened = openat(dir, name, DIR, Mode::empty());
     }
@@ -525,8 +605,14 @@ fn subdir(dir: &OwnedFd, dir_path: &Path, name: &str, owner: Ids) -> Result<Owne
             let link = fstatat(dir, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFLNK);
             return Err(Stop::Refuse(if link {
                 SpecError::new(
-                    format!("{name}/ in {} is a symbolic link; Gantry never follows symbolic links", dir_path.display()),
-                    format!("remove the link (`rm {}`); Gantry then makes a real folder", shown.display()),
+                    format!(
+                        "{name}/ in {} is a symbolic link; Gantry never follows symbolic links",
+                        dir_path.display()
+                    ),
+                    format!(
+                        "remove the link (`rm {}`); Gantry then makes a real folder",
+                        shown.display()
+                    ),
                 )
             } else {
                 SpecError::new(
@@ -535,19 +621,39 @@ fn subdir(dir: &OwnedFd, dir_path: &Path, name: &str, owner: Ids) -> Result<Owne
                 )
             }));
         }
-        Err(e) => return Err(Stop::Refuse(SpecError::new(format!("cannot open {}: {}", shown.display(), e.desc()), "check the folder's permissions"))),
+        Err(e) => {
+            return Err(Stop::Refuse(SpecError::new(
+                format!("cannot open {}: {}", shown.display(), e.desc()),
+                "check the folder's permissions",
+            )))
+        }
     };
     let st = fstat(&fd).map_err(|e| Stop::Retry(format!("cannot stat {}: {e}", shown.display())))?;
     if st.st_uid != owner.uid {
         // Only a folder the engine has just made (still its own and empty) is handed over: never
         // someone else's folder moved into place.
         if created && st.st_uid == nix::unistd::geteuid().as_raw() && st.st_nlink == 2 {
-            fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid)))
-                .map_err(|e| Stop::Retry(format!("cannot hand {} to {}: {e}", shown.display(), user_name(owner.uid))))?;
+            fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid))).map_err(|e| {
+                Stop::Retry(format!(
+                    "cannot hand {} to {}: {e}",
+                    shown.display(),
+                    user_name(owner.uid)
+                ))
+            })?;
         } else {
             return Err(Stop::Refuse(SpecError::new(
-                format!("{name}/ in {} belongs to {}, not to {}, who owns {}", dir_path.display(), user_name(st.st_uid), user_name(owner.uid), dir_path.display()),
-                format!("rename or remove {}; Gantry then makes a folder owned by {}", shown.display(), user_name(owner.uid)),
+                format!(
+                    "{name}/ in {} belongs to {}, not to {}, who owns {}",
+                    dir_path.display(),
+                    user_name(st.st_uid),
+                    user_name(owner.uid),
+                    dir_path.display()
+                ),
+                format!(
+                    "rename or remove {}; Gantry then makes a folder owned by {}",
+                    shown.display(),
+                    user_name(owner.uid)
+                ),
             )));
         }
     }
@@ -562,11 +668,19 @@ fn read_at(dir: &OwnedFd, name: &str, what: &str) -> Result<(FileStat, String), 
         Err(Errno::ENOENT) => return Err(Stop::Ignore), // moved away meanwhile (duplicate event)
         Err(Errno::ELOOP) => return Err(Stop::Reject(link_error(what))),
         Err(e) if transient(e) => return Err(Stop::Retry(format!("cannot open {what}: {e}"))),
-        Err(e) => return Err(Stop::Reject(SpecError::new(format!("cannot read {what}: {}", e.desc()), "check its permissions: the engine must be able to read it"))),
+        Err(e) => {
+            return Err(Stop::Reject(SpecError::new(
+                format!("cannot read {what}: {}", e.desc()),
+                "check its permissions: the engine must be able to read it",
+            )))
+        }
     };
     let st = fstat(&fd).map_err(|e| Stop::Retry(format!("cannot stat {what}: {e}")))?;
     if kind(&st) != SFlag::S_IFREG {
-        return Err(Stop::Reject(SpecError::new(format!("{what} is not a regular file"), "drop a plain text file")));
+        return Err(Stop::Reject(SpecError::new(
+            format!("{what} is not a regular file"),
+            "drop a plain text file",
+        )));
     }
     if st.st_nlink > 1 {
         return Err(Stop::Reject(SpecError::new(
@@ -594,7 +708,12 @@ fn read_at(dir: &OwnedFd, name: &str, what: &str) -> Result<(FileStat, String), 
     if buf.len() as u64 > MAX_SPEC_BYTES {
         return Err(too_big(buf.len() as u64));
     }
-    let text = String::from_utf8(buf).map_err(|_| Stop::Reject(SpecError::new(format!("{what} is not UTF-8 text"), "save it as UTF-8 text")))?;
+    let text = String::from_utf8(buf).map_err(|_| {
+        Stop::Reject(SpecError::new(
+            format!("{what} is not UTF-8 text"),
+            "save it as UTF-8 text",
+        ))
+    })?;
     Ok((st, text))
 }
 
@@ -618,12 +737,26 @@ fn explained(dir: &OwnedFd, name: &str, st: &FileStat) -> bool {
 fn write_error(dir: &OwnedFd, name: &str, owner: Ids, text: &str) -> nix::Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp = format!(".gantry-error-{}-{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+    let tmp = format!(
+        ".gantry-error-{}-{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(dir, tmp.as_str(), flags, Mode::from_bits_truncate(0o644))?;
     let done = fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid)))
-        .and_then(|()| std::io::Write::write_all(&mut std::fs::File::from(fd), text.as_bytes()).map_err(|e| errno_of(&e)))
-        .and_then(|()| renameat2(dir, tmp.as_str(), dir, format!("{name}.error.txt").as_str(), RenameFlags::empty()));
+        .and_then(|()| {
+            std::io::Write::write_all(&mut std::fs::File::from(fd), text.as_bytes()).map_err(|e| errno_of(&e))
+        })
+        .and_then(|()| {
+            renameat2(
+                dir,
+                tmp.as_str(),
+                dir,
+                format!("{name}.error.txt").as_str(),
+                RenameFlags::empty(),
+            )
+        });
     if done.is_err() {
         let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
     }
@@ -633,7 +766,11 @@ fn write_error(dir: &OwnedFd, name: &str, owner: Ids, text: &str) -> nix::Result
 /// renameat2 that never replaces an existing file: tries `name`, `name.1`, `name.2`, ...
 fn move_noreplace(from: &OwnedFd, name: &str, to: &OwnedFd, to_name: &str) -> nix::Result<String> {
     for i in 0..1000 {
-        let cand = if i == 0 { to_name.to_string() } else { format!("{to_name}.{i}") };
+        let cand = if i == 0 {
+            to_name.to_string()
+        } else {
+            format!("{to_name}.{i}")
+        };
         match renameat2(from, name, to, cand.as_str(), RenameFlags::RENAME_NOREPLACE) {
             Ok(()) => return Ok(cand),
             Err(Errno::EEXIST) => continue,
@@ -654,11 +791,20 @@ impl Inbox {
     /// only user whose files count. Makes its `accepted/` and `rejected/`.
     pub fn at(path: PathBuf, fd: OwnedFd) -> std::io::Result<Inbox> {
         let owner = Ids::of(&fstat(&fd)?);
-        let ib = Inbox { path, fd, owner, note: Arc::default() };
+        let ib = Inbox {
+            path,
+            fd,
+            owner,
+            note: Arc::default(),
+        };
         for d in [ACCEPTED, REJECTED] {
             // A problem here is explained next to each dropped file; the engine still starts.
             if let Err(e) = subdir(&ib.fd, &ib.path, d, owner) {
-                warn!("drop folder {}: {}", log_safe(&ib.path.display().to_string()), log_safe(&format!("{e:?}")));
+                warn!(
+                    "drop folder {}: {}",
+                    log_safe(&ib.path.display().to_string()),
+                    log_safe(&format!("{e:?}"))
+                );
             }
         }
         Ok(ib)
@@ -666,7 +812,10 @@ impl Inbox {
 
     /// Whether `name` in the inbox is a real folder that may be a template folder.
     fn subfolder(&self, name: &str) -> bool {
-        name != ACCEPTED && name != REJECTED && !name.starts_with('.') && fstatat(&self.fd, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFDIR)
+        name != ACCEPTED
+            && name != REJECTED
+            && !name.starts_with('.')
+            && fstatat(&self.fd, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFDIR)
     }
 
     /// One inotify event.
@@ -675,30 +824,47 @@ impl Inbox {
         if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
             // The folder went (deleted, unmounted): forget its watch, in O(1).
             match w.folders.remove(&wd) {
-                Some(Some(name)) => {
-                    if w.names.get(&name) == Some(&ev.wd) {
-                        w.names.remove(&name);
-                    }
+                Some(Some(name)) if w.names.get(&name) == Some(&ev.wd) => {
+                    w.names.remove(&name);
                 }
+                Some(Some(_)) => {}
                 Some(None) => {
                     w.top = None;
-                    warn!("the drop folder {} is no longer watched (removed or unmounted)", log_safe(&self.path.display().to_string()));
+                    warn!(
+                        "the drop folder {} is no longer watched (removed or unmounted)",
+                        log_safe(&self.path.display().to_string())
+                    );
                 }
                 None => {}
             }
             return;
         }
-        let Some(folder) = w.folders.get(&wd).cloned() else { return };
-        let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()).map(String::from) else { return };
-        let arrived = ev.mask.intersects(AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO);
+        let Some(folder) = w.folders.get(&wd).cloned() else {
+            return;
+        };
+        let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()).map(String::from) else {
+            return;
+        };
+        let arrived = ev
+            .mask
+            .intersects(AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO);
         if ev.mask.contains(AddWatchFlags::IN_ISDIR) {
             // Folders count one level deep only: in the drop folder itself.
-            if folder.is_none() && ev.mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) && self.subfolder(&name) {
+            if folder.is_none()
+                && ev
+                    .mask
+                    .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+                && self.subfolder(&name)
+            {
                 // A new (template) folder: files may have landed before its watch was added. Past
                 // the user's bound it is not watched; the next scan says so.
                 let _ = w.watch(self, &name, engine.policy().inbox_watches_per_user);
                 let files = openat(&self.fd, name.as_str(), DIR, Mode::empty()).and_then(|fd| list(&fd));
-                for (f, _) in files.unwrap_or_default().into_iter().filter(|(_, st)| kind(st) != SFlag::S_IFDIR) {
+                for (f, _) in files
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(_, st)| kind(st) != SFlag::S_IFDIR)
+                {
                     self.handle(engine, w, Some(&name), &f);
                 }
             }
@@ -719,7 +885,10 @@ impl Inbox {
                 None => openat(&self.fd, ".", DIR, Mode::empty()),
                 Some(d) => openat(&self.fd, d.as_str(), DIR, Mode::empty()),
             };
-            let link = dir.ok().and_then(|d| fstatat(&d, name.as_str(), NOFOLLOW).ok()).is_some_and(|st| kind(&st) == SFlag::S_IFLNK);
+            let link = dir
+                .ok()
+                .and_then(|d| fstatat(&d, name.as_str(), NOFOLLOW).ok())
+                .is_some_and(|st| kind(&st) == SFlag::S_IFLNK);
             if link {
                 // A symbolic link is complete when made (it has no close-after-write).
                 self.handle(engine, w, folder.as_deref(), &name);
@@ -738,10 +907,18 @@ impl Inbox {
         w.watch_top(self);
         let top = match list(&self.fd) {
             Ok(t) => t,
-            Err(e) => return warn!("cannot list the drop folder {}: {e}; will retry", log_safe(&self.path.display().to_string())),
+            Err(e) => {
+                return warn!(
+                    "cannot list the drop folder {}: {e}; will retry",
+                    log_safe(&self.path.display().to_string())
+                )
+            }
         };
         let now = tokio::time::Instant::now();
-        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
         let mut seen = HashMap::new();
         let mut files = vec![];
         let mut look: Vec<String> = vec![];
@@ -750,8 +927,14 @@ impl Inbox {
         let mut ready = |w: &Watches, key: (Option<String>, String), st: &FileStat, seen: &mut HashMap<_, _>| {
             let id = (st.st_dev, st.st_ino, st.st_size as u64, st.st_mtime, st.st_mtime_nsec);
             let unchanged = w.seen.get(&key) == Some(&id);
-            let writing = w.writing.get(&key).is_some_and(|t| now.duration_since(*t) < WRITER_GONE);
-            let waits = w.waiting.get(&key).is_some_and(|x| x.key == file_key(st) && x.next > now);
+            let writing = w
+                .writing
+                .get(&key)
+                .is_some_and(|t| now.duration_since(*t) < WRITER_GONE);
+            let waits = w
+                .waiting
+                .get(&key)
+                .is_some_and(|x| x.key == file_key(st) && x.next > now);
             seen.insert(key.clone(), id);
             if unchanged && !writing && !waits && wall - st.st_mtime >= 5 {
                 files.push(key);
@@ -792,14 +975,22 @@ impl Inbox {
                         ready(w, (Some(name.clone()), f), &st, &mut seen);
                     }
                 }
-                Err(e) => warn!("cannot list {}: {e}; will retry", log_safe(&self.path.join(name).display().to_string())),
+                Err(e) => warn!(
+                    "cannot list {}: {e}; will retry",
+                    log_safe(&self.path.join(name).display().to_string())
+                ),
             }
         }
         // What the folders not looked into held is kept for their turn.
         let kept = |k: &(Option<String>, String)| k.0.as_ref().is_some_and(|d| skipped.contains(d));
         w.seen.retain(|k, _| kept(k));
         w.seen.extend(seen);
-        let Watches { seen: known, writing, waiting, .. } = &mut *w;
+        let Watches {
+            seen: known,
+            writing,
+            waiting,
+            ..
+        } = &mut *w;
         writing.retain(|k, t| known.contains_key(k) && now.duration_since(*t) < WRITER_GONE);
         waiting.retain(|k, _| known.contains_key(k));
         w.unwatched = unwatched;
@@ -828,7 +1019,11 @@ impl Inbox {
             }
             None => {
                 info!("drop folder {shown}: every folder is watched again");
-                let _ = unlinkat(&self.fd, format!("{WATCH_NOTE}.error.txt").as_str(), UnlinkatFlags::NoRemoveDir);
+                let _ = unlinkat(
+                    &self.fd,
+                    format!("{WATCH_NOTE}.error.txt").as_str(),
+                    UnlinkatFlags::NoRemoveDir,
+                );
             }
         }
         *current = note;
@@ -836,7 +1031,10 @@ impl Inbox {
 
     fn handle(&self, engine: &Engine, w: &mut Watches, sub: Option<&str>, name: &str) {
         let key = (sub.map(String::from), name.to_string());
-        let path = sub.map(|s| self.path.join(s)).unwrap_or_else(|| self.path.clone()).join(name);
+        let path = sub
+            .map(|s| self.path.join(s))
+            .unwrap_or_else(|| self.path.clone())
+            .join(name);
         let shown = log_safe(&path.display().to_string()).into_owned();
         let prev = w.waiting.get(&key).copied();
         let outcome = self.process_waited(engine, sub, name, prev.map(|p| p.key));
@@ -844,8 +1042,16 @@ impl Inbox {
             w.waiting.remove(&key);
         }
         match outcome {
-            Outcome::Accepted { job_id, moved_to } => info!(job = job_id, "accepted {shown} -> {}", log_safe(&moved_to.display().to_string())),
-            Outcome::Rejected { moved_to, error } => warn!("rejected {shown}: {} (see {}.error.txt)", log_safe(&error), log_safe(&moved_to.display().to_string())),
+            Outcome::Accepted { job_id, moved_to } => info!(
+                job = job_id,
+                "accepted {shown} -> {}",
+                log_safe(&moved_to.display().to_string())
+            ),
+            Outcome::Rejected { moved_to, error } => warn!(
+                "rejected {shown}: {} (see {}.error.txt)",
+                log_safe(&error),
+                log_safe(&moved_to.display().to_string())
+            ),
             Outcome::Refused { error } => warn!("refused {shown}: {} (see {shown}.error.txt)", log_safe(&error)),
             Outcome::Retry { reason } => warn!("{shown}: {}; will retry", log_safe(&reason)),
             Outcome::Waiting { reason, key: file } => {
@@ -867,7 +1073,13 @@ impl Inbox {
         let retry = |e: Errno| Stop::Retry(format!("cannot open its folder: {e}"));
         let Some(d) = sub else {
             let fd = openat(&self.fd, ".", DIR, Mode::empty()).map_err(retry)?;
-            return Ok(Some(Folder { fd, path: self.path.clone(), owner: self.owner, template: None, lab: false }));
+            return Ok(Some(Folder {
+                fd,
+                path: self.path.clone(),
+                owner: self.owner,
+                template: None,
+                lab: false,
+            }));
         };
         if d == ACCEPTED || d == REJECTED || d.starts_with('.') {
             return Ok(None);
@@ -890,7 +1102,13 @@ impl Inbox {
             return Ok(None); // a plain subfolder
         }
         let owner = Ids::of(&fstat(&fd).map_err(retry)?);
-        Ok(Some(Folder { fd, path: self.path.join(d), owner, template: Some(d.to_string()), lab }))
+        Ok(Some(Folder {
+            fd,
+            path: self.path.join(d),
+            owner,
+            template: Some(d.to_string()),
+            lab,
+        }))
     }
 
     /// Turn one dropped file into a job, or say why not.
@@ -900,7 +1118,13 @@ impl Inbox {
 
     /// [`Inbox::process`] for a file that has waited (`waited`: its identity when it was refused for
     /// now): a file still waiting gets no new error file.
-    fn process_waited(&self, engine: &Engine, sub: Option<&str>, name: &str, waited: Option<(u64, u64, i64, i64)>) -> Outcome {
+    fn process_waited(
+        &self,
+        engine: &Engine,
+        sub: Option<&str>,
+        name: &str,
+        waited: Option<(u64, u64, i64, i64)>,
+    ) -> Outcome {
         if ignorable(name) || (sub.is_some() && TEMPLATE_NAMES.contains(&name)) {
             return Outcome::Ignored;
         }
@@ -911,7 +1135,11 @@ impl Inbox {
         };
         let st = match fstatat(&f.fd, name, NOFOLLOW) {
             Ok(st) => st,
-            Err(e) if transient(e) => return Outcome::Retry { reason: format!("cannot stat it: {e}") },
+            Err(e) if transient(e) => {
+                return Outcome::Retry {
+                    reason: format!("cannot stat it: {e}"),
+                }
+            }
             Err(_) => return Outcome::Ignored, // already moved (duplicate event)
         };
         if !matches!(kind(&st), SFlag::S_IFREG | SFlag::S_IFLNK) || explained(&f.fd, name, &st) {
@@ -935,10 +1163,19 @@ impl Inbox {
             Ok(id) => {
                 let moved = move_noreplace(&f.fd, name, &accepted, &format!("{id}-{name}"));
                 match moved {
-                    Ok(n) => Outcome::Accepted { job_id: id, moved_to: f.path.join(ACCEPTED).join(n) },
+                    Ok(n) => Outcome::Accepted {
+                        job_id: id,
+                        moved_to: f.path.join(ACCEPTED).join(n),
+                    },
                     Err(e) => {
-                        warn!("job {id} queued but {} could not be moved to accepted/: {e}", log_safe(&f.path.join(name).display().to_string()));
-                        Outcome::Accepted { job_id: id, moved_to: f.path.join(name) }
+                        warn!(
+                            "job {id} queued but {} could not be moved to accepted/: {e}",
+                            log_safe(&f.path.join(name).display().to_string())
+                        );
+                        Outcome::Accepted {
+                            job_id: id,
+                            moved_to: f.path.join(name),
+                        }
                     }
                 }
             }
@@ -961,7 +1198,11 @@ impl Inbox {
         }
         if f.owner.uid != self.owner.uid && f.owner.uid != 0 {
             return Err(Stop::Refuse(SpecError::new(
-                format!("the template folder {} belongs to {}, not to {me}, who owns this drop folder", f.path.display(), user_name(f.owner.uid)),
+                format!(
+                    "the template folder {} belongs to {}, not to {me}, who owns this drop folder",
+                    f.path.display(),
+                    user_name(f.owner.uid)
+                ),
                 format!("{me} can make their own template folder (a copy of this one)"),
             )));
         }
@@ -978,8 +1219,18 @@ impl Inbox {
             return Err(Stop::Retry("it was replaced while being read".into()));
         }
         // Jobs run with the owner's own groups: in a setgid folder the file's group is the folder's.
-        let owner = Owner { uid: fst.st_uid, gid: crate::access::primary_gid(fst.st_uid, fst.st_gid), name: user_name(fst.st_uid) };
-        let key = format!("{}:{}:{}:{}", fst.st_dev, fst.st_ino, fst.st_size, fst.st_mtime_nsec + fst.st_mtime * 1_000_000_000);
+        let owner = Owner {
+            uid: fst.st_uid,
+            gid: crate::access::primary_gid(fst.st_uid, fst.st_gid),
+            name: user_name(fst.st_uid),
+        };
+        let key = format!(
+            "{}:{}:{}:{}",
+            fst.st_dev,
+            fst.st_ino,
+            fst.st_size,
+            fst.st_mtime_nsec + fst.st_mtime * 1_000_000_000
+        );
         if let Some(id) = engine.source_known(&key) {
             // Queued before a crash, not yet moved: finish the move, do not queue it twice.
             return Ok(id);
@@ -991,10 +1242,26 @@ impl Inbox {
             None => None,
         };
         let spec = match &template {
-            None => Spec::File { text: &text, file_name: name, base_dir: Some(f.path.clone()) },
-            Some((folder, template)) => Spec::Template { template, folder, file_name: name, base_dir: f.path.clone(), accepted_dir: f.path.join(ACCEPTED) },
+            None => Spec::File {
+                text: &text,
+                file_name: name,
+                base_dir: Some(f.path.clone()),
+            },
+            Some((folder, template)) => Spec::Template {
+                template,
+                folder,
+                file_name: name,
+                base_dir: f.path.clone(),
+                accepted_dir: f.path.join(ACCEPTED),
+            },
         };
-        finish(engine.submit(Submission { spec, owner: &owner, source, source_key: Some(key), idempotency_key: None }))
+        finish(engine.submit(Submission {
+            spec,
+            owner: &owner,
+            source,
+            source_key: Some(key),
+            idempotency_key: None,
+        }))
     }
 }
 
@@ -1012,13 +1279,24 @@ fn finish(result: Result<Vec<i64>, EngineError>) -> Result<i64, Stop> {
 
 /// Whether the lab-wide template folder has an entry named `name` (judged when a file is dropped).
 fn has_lab_template(engine: &Engine, name: &str) -> Result<bool, Stop> {
-    let Some(dir) = &engine.cfg.templates_dir else { return Ok(false) };
+    let Some(dir) = &engine.cfg.templates_dir else {
+        return Ok(false);
+    };
     let top = match open_dir_path(dir, false) {
         Ok(fd) => fd,
-        Err(e) if transient(errno_of(&e)) => return Err(Stop::Retry(format!("cannot open the lab templates {}: {e}", dir.display()))),
+        Err(e) if transient(errno_of(&e)) => {
+            return Err(Stop::Retry(format!(
+                "cannot open the lab templates {}: {e}",
+                dir.display()
+            )))
+        }
         Err(e) if errno_of(&e) == Errno::ENOENT => return Ok(false),
         Err(e) => {
-            warn!("lab templates in {} are not used: {}", dir.display(), log_safe(&e.to_string()));
+            warn!(
+                "lab templates in {} are not used: {}",
+                dir.display(),
+                log_safe(&e.to_string())
+            );
             return Ok(false);
         }
     };
@@ -1031,7 +1309,9 @@ fn has_lab_template(engine: &Engine, name: &str) -> Result<bool, Stop> {
 
 /// The lab-wide template folder `name`: a real folder that root owns.
 fn lab_folder(engine: &Engine, name: &str) -> Result<(OwnedFd, PathBuf), Stop> {
-    let Some(dir) = &engine.cfg.templates_dir else { return Err(Stop::Ignore) };
+    let Some(dir) = &engine.cfg.templates_dir else {
+        return Err(Stop::Ignore);
+    };
     let path = dir.join(name);
     let fix = "ask an admin to fix the lab template; then drop this file again (it was not the problem)";
     let fd = open_dir_path(dir, false)
@@ -1057,12 +1337,20 @@ fn lab_folder(engine: &Engine, name: &str) -> Result<(OwnedFd, PathBuf), Stop> {
 /// The folder's template: its own, if the file belongs to the dropper or to root; or the lab-wide
 /// one, if root owns it and its folder.
 fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobSpec, Stop> {
-    let lab = if f.lab { Some(lab_folder(engine, f.template.as_deref().unwrap_or_default())?) } else { None };
+    let lab = if f.lab {
+        Some(lab_folder(engine, f.template.as_deref().unwrap_or_default())?)
+    } else {
+        None
+    };
     let (dir, dir_path) = lab.as_ref().map(|(fd, p)| (fd, p)).unwrap_or((&f.fd, &f.path));
     let Some(tname) = TEMPLATE_NAMES.iter().find(|t| fstatat(dir, **t, NOFOLLOW).is_ok()) else {
         return match &lab {
             Some((_, p)) => Err(Stop::Reject(SpecError::new(
-                format!("the lab template folder {} holds no {}", p.display(), TEMPLATE_NAMES.join(" or ")),
+                format!(
+                    "the lab template folder {} holds no {}",
+                    p.display(),
+                    TEMPLATE_NAMES.join(" or ")
+                ),
                 "ask an admin to add the template; then drop this file again (it was not the problem)",
             ))),
             None => Err(Stop::Ignore),
@@ -1071,12 +1359,18 @@ fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobS
     let tpath = dir_path.join(tname);
     let what = format!("the template {}", tpath.display());
     let (tst, text) = read_at(dir, tname, &what).map_err(|s| match s {
-        Stop::Reject(e) => Stop::Reject(SpecError::new(e.message, format!("{}; this file was not the problem and can be dropped again", e.hint))),
+        Stop::Reject(e) => Stop::Reject(SpecError::new(
+            e.message,
+            format!("{}; this file was not the problem and can be dropped again", e.hint),
+        )),
         s => s,
     })?;
     if lab.is_some() && tst.st_uid != 0 {
         return Err(Stop::Reject(SpecError::new(
-            format!("{what} belongs to {}, not to root; lab templates are used only when root owns them", user_name(tst.st_uid)),
+            format!(
+                "{what} belongs to {}, not to root; lab templates are used only when root owns them",
+                user_name(tst.st_uid)
+            ),
             "ask an admin to make it root's; then drop this file again (it was not the problem)",
         )));
     }
@@ -1090,7 +1384,10 @@ fn read_template(engine: &Engine, f: &Folder, dropper: u32) -> Result<spec::JobS
         )));
     }
     spec::parse_template(&text, Format::from_name(tname).unwrap_or(Format::Toml)).map_err(|e| {
-        Stop::Reject(SpecError::new(format!("the template {} is invalid: {e}", tpath.display()), "fix the template; this file was not the problem and can be dropped again"))
+        Stop::Reject(SpecError::new(
+            format!("the template {} is invalid: {e}", tpath.display()),
+            "fix the template; this file was not the problem and can be dropped again",
+        ))
     })
 }
 
@@ -1111,9 +1408,14 @@ fn refuse(f: &Folder, name: &str, st: &FileStat, e: SpecError) -> Outcome {
     );
     match write_error(&f.fd, name, Ids::of(st), &report) {
         Ok(()) => Outcome::Refused { error: e.to_string() },
-        Err(err) if transient(err) => Outcome::Retry { reason: format!("cannot write its error file: {err}") },
+        Err(err) if transient(err) => Outcome::Retry {
+            reason: format!("cannot write its error file: {err}"),
+        },
         Err(err) => {
-            warn!("cannot write {}.error.txt: {err}", log_safe(&f.path.join(name).display().to_string()));
+            warn!(
+                "cannot write {}.error.txt: {err}",
+                log_safe(&f.path.join(name).display().to_string())
+            );
             Outcome::Refused { error: e.to_string() }
         }
     }
@@ -1134,9 +1436,18 @@ fn wait(f: &Folder, name: &str, st: &FileStat, reason: String, waited: Option<(u
         match write_error(&f.fd, name, Ids::of(st), &report) {
             Ok(()) => {
                 let before = nix::sys::time::TimeSpec::new(st.st_mtime - 1, st.st_mtime_nsec);
-                let _ = nix::sys::stat::utimensat(&f.fd, format!("{name}.error.txt").as_str(), &before, &before, nix::sys::stat::UtimensatFlags::NoFollowSymlink);
+                let _ = nix::sys::stat::utimensat(
+                    &f.fd,
+                    format!("{name}.error.txt").as_str(),
+                    &before,
+                    &before,
+                    nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+                );
             }
-            Err(err) => warn!("cannot write {}.error.txt: {err}", log_safe(&f.path.join(name).display().to_string())),
+            Err(err) => warn!(
+                "cannot write {}.error.txt: {err}",
+                log_safe(&f.path.join(name).display().to_string())
+            ),
         }
     }
     Outcome::Waiting { reason, key }
@@ -1147,7 +1458,9 @@ fn reject(f: &Folder, name: &str, st: &FileStat, rejected: &OwnedFd, e: SpecErro
     let moved = match move_noreplace(&f.fd, name, rejected, name) {
         Ok(n) => n,
         Err(err) => {
-            return Outcome::Retry { reason: format!("rejected ({e}), but it could not be moved to rejected/: {err}") };
+            return Outcome::Retry {
+                reason: format!("rejected ({e}), but it could not be moved to rejected/: {err}"),
+            };
         }
     };
     let report = format!(
@@ -1155,9 +1468,15 @@ fn reject(f: &Folder, name: &str, st: &FileStat, rejected: &OwnedFd, e: SpecErro
          `gantry schema` prints every field a job spec may have.\n"
     );
     if let Err(err) = write_error(rejected, &moved, Ids::of(st), &report) {
-        warn!("cannot write the error file for {}: {err}", log_safe(&f.path.join(REJECTED).join(&moved).display().to_string()));
+        warn!(
+            "cannot write the error file for {}: {err}",
+            log_safe(&f.path.join(REJECTED).join(&moved).display().to_string())
+        );
     }
-    Outcome::Rejected { moved_to: f.path.join(REJECTED).join(moved), error: e.to_string() }
+    Outcome::Rejected {
+        moved_to: f.path.join(REJECTED).join(moved),
+        error: e.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -1174,7 +1493,10 @@ mod tests {
     }
 
     fn me() -> Ids {
-        Ids { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
+        Ids {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        }
     }
 
     /// Issue 18, item 16: a refusal only time lifts waits 30 s, then twice as long each time, at
@@ -1198,16 +1520,34 @@ mod tests {
     #[test]
     fn names_are_logged_with_control_characters_escaped() {
         assert_eq!(log_safe("plain name.yaml"), "plain name.yaml");
-        assert_eq!(log_safe("a\n2026-01-01 INFO forged\r\u{1b}[2J.yaml"), "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J.yaml");
+        assert_eq!(
+            log_safe("a\n2026-01-01 INFO forged\r\u{1b}[2J.yaml"),
+            "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J.yaml"
+        );
         assert_eq!(log_safe("caf\u{e9}.yaml"), "caf\u{e9}.yaml", "other text is kept");
     }
 
     #[test]
     fn only_engine_trouble_is_transient() {
-        for e in [Errno::EMFILE, Errno::ENFILE, Errno::ENOMEM, Errno::EAGAIN, Errno::EINTR, Errno::EIO, Errno::ENOSPC] {
+        for e in [
+            Errno::EMFILE,
+            Errno::ENFILE,
+            Errno::ENOMEM,
+            Errno::EAGAIN,
+            Errno::EINTR,
+            Errno::EIO,
+            Errno::ENOSPC,
+        ] {
             assert!(transient(e), "{e}");
         }
-        for e in [Errno::ENOENT, Errno::EACCES, Errno::ELOOP, Errno::ENOTDIR, Errno::EISDIR, Errno::EINVAL] {
+        for e in [
+            Errno::ENOENT,
+            Errno::EACCES,
+            Errno::ELOOP,
+            Errno::ENOTDIR,
+            Errno::EISDIR,
+            Errno::EINVAL,
+        ] {
             assert!(!transient(e), "{e}");
         }
     }
@@ -1226,8 +1566,14 @@ mod tests {
         }
         std::fs::remove_file(d.path().join(REJECTED)).unwrap();
         std::fs::write(d.path().join(REJECTED), "x").unwrap();
-        assert!(matches!(subdir(&fd, d.path(), REJECTED, me()), Err(Stop::Refuse(e)) if e.message.contains("not a folder")));
-        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0, "nothing was made through the link");
+        assert!(
+            matches!(subdir(&fd, d.path(), REJECTED, me()), Err(Stop::Refuse(e)) if e.message.contains("not a folder"))
+        );
+        assert_eq!(
+            std::fs::read_dir(target.path()).unwrap().count(),
+            0,
+            "nothing was made through the link"
+        );
     }
 
     #[test]
@@ -1239,7 +1585,9 @@ mod tests {
         let fd = dirfd(d.path());
         let other = Ids { uid: 4242, gid: 4242 };
         std::fs::create_dir(d.path().join(ACCEPTED)).unwrap();
-        assert!(matches!(subdir(&fd, d.path(), ACCEPTED, other), Err(Stop::Refuse(e)) if e.message.contains("belongs to root")));
+        assert!(
+            matches!(subdir(&fd, d.path(), ACCEPTED, other), Err(Stop::Refuse(e)) if e.message.contains("belongs to root"))
+        );
         subdir(&fd, d.path(), REJECTED, other).unwrap();
         assert_eq!(std::fs::metadata(d.path().join(REJECTED)).unwrap().uid(), 4242);
     }
@@ -1257,13 +1605,20 @@ mod tests {
         std::os::unix::fs::symlink(&victim, d.path().join("a.yaml.error.txt")).unwrap();
         write_error(&fd, "a.yaml", me(), "why").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
-        assert_eq!(std::fs::read_to_string(d.path().join("a.yaml.error.txt")).unwrap(), "why");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("a.yaml.error.txt")).unwrap(),
+            "why"
+        );
         assert!(explained(&fd, "a.yaml", &st));
         // Changed after the report: looked at again.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(d.path().join("a.yaml"), "y").unwrap();
         assert!(!explained(&fd, "a.yaml", &fstatat(&fd, "a.yaml", NOFOLLOW).unwrap()));
-        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(names.len(), 3, "no temporary file is left: {names:?}");
     }
 
@@ -1299,6 +1654,9 @@ mod tests {
         assert!(e.to_string().contains("symbolic link"), "{e}");
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::lchown(d.path().join("link"), Some(4242), None).unwrap();
-        assert!(open_dir_path(&inbox, true).is_err(), "a link owned by a user is never followed");
+        assert!(
+            open_dir_path(&inbox, true).is_err(),
+            "a link owned by a user is never followed"
+        );
     }
 }

@@ -90,16 +90,28 @@ impl Drop for MachineLock {
 
 fn addr(name: &str) -> Result<SocketAddr, LockError> {
     if name.len() > MAX_NAME {
-        let error = std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("the name is longer than {MAX_NAME} bytes: use a shorter simulated machine name"));
-        return Err(LockError::Io { name: name.into(), error });
+        let error = std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("the name is longer than {MAX_NAME} bytes: use a shorter simulated machine name"),
+        );
+        return Err(LockError::Io {
+            name: name.into(),
+            error,
+        });
     }
-    SocketAddr::from_abstract_name(name.as_bytes()).map_err(|error| LockError::Io { name: name.into(), error })
+    SocketAddr::from_abstract_name(name.as_bytes()).map_err(|error| LockError::Io {
+        name: name.into(),
+        error,
+    })
 }
 
 /// Take the lock `name` for an engine serving `socket`, or say who holds it. Needs a tokio runtime.
 pub async fn take(name: &str, socket: &Path) -> Result<MachineLock, LockError> {
     let a = addr(name)?;
-    let io = |error| LockError::Io { name: name.into(), error };
+    let io = |error| LockError::Io {
+        name: name.into(),
+        error,
+    };
     // A holder that exits between our failed bind and our connect freed the name: bind again.
     for _ in 0..3 {
         match StdListener::bind_addr(&a) {
@@ -108,7 +120,10 @@ pub async fn take(name: &str, socket: &Path) -> Result<MachineLock, LockError> {
                 let listener = UnixListener::from_std(l).map_err(io)?;
                 let line = serde_json::json!({ "uid": nix::unistd::getuid().as_raw(), "pid": std::process::id(), "socket": socket }).to_string() + "\n";
                 tracing::info!("holding the machine lock @{name}");
-                return Ok(MachineLock { name: name.into(), answering: tokio::spawn(answer(listener, line)) });
+                return Ok(MachineLock {
+                    name: name.into(),
+                    answering: tokio::spawn(answer(listener, line)),
+                });
             }
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match holder(name).await {
                 Ok(Some(h)) => return Err(LockError::Held(h)),
@@ -118,12 +133,18 @@ pub async fn take(name: &str, socket: &Path) -> Result<MachineLock, LockError> {
             Err(e) => return Err(io(e)),
         }
     }
-    Err(io(std::io::Error::new(std::io::ErrorKind::AddrInUse, "held by engines that keep exiting; try again")))
+    Err(io(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "held by engines that keep exiting; try again",
+    )))
 }
 
 /// Who holds `name`, or `None` when nobody does.
 pub async fn holder(name: &str) -> Result<Option<Holder>, LockError> {
-    let io = |error| LockError::Io { name: name.into(), error };
+    let io = |error| LockError::Io {
+        name: name.into(),
+        error,
+    };
     let s = match StdStream::connect_addr(&addr(name)?) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
@@ -177,7 +198,10 @@ mod tests {
     fn lock_names_follow_the_gpu_set() {
         assert_eq!(lock_name(None), "gantry-engine");
         assert_eq!(lock_name(Some("sim:2x24GiB@lab-1")), "gantry-engine/sim/lab-1");
-        assert_eq!(lock_name(Some("sim:2x24GiB")), format!("gantry-engine/sim/pid-{}", std::process::id()));
+        assert_eq!(
+            lock_name(Some("sim:2x24GiB")),
+            format!("gantry-engine/sim/pid-{}", std::process::id())
+        );
     }
 
     #[tokio::test]
@@ -214,6 +238,9 @@ mod tests {
         .unwrap();
         assert!(line.ends_with('\n') && line.lines().count() == 1, "{line:?}");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v, serde_json::json!({ "uid": nix::unistd::getuid().as_raw(), "pid": std::process::id(), "socket": "/srv/q/gantry.sock" }));
+        assert_eq!(
+            v,
+            serde_json::json!({ "uid": nix::unistd::getuid().as_raw(), "pid": std::process::id(), "socket": "/srv/q/gantry.sock" })
+        );
     }
 }

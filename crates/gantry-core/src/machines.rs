@@ -12,7 +12,11 @@ struct Saved {
 
 /// The saved hosts in `file` (none if it is missing or unreadable: a fresh list is harmless).
 pub fn load_saved(file: &Path) -> Vec<String> {
-    std::fs::read(file).ok().and_then(|b| serde_json::from_slice::<Saved>(&b).ok()).map(|s| s.hosts).unwrap_or_default()
+    std::fs::read(file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Saved>(&b).ok())
+        .map(|s| s.hosts)
+        .unwrap_or_default()
 }
 
 /// `host` first in the saved list (`keep: false` removes it), written whole (temp file + rename).
@@ -56,15 +60,26 @@ pub fn ssh_config_hosts(text: &str) -> Vec<String> {
 
 /// `~/.ssh/config`.
 pub fn user_ssh_config() -> Option<PathBuf> {
-    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".ssh/config"))
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| PathBuf::from(h).join(".ssh/config"))
 }
 
 /// The switcher's list: saved hosts, then the ssh config's others.
 pub fn list(saved_file: &Path, current: Option<String>) -> Machines {
     let saved = load_saved(saved_file);
-    let text = user_ssh_config().and_then(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
-    let ssh_config = ssh_config_hosts(&text).into_iter().filter(|h| !saved.contains(h)).collect();
-    Machines { current, saved, ssh_config }
+    let text = user_ssh_config()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .unwrap_or_default();
+    let ssh_config = ssh_config_hosts(&text)
+        .into_iter()
+        .filter(|h| !saved.contains(h))
+        .collect();
+    Machines {
+        current,
+        saved,
+        ssh_config,
+    }
 }
 
 #[cfg(test)]

@@ -18,24 +18,69 @@ use crate::protocol::{EngineEvent, JobState};
 
 /// Every metric family: name, type, help.
 pub const METRICS: &[(&str, &str, &str)] = &[
-    ("gantry_gpu_utilization_ratio", "gauge", "GPU utilization (0 to 1) over the last sample, by GPU and the job and user holding it."),
-    ("gantry_gpu_memory_used_bytes", "gauge", "GPU memory in use, by GPU and the job and user holding it."),
+    (
+        "gantry_gpu_utilization_ratio",
+        "gauge",
+        "GPU utilization (0 to 1) over the last sample, by GPU and the job and user holding it.",
+    ),
+    (
+        "gantry_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use, by GPU and the job and user holding it.",
+    ),
     ("gantry_gpu_memory_total_bytes", "gauge", "GPU memory in all, by GPU."),
     ("gantry_gpu_temperature_celsius", "gauge", "GPU temperature, by GPU."),
     ("gantry_gpu_power_watts", "gauge", "GPU power draw, by GPU."),
     ("gantry_queued_jobs", "gauge", "Jobs waiting in the queue, by user."),
     ("gantry_running_jobs", "gauge", "Jobs starting or running, by user."),
     ("gantry_running_gpus", "gauge", "GPUs held by running jobs, by user."),
-    ("gantry_job_wait_seconds", "histogram", "Time from submit to first start of jobs started since the engine started."),
-    ("gantry_job_run_seconds", "histogram", "Run time of the last attempt of jobs that ended since the engine started."),
-    ("gantry_jobs_ended_total", "counter", "Jobs that ended since the engine started, by outcome."),
-    ("gantry_store_problem", "gauge", "1 while the engine cannot write its state database (no job starts), else 0."),
-    ("gantry_backend_problem", "gauge", "1 while Docker or Slurm cannot be reached, else 0."),
-    ("gantry_engine_info", "gauge", "Always 1; the engine's version and GPU backend as labels."),
+    (
+        "gantry_job_wait_seconds",
+        "histogram",
+        "Time from submit to first start of jobs started since the engine started.",
+    ),
+    (
+        "gantry_job_run_seconds",
+        "histogram",
+        "Run time of the last attempt of jobs that ended since the engine started.",
+    ),
+    (
+        "gantry_jobs_ended_total",
+        "counter",
+        "Jobs that ended since the engine started, by outcome.",
+    ),
+    (
+        "gantry_store_problem",
+        "gauge",
+        "1 while the engine cannot write its state database (no job starts), else 0.",
+    ),
+    (
+        "gantry_backend_problem",
+        "gauge",
+        "1 while Docker or Slurm cannot be reached, else 0.",
+    ),
+    (
+        "gantry_engine_info",
+        "gauge",
+        "Always 1; the engine's version and GPU backend as labels.",
+    ),
 ];
 
 /// Histogram bounds (seconds): a minute to a week.
-const BUCKETS: [f64; 12] = [10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3.0 * 3600.0, 6.0 * 3600.0, 12.0 * 3600.0, 86400.0, 3.0 * 86400.0, 7.0 * 86400.0];
+const BUCKETS: [f64; 12] = [
+    10.0,
+    60.0,
+    300.0,
+    900.0,
+    1800.0,
+    3600.0,
+    3.0 * 3600.0,
+    6.0 * 3600.0,
+    12.0 * 3600.0,
+    86400.0,
+    3.0 * 86400.0,
+    7.0 * 86400.0,
+];
 
 #[derive(Debug, Default, Clone)]
 struct Histogram {
@@ -83,19 +128,42 @@ fn render(e: &Engine, c: &Counted) -> String {
     }
     let g = e.gpu_status();
     for s in &g.gpus {
-        let holders: Vec<_> = g.users.iter().filter(|u| u.gpu == s.index && u.job_id.is_some()).collect();
+        let holders: Vec<_> = g
+            .users
+            .iter()
+            .filter(|u| u.gpu == s.index && u.job_id.is_some())
+            .collect();
         let mut jobs: Vec<String> = holders.iter().filter_map(|u| u.job_id.map(|j| j.to_string())).collect();
         let mut users: Vec<String> = holders.iter().filter_map(|u| u.user.clone()).collect();
         jobs.dedup();
         users.sort();
         users.dedup();
-        let base = vec![("gpu", s.index.to_string()), ("uuid", s.uuid.clone()), ("name", s.name.clone())];
+        let base = vec![
+            ("gpu", s.index.to_string()),
+            ("uuid", s.uuid.clone()),
+            ("name", s.name.clone()),
+        ];
         let mut held = base.clone();
         held.push(("job", jobs.join(",")));
         held.push(("user", users.join(",")));
-        put(&mut fam, "gantry_gpu_utilization_ratio", labels(&held), s.utilization as f64 / 100.0);
-        put(&mut fam, "gantry_gpu_memory_used_bytes", labels(&held), s.memory_used as f64);
-        put(&mut fam, "gantry_gpu_memory_total_bytes", labels(&base), s.memory_total as f64);
+        put(
+            &mut fam,
+            "gantry_gpu_utilization_ratio",
+            labels(&held),
+            s.utilization as f64 / 100.0,
+        );
+        put(
+            &mut fam,
+            "gantry_gpu_memory_used_bytes",
+            labels(&held),
+            s.memory_used as f64,
+        );
+        put(
+            &mut fam,
+            "gantry_gpu_memory_total_bytes",
+            labels(&base),
+            s.memory_total as f64,
+        );
         if let Some(t) = s.temperature_c {
             put(&mut fam, "gantry_gpu_temperature_celsius", labels(&base), t as f64);
         }
@@ -121,7 +189,11 @@ fn render(e: &Engine, c: &Counted) -> String {
         }
         Err(err) => warn!("metrics: cannot read the queue: {err}"),
     }
-    for (name, m) in [("gantry_queued_jobs", &queued), ("gantry_running_jobs", &running), ("gantry_running_gpus", &gpus)] {
+    for (name, m) in [
+        ("gantry_queued_jobs", &queued),
+        ("gantry_running_jobs", &running),
+        ("gantry_running_gpus", &gpus),
+    ] {
         for (u, n) in m {
             put(&mut fam, name, labels(&[("user", u.clone())]), *n as f64);
         }
@@ -137,13 +209,36 @@ fn render(e: &Engine, c: &Counted) -> String {
     }
     for s in JobState::ALL.into_iter().filter(|s| s.is_final()) {
         let n = c.ended.get(s.as_str()).copied().unwrap_or(0);
-        put(&mut fam, "gantry_jobs_ended_total", labels(&[("outcome", s.as_str().to_string())]), n as f64);
+        put(
+            &mut fam,
+            "gantry_jobs_ended_total",
+            labels(&[("outcome", s.as_str().to_string())]),
+            n as f64,
+        );
     }
     let h = e.health();
-    put(&mut fam, "gantry_store_problem", String::new(), h.store_problem.is_some() as u8 as f64);
-    put(&mut fam, "gantry_backend_problem", String::new(), h.backend_problem.is_some() as u8 as f64);
+    put(
+        &mut fam,
+        "gantry_store_problem",
+        String::new(),
+        h.store_problem.is_some() as u8 as f64,
+    );
+    put(
+        &mut fam,
+        "gantry_backend_problem",
+        String::new(),
+        h.backend_problem.is_some() as u8 as f64,
+    );
     let backend = format!("{:?}", g.backend).to_lowercase();
-    put(&mut fam, "gantry_engine_info", labels(&[("version", env!("CARGO_PKG_VERSION").to_string()), ("gpu_backend", backend)]), 1.0);
+    put(
+        &mut fam,
+        "gantry_engine_info",
+        labels(&[
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+            ("gpu_backend", backend),
+        ]),
+        1.0,
+    );
     for (name, kind, help) in METRICS {
         // Every family is described, with or without samples now (a dashboard's names always exist).
         let lines = fam.get(name).map(Vec::as_slice).unwrap_or(&[]);
@@ -182,7 +277,9 @@ async fn count(e: Arc<Engine>, c: Arc<Mutex<Counted>>) {
             continue;
         }
         let e2 = e.clone();
-        let Ok(Ok(d)) = tokio::task::spawn_blocking(move || e2.job_detail(job_id)).await else { continue };
+        let Ok(Ok(d)) = tokio::task::spawn_blocking(move || e2.job_detail(job_id)).await else {
+            continue;
+        };
         let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
         if state == JobState::Running {
             if d.attempts.len() == 1 {
@@ -225,7 +322,13 @@ pub async fn serve(e: Arc<Engine>, addr: SocketAddr) {
                 })
                 .await
                 .unwrap_or_default();
-                ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
             }
         }),
     );
@@ -251,6 +354,8 @@ mod tests {
         let mut sorted = names.clone();
         sorted.dedup();
         assert_eq!(names.len(), sorted.len());
-        assert!(METRICS.iter().all(|(n, t, _)| n.starts_with("gantry_") && (*t != "counter" || n.ends_with("_total"))));
+        assert!(METRICS
+            .iter()
+            .all(|(n, t, _)| n.starts_with("gantry_") && (*t != "counter" || n.ends_with("_total"))));
     }
 }

@@ -33,14 +33,23 @@ pub fn node_name() -> String {
 }
 
 /// Sample the node's GPUs (`gpus`: simulated, as for the engine) every `every` into `dir`, until `stop`.
-pub async fn run(dir: PathBuf, gpus: Option<String>, every: Duration, stop: impl std::future::Future<Output = ()>) -> Result<(), crate::gpu::GpuError> {
+pub async fn run(
+    dir: PathBuf,
+    gpus: Option<String>,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), crate::gpu::GpuError> {
     let crate::gpu::Opened { mut backend, note, .. } = crate::gpu::open(gpus.as_deref())?;
     if let Some(n) = note {
         warn!("node agent: {n}");
     }
     let node = node_name();
     let (path, tmp) = (dir.join(format!("{node}.json")), dir.join(format!(".{node}.json.tmp")));
-    info!("node agent: writing {node}'s GPU samples to {} every {:?}", path.display(), every);
+    info!(
+        "node agent: writing {node}'s GPU samples to {} every {:?}",
+        path.display(),
+        every
+    );
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tokio::pin!(stop);
@@ -56,7 +65,12 @@ pub async fn run(dir: PathBuf, gpus: Option<String>, every: Duration, stop: impl
                 continue;
             }
         };
-        let body = serde_json::to_vec(&NodeSamples { node: node.clone(), at: now_ms(), gpus }).unwrap_or_default();
+        let body = serde_json::to_vec(&NodeSamples {
+            node: node.clone(),
+            at: now_ms(),
+            gpus,
+        })
+        .unwrap_or_default();
         if let Err(e) = write_aside(&tmp, &path, &body) {
             warn!("node agent: cannot write {}: {e}", path.display());
         }
@@ -72,7 +86,12 @@ fn write_aside(tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)?;
     f.write_all(body)?;
     drop(f);
     std::fs::rename(tmp, path)
@@ -86,7 +105,11 @@ pub fn read(dir: &Path, node: &str, now: i64) -> Option<NodeSamples> {
     if node.is_empty() || node.contains('/') || node.starts_with('.') {
         return None;
     }
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(dir.join(format!("{node}.json"))).ok()?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(format!("{node}.json")))
+        .ok()?;
     let md = f.metadata().ok()?;
     if !md.file_type().is_file() || std::os::unix::fs::MetadataExt::uid(&md) != nix::unistd::geteuid().as_raw() {
         return None;
@@ -104,7 +127,11 @@ mod tests {
     #[test]
     fn fresh_samples_of_the_named_node_only() {
         let d = tempfile::tempdir().unwrap();
-        let s = NodeSamples { node: "n1".into(), at: 1_000_000, gpus: vec![] };
+        let s = NodeSamples {
+            node: "n1".into(),
+            at: 1_000_000,
+            gpus: vec![],
+        };
         std::fs::write(d.path().join("n1.json"), serde_json::to_vec(&s).unwrap()).unwrap();
         assert_eq!(read(d.path(), "n1", 1_005_000), Some(s.clone()));
         assert_eq!(read(d.path(), "n1", 1_000_000 + FRESH_MS + 1), None, "stale");
@@ -112,10 +139,19 @@ mod tests {
         std::os::unix::fs::symlink(d.path().join("n1.json"), d.path().join("n2.json")).unwrap();
         assert_eq!(read(d.path(), "n2", 1_000_000), None, "links are not followed");
         // A user who can write the shared folder plants fake figures for a node: not read.
-        let s3 = NodeSamples { node: "n3".into(), at: 1_000_000, gpus: vec![] };
+        let s3 = NodeSamples {
+            node: "n3".into(),
+            at: 1_000_000,
+            gpus: vec![],
+        };
         std::fs::write(d.path().join("n3.json"), serde_json::to_vec(&s3).unwrap()).unwrap();
         assert_eq!(read(d.path(), "n3", 1_000_000), Some(s3));
-        std::os::unix::fs::chown(d.path().join("n3.json"), Some(nix::unistd::geteuid().as_raw() + 4242), None).unwrap();
+        std::os::unix::fs::chown(
+            d.path().join("n3.json"),
+            Some(nix::unistd::geteuid().as_raw() + 4242),
+            None,
+        )
+        .unwrap();
         assert_eq!(read(d.path(), "n3", 1_000_000), None, "a file another user owns");
     }
 

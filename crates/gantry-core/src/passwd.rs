@@ -27,8 +27,13 @@ pub fn is_safe_field(s: &str) -> bool {
 }
 
 /// The image's lines (none from a file over [`IMAGE_FILE_MAX`]) that have `fields` fields, except those `drop` says.
-fn image_lines<'a>(image: Option<&'a [u8]>, fields: usize, drop: impl Fn(&[&str]) -> bool) -> Vec<&'a str> {
-    let Some(text) = image.filter(|b| b.len() <= IMAGE_FILE_MAX).and_then(|b| std::str::from_utf8(b).ok()) else { return vec![] };
+fn image_lines(image: Option<&[u8]>, fields: usize, drop: impl Fn(&[&str]) -> bool) -> Vec<&str> {
+    let Some(text) = image
+        .filter(|b| b.len() <= IMAGE_FILE_MAX)
+        .and_then(|b| std::str::from_utf8(b).ok())
+    else {
+        return vec![];
+    };
     text.lines()
         .filter(|l| {
             let f: Vec<&str> = l.split(':').collect();
@@ -50,7 +55,10 @@ pub fn passwd(image: Option<&[u8]>, a: &Account) -> String {
         out.push_str(l);
         out.push('\n');
     }
-    out.push_str(&format!("{}:x:{}:{}:{}:{}:/bin/sh\n", a.name, a.uid, a.gid, a.name, a.home));
+    out.push_str(&format!(
+        "{}:x:{}:{}:{}:{}:/bin/sh\n",
+        a.name, a.uid, a.gid, a.name, a.home
+    ));
     out
 }
 
@@ -58,7 +66,9 @@ pub fn passwd(image: Option<&[u8]>, a: &Account) -> String {
 /// the image has none, and the owner's groups (the owner a member of the supplementary ones).
 pub fn group(image: Option<&[u8]>, a: &Account) -> String {
     let gids: Vec<String> = a.groups.iter().map(|g| g.1.to_string()).collect();
-    let kept = image_lines(image, 4, |f| a.groups.iter().any(|g| g.0 == f[0]) || gids.iter().any(|g| g == f[2]));
+    let kept = image_lines(image, 4, |f| {
+        a.groups.iter().any(|g| g.0 == f[0]) || gids.iter().any(|g| g == f[2])
+    });
     let mut out = String::new();
     if !gids.iter().any(|g| g == "0") && !kept.iter().any(|l| l.split(':').nth(2) == Some("0")) {
         out.push_str("root:x:0:\n");
@@ -79,7 +89,13 @@ mod tests {
     use super::*;
 
     fn alice() -> Account {
-        Account { name: "alice".into(), uid: 1001, gid: 1001, home: "/home/alice".into(), groups: vec![("alice".into(), 1001), ("lab".into(), 2000)] }
+        Account {
+            name: "alice".into(),
+            uid: 1001,
+            gid: 1001,
+            home: "/home/alice".into(),
+            groups: vec![("alice".into(), 1001), ("lab".into(), 2000)],
+        }
     }
 
     #[test]
@@ -90,15 +106,32 @@ mod tests {
             "root:x:0:0:root:/root:/bin/bash\n_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\nalice:x:1001:1001:alice:/home/alice:/bin/sh\n",
             "the image's user with the same uid or name gives way"
         );
-        assert_eq!(passwd(None, &alice()), "root:x:0:0:root:/root:/bin/sh\nalice:x:1001:1001:alice:/home/alice:/bin/sh\n");
+        assert_eq!(
+            passwd(None, &alice()),
+            "root:x:0:0:root:/root:/bin/sh\nalice:x:1001:1001:alice:/home/alice:/bin/sh\n"
+        );
         let groups = b"root:x:0:\nlab:x:77:\nvideo:x:44:\nubuntu:x:1001:\n";
-        assert_eq!(group(Some(groups), &alice()), "root:x:0:\nvideo:x:44:\nalice:x:1001:\nlab:x:2000:alice\n");
+        assert_eq!(
+            group(Some(groups), &alice()),
+            "root:x:0:\nvideo:x:44:\nalice:x:1001:\nlab:x:2000:alice\n"
+        );
         assert_eq!(group(None, &alice()), "root:x:0:\nalice:x:1001:\nlab:x:2000:alice\n");
-        let root = Account { name: "root".into(), uid: 0, gid: 0, home: "/root".into(), groups: vec![("root".into(), 0)] };
+        let root = Account {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            home: "/root".into(),
+            groups: vec![("root".into(), 0)],
+        };
         assert_eq!(passwd(None, &root), "root:x:0:0:root:/root:/bin/sh\n");
         assert_eq!(group(None, &root), "root:x:0:\n");
         // An image's file that is not text, or is huge, adds nothing of its own.
         assert_eq!(passwd(Some(&[0xff, 0xfe, b'\n']), &alice()), passwd(None, &alice()));
-        assert!(is_safe_field("gantry-alice") && !is_safe_field("a:b") && !is_safe_field("a\nroot:x:0:0") && !is_safe_field(""));
+        assert!(
+            is_safe_field("gantry-alice")
+                && !is_safe_field("a:b")
+                && !is_safe_field("a\nroot:x:0:0")
+                && !is_safe_field("")
+        );
     }
 }

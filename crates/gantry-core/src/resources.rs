@@ -74,9 +74,18 @@ impl Default for Containers {
 impl Containers {
     /// Each setting as `key = value`, for the reload log.
     pub fn entries(&self) -> Vec<(&'static str, String)> {
-        let lim = |v: i64| if v < 0 { "unlimited".to_string() } else { format_bytes(v as u64) };
+        let lim = |v: i64| {
+            if v < 0 {
+                "unlimited".to_string()
+            } else {
+                format_bytes(v as u64)
+            }
+        };
         vec![
-            ("containers.shm_size", self.shm_size.map(format_bytes).unwrap_or_else(|| "auto".into())),
+            (
+                "containers.shm_size",
+                self.shm_size.map(format_bytes).unwrap_or_else(|| "auto".into()),
+            ),
             ("containers.memlock", lim(self.memlock)),
             ("containers.stack", lim(self.stack)),
             ("containers.allow_ipc_host", self.allow_ipc_host.to_string()),
@@ -85,7 +94,10 @@ impl Containers {
             ("containers.memory_per_gpu", self.memory_per_gpu.show(false)),
             ("containers.cpu_only_cpus", self.cpu_only_cpus.show(true)),
             ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
-            ("containers.reserve_cpus", crate::units::format_cpus(self.reserve_cpus_milli)),
+            (
+                "containers.reserve_cpus",
+                crate::units::format_cpus(self.reserve_cpus_milli),
+            ),
             ("containers.reserve_memory", format_bytes(self.reserve_memory)),
             ("containers.pids_limit", self.pids_limit.to_string()),
             ("containers.host_image", self.host_image.to_string()),
@@ -95,13 +107,24 @@ impl Containers {
     /// The CPU and RAM a job is limited to and counted for: what its spec says (`cpus_milli`,
     /// `memory`), else the lab's default for its `gpus`. `cap` is the machine's capacity for jobs,
     /// `gpu_count` the number of GPUs Gantry schedules.
-    pub fn needs(&self, gpus: u32, cpus_milli: Option<u64>, memory: Option<u64>, cap: CpuRam, gpu_count: usize) -> CpuRam {
+    pub fn needs(
+        &self,
+        gpus: u32,
+        cpus_milli: Option<u64>,
+        memory: Option<u64>,
+        cap: CpuRam,
+        gpu_count: usize,
+    ) -> CpuRam {
         let shares = gpu_count as u64 + 1;
         let pick = |explicit: Option<u64>, per_gpu: Amount, cpu_only: Amount, total: u64, floor: u64| -> u64 {
             if let Some(v) = explicit {
                 return v;
             }
-            let (amount, times) = if gpus == 0 { (cpu_only, 1) } else { (per_gpu, gpus as u64) };
+            let (amount, times) = if gpus == 0 {
+                (cpu_only, 1)
+            } else {
+                (per_gpu, gpus as u64)
+            };
             match amount {
                 Amount::Unlimited => 0,
                 Amount::Is(v) => v.saturating_mul(times),
@@ -110,7 +133,13 @@ impl Containers {
         };
         CpuRam {
             cpus_milli: pick(cpus_milli, self.cpus_per_gpu, self.cpu_only_cpus, cap.cpus_milli, 10),
-            memory: pick(memory, self.memory_per_gpu, self.cpu_only_memory, cap.memory, crate::spec::MIN_MEMORY),
+            memory: pick(
+                memory,
+                self.memory_per_gpu,
+                self.cpu_only_memory,
+                cap.memory,
+                crate::spec::MIN_MEMORY,
+            ),
         }
     }
 
@@ -123,16 +152,35 @@ impl Containers {
         let share = self.needs(1, None, None, cap, gpu_count);
         let own = self.needs(gpus, None, None, cap, gpu_count);
         let others = (gpu_count as u64).saturating_sub(gpus as u64);
-        let one = |share: u64, own: u64, total: u64| if share == 0 { u64::MAX } else { total.saturating_sub(others * share).max(own) };
-        CpuRam { cpus_milli: one(share.cpus_milli, own.cpus_milli, cap.cpus_milli), memory: one(share.memory, own.memory, cap.memory) }
+        let one = |share: u64, own: u64, total: u64| {
+            if share == 0 {
+                u64::MAX
+            } else {
+                total.saturating_sub(others * share).max(own)
+            }
+        };
+        CpuRam {
+            cpus_milli: one(share.cpus_milli, own.cpus_milli, cap.cpus_milli),
+            memory: one(share.memory, own.memory, cap.memory),
+        }
     }
 
     /// Refuse CPU or RAM above [`Containers::ceiling`], saying what the job may have and why.
-    pub fn check_share(&self, job: &ValidJob, cap: CpuRam, gpu_count: usize, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+    pub fn check_share(
+        &self,
+        job: &ValidJob,
+        cap: CpuRam,
+        gpu_count: usize,
+        set_in: &dyn Fn(&str) -> String,
+    ) -> Result<(), SpecError> {
         let ceil = self.ceiling(job.gpus, cap, gpu_count);
         let share = self.needs(1, None, None, cap, gpu_count);
         let others = gpu_count.saturating_sub(job.gpus as usize);
-        let who = if job.gpus == 0 { "a CPU-only job".to_string() } else { format!("a {}-GPU job", job.gpus) };
+        let who = if job.gpus == 0 {
+            "a CPU-only job".to_string()
+        } else {
+            format!("a {}-GPU job", job.gpus)
+        };
         let gpus_left = format!("the other {others} GPU{}", if others == 1 { "" } else { "s" });
         if let Some(c) = job.limits.cpus_milli.filter(|c| *c > ceil.cpus_milli) {
             use crate::units::cpus_count;
@@ -161,8 +209,15 @@ impl Containers {
     pub fn check_pids(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
         match job.limits.pids_limit {
             Some(n) if n > self.pids_limit => Err(SpecError::new(
-                format!("`pids_limit` is {n}; this machine allows at most {} processes per job{}", self.pids_limit, set_in("containers.pids_limit")),
-                format!("ask for at most {}, or leave `pids_limit` out to get that", self.pids_limit),
+                format!(
+                    "`pids_limit` is {n}; this machine allows at most {} processes per job{}",
+                    self.pids_limit,
+                    set_in("containers.pids_limit")
+                ),
+                format!(
+                    "ask for at most {}, or leave `pids_limit` out to get that",
+                    self.pids_limit
+                ),
             )),
             _ => Ok(()),
         }
@@ -172,7 +227,10 @@ impl Containers {
     pub fn check(&self, job: &ValidJob, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
         if job.spec.is_host_image() && !self.host_image {
             return Err(SpecError::new(
-                format!("jobs without an image (`image: host`, this machine's own folders) are turned off here{}", set_in("containers.host_image")),
+                format!(
+                    "jobs without an image (`image: host`, this machine's own folders) are turned off here{}",
+                    set_in("containers.host_image")
+                ),
                 "name a Docker image in `image` (`gantry run --image IMG`)",
             ));
         }
@@ -204,9 +262,20 @@ pub struct Machine {
 
 impl Machine {
     pub fn read() -> Machine {
-        let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
-        let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m)).unwrap_or(0);
-        Machine { total: CpuRam { cpus_milli: cpus * 1000, memory }, memlock_max: memlock_max() }
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1);
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| mem_total(&m))
+            .unwrap_or(0);
+        Machine {
+            total: CpuRam {
+                cpus_milli: cpus * 1000,
+                memory,
+            },
+            memlock_max: memlock_max(),
+        }
     }
 
     /// What jobs may use: the machine less the lab's reserve for the OS, Docker and the engine, but at
@@ -232,12 +301,18 @@ pub struct Topology {
 impl Topology {
     pub fn read() -> Topology {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(parse_cpu_list).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(parse_cpu_list)
+            .unwrap_or_default();
         let mut nodes = vec![];
         if let Ok(rd) = std::fs::read_dir("/sys/devices/system/node") {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else { continue };
+                let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
                 let list = std::fs::read_to_string(e.path().join("cpulist")).unwrap_or_default();
                 nodes.push((n, parse_cpu_list(&list)));
             }
@@ -248,7 +323,11 @@ impl Topology {
 
     /// The CPUs of these NUMA nodes.
     pub fn cpus_of(&self, nodes: &[u32]) -> Vec<u32> {
-        self.nodes.iter().filter(|(n, _)| nodes.contains(n)).flat_map(|(_, c)| c.iter().copied()).collect()
+        self.nodes
+            .iter()
+            .filter(|(n, _)| nodes.contains(n))
+            .flat_map(|(_, c)| c.iter().copied())
+            .collect()
     }
 }
 
@@ -280,7 +359,11 @@ pub fn cpu_list(cpus: &[u32]) -> String {
         while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
             j += 1;
         }
-        parts.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        parts.push(if i == j {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
+        });
         i = j + 1;
     }
     parts.join(",")
@@ -362,9 +445,19 @@ impl Containers {
     /// The container settings of `job`, whose CPU and RAM are `needs` (from [`Containers::needs`]).
     /// `owner_home` is the owner's home folder; with `home: mount`, the caller adds it to the mounts
     /// that are checked as the owner (see [`Containers::home_mount`]).
-    pub fn settings(&self, job: &ValidJob, needs: CpuRam, machine: &Machine, owner_home: Option<&str>) -> ContainerSettings {
+    pub fn settings(
+        &self,
+        job: &ValidJob,
+        needs: CpuRam,
+        machine: &Machine,
+        owner_home: Option<&str>,
+    ) -> ContainerSettings {
         let memory = (needs.memory > 0).then_some(needs.memory);
-        let shm = job.limits.shm_size.or(self.shm_size).unwrap_or_else(|| memory.map(|m| m / 2).unwrap_or(config::SHM_WITHOUT_MEMORY_LIMIT));
+        let shm = job
+            .limits
+            .shm_size
+            .or(self.shm_size)
+            .unwrap_or_else(|| memory.map(|m| m / 2).unwrap_or(config::SHM_WITHOUT_MEMORY_LIMIT));
         let memlock = job.limits.memlock.unwrap_or(self.memlock);
         let memlock = match machine.memlock_max {
             Some(max) if memlock < 0 || memlock > max => max,
@@ -382,7 +475,11 @@ impl Containers {
             ipc_host: job.spec.ipc == Some(Ipc::Host),
             home_tmpfs: !taken && self.home_mode(job) == Home::Tmpfs,
             home: Some(home),
-            pids_limit: Some(job.limits.pids_limit.map_or(self.pids_limit, |n| n.min(self.pids_limit))),
+            pids_limit: Some(
+                job.limits
+                    .pids_limit
+                    .map_or(self.pids_limit, |n| n.min(self.pids_limit)),
+            ),
             threads: (needs.cpus_milli > 0).then(|| needs.cpus_milli.div_ceil(1000).max(1) as u32),
             cpuset: None,
             log_file_size: None,
@@ -393,14 +490,22 @@ impl Containers {
 
     /// A job in this machine's own folders (`image: host`) has the owner's home, as on the machine.
     fn home_mode(&self, job: &ValidJob) -> Home {
-        job.spec.home.unwrap_or(if job.spec.is_host_image() { Home::Mount } else { self.home })
+        job.spec.home.unwrap_or(if job.spec.is_host_image() {
+            Home::Mount
+        } else {
+            self.home
+        })
     }
 
     /// The owner's home as a read-write mount, when the job's HOME is their home folder.
     pub fn home_mount(&self, job: &ValidJob, owner_home: Option<&str>) -> Option<crate::spec::Mount> {
         let home = home_path(owner_home);
         let taken = job.mounts.iter().any(|m| m.container.trim_end_matches('/') == home);
-        (self.home_mode(job) == Home::Mount && !taken && home != FALLBACK_HOME).then(|| crate::spec::Mount { host: home.clone(), container: home, read_only: false })
+        (self.home_mode(job) == Home::Mount && !taken && home != FALLBACK_HOME).then(|| crate::spec::Mount {
+            host: home.clone(),
+            container: home,
+            read_only: false,
+        })
     }
 }
 
@@ -424,7 +529,13 @@ mod tests {
         c.needs(j.gpus, j.limits.cpus_milli, j.limits.memory, cap, gpu_count)
     }
     fn machine(cpus: u64, gib: u64) -> Machine {
-        Machine { total: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, memlock_max: None }
+        Machine {
+            total: CpuRam {
+                cpus_milli: cpus * 1000,
+                memory: gib * G,
+            },
+            memlock_max: None,
+        }
     }
 
     /// Issue 18 item 10: on a 4-GPU box with 1 CPU for jobs, each GPU's share is 0.2 CPUs; no job may
@@ -432,51 +543,138 @@ mod tests {
     #[test]
     fn no_job_holds_the_share_the_other_gpus_need() {
         let c = Containers::default();
-        let cap = CpuRam { cpus_milli: 1000, memory: 10 * G };
+        let cap = CpuRam {
+            cpus_milli: 1000,
+            memory: 10 * G,
+        };
         // (gpus, ceiling CPUs, ceiling memory GiB): the capacity less 0.2 CPUs and 2 GiB per other GPU.
         for (gpus, cpus, gib) in [(0, 200, 2), (1, 400, 4), (2, 600, 6), (4, 1000, 10)] {
-            assert_eq!(c.ceiling(gpus, cap, 4), CpuRam { cpus_milli: cpus, memory: gib * G }, "{gpus} GPUs");
+            assert_eq!(
+                c.ceiling(gpus, cap, 4),
+                CpuRam {
+                    cpus_milli: cpus,
+                    memory: gib * G
+                },
+                "{gpus} GPUs"
+            );
         }
         // Every default share is under its ceiling; a machine without GPUs has none.
         for gpus in 0..=4 {
             let d = c.needs(gpus, None, None, cap, 4);
             let ceil = c.ceiling(gpus, cap, 4);
-            assert!(d.cpus_milli <= ceil.cpus_milli && d.memory <= ceil.memory, "{gpus}: {d:?} > {ceil:?}");
+            assert!(
+                d.cpus_milli <= ceil.cpus_milli && d.memory <= ceil.memory,
+                "{gpus}: {d:?} > {ceil:?}"
+            );
         }
         assert_eq!(c.ceiling(0, cap, 0), cap);
         // No per-GPU share ("none"): nothing is kept for other GPUs.
-        let none = Containers { cpus_per_gpu: Amount::Unlimited, memory_per_gpu: Amount::Unlimited, ..Containers::default() };
+        let none = Containers {
+            cpus_per_gpu: Amount::Unlimited,
+            memory_per_gpu: Amount::Unlimited,
+            ..Containers::default()
+        };
         assert_eq!(c.ceiling(1, cap, 4).cpus_milli, 400);
-        assert_eq!(none.ceiling(1, cap, 4), CpuRam { cpus_milli: u64::MAX, memory: u64::MAX });
+        assert_eq!(
+            none.ceiling(1, cap, 4),
+            CpuRam {
+                cpus_milli: u64::MAX,
+                memory: u64::MAX
+            }
+        );
         // Refused at submit with what it may have and why.
         let set_in = |k: &str| format!(" ({k} in /etc/gantry/config.toml)");
-        let err = c.check_share(&job("gpus: 1\ncpus: 1\n"), cap, 4, &set_in).unwrap_err().to_string();
+        let err = c
+            .check_share(&job("gpus: 1\ncpus: 1\n"), cap, 4, &set_in)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "the job asks for 1 CPU; a 1-GPU job may hold at most 0.4 CPUs here, so that the other 3 GPUs keep their share (0.2 CPUs each) of the 1 CPU for jobs (containers.cpus_per_gpu in /etc/gantry/config.toml)\n  fix: ask for at most `cpus: 0.4`, or for more GPUs"
         );
-        let err = c.check_share(&job("gpus: 0\nmemory: 3GiB\n"), cap, 4, &set_in).unwrap_err().to_string();
+        let err = c
+            .check_share(&job("gpus: 0\nmemory: 3GiB\n"), cap, 4, &set_in)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("the job asks for 3.0 GiB of memory; a CPU-only job may hold at most 2.0 GiB here, so that the other 4 GPUs keep their share (2.0 GiB each)"), "{err}");
-        for ok in ["gpus: 1\ncpus: 0.4\n", "gpus: 4\ncpus: 1\nmemory: 10GiB\n", "gpus: 1\n", "gpus: 0\ncpus: 0.2\n"] {
+        for ok in [
+            "gpus: 1\ncpus: 0.4\n",
+            "gpus: 4\ncpus: 1\nmemory: 10GiB\n",
+            "gpus: 1\n",
+            "gpus: 0\ncpus: 0.2\n",
+        ] {
             assert!(c.check_share(&job(ok), cap, 4, &set_in).is_ok(), "{ok}");
         }
-        assert!(none.check_share(&job("gpus: 1\ncpus: 1\nmemory: 10GiB\n"), cap, 4, &set_in).is_ok());
+        assert!(none
+            .check_share(&job("gpus: 1\ncpus: 1\nmemory: 10GiB\n"), cap, 4, &set_in)
+            .is_ok());
     }
 
     #[test]
     fn capacity_is_the_machine_less_the_reserve_and_jobs_get_a_share_per_gpu() {
         let c = Containers::default();
         let cap = machine(65, 514).for_jobs(&c);
-        assert_eq!(cap, CpuRam { cpus_milli: 64_000, memory: 512 * G });
-        assert_eq!(machine(1, 2).for_jobs(&c), CpuRam { cpus_milli: 500, memory: G }, "at least half a small machine");
+        assert_eq!(
+            cap,
+            CpuRam {
+                cpus_milli: 64_000,
+                memory: 512 * G
+            }
+        );
+        assert_eq!(
+            machine(1, 2).for_jobs(&c),
+            CpuRam {
+                cpus_milli: 500,
+                memory: G
+            },
+            "at least half a small machine"
+        );
         // 7 GPUs: 8 shares (one kept for CPU-only jobs).
-        assert_eq!(needs(&c, &job("gpus: 2\n"), cap, 7), CpuRam { cpus_milli: 16_000, memory: 128 * G });
-        assert_eq!(needs(&c, &job("gpus: 0\n"), cap, 7), CpuRam { cpus_milli: 8_000, memory: 64 * G });
-        assert_eq!(needs(&c, &job("gpus: 2\ncpus: 3\nmemory: 10GiB\n"), cap, 7), CpuRam { cpus_milli: 3_000, memory: 10 * G });
-        let set = Containers { cpus_per_gpu: Amount::Is(6_000), memory_per_gpu: Amount::Unlimited, cpu_only_cpus: Amount::Is(2_000), ..c };
-        assert_eq!(needs(&set, &job("gpus: 3\n"), cap, 7), CpuRam { cpus_milli: 18_000, memory: 0 });
-        assert_eq!(needs(&set, &job("gpus: 0\n"), cap, 7), CpuRam { cpus_milli: 2_000, memory: 64 * G });
-        assert_eq!(mem_total("MemTotal:       24567890 kB\nMemFree: 1 kB\n"), Some(24567890 * 1024));
+        assert_eq!(
+            needs(&c, &job("gpus: 2\n"), cap, 7),
+            CpuRam {
+                cpus_milli: 16_000,
+                memory: 128 * G
+            }
+        );
+        assert_eq!(
+            needs(&c, &job("gpus: 0\n"), cap, 7),
+            CpuRam {
+                cpus_milli: 8_000,
+                memory: 64 * G
+            }
+        );
+        assert_eq!(
+            needs(&c, &job("gpus: 2\ncpus: 3\nmemory: 10GiB\n"), cap, 7),
+            CpuRam {
+                cpus_milli: 3_000,
+                memory: 10 * G
+            }
+        );
+        let set = Containers {
+            cpus_per_gpu: Amount::Is(6_000),
+            memory_per_gpu: Amount::Unlimited,
+            cpu_only_cpus: Amount::Is(2_000),
+            ..c
+        };
+        assert_eq!(
+            needs(&set, &job("gpus: 3\n"), cap, 7),
+            CpuRam {
+                cpus_milli: 18_000,
+                memory: 0
+            }
+        );
+        assert_eq!(
+            needs(&set, &job("gpus: 0\n"), cap, 7),
+            CpuRam {
+                cpus_milli: 2_000,
+                memory: 64 * G
+            }
+        );
+        assert_eq!(
+            mem_total("MemTotal:       24567890 kB\nMemFree: 1 kB\n"),
+            Some(24567890 * 1024)
+        );
         let m = Machine::read();
         assert!(m.total.cpus_milli >= 1000 && m.total.memory > 0, "{m:?}");
     }
@@ -485,7 +683,15 @@ mod tests {
     fn container_settings_follow_the_spec_then_the_lab() {
         let c = Containers::default();
         let m = machine(17, 130);
-        let s = c.settings(&job(""), CpuRam { cpus_milli: 8_000, memory: 64 * G }, &m, Some("/home/alice"));
+        let s = c.settings(
+            &job(""),
+            CpuRam {
+                cpus_milli: 8_000,
+                memory: 64 * G,
+            },
+            &m,
+            Some("/home/alice"),
+        );
         assert_eq!(
             s,
             ContainerSettings {
@@ -506,35 +712,128 @@ mod tests {
             }
         );
         // A spec may lower the lab's process limit; a lab that lowered it later wins.
-        assert_eq!(c.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(100));
-        let strict = Containers { pids_limit: 64, ..Containers::default() };
-        assert_eq!(strict.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None).pids_limit, Some(64));
+        assert_eq!(
+            c.settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None)
+                .pids_limit,
+            Some(100)
+        );
+        let strict = Containers {
+            pids_limit: 64,
+            ..Containers::default()
+        };
+        assert_eq!(
+            strict
+                .settings(&job("pids_limit: 100\n"), CpuRam::default(), &m, None)
+                .pids_limit,
+            Some(64)
+        );
         let at = |k: &str| format!(" ({k})");
         let e = strict.check_pids(&job("pids_limit: 100\n"), &at).unwrap_err();
-        assert_eq!(e.message, "`pids_limit` is 100; this machine allows at most 64 processes per job (containers.pids_limit)");
+        assert_eq!(
+            e.message,
+            "`pids_limit` is 100; this machine allows at most 64 processes per job (containers.pids_limit)"
+        );
         assert!(strict.check_pids(&job("pids_limit: 64\n"), &at).is_ok() && strict.check_pids(&job(""), &at).is_ok());
         // Threads: the share rounded up (a half CPU still runs one thread); none without a limit.
-        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 1_500, memory: G }, &m, None).threads, Some(2));
-        assert_eq!(c.settings(&job(""), CpuRam { cpus_milli: 300, memory: G }, &m, None).threads, Some(1));
+        assert_eq!(
+            c.settings(
+                &job(""),
+                CpuRam {
+                    cpus_milli: 1_500,
+                    memory: G
+                },
+                &m,
+                None
+            )
+            .threads,
+            Some(2)
+        );
+        assert_eq!(
+            c.settings(
+                &job(""),
+                CpuRam {
+                    cpus_milli: 300,
+                    memory: G
+                },
+                &m,
+                None
+            )
+            .threads,
+            Some(1)
+        );
         assert_eq!(c.home_mount(&job(""), Some("/home/alice")), None);
         let no_limit = c.settings(&job(""), CpuRam::default(), &m, None);
-        assert_eq!((no_limit.nano_cpus, no_limit.memory, no_limit.shm_size, no_limit.threads), (None, None, Some(8 << 30), None));
+        assert_eq!(
+            (no_limit.nano_cpus, no_limit.memory, no_limit.shm_size, no_limit.threads),
+            (None, None, Some(8 << 30), None)
+        );
         assert_eq!(no_limit.home.as_deref(), Some(FALLBACK_HOME));
-        let own = c.settings(&job("shm_size: 1GiB\nulimits: {memlock: 1MiB, stack: 8MiB}\n"), CpuRam::default(), &m, Some("/root"));
-        assert_eq!((own.shm_size, own.memlock, own.stack), (Some(1 << 30), Some(1 << 20), Some(8 << 20)));
-        let lab = Containers { shm_size: Some(2 * G), ..Containers::default() };
-        assert_eq!(lab.settings(&job(""), CpuRam { cpus_milli: 1, memory: 64 * G }, &m, None).shm_size, Some(2 << 30));
+        let own = c.settings(
+            &job("shm_size: 1GiB\nulimits: {memlock: 1MiB, stack: 8MiB}\n"),
+            CpuRam::default(),
+            &m,
+            Some("/root"),
+        );
+        assert_eq!(
+            (own.shm_size, own.memlock, own.stack),
+            (Some(1 << 30), Some(1 << 20), Some(8 << 20))
+        );
+        let lab = Containers {
+            shm_size: Some(2 * G),
+            ..Containers::default()
+        };
+        assert_eq!(
+            lab.settings(
+                &job(""),
+                CpuRam {
+                    cpus_milli: 1,
+                    memory: 64 * G
+                },
+                &m,
+                None
+            )
+            .shm_size,
+            Some(2 << 30)
+        );
         // Where containers may not lock unlimited memory, they get the most they may.
-        let tight = Machine { memlock_max: Some(8 << 20), ..m };
-        assert_eq!(c.settings(&job(""), CpuRam::default(), &tight, None).memlock, Some(8 << 20));
+        let tight = Machine {
+            memlock_max: Some(8 << 20),
+            ..m
+        };
+        assert_eq!(
+            c.settings(&job(""), CpuRam::default(), &tight, None).memlock,
+            Some(8 << 20)
+        );
         // home: mount, where enabled: the home is a mount (checked as the owner), no tmpfs.
-        let mount = Containers { home: Home::Mount, ..Containers::default() };
+        let mount = Containers {
+            home: Home::Mount,
+            ..Containers::default()
+        };
         let s = mount.settings(&job(""), CpuRam::default(), &m, Some("/home/alice/"));
         assert!(!s.home_tmpfs && s.home.as_deref() == Some("/home/alice"));
-        assert_eq!(mount.home_mount(&job(""), Some("/home/alice")), Some(crate::spec::Mount { host: "/home/alice".into(), container: "/home/alice".into(), read_only: false }));
+        assert_eq!(
+            mount.home_mount(&job(""), Some("/home/alice")),
+            Some(crate::spec::Mount {
+                host: "/home/alice".into(),
+                container: "/home/alice".into(),
+                read_only: false
+            })
+        );
         assert_eq!(mount.home_mount(&job("home: tmpfs\n"), Some("/home/alice")), None);
-        assert_eq!(mount.home_mount(&job("mounts: ['/data:/home/alice']\n"), Some("/home/alice")), None, "a spec mount there wins");
-        assert!(!c.settings(&job("mounts: ['/data:/home/alice']\n"), CpuRam::default(), &m, Some("/home/alice")).home_tmpfs);
+        assert_eq!(
+            mount.home_mount(&job("mounts: ['/data:/home/alice']\n"), Some("/home/alice")),
+            None,
+            "a spec mount there wins"
+        );
+        assert!(
+            !c.settings(
+                &job("mounts: ['/data:/home/alice']\n"),
+                CpuRam::default(),
+                &m,
+                Some("/home/alice")
+            )
+            .home_tmpfs
+        );
     }
 
     #[test]
@@ -547,11 +846,23 @@ mod tests {
         let pool: Vec<u32> = (0..16).collect();
         let node1: Vec<u32> = (8..16).collect();
         let none = BTreeSet::new();
-        assert_eq!(pick_cpus(4, &pool, &none, &node1), Some(vec![8, 9, 10, 11]), "the GPU's NUMA node first");
+        assert_eq!(
+            pick_cpus(4, &pool, &none, &node1),
+            Some(vec![8, 9, 10, 11]),
+            "the GPU's NUMA node first"
+        );
         let taken: BTreeSet<u32> = (8..14).collect();
-        assert_eq!(pick_cpus(4, &pool, &taken, &node1), Some(vec![0, 1, 14, 15]), "then the other node, never a taken CPU");
+        assert_eq!(
+            pick_cpus(4, &pool, &taken, &node1),
+            Some(vec![0, 1, 14, 15]),
+            "then the other node, never a taken CPU"
+        );
         assert_eq!(pick_cpus(2, &pool, &taken, &[]), Some(vec![0, 1]));
-        assert_eq!(pick_cpus(11, &pool, &taken, &node1), None, "10 free: not enough, never shared");
+        assert_eq!(
+            pick_cpus(11, &pool, &taken, &node1),
+            None,
+            "10 free: not enough, never shared"
+        );
         assert_eq!(pick_cpus(0, &pool, &none, &[]), None);
         // Jobs pinned one after the other never share a CPU.
         let mut held = BTreeSet::new();
@@ -569,13 +880,25 @@ mod tests {
         let c = Containers::default();
         let at = |k: &str| format!(" ({k} in /etc/gantry/config.toml)");
         let e = c.check(&job("ipc: host\n"), &at).unwrap_err();
-        assert!(e.message.starts_with("`ipc: host` is not allowed on this machine") && e.message.ends_with("(containers.allow_ipc_host in /etc/gantry/config.toml)"), "{e}");
+        assert!(
+            e.message.starts_with("`ipc: host` is not allowed on this machine")
+                && e.message
+                    .ends_with("(containers.allow_ipc_host in /etc/gantry/config.toml)"),
+            "{e}"
+        );
         assert!(e.hint.contains("allow_ipc_host = true"), "{e}");
         let e = c.check(&job("home: mount\n"), &at).unwrap_err();
         assert!(e.message.contains("`home: mount` is not enabled"), "{e}");
         assert!(c.check(&job("ipc: private\nhome: tmpfs\n"), &at).is_ok());
-        let open = Containers { allow_ipc_host: true, home: Home::Mount, ..c };
+        let open = Containers {
+            allow_ipc_host: true,
+            home: Home::Mount,
+            ..c
+        };
         assert!(open.check(&job("ipc: host\nhome: mount\n"), &at).is_ok());
-        assert!(open.settings(&job("ipc: host\n"), CpuRam::default(), &machine(2, 2), None).ipc_host);
+        assert!(
+            open.settings(&job("ipc: host\n"), CpuRam::default(), &machine(2, 2), None)
+                .ipc_host
+        );
     }
 }

@@ -9,7 +9,11 @@ pub fn quote(s: &str) -> String {
 /// `my run (1).yaml` becomes `'my run (1).yaml'`).
 pub fn word(s: &str) -> String {
     let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_./=:@%+,-".contains(c));
-    if plain { s.to_string() } else { quote(s) }
+    if plain {
+        s.to_string()
+    } else {
+        quote(s)
+    }
 }
 
 #[cfg(test)]
@@ -18,8 +22,21 @@ mod tests {
 
     #[test]
     fn words_survive_the_shell() {
-        for s in ["exp.yaml", "my run.yaml", "lr01 (1).yaml", "lr=0.1:bs=32.yaml", "it's.yaml", "$(reboot).yaml", "a\"b`c\\d.yaml", ""] {
-            let out = std::process::Command::new("/bin/sh").arg("-c").arg(format!("printf %s {}", word(s))).output().unwrap();
+        for s in [
+            "exp.yaml",
+            "my run.yaml",
+            "lr01 (1).yaml",
+            "lr=0.1:bs=32.yaml",
+            "it's.yaml",
+            "$(reboot).yaml",
+            "a\"b`c\\d.yaml",
+            "",
+        ] {
+            let out = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", word(s)))
+                .output()
+                .unwrap();
             assert_eq!(String::from_utf8(out.stdout).unwrap(), s);
         }
         assert_eq!(word("/gantry/config/exp.yaml"), "/gantry/config/exp.yaml");

@@ -61,7 +61,10 @@ pub fn load_trace(path: &Path, max_gpus: u32) -> Result<Trace, SimError> {
 }
 
 pub fn parse_trace(text: &str, max_gpus: u32) -> Result<Trace, SimError> {
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
     let (_, header) = lines.next().ok_or(SimError::UnknownFormat)?;
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
     let idx = |n: &str| cols.iter().position(|c| *c == n);
@@ -75,7 +78,10 @@ pub fn parse_trace(text: &str, max_gpus: u32) -> Result<Trace, SimError> {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         let get = |n: &str| idx(n).and_then(|k| f.get(k)).copied().unwrap_or("");
         let num = |n: &str| -> Result<f64, SimError> {
-            get(n).parse::<f64>().map_err(|_| SimError::Parse { line: i + 1, msg: format!("`{n}` is not a number: {:?}", get(n)) })
+            get(n).parse::<f64>().map_err(|_| SimError::Parse {
+                line: i + 1,
+                msg: format!("`{n}` is not a number: {:?}", get(n)),
+            })
         };
         let job = if alibaba {
             let gpus = num("num_gpu")? as u32;
@@ -102,9 +108,15 @@ pub fn parse_trace(text: &str, max_gpus: u32) -> Result<Trace, SimError> {
                 } else if let Ok(m) = mem.parse::<u32>() {
                     Some(m.min(1000))
                 } else {
-                    return Err(SimError::Parse { line: i + 1, msg: format!("gpu_memory {mem:?}: write thousandths of a GPU (e.g. 250)") });
+                    return Err(SimError::Parse {
+                        line: i + 1,
+                        msg: format!("gpu_memory {mem:?}: write thousandths of a GPU (e.g. 250)"),
+                    });
                 },
-                user: Some(get("user")).filter(|u| !u.is_empty()).unwrap_or("default").to_string(),
+                user: Some(get("user"))
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or("default")
+                    .to_string(),
                 priority: get("priority").parse().unwrap_or(0),
                 name: get("name").to_string(),
                 cpus_milli: 0,
@@ -213,10 +225,22 @@ impl SimLying {
     /// The users who lie among those of `jobs`: the `share` of them (rounded, at least one) whose
     /// names hash lowest.
     pub fn liars(&self, jobs: &[TraceJob]) -> std::collections::BTreeSet<String> {
-        let hash = |u: &str| Rng::new(u.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))).next_u64();
-        let mut users: Vec<&str> = jobs.iter().map(|j| j.user.as_str()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let hash = |u: &str| {
+            Rng::new(u.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            }))
+            .next_u64()
+        };
+        let mut users: Vec<&str> = jobs
+            .iter()
+            .map(|j| j.user.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         users.sort_by_key(|u| (hash(u), u.to_string()));
-        let n = ((users.len() as f64 * self.share).round() as usize).max(usize::from(self.share > 0.0)).min(users.len());
+        let n = ((users.len() as f64 * self.share).round() as usize)
+            .max(usize::from(self.share > 0.0))
+            .min(users.len());
         users[..n].iter().map(|u| u.to_string()).collect()
     }
 }
@@ -242,7 +266,8 @@ pub struct SimPreempt {
 impl SimPreempt {
     /// Whether job `j` of the trace is preemptible: a fixed hash, so every policy and seed agrees.
     pub fn preemptible(&self, j: usize) -> bool {
-        self.preemptible_share >= 1.0 || Rng::new((j as u64).wrapping_mul(0xA24B_AED4_963E_E407)).unit() < self.preemptible_share
+        self.preemptible_share >= 1.0
+            || Rng::new((j as u64).wrapping_mul(0xA24B_AED4_963E_E407)).unit() < self.preemptible_share
     }
 }
 
@@ -307,9 +332,17 @@ pub const SHAPE_WINDOW: usize = 500;
 pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let jobs = &trace.jobs;
     let n = jobs.len();
-    let gpu_views: Vec<GpuView> =
-        (0..cfg.gpus).map(|i| GpuView { index: i, memory_total: cfg.gpu_memory, ..Default::default() }).collect();
-    let mem_of = |j: &TraceJob| j.gpu_milli.map(|m| (cfg.gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64);
+    let gpu_views: Vec<GpuView> = (0..cfg.gpus)
+        .map(|i| GpuView {
+            index: i,
+            memory_total: cfg.gpu_memory,
+            ..Default::default()
+        })
+        .collect();
+    let mem_of = |j: &TraceJob| {
+        j.gpu_milli
+            .map(|m| (cfg.gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64)
+    };
     let mut start: Vec<Option<i64>> = vec![None; n];
     let mut running: Vec<(i64, usize, Vec<u32>)> = vec![]; // (end ms, job, gpus)
     let mut queued: Vec<usize> = vec![];
@@ -321,7 +354,10 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut user_integral: HashMap<String, f64> = HashMap::new();
     let mut usage: HashMap<String, f64> = HashMap::new();
     let alloc_of = |running: &[(i64, usize, Vec<u32>)]| -> f64 {
-        running.iter().map(|(_, j, g)| jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64)).sum()
+        running
+            .iter()
+            .map(|(_, j, g)| jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g.len() as f64))
+            .sum()
     };
     let arrival_ms = |j: &TraceJob| (j.submit_s * MS).round() as i64;
     // Exponentially weighted mean wait of started jobs (the engine keeps the same figure).
@@ -330,11 +366,20 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     sched.explain_first = 0;
     let learn = cfg.learn_runtimes && !cfg.declared_runtimes && cfg.policy == Policy::Gantry;
     // Lying users (declared runtimes only): what each job declares, and, checked, each user's overruns.
-    let lying = cfg.lying.as_ref().filter(|_| cfg.declared_runtimes && cfg.policy == Policy::Gantry);
+    let lying = cfg
+        .lying
+        .as_ref()
+        .filter(|_| cfg.declared_runtimes && cfg.policy == Policy::Gantry);
     let checked = lying.is_some_and(|l| l.checked);
     let liars = lying.map(|l| l.liars(jobs)).unwrap_or_default();
     let liar: Vec<bool> = jobs.iter().map(|j| liars.contains(&j.user)).collect();
-    let declared_ms = |j: usize| if liar[j] { LIE_MS } else { (jobs[j].duration_s * MS) as i64 };
+    let declared_ms = |j: usize| {
+        if liar[j] {
+            LIE_MS
+        } else {
+            (jobs[j].duration_s * MS) as i64
+        }
+    };
     let mut overruns: HashMap<String, Vec<i64>> = HashMap::new();
     // Jobs with the same key share estimates: compute each class's once per change of the history.
     let (class_of, class_keys) = classes(jobs, &mem_of);
@@ -348,7 +393,10 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     // Preemption: each job's work left (ms), its current attempt's start, when it was last queued
     // again, how long it waited after preemptions, its preemption times, and the loop guards.
     let pre = cfg.preempt.as_ref().filter(|_| cfg.policy == Policy::Gantry);
-    let mut left_ms: Vec<i64> = jobs.iter().map(|j| (j.duration_s * MS).round().max(1.0) as i64).collect();
+    let mut left_ms: Vec<i64> = jobs
+        .iter()
+        .map(|j| (j.duration_s * MS).round().max(1.0) as i64)
+        .collect();
     let mut attempt_at: Vec<i64> = vec![0; n];
     let mut requeued_at: Vec<Option<i64>> = vec![None; n];
     let mut rewait_ms: Vec<i64> = vec![0; n];
@@ -403,7 +451,9 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         if !queued.is_empty() {
             let mut est = |j: usize, elapsed: i64| -> Option<Estimate> {
                 if elapsed == 0 {
-                    *cache.entry(class_of[j]).or_insert_with(|| history.estimate(&class_keys[class_of[j]], 0))
+                    *cache
+                        .entry(class_of[j])
+                        .or_insert_with(|| history.estimate(&class_keys[class_of[j]], 0))
                 } else {
                     history.estimate(&class_keys[class_of[j]], elapsed)
                 }
@@ -429,23 +479,42 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         victim: pre.filter(|p| p.preemptible(*j)).map(|_| scheduler::Victim {
                             priority: jobs[*j].priority,
                             started_ms: attempt_at[*j],
-                            preempted_today: preempted_times[*j].iter().filter(|t| now - **t < 86_400_000).count() as u32,
+                            preempted_today: preempted_times[*j].iter().filter(|t| now - **t < 86_400_000).count()
+                                as u32,
                             preempted_for: preempted_for[*j].clone(),
                             took_from: took_from[*j].clone(),
                             checkpoint_ms: None,
                             stopping_for: stopping.get(j).copied(),
                         }),
-                        declared: checked.then(|| scheduler::Declared { started_ms: attempt_at[*j], runtime_ms: declared_ms(*j) }),
+                        declared: checked.then(|| scheduler::Declared {
+                            started_ms: attempt_at[*j],
+                            runtime_ms: declared_ms(*j),
+                        }),
                     })
                     .collect(),
                 queued: {
-                    let mut v = queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| if learn { est(j, 0) } else { None });
+                    let mut v = queued_view(jobs, &queued, cfg, &mem_of, &arrival_ms, &usage, &requeued_at, |j| {
+                        if learn {
+                            est(j, 0)
+                        } else {
+                            None
+                        }
+                    });
                     if lying.is_some() {
                         for q in &mut v {
                             let j = q.job_id as usize;
-                            let strikes = overruns.get(&jobs[j].user).map_or(0, |o| o.iter().filter(|t| now - **t < crate::defaults::OVERRUN_WINDOW_MS).count() as u32);
+                            let strikes = overruns.get(&jobs[j].user).map_or(0, |o| {
+                                o.iter()
+                                    .filter(|t| now - **t < crate::defaults::OVERRUN_WINDOW_MS)
+                                    .count() as u32
+                            });
                             q.expected_runtime_ms = if checked && strikes >= crate::defaults::OVERRUN_STRIKES {
-                                crate::estimate::trusted_runtime(Some(declared_ms(j)), est(j, 0).as_ref(), strikes, crate::defaults::OVERRUN_STRIKES)
+                                crate::estimate::trusted_runtime(
+                                    Some(declared_ms(j)),
+                                    est(j, 0).as_ref(),
+                                    strikes,
+                                    crate::defaults::OVERRUN_STRIKES,
+                                )
                             } else {
                                 Some(declared_ms(j))
                             };
@@ -453,7 +522,10 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     }
                     v
                 },
-                config: scheduler::Config { claims: claims.iter().map(|(j, g)| (*j, g.clone())).collect(), ..sched.clone() },
+                config: scheduler::Config {
+                    claims: claims.iter().map(|(j, g)| (*j, g.clone())).collect(),
+                    ..sched.clone()
+                },
                 typical_wait_ms: (typical_n > 0.0).then_some(typical as i64),
                 host: None,
             };
@@ -465,14 +537,20 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     if let Some(m) = pre {
                         for d in &p.preempt {
                             let v = d.job as usize;
-                            let Some(r) = running.iter_mut().find(|r| r.1 == v) else { continue };
+                            let Some(r) = running.iter_mut().find(|r| r.1 == v) else {
+                                continue;
+                            };
                             if stopping.contains_key(&v) {
                                 continue;
                             }
                             // It keeps its GPUs for the grace, keeps the work up to its last checkpoint,
                             // and pays the restart cost when it runs again.
                             let ran = now - attempt_at[v];
-                            let kept = if m.checkpoint_every_ms > 0 { ran - ran % m.checkpoint_every_ms } else { 0 };
+                            let kept = if m.checkpoint_every_ms > 0 {
+                                ran - ran % m.checkpoint_every_ms
+                            } else {
+                                0
+                            };
                             let share = jobs[v].gpu_milli.map(|x| x as f64 / 1000.0).unwrap_or(r.2.len() as f64);
                             lost_gpu_ms += share * ((ran - kept) + m.grace_ms + m.restart_cost_ms) as f64;
                             left_ms[v] = (left_ms[v] - kept).max(1) + m.restart_cost_ms;
@@ -500,12 +578,19 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     let p = scheduler::plan(&s);
                     // Strict order: only jobs ahead of the first one that has to wait.
                     let order = scheduler::order(&s);
-                    let first_waiting = p.waiting.first().and_then(|w| order.iter().position(|id| *id == w.job_id)).unwrap_or(order.len());
+                    let first_waiting = p
+                        .waiting
+                        .first()
+                        .and_then(|w| order.iter().position(|id| *id == w.job_id))
+                        .unwrap_or(order.len());
                     let mut allowed: Vec<i64> = order[..first_waiting].to_vec();
                     if cfg.policy == Policy::Serial {
                         allowed.truncate(usize::from(running.is_empty()));
                     }
-                    p.placements.into_iter().filter(|pl| allowed.contains(&pl.job_id)).collect()
+                    p.placements
+                        .into_iter()
+                        .filter(|pl| allowed.contains(&pl.job_id))
+                        .collect()
                 }
             };
             for p in placements {
@@ -542,7 +627,11 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         let next = if cfg.policy == Policy::Gantry {
             queued
                 .iter()
-                .map(|q| requeued_at[*q].unwrap_or(arrival_ms(&jobs[*q])).saturating_add(cfg.scheduler.reserve_after_ms))
+                .map(|q| {
+                    requeued_at[*q]
+                        .unwrap_or(arrival_ms(&jobs[*q]))
+                        .saturating_add(cfg.scheduler.reserve_after_ms)
+                })
                 // A running job becomes preemptible once it ran `min_run`.
                 .chain(pre.filter(|_| !queued.is_empty()).into_iter().flat_map(|p| {
                     let at = &attempt_at;
@@ -589,19 +678,46 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
         }
         now = next;
     }
-    let mut r = report(trace, cfg, &start, &rewait_ms, &end_ms, waiting_time, alloc_integral, user_integral, plan_calls);
+    let mut r = report(
+        trace,
+        cfg,
+        &start,
+        &rewait_ms,
+        &end_ms,
+        waiting_time,
+        alloc_integral,
+        user_integral,
+        plan_calls,
+    );
     r.starts_ms = start.clone();
     r.preemptions = preemptions;
     r.gpu_hours_lost = lost_gpu_ms / 3_600_000.0;
     let work: f64 = jobs.iter().map(gpu_seconds).sum::<f64>() / 3600.0;
     r.lost_share = if work > 0.0 { r.gpu_hours_lost / work } else { 0.0 };
-    r.idle_share_while_reserving = if waiting_time > 0.0 { idle_reserved / waiting_time } else { 0.0 };
-    r.idle_share_fragments = if waiting_time > 0.0 { idle_frag / waiting_time } else { 0.0 };
-    r.idle_share_only_wide_waiting = if waiting_time > 0.0 { idle_wide / waiting_time } else { 0.0 };
-    r.big_drain_bound_s = if drain_bound.is_empty() { 0.0 } else { drain_bound.iter().sum::<f64>() / drain_bound.len() as f64 };
+    r.idle_share_while_reserving = if waiting_time > 0.0 {
+        idle_reserved / waiting_time
+    } else {
+        0.0
+    };
+    r.idle_share_fragments = if waiting_time > 0.0 {
+        idle_frag / waiting_time
+    } else {
+        0.0
+    };
+    r.idle_share_only_wide_waiting = if waiting_time > 0.0 {
+        idle_wide / waiting_time
+    } else {
+        0.0
+    };
+    r.big_drain_bound_s = if drain_bound.is_empty() {
+        0.0
+    } else {
+        drain_bound.iter().sum::<f64>() / drain_bound.len() as f64
+    };
     r
 }
 
+#[allow(clippy::too_many_arguments)] // the simulator's whole state at one instant, each part borrowed apart
 fn queued_view(
     jobs: &[TraceJob],
     queued: &[usize],
@@ -624,7 +740,11 @@ fn queued_view(
                 gpus: j.gpus,
                 gpu_memory: mem_of(j),
                 not_before_ms: None,
-                expected_runtime_ms: if cfg.declared_runtimes { Some((j.duration_s * MS) as i64) } else { learned(*q).map(|e| e.p50_ms) },
+                expected_runtime_ms: if cfg.declared_runtimes {
+                    Some((j.duration_s * MS) as i64)
+                } else {
+                    learned(*q).map(|e| e.p50_ms)
+                },
                 user_usage: usage.get(&j.user).copied().unwrap_or(0.0),
                 filter: Default::default(),
                 needs: Default::default(),
@@ -651,13 +771,39 @@ pub struct FgdReport {
 /// each goes where the scheduler places it (on `nodes` machines: the machine where the packing rule
 /// scores it best), or fails if it fits nowhere; stop once the requested GPUs reach `stop_at` x the
 /// capacity, and report the share of GPU capacity allocated. Placement within a machine is `plan`'s.
-pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: &scheduler::Config, seeds: u64, stop_at: f64) -> FgdReport {
+pub fn simulate_fgd(
+    trace: &Trace,
+    gpus: u32,
+    gpu_memory: u64,
+    nodes: u32,
+    cfg: &scheduler::Config,
+    seeds: u64,
+    stop_at: f64,
+) -> FgdReport {
     let jobs = &trace.jobs;
-    let mem_of = |j: &TraceJob| j.gpu_milli.map(|m| (gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64);
+    let mem_of = |j: &TraceJob| {
+        j.gpu_milli
+            .map(|m| (gpu_memory as f64 * m as f64 / 1000.0).ceil() as u64)
+    };
     let demand = |j: &TraceJob| j.gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(j.gpus as f64);
     let capacity = (gpus * nodes) as f64;
-    let mut out = FgdReport { packing: format!("{:?}", cfg.packing).to_lowercase().replace("bestfit", "best-fit").replace("worstfit", "worst-fit"), nodes, gpus_per_node: gpus, stop_at, ..Default::default() };
-    let views: Vec<GpuView> = (0..gpus).map(|i| GpuView { index: i, memory_total: gpu_memory, ..Default::default() }).collect();
+    let mut out = FgdReport {
+        packing: format!("{:?}", cfg.packing)
+            .to_lowercase()
+            .replace("bestfit", "best-fit")
+            .replace("worstfit", "worst-fit"),
+        nodes,
+        gpus_per_node: gpus,
+        stop_at,
+        ..Default::default()
+    };
+    let views: Vec<GpuView> = (0..gpus)
+        .map(|i| GpuView {
+            index: i,
+            memory_total: gpu_memory,
+            ..Default::default()
+        })
+        .collect();
     for seed in 0..seeds {
         let mut order: Vec<usize> = (0..jobs.len()).collect();
         let mut rng = Rng::new(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -699,26 +845,47 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
             // (score, node, gpus): lower is better.
             let mut best: Option<(f64, usize, Vec<u32>)> = None;
             for (k, run) in running.iter().enumerate() {
-                let state = scheduler::State { now_ms: 0, gpus: views.clone(), running: run.clone(), queued: vec![q.clone()], config: config.clone(), typical_wait_ms: None, host: None };
-                let Some(p) = scheduler::plan(&state).placements.pop() else { continue };
+                let state = scheduler::State {
+                    now_ms: 0,
+                    gpus: views.clone(),
+                    running: run.clone(),
+                    queued: vec![q.clone()],
+                    config: config.clone(),
+                    typical_wait_ms: None,
+                    host: None,
+                };
+                let Some(p) = scheduler::plan(&state).placements.pop() else {
+                    continue;
+                };
                 let view = |extra: Option<&[u32]>| -> Vec<(u64, bool, u64)> {
                     (0..gpus)
                         .map(|g| {
-                            let mut on: Vec<(Option<u64>, bool)> = run.iter().filter(|r| r.gpus.contains(&g)).map(|r| (r.gpu_memory, true)).collect();
+                            let mut on: Vec<(Option<u64>, bool)> = run
+                                .iter()
+                                .filter(|r| r.gpus.contains(&g))
+                                .map(|r| (r.gpu_memory, true))
+                                .collect();
                             if extra.is_some_and(|e| e.contains(&g)) {
                                 on.push((q.gpu_memory, true));
                             }
                             if on.iter().any(|o| o.0.is_none()) {
                                 (0, false, gpu_memory)
                             } else {
-                                (gpu_memory - on.iter().map(|o| o.0.unwrap_or(0)).sum::<u64>().min(gpu_memory), on.is_empty(), gpu_memory)
+                                (
+                                    gpu_memory - on.iter().map(|o| o.0.unwrap_or(0)).sum::<u64>().min(gpu_memory),
+                                    on.is_empty(),
+                                    gpu_memory,
+                                )
                             }
                         })
                         .collect()
                 };
                 let after = view(Some(&p.gpus));
                 let score = match config.packing {
-                    scheduler::Packing::Fgd => scheduler::expected_fragmentation(&after, &config.shapes) - scheduler::expected_fragmentation(&view(None), &config.shapes),
+                    scheduler::Packing::Fgd => {
+                        scheduler::expected_fragmentation(&after, &config.shapes)
+                            - scheduler::expected_fragmentation(&view(None), &config.shapes)
+                    }
                     scheduler::Packing::BestFit => after.iter().map(|g| g.0 as f64).sum(),
                     scheduler::Packing::WorstFit => -after.iter().map(|g| g.0 as f64).sum::<f64>(),
                 };
@@ -729,7 +896,16 @@ pub fn simulate_fgd(trace: &Trace, gpus: u32, gpu_memory: u64, nodes: u32, cfg: 
             match best {
                 Some((_, k, g)) => {
                     allocated += demand(job);
-                    running[k].push(RunningJob { job_id: j as i64, user: job.user.clone(), gpus: g, gpu_memory: mem_of(job), expected_end_ms: None, needs: Default::default(), victim: None, declared: None });
+                    running[k].push(RunningJob {
+                        job_id: j as i64,
+                        user: job.user.clone(),
+                        gpus: g,
+                        gpu_memory: mem_of(job),
+                        expected_end_ms: None,
+                        needs: Default::default(),
+                        victim: None,
+                        declared: None,
+                    });
                 }
                 None => failed += 1,
             }
@@ -747,7 +923,15 @@ fn classes(jobs: &[TraceJob], mem_of: &impl Fn(&TraceJob) -> Option<u64>) -> (Ve
     let class_of = jobs
         .iter()
         .map(|j| {
-            let k = JobKey { user: j.user.clone(), name: j.name.clone(), image: String::new(), gpus: j.gpus, gpu_memory: mem_of(j), cpus_milli: j.cpus_milli, memory: j.memory_mib << 20 };
+            let k = JobKey {
+                user: j.user.clone(),
+                name: j.name.clone(),
+                image: String::new(),
+                gpus: j.gpus,
+                gpu_memory: mem_of(j),
+                cpus_milli: j.cpus_milli,
+                memory: j.memory_mib << 20,
+            };
             *ids.entry(k.clone()).or_insert_with(|| {
                 keys.push(k);
                 keys.len() - 1
@@ -807,8 +991,8 @@ pub fn mean_ci(xs: &[f64]) -> (f64, f64) {
     let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
     // Two-sided 97.5% quantiles of Student's t for 1..=30 degrees of freedom, then the normal's.
     const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
-        2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
     ];
     let t = T.get(n - 2).copied().unwrap_or(1.96);
     (mean, t * (var / n as f64).sqrt())
@@ -818,11 +1002,17 @@ impl Report {
     /// Mean wait of jobs asking for 4 or more GPUs over that of 1-GPU jobs (`None`: no such jobs).
     pub fn big_over_one(&self) -> Option<f64> {
         let w1 = self.mean_wait_by_gpus.get(&1).copied().filter(|w| *w > 0.0)?;
-        let big: Vec<f64> = self.mean_wait_by_gpus.iter().filter(|(g, _)| **g >= 4).map(|(_, w)| *w).collect();
+        let big: Vec<f64> = self
+            .mean_wait_by_gpus
+            .iter()
+            .filter(|(g, _)| **g >= 4)
+            .map(|(_, w)| *w)
+            .collect();
         (!big.is_empty()).then(|| big.iter().sum::<f64>() / big.len() as f64 / w1)
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the run's results, each measured apart, into one row
 fn report(
     trace: &Trace,
     cfg: &SimConfig,
@@ -860,8 +1050,15 @@ fn report(
     let lb = (total / cfg.gpus as f64).max(jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0, f64::max) - first);
     let makespan = makespan - first;
     waits.sort_by(f64::total_cmp);
-    let mean = if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 };
-    let p95 = waits.get(((waits.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    let mean = if waits.is_empty() {
+        0.0
+    } else {
+        waits.iter().sum::<f64>() / waits.len() as f64
+    };
+    let p95 = waits
+        .get(((waits.len() as f64 * 0.95).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
     Report {
         policy: format!("{:?}", cfg.policy).to_lowercase()
             + if cfg.declared_runtimes { "+runtimes" } else { "" }
@@ -870,8 +1067,16 @@ fn report(
                 Some(_) if cfg.declared_runtimes => "+liars",
                 _ => "",
             }
-            + if cfg.fair_share_half_life_s.is_some() { "+fairshare" } else { "" }
-            + if cfg.preempt.is_some() && cfg.policy == Policy::Gantry { "+preempt" } else { "" },
+            + if cfg.fair_share_half_life_s.is_some() {
+                "+fairshare"
+            } else {
+                ""
+            }
+            + if cfg.preempt.is_some() && cfg.policy == Policy::Gantry {
+                "+preempt"
+            } else {
+                ""
+            },
         jobs: jobs.len(),
         gpus: cfg.gpus,
         dropped_cpu_only: trace.dropped_cpu_only,
@@ -879,14 +1084,21 @@ fn report(
         makespan_s: makespan,
         lower_bound_s: lb,
         makespan_ratio: if lb > 0.0 { makespan / lb } else { 1.0 },
-        alloc_share_while_waiting: if waiting_time > 0.0 { alloc_integral / waiting_time } else { 1.0 },
+        alloc_share_while_waiting: if waiting_time > 0.0 {
+            alloc_integral / waiting_time
+        } else {
+            1.0
+        },
         mean_wait_s: mean,
         p95_wait_s: p95,
         mean_wait_by_gpus: by_gpus.into_iter().map(|(g, (s, c))| (g, s / c as f64)).collect(),
         mean_wait_by_user: by_user.into_iter().map(|(u, (s, c))| (u, s / c as f64)).collect(),
         user_share: {
             let sum: f64 = user_integral.values().sum();
-            user_integral.into_iter().map(|(u, s)| (u, if sum > 0.0 { s / sum } else { 0.0 })).collect()
+            user_integral
+                .into_iter()
+                .map(|(u, s)| (u, if sum > 0.0 { s / sum } else { 0.0 }))
+                .collect()
         },
         plan_calls,
         ..Default::default()
@@ -900,7 +1112,17 @@ mod tests {
 
     fn run(csv: &str, gpus: u32, policy: Policy) -> Report {
         let t = parse_trace(csv, gpus).unwrap();
-        let mut cfg = SimConfig { gpus, gpu_memory: 32 << 30, policy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
+        let mut cfg = SimConfig {
+            gpus,
+            gpu_memory: 32 << 30,
+            policy,
+            declared_runtimes: false,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: None,
+            lying: None,
+        };
         cfg.scheduler.reserve_after_ms = 3_600_000;
         simulate(&t, &cfg)
     }
@@ -922,8 +1144,12 @@ mod tests {
         let f = run(HOL, 2, Policy::Fifo);
         assert_eq!(f.makespan_s, 25.0);
         assert_eq!(f.mean_wait_s, 9.0); // (0 + 9 + 18) / 3
-        // Waiting from 1 s to 20 s: 9 s with 1 of 2 GPUs busy, 10 s with both.
-        assert!((f.alloc_share_while_waiting - 14.5 / 19.0).abs() < 1e-9, "{}", f.alloc_share_while_waiting);
+                                        // Waiting from 1 s to 20 s: 9 s with 1 of 2 GPUs busy, 10 s with both.
+        assert!(
+            (f.alloc_share_while_waiting - 14.5 / 19.0).abs() < 1e-9,
+            "{}",
+            f.alloc_share_while_waiting
+        );
         let g = run(HOL, 2, Policy::Greedy);
         assert_eq!((g.makespan_s, g.mean_wait_s), (20.0, 3.0));
         assert_eq!(g.mean_wait_by_gpus[&2], 9.0);
@@ -946,14 +1172,33 @@ mod tests {
             csv += &format!("{},20,1\n", 2 + i * 5);
         }
         let t = parse_trace(&csv, 2).unwrap();
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Greedy, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
+        let mut cfg = SimConfig {
+            gpus: 2,
+            gpu_memory: 1 << 30,
+            policy: Policy::Greedy,
+            declared_runtimes: false,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: None,
+            lying: None,
+        };
         let greedy = simulate(&t, &cfg);
         cfg.policy = Policy::Gantry;
         cfg.scheduler.reserve_after_ms = 30_000;
         let gantry = simulate(&t, &cfg);
         let big = |r: &Report| r.mean_wait_by_gpus[&2];
-        assert!(big(&gantry) < big(&greedy), "gantry {} vs greedy {}", big(&gantry), big(&greedy));
-        assert!(big(&gantry) <= 100.0, "starts once GPU 0 frees at 100 s: {}", big(&gantry));
+        assert!(
+            big(&gantry) < big(&greedy),
+            "gantry {} vs greedy {}",
+            big(&gantry),
+            big(&greedy)
+        );
+        assert!(
+            big(&gantry) <= 100.0,
+            "starts once GPU 0 frees at 100 s: {}",
+            big(&gantry)
+        );
     }
 
     /// Issue 18 item 7 on the lab week (4 users, 4 GPUs): one user declaring 1 s on every job gains
@@ -962,22 +1207,77 @@ mod tests {
     fn a_lie_pays_while_trusted_and_not_once_checked() {
         let t = parse_trace(include_str!("../../../traces/lab-week.csv"), 4).unwrap();
         let lying = |checked| Some(SimLying { share: 0.25, checked });
-        assert_eq!(SimLying { share: 0.25, checked: true }.liars(&t.jobs).len(), 1, "one user of four");
-        let liar = SimLying { share: 0.25, checked: true }.liars(&t.jobs).into_iter().next().unwrap();
-        let cfg = SimConfig { gpus: 4, gpu_memory: 24 << 30, policy: Policy::Gantry, declared_runtimes: true, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None, lying: None };
+        assert_eq!(
+            SimLying {
+                share: 0.25,
+                checked: true
+            }
+            .liars(&t.jobs)
+            .len(),
+            1,
+            "one user of four"
+        );
+        let liar = SimLying {
+            share: 0.25,
+            checked: true,
+        }
+        .liars(&t.jobs)
+        .into_iter()
+        .next()
+        .unwrap();
+        let cfg = SimConfig {
+            gpus: 4,
+            gpu_memory: 24 << 30,
+            policy: Policy::Gantry,
+            declared_runtimes: true,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: true,
+            preempt: None,
+            lying: None,
+        };
         let honest = simulate(&t, &cfg);
-        let trusted = simulate(&t, &SimConfig { lying: lying(false), ..cfg.clone() });
-        let checked = simulate(&t, &SimConfig { lying: lying(true), ..cfg.clone() });
+        let trusted = simulate(
+            &t,
+            &SimConfig {
+                lying: lying(false),
+                ..cfg.clone()
+            },
+        );
+        let checked = simulate(
+            &t,
+            &SimConfig {
+                lying: lying(true),
+                ..cfg.clone()
+            },
+        );
         let wait = |r: &Report| r.mean_wait_by_user[&liar];
-        assert!(wait(&trusted) < 0.8 * wait(&honest), "trusted, {liar}'s lie pays: {} s against {} s honest", wait(&trusted), wait(&honest));
-        assert!(wait(&checked) >= wait(&honest), "checked, it does not: {} s against {} s honest", wait(&checked), wait(&honest));
-        assert_eq!((trusted.policy.as_str(), checked.policy.as_str()), ("gantry+runtimes+liars", "gantry+runtimes+liars+checked"));
+        assert!(
+            wait(&trusted) < 0.8 * wait(&honest),
+            "trusted, {liar}'s lie pays: {} s against {} s honest",
+            wait(&trusted),
+            wait(&honest)
+        );
+        assert!(
+            wait(&checked) >= wait(&honest),
+            "checked, it does not: {} s against {} s honest",
+            wait(&checked),
+            wait(&honest)
+        );
+        assert_eq!(
+            (trusted.policy.as_str(), checked.policy.as_str()),
+            ("gantry+runtimes+liars", "gantry+runtimes+liars+checked")
+        );
     }
 
     #[test]
     fn shared_jobs_pack_and_count_as_fractions() {
         // Four quarter-GPU jobs share one GPU at once.
-        let r = run("submit_s,duration_s,gpus,gpu_memory\n0,10,1,250\n0,10,1,250\n0,10,1,250\n0,10,1,250\n", 1, Policy::Gantry);
+        let r = run(
+            "submit_s,duration_s,gpus,gpu_memory\n0,10,1,250\n0,10,1,250\n0,10,1,250\n0,10,1,250\n",
+            1,
+            Policy::Gantry,
+        );
         assert_eq!((r.makespan_s, r.mean_wait_s, r.lower_bound_s), (10.0, 0.0, 10.0));
     }
 
@@ -1002,13 +1302,30 @@ mod tests {
         }
         csv += "60,3600,1,,ben,0\n60,3600,1,,ben,0\n";
         let t = parse_trace(&csv, 1).unwrap();
-        let mut cfg = SimConfig { gpus: 1, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
+        let mut cfg = SimConfig {
+            gpus: 1,
+            gpu_memory: 1 << 30,
+            policy: Policy::Gantry,
+            declared_runtimes: false,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: None,
+            lying: None,
+        };
         cfg.scheduler.reserve_after_ms = i64::MAX;
         let plain = simulate(&t, &cfg);
         cfg.fair_share_half_life_s = Some(86_400.0);
         let fair = simulate(&t, &cfg);
-        assert!(plain.mean_wait_by_user["ben"] > 9.0 * 3600.0, "without fair share ben waits for all of ana's jobs");
-        assert!(fair.mean_wait_by_user["ben"] < 2.0 * 3600.0, "with fair share ben goes next: {:?}", fair.mean_wait_by_user);
+        assert!(
+            plain.mean_wait_by_user["ben"] > 9.0 * 3600.0,
+            "without fair share ben waits for all of ana's jobs"
+        );
+        assert!(
+            fair.mean_wait_by_user["ben"] < 2.0 * 3600.0,
+            "with fair share ben goes next: {:?}",
+            fair.mean_wait_by_user
+        );
         assert_eq!(plain.makespan_s, fair.makespan_s, "same work, same end");
     }
 
@@ -1028,7 +1345,17 @@ mod tests {
         }
         let run = |dur: &str| {
             let t = parse_trace(&csv.replace("DUR", dur), 2).unwrap();
-            let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: true, preempt: None, lying: None };
+            let mut cfg = SimConfig {
+                gpus: 2,
+                gpu_memory: 1 << 30,
+                policy: Policy::Gantry,
+                declared_runtimes: false,
+                scheduler: Default::default(),
+                fair_share_half_life_s: None,
+                learn_runtimes: true,
+                preempt: None,
+                lying: None,
+            };
             cfg.scheduler.reserve_after_ms = 5_000;
             cfg.scheduler.wide_reserve_factor = 0.0;
             simulate(&t, &cfg)
@@ -1044,8 +1371,26 @@ mod tests {
         }
         // And the estimates were in use: an oracle-free gantry differs from knowing nothing.
         let t = parse_trace(&csv.replace("DUR", "10"), 2).unwrap();
-        let cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Config { reserve_after_ms: 5_000, wide_reserve_factor: 0.0, ..Default::default() }, fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
-        assert_ne!(simulate(&t, &cfg).starts_ms, short.starts_ms, "learning changed nothing: the test would not catch a leak");
+        let cfg = SimConfig {
+            gpus: 2,
+            gpu_memory: 1 << 30,
+            policy: Policy::Gantry,
+            declared_runtimes: false,
+            scheduler: Config {
+                reserve_after_ms: 5_000,
+                wide_reserve_factor: 0.0,
+                ..Default::default()
+            },
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: None,
+            lying: None,
+        };
+        assert_ne!(
+            simulate(&t, &cfg).starts_ms,
+            short.starts_ms,
+            "learning changed nothing: the test would not catch a leak"
+        );
     }
 
     #[test]
@@ -1056,9 +1401,31 @@ mod tests {
         // last checkpoint (every 30 min: at 30 min) minus nothing, plus the grace and a 2-minute restart.
         let csv = "submit_s,duration_s,gpus\n0,36000,1\n0,36000,1\n60,3600,2\n";
         let t = parse_trace(csv, 2).unwrap();
-        let rules = scheduler::PreemptRules { overdue: true, priority_gap: None, fair_share: false, min_run_ms: 600_000, max_per_day: 3 };
-        let pre = SimPreempt { rules, checkpoint_every_ms: 1_800_000, restart_cost_ms: 120_000, grace_ms: 60_000, preemptible_share: 1.0 };
-        let mut cfg = SimConfig { gpus: 2, gpu_memory: 1 << 30, policy: Policy::Gantry, declared_runtimes: false, scheduler: Default::default(), fair_share_half_life_s: None, learn_runtimes: false, preempt: None, lying: None };
+        let rules = scheduler::PreemptRules {
+            overdue: true,
+            priority_gap: None,
+            fair_share: false,
+            min_run_ms: 600_000,
+            max_per_day: 3,
+        };
+        let pre = SimPreempt {
+            rules,
+            checkpoint_every_ms: 1_800_000,
+            restart_cost_ms: 120_000,
+            grace_ms: 60_000,
+            preemptible_share: 1.0,
+        };
+        let mut cfg = SimConfig {
+            gpus: 2,
+            gpu_memory: 1 << 30,
+            policy: Policy::Gantry,
+            declared_runtimes: false,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: None,
+            lying: None,
+        };
         cfg.scheduler.reserve_after_ms = 1_800_000;
         let plain = simulate(&t, &cfg);
         assert_eq!((plain.mean_wait_by_gpus[&2], plain.preemptions), (36000.0 - 60.0, 0));
@@ -1068,11 +1435,18 @@ mod tests {
         // Preempted at 1860 s, the GPUs free at 1920 s: the wide job waited 1860 s.
         assert_eq!(p.mean_wait_by_gpus[&2], 1860.0);
         // Each victim: 60 s of work since its checkpoint at 1800 s, 60 s grace, 120 s restart.
-        assert!((p.gpu_hours_lost - 2.0 * 240.0 / 3600.0).abs() < 1e-9, "{}", p.gpu_hours_lost);
+        assert!(
+            (p.gpu_hours_lost - 2.0 * 240.0 / 3600.0).abs() < 1e-9,
+            "{}",
+            p.gpu_hours_lost
+        );
         // They run again after the wide job (1920 + 3600 s) and finish their remaining work plus the restart.
         assert_eq!(p.makespan_s, 5520.0 + (36000.0 - 1800.0) + 120.0);
         // None preemptible: nothing happens.
-        cfg.preempt = Some(SimPreempt { preemptible_share: 0.0, ..pre });
+        cfg.preempt = Some(SimPreempt {
+            preemptible_share: 0.0,
+            ..pre
+        });
         assert_eq!(simulate(&t, &cfg).starts_ms, plain.starts_ms);
     }
 

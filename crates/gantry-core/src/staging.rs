@@ -55,7 +55,10 @@ pub struct Staging {
 impl Staging {
     /// `<state dir>/mnt`; pinning is on when the engine runs as root.
     pub fn in_state_dir(state_dir: &Path) -> Staging {
-        Staging { root: state_dir.join("mnt"), enabled: nix::unistd::geteuid().is_root() }
+        Staging {
+            root: state_dir.join("mnt"),
+            enabled: nix::unistd::geteuid().is_root(),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -74,11 +77,19 @@ impl Staging {
             let at = at.to_path_buf();
             move |source| StagingError::Io { at, source }
         };
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.root).map_err(io(&self.root))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(io(&self.root))?;
         std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700)).map_err(io(&self.root))?;
         let dir = self.root.join(name);
         std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io(&dir))?;
-        let staged: Result<Vec<_>, _> = checked.into_iter().enumerate().map(|(i, c)| pin(&dir.join(i.to_string()), c)).collect();
+        let staged: Result<Vec<_>, _> = checked
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| pin(&dir.join(i.to_string()), c))
+            .collect();
         if staged.is_err() {
             if let Err(e) = self.release(name) {
                 warn!("{e}");
@@ -105,15 +116,25 @@ impl Staging {
             }
             let m = std::fs::symlink_metadata(d).map_err(io(d))?;
             if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() {
-                return Err(io(d)(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "not a directory of the engine's own")));
+                return Err(io(d)(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "not a directory of the engine's own",
+                )));
             }
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(io(d))?;
         }
         let at = dir.join(file);
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(&at).map_err(io(&at))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&at)
+            .map_err(io(&at))?;
         f.write_all(content).map_err(io(&at))?;
         // Whatever the umask: the job's user must read it.
-        f.set_permissions(std::fs::Permissions::from_mode(0o644)).map_err(io(&at))?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io(&at))?;
         Ok(at)
     }
 
@@ -134,15 +155,22 @@ impl Staging {
             let p = entry.map_err(io(&dir))?.path();
             // Until it is no longer a mount point (a crash could have stacked two). Only a root
             // engine mounts (the others hold generated files only).
-            while self.enabled {
-                match umount2(&p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
-                    Ok(()) => continue,
-                    Err(Errno::EINVAL) => break,
-                    Err(e) => return Err(io(&p)(e.into())),
+            if self.enabled {
+                loop {
+                    match umount2(&p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                        Ok(()) => continue,
+                        Err(Errno::EINVAL) => break,
+                        Err(e) => return Err(io(&p)(e.into())),
+                    }
                 }
             }
             let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
-            if is_dir { std::fs::remove_dir(&p) } else { std::fs::remove_file(&p) }.map_err(io(&p))?;
+            if is_dir {
+                std::fs::remove_dir(&p)
+            } else {
+                std::fs::remove_file(&p)
+            }
+            .map_err(io(&p))?;
         }
         std::fs::remove_dir(&dir).map_err(io(&dir))
     }
@@ -167,23 +195,54 @@ impl Staging {
 /// Bind the checked file onto `at` (created here), private, read-only when asked.
 fn pin(at: &Path, c: CheckedMount) -> Result<ResolvedMount, StagingError> {
     let host = c.mount.host.clone();
-    let io = |source| StagingError::Io { at: at.to_path_buf(), source };
-    let failed = |source| StagingError::Mount { host: host.clone(), at: at.to_path_buf(), source };
+    let io = |source| StagingError::Io {
+        at: at.to_path_buf(),
+        source,
+    };
+    let failed = |source| StagingError::Mount {
+        host: host.clone(),
+        at: at.to_path_buf(),
+        source,
+    };
     let st = nix::sys::stat::fstat(&c.file).map_err(|e| io(e.into()))?;
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         std::fs::DirBuilder::new().mode(0o700).create(at).map_err(io)?;
     } else {
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(at).map_err(io)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(at)
+            .map_err(io)?;
     }
     // The fd's magic link leads to the very inode (and mount) the owner's open reached.
     let source = PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()));
-    mount(Some(&source), at, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(failed)?;
-    mount(None::<&str>, at, None::<&str>, MsFlags::MS_PRIVATE | MsFlags::MS_REC, None::<&str>).map_err(failed)?;
+    mount(
+        Some(&source),
+        at,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(failed)?;
+    mount(
+        None::<&str>,
+        at,
+        None::<&str>,
+        MsFlags::MS_PRIVATE | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(failed)?;
     if c.mount.read_only {
         // A bind remount sets the flags it is given: keep nosuid, nodev, noexec and the atime policy.
         let kept = nix::sys::statvfs::statvfs(at).map_err(failed)?.flags();
         let kept = MsFlags::from_bits_truncate(kept.bits() as _)
-            & (MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME | MsFlags::MS_NODIRATIME | MsFlags::MS_RELATIME);
+            & (MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC
+                | MsFlags::MS_NOATIME
+                | MsFlags::MS_NODIRATIME
+                | MsFlags::MS_RELATIME);
         let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | kept;
         mount(None::<&str>, at, None::<&str>, flags, None::<&str>).map_err(failed)?;
     }
@@ -191,7 +250,10 @@ fn pin(at: &Path, c: CheckedMount) -> Result<ResolvedMount, StagingError> {
     if (now.dev(), now.ino()) != (st.st_dev, st.st_ino) {
         return Err(StagingError::Changed { host });
     }
-    Ok(ResolvedMount { host: at.to_path_buf(), ..c.mount })
+    Ok(ResolvedMount {
+        host: at.to_path_buf(),
+        ..c.mount
+    })
 }
 
 #[cfg(test)]
@@ -208,11 +270,19 @@ mod tests {
     fn mounts_under(dir: &Path) -> Vec<String> {
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let dir = dir.to_string_lossy().into_owned();
-        info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| *m == dir || m.starts_with(&format!("{dir}/"))).map(String::from).collect()
+        info.lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| *m == dir || m.starts_with(&format!("{dir}/")))
+            .map(String::from)
+            .collect()
     }
 
     fn checked(host: &Path, ro: bool) -> Vec<CheckedMount> {
-        let m = Mount { host: host.to_string_lossy().into_owned(), container: "/d".into(), read_only: ro };
+        let m = Mount {
+            host: host.to_string_lossy().into_owned(),
+            container: "/d".into(),
+            read_only: ro,
+        };
         check_mounts(&me(), &[m], None, &Forbidden::default()).unwrap()
     }
 
@@ -230,7 +300,10 @@ mod tests {
         all.extend(checked(&data.join("f"), false));
         let staged = staging.stage("c1", all).unwrap();
         if !staging.enabled {
-            assert_eq!(staged[0].host, data, "an engine that is not root passes the resolved path on");
+            assert_eq!(
+                staged[0].host, data,
+                "an engine that is not root passes the resolved path on"
+            );
             return;
         }
         // The owner swaps the checked path for a symlink to somewhere else.
@@ -241,16 +314,31 @@ mod tests {
         assert_eq!(std::fs::read_to_string(dir.host.join("f")).unwrap(), "mine");
         assert_eq!(std::fs::read_to_string(&file.host).unwrap(), "mine");
         let w = std::fs::write(dir.host.join("new"), "x").unwrap_err();
-        assert_eq!(w.raw_os_error(), Some(libc::EROFS), "a :ro mount is read-only even for root: {w}");
+        assert_eq!(
+            w.raw_os_error(),
+            Some(libc::EROFS),
+            "a :ro mount is read-only even for root: {w}"
+        );
         std::fs::write(&file.host, "written").unwrap();
-        assert_eq!(std::fs::read_to_string(base.join("data.old/f")).unwrap(), "written", "a rw mount writes the owner's file");
-        assert_eq!(std::fs::metadata(staging.root()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::read_to_string(base.join("data.old/f")).unwrap(),
+            "written",
+            "a rw mount writes the owner's file"
+        );
+        assert_eq!(
+            std::fs::metadata(staging.root()).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         assert_eq!(mounts_under(staging.root()).len(), 2);
 
         staging.release("c1").unwrap();
         assert!(mounts_under(staging.root()).is_empty());
         assert!(!staging.root().join("c1").exists());
-        assert_eq!(std::fs::read_to_string(base.join("data.old/f")).unwrap(), "written", "releasing never touches the owner's files");
+        assert_eq!(
+            std::fs::read_to_string(base.join("data.old/f")).unwrap(),
+            "written",
+            "releasing never touches the owner's files"
+        );
         staging.release("c1").unwrap(); // twice is fine
     }
 
@@ -260,17 +348,29 @@ mod tests {
         let base = std::fs::canonicalize(d.path()).unwrap();
         let staging = Staging::in_state_dir(&base.join("state"));
         std::fs::create_dir_all(base.join("state")).unwrap();
-        let p = staging.write_generated("c1", "passwd", b"root:x:0:0::/root:/bin/sh\n").unwrap();
+        let p = staging
+            .write_generated("c1", "passwd", b"root:x:0:0::/root:/bin/sh\n")
+            .unwrap();
         assert_eq!(p, staging.root().join("c1/passwd"));
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
-        assert_eq!(std::fs::metadata(staging.root().join("c1")).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(staging.root().join("c1"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
         // Never over an existing file, never through a link planted where a file goes.
         assert!(staging.write_generated("c1", "passwd", b"x").is_err());
         std::os::unix::fs::symlink(base.join("elsewhere"), staging.root().join("c1/group")).unwrap();
         assert!(staging.write_generated("c1", "group", b"x").is_err());
         assert!(!base.join("elsewhere").exists(), "nothing written through the link");
         std::os::unix::fs::symlink(&base, staging.root().join("c2")).unwrap();
-        assert!(staging.write_generated("c2", "passwd", b"x").is_err(), "a container's folder that is a link is refused");
+        assert!(
+            staging.write_generated("c2", "passwd", b"x").is_err(),
+            "a container's folder that is a link is refused"
+        );
         assert!(!base.join("passwd").exists());
         std::fs::remove_file(staging.root().join("c2")).unwrap();
         staging.release("c1").unwrap();
@@ -292,7 +392,10 @@ mod tests {
         staging.stage("gone", checked(&data, false)).unwrap();
         staging.sweep(&HashSet::from(["alive".to_string()]));
         let left = mounts_under(staging.root());
-        assert_eq!(left, vec![staging.root().join("alive/0").to_string_lossy().into_owned()]);
+        assert_eq!(
+            left,
+            vec![staging.root().join("alive/0").to_string_lossy().into_owned()]
+        );
         assert!(!staging.root().join("gone").exists());
         staging.release("alive").unwrap();
         assert_eq!(std::fs::read_to_string(data.join("keep.txt")).unwrap(), "k");

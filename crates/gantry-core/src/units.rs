@@ -44,7 +44,9 @@ pub fn parse_limit(s: &str) -> Option<i64> {
     if s.trim().eq_ignore_ascii_case("unlimited") {
         return Some(-1);
     }
-    parse_bytes(s).filter(|b| *b >= 1024).and_then(|b| i64::try_from(b).ok())
+    parse_bytes(s)
+        .filter(|b| *b >= 1024)
+        .and_then(|b| i64::try_from(b).ok())
 }
 
 /// `16`, `0.5`: CPUs as people write them.
@@ -52,7 +54,9 @@ pub fn format_cpus(milli: u64) -> String {
     if milli.is_multiple_of(1000) {
         (milli / 1000).to_string()
     } else {
-        format!("{:.2}", milli as f64 / 1000.0).trim_end_matches('0').to_string()
+        format!("{:.2}", milli as f64 / 1000.0)
+            .trim_end_matches('0')
+            .to_string()
     }
 }
 
@@ -124,7 +128,13 @@ pub fn local_time(ms: i64) -> LocalTime {
     // SAFETY: localtime_r writes only into `tm`, which lives for the call.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
     unsafe { libc::localtime_r(&t, &mut tm) };
-    LocalTime { year: tm.tm_year + 1900, month: (tm.tm_mon + 1) as u32, day: tm.tm_mday as u32, hour: tm.tm_hour as u32, minute: tm.tm_min as u32 }
+    LocalTime {
+        year: tm.tm_year + 1900,
+        month: (tm.tm_mon + 1) as u32,
+        day: tm.tm_mday as u32,
+        hour: tm.tm_hour as u32,
+        minute: tm.tm_min as u32,
+    }
 }
 
 /// The local date and time as ms since the epoch (`None`: no such moment, e.g. a bad date); the
@@ -163,12 +173,29 @@ mod tests {
 
     #[test]
     fn local_times_round_trip() {
-        let t = LocalTime { year: 2026, month: 12, day: 3, hour: 9, minute: 30 };
+        let t = LocalTime {
+            year: 2026,
+            month: 12,
+            day: 3,
+            hour: 9,
+            minute: 30,
+        };
         let ms = from_local(t).unwrap();
         assert_eq!(local_time(ms), t);
-        assert_eq!((local_hhmm(ms), local_datetime(ms)), ("09:30".to_string(), "2026-12-03 09:30".to_string()));
+        assert_eq!(
+            (local_hhmm(ms), local_datetime(ms)),
+            ("09:30".to_string(), "2026-12-03 09:30".to_string())
+        );
         assert_eq!(from_local(LocalTime { month: 13, ..t }), None);
-        assert_eq!(local_time(from_local(LocalTime { day: 32, ..t }).unwrap()), LocalTime { year: 2027, month: 1, day: 1, ..t });
+        assert_eq!(
+            local_time(from_local(LocalTime { day: 32, ..t }).unwrap()),
+            LocalTime {
+                year: 2027,
+                month: 1,
+                day: 1,
+                ..t
+            }
+        );
     }
 
     #[test]
@@ -179,7 +206,16 @@ mod tests {
         assert_eq!(duration_setting(Duration::from_secs(86_400)), "1d");
         assert_eq!(duration_setting(Duration::from_secs(90)), "90s");
         assert_eq!(duration_setting(Duration::from_millis(500)), "500ms");
-        let words = [(45_000, "45 s"), (60_000, "1 min"), (3_599_000, "59 min"), (3_600_000, "1 h"), (7_800_000, "2 h 10 min"), (86_400_000, "1 d"), (97_200_000, "1 d 3 h"), (-1, "0 s")];
+        let words = [
+            (45_000, "45 s"),
+            (60_000, "1 min"),
+            (3_599_000, "59 min"),
+            (3_600_000, "1 h"),
+            (7_800_000, "2 h 10 min"),
+            (86_400_000, "1 d"),
+            (97_200_000, "1 d 3 h"),
+            (-1, "0 s"),
+        ];
         for (ms, want) in words {
             assert_eq!(duration_words_ms(ms), want, "{ms} ms");
         }
@@ -191,7 +227,10 @@ mod tests {
         assert_eq!(format_bytes(24 << 30), "24.0 GiB");
         assert_eq!(parse_limit("unlimited"), Some(-1));
         assert_eq!(format_cpus(1500), "1.5");
-        assert_eq!((cpus_count(1000), cpus_count(2000), cpus_count(500)), ("1 CPU".into(), "2 CPUs".into(), "0.5 CPUs".into()));
+        assert_eq!(
+            (cpus_count(1000), cpus_count(2000), cpus_count(500)),
+            ("1 CPU".into(), "2 CPUs".into(), "0.5 CPUs".into())
+        );
         assert_eq!(line_col("a\nbc", 3), (2, 2));
     }
 }

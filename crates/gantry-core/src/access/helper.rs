@@ -130,7 +130,10 @@ pub(super) struct CmsgBuf([u8; 64]);
 
 /// Send the reply as one datagram, with `fd` attached when it is valid. Raw libc only (forked child).
 unsafe fn send_reply(sock: i32, r: &Reply, fd: i32) {
-    let mut iov = libc::iovec { iov_base: r as *const Reply as *mut libc::c_void, iov_len: std::mem::size_of::<Reply>() };
+    let mut iov = libc::iovec {
+        iov_base: r as *const Reply as *mut libc::c_void,
+        iov_len: std::mem::size_of::<Reply>(),
+    };
     let mut cbuf = CmsgBuf([0; 64]);
     let mut msg: libc::msghdr = std::mem::zeroed();
     msg.msg_iov = &mut iov;
@@ -186,7 +189,12 @@ pub(super) enum Op {
 
 /// Run `op` in a child with `cred` (or with the engine's own ids when `become_user` is false): its
 /// reply, and the file it opened when every check passed.
-pub(super) fn run_helper(cred: &Cred, path: &CStr, op: Op, become_user: bool) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
+pub(super) fn run_helper(
+    cred: &Cred,
+    path: &CStr,
+    op: Op,
+    become_user: bool,
+) -> Result<(Reply, Option<OwnedFd>), std::io::Error> {
     let groups: Vec<libc::gid_t> = cred.groups.clone();
     // The child may not allocate: its copy of the path is made here.
     let mut buf = path.to_bytes_with_nul().to_vec();
@@ -197,7 +205,13 @@ pub(super) fn run_helper(cred: &Cred, path: &CStr, op: Op, become_user: bool) ->
     // (raw syscalls, stack buffers) and leaves with _exit.
     let pid = unsafe {
         // A datagram socket: the reply arrives whole, with the opened fd attached.
-        if libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) != 0 {
+        if libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        ) != 0
+        {
             return Err(std::io::Error::last_os_error());
         }
         let pid = libc::fork();
@@ -209,7 +223,8 @@ pub(super) fn run_helper(cred: &Cred, path: &CStr, op: Op, become_user: bool) ->
             // A fork holds every file the engine has open, and `/proc/self/fd/N` (or `cwd`) would lead
             // the user to them past directories they may not enter: keep only the reply pipe, stand in `/`.
             let w = fds[1] as libc::c_uint;
-            let isolated = (w == 0 || libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, w - 1, 0 as libc::c_uint) == 0)
+            let isolated = (w == 0
+                || libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, w - 1, 0 as libc::c_uint) == 0)
                 && libc::syscall(libc::SYS_close_range, w + 1, libc::c_uint::MAX, 0 as libc::c_uint) == 0
                 && libc::chdir(c"/".as_ptr()) == 0;
             let dropped = isolated
@@ -257,7 +272,11 @@ pub(super) fn read_reply(sock: i32, deadline: Instant) -> Result<(Reply, Option<
     let mut buf = vec![0u8; std::mem::size_of::<Reply>()];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: sock,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
         if n == 0 {
@@ -269,7 +288,10 @@ pub(super) fn read_reply(sock: i32, deadline: Instant) -> Result<(Reply, Option<
             }
             return Err(std::io::Error::last_os_error());
         }
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
         let mut cbuf = CmsgBuf([0; 64]);
         // SAFETY: a zeroed msghdr pointing at our own buffers, within their lengths.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -291,16 +313,24 @@ pub(super) fn read_reply(sock: i32, deadline: Instant) -> Result<(Reply, Option<
             let mut c = libc::CMSG_FIRSTHDR(&msg);
             while !c.is_null() {
                 if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    file = Some(OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32)));
+                    file = Some(OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                        libc::CMSG_DATA(c) as *const i32
+                    )));
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
             }
         }
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the path-check helper died"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the path-check helper died",
+            ));
         }
         if n as usize != buf.len() || msg.msg_flags & libc::MSG_CTRUNC != 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the path-check helper sent a malformed reply"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the path-check helper sent a malformed reply",
+            ));
         }
         // SAFETY: `buf` holds exactly one Reply, written by the helper from the same type; any bytes are valid.
         return Ok((unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const Reply) }, file));

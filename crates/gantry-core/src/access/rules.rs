@@ -3,9 +3,9 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::spec::{Mount, SpecError};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use crate::spec::{Mount, SpecError};
 
 /// Host paths whose ancestors, themselves and contents no job may mount: the container engine's
 /// sockets and the engine's own state. Compared after symlinks are resolved on both sides.
@@ -21,7 +21,11 @@ impl Forbidden {
     /// For an engine with this state dir, socket and drop folder (the Docker socket from `DOCKER_HOST` too).
     pub fn for_engine(state_dir: &Path, socket: &Path, inbox: &Path) -> Forbidden {
         let mut f = Forbidden::default();
-        if let Some(p) = std::env::var("DOCKER_HOST").ok().as_deref().and_then(|h| h.strip_prefix("unix://")) {
+        if let Some(p) = std::env::var("DOCKER_HOST")
+            .ok()
+            .as_deref()
+            .and_then(|h| h.strip_prefix("unix://"))
+        {
             f.add(Path::new(p), "the Docker socket");
         }
         for p in ["/var/run/docker.sock", "/run/docker.sock"] {
@@ -36,7 +40,10 @@ impl Forbidden {
         if let Some(dir) = socket.parent() {
             f.add(dir, "the Gantry socket's folder");
         }
-        f.exempt = [Some(inbox.to_path_buf()), std::fs::canonicalize(inbox).ok()].into_iter().flatten().collect();
+        f.exempt = [Some(inbox.to_path_buf()), std::fs::canonicalize(inbox).ok()]
+            .into_iter()
+            .flatten()
+            .collect();
         f
     }
 
@@ -93,18 +100,36 @@ pub struct CheckedMount {
 
 /// Check every mount as `cred` and resolve it, and what the job's `workdir` needs of them; the first
 /// refusal says which mount, why, and how to fix it.
-pub fn check_mounts(cred: &Cred, mounts: &[Mount], workdir: Option<&str>, forbidden: &Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
-    let checked = mounts.iter().map(|m| check_mount(cred, m, forbidden)).collect::<Result<Vec<_>, _>>()?;
+pub fn check_mounts(
+    cred: &Cred,
+    mounts: &[Mount],
+    workdir: Option<&str>,
+    forbidden: &Forbidden,
+) -> Result<Vec<CheckedMount>, SpecError> {
+    let checked = mounts
+        .iter()
+        .map(|m| check_mount(cred, m, forbidden))
+        .collect::<Result<Vec<_>, _>>()?;
     let resolved: Vec<ResolvedMount> = checked.iter().map(|c| c.mount.clone()).collect();
     check_nested(cred, &resolved, workdir)?;
     Ok(checked)
 }
 
 /// [`check_mounts`] off the async runtime (the helper may wait up to [`CHECK_TIMEOUT`] per path).
-pub async fn check_mounts_async(cred: Cred, mounts: Vec<Mount>, workdir: Option<String>, forbidden: Forbidden) -> Result<Vec<CheckedMount>, SpecError> {
+pub async fn check_mounts_async(
+    cred: Cred,
+    mounts: Vec<Mount>,
+    workdir: Option<String>,
+    forbidden: Forbidden,
+) -> Result<Vec<CheckedMount>, SpecError> {
     tokio::task::spawn_blocking(move || check_mounts(&cred, &mounts, workdir.as_deref(), &forbidden))
         .await
-        .unwrap_or_else(|e| Err(SpecError::new(format!("checking the mounts failed: {e}"), "submit the job again")))
+        .unwrap_or_else(|e| {
+            Err(SpecError::new(
+                format!("checking the mounts failed: {e}"),
+                "submit the job again",
+            ))
+        })
 }
 
 pub(super) fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Result<CheckedMount, SpecError> {
@@ -112,9 +137,18 @@ pub(super) fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Resu
     let who = &cred.name;
     let refuse = |what: String, hint: String| SpecError::new(format!("mount {shown:?}: {what}"), hint);
     // The spec's path, and where it led when that differs (a symlink).
-    let named = |p: &Path| if p == Path::new(&m.host) { m.host.clone() } else { format!("{} (which leads to {})", m.host, p.display()) };
+    let named = |p: &Path| {
+        if p == Path::new(&m.host) {
+            m.host.clone()
+        } else {
+            format!("{} (which leads to {})", m.host, p.display())
+        }
+    };
     let not_allowed = |p: &Path, why: String| {
-        refuse(format!("{} {why}; jobs may not mount it", named(p)), "mount only the folders the job needs, e.g. a data or output folder of yours".into())
+        refuse(
+            format!("{} {why}; jobs may not mount it", named(p)),
+            "mount only the folders the job needs, e.g. a data or output folder of yours".into(),
+        )
     };
     const AS_USER: &str = "Gantry checks host paths with the submitter's own permissions";
     let r = match resolve_as(cred, Path::new(&m.host), !m.read_only) {
@@ -158,9 +192,19 @@ pub(super) fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Resu
         return Err(not_allowed(&r.path, why));
     }
     if let FileKind::Other(kind) = r.kind {
-        return Err(refuse(format!("{} is a {kind}; only files and folders can be mounted", named(&r.path)), "mount a file or a folder".into()));
+        return Err(refuse(
+            format!("{} is a {kind}; only files and folders can be mounted", named(&r.path)),
+            "mount a file or a folder".into(),
+        ));
     }
-    Ok(CheckedMount { mount: ResolvedMount { host: r.path, container: m.container.clone(), read_only: m.read_only }, file: r.file })
+    Ok(CheckedMount {
+        mount: ResolvedMount {
+            host: r.path,
+            container: m.container.clone(),
+            read_only: m.read_only,
+        },
+        file: r.file,
+    })
 }
 
 /// Docker (runc) makes a missing mount point or working directory as root, and inside another mount
@@ -168,31 +212,66 @@ pub(super) fn check_mount(cred: &Cred, m: &Mount, forbidden: &Forbidden) -> Resu
 /// what lies inside a mount must already exist there, reached without symbolic links (runc follows
 /// those inside the container, to somewhere else than the check saw).
 pub(super) fn check_nested(cred: &Cred, mounts: &[ResolvedMount], workdir: Option<&str>) -> Result<(), SpecError> {
-    let targets: Vec<String> = mounts.iter().map(|m| crate::spec::normalize(Path::new(&m.container))).collect();
-    let workdir = workdir.map(|w| crate::spec::normalize(Path::new(w))).filter(|w| !targets.contains(w));
-    let wanted = targets.iter().map(|t| (t, "mount point")).chain(workdir.as_ref().map(|w| (w, "`workdir`")));
+    let targets: Vec<String> = mounts
+        .iter()
+        .map(|m| crate::spec::normalize(Path::new(&m.container)))
+        .collect();
+    let workdir = workdir
+        .map(|w| crate::spec::normalize(Path::new(w)))
+        .filter(|w| !targets.contains(w));
+    let wanted = targets
+        .iter()
+        .map(|t| (t, "mount point"))
+        .chain(workdir.as_ref().map(|w| (w, "`workdir`")));
     for (t, what) in wanted {
         let inside = |p: &&String| *p != t && p.as_str() != "/" && Path::new(t).starts_with(p.as_str());
-        let Some((i, outer)) = targets.iter().enumerate().filter(|(_, p)| inside(p)).max_by_key(|(_, p)| p.len()) else { continue };
-        let host = mounts[i].host.join(Path::new(t).strip_prefix(outer).unwrap_or(Path::new("")));
+        let Some((i, outer)) = targets
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| inside(p))
+            .max_by_key(|(_, p)| p.len())
+        else {
+            continue;
+        };
+        let host = mounts[i]
+            .host
+            .join(Path::new(t).strip_prefix(outer).unwrap_or(Path::new("")));
         let refuse = |why: String, hint: String| {
-            SpecError::new(format!("{what} {t} lies inside the mount of {} at {outer}, and {why}", mounts[i].host.display()), hint)
+            SpecError::new(
+                format!(
+                    "{what} {t} lies inside the mount of {} at {outer}, and {why}",
+                    mounts[i].host.display()
+                ),
+                hint,
+            )
         };
         match resolve_as(cred, &host, false) {
             Ok(r) if r.path == host => {}
             Ok(r) => {
                 return Err(refuse(
-                    format!("{} goes through a symbolic link (to {}), which Docker would follow inside the container", host.display(), r.path.display()),
+                    format!(
+                        "{} goes through a symbolic link (to {}), which Docker would follow inside the container",
+                        host.display(),
+                        r.path.display()
+                    ),
                     "mount the link's target itself, or use the real path".into(),
                 ))
             }
             Err(AccessError::Missing { .. }) => {
                 return Err(refuse(
                     format!("{} does not exist: Docker would create it as root", host.display()),
-                    format!("create {} first, as yourself (a folder, or an empty file for a file mount)", host.display()),
+                    format!(
+                        "create {} first, as yourself (a folder, or an empty file for a file mount)",
+                        host.display()
+                    ),
                 ))
             }
-            Err(e) => return Err(refuse(format!("{} cannot be checked as {}: {e}", host.display(), cred.name), "make sure you can reach it yourself".into())),
+            Err(e) => {
+                return Err(refuse(
+                    format!("{} cannot be checked as {}: {e}", host.display(), cred.name),
+                    "make sure you can reach it yourself".into(),
+                ))
+            }
         }
     }
     Ok(())

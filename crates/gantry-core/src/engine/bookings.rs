@@ -60,15 +60,26 @@ impl Engine {
             slot_ms: b.slot.as_millis() as i64,
             max_ahead_ms: b.max_ahead.as_millis() as i64,
             max_gpu_hours_week: b.max_gpu_hours_per_week,
-            max_gpus: b.max_gpus.unwrap_or(self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count() as u32),
+            max_gpus: b
+                .max_gpus
+                .unwrap_or(self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count() as u32),
             release_after_ms: b.release_after.as_millis() as i64,
         }
     }
 
     /// GPUs of this machine a booking asking for `gpu_type` may hold (index, name, memory).
     fn bookable(&self, gpu_type: Option<&str>) -> Vec<u32> {
-        let f = GpuFilter { gpu_type: gpu_type.map(Into::into), min_memory: None };
-        self.latest.read().unwrap().iter().filter(|g| self.usable(g) && g.mig_parent.is_none() && f.eligible(&g.name, g.memory_total)).map(|g| g.index).collect()
+        let f = GpuFilter {
+            gpu_type: gpu_type.map(Into::into),
+            min_memory: None,
+        };
+        self.latest
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|g| self.usable(g) && g.mig_parent.is_none() && f.eligible(&g.name, g.memory_total))
+            .map(|g| g.index)
+            .collect()
     }
 
     pub(crate) fn booking_view(&self, b: &Booking, caller: u32, now: i64) -> BookingView {
@@ -76,7 +87,11 @@ impl Engine {
         let see_note = caller == b.uid || self.policy().is_admin(caller);
         let (gpu_indices, waiting_for) = if state == BookingState::Active {
             let c = self.book_cache.lock().unwrap();
-            c.assigned.iter().find(|a| a.booking == b.id).map(|a| (a.gpus.clone(), a.waiting_for.clone())).unwrap_or_default()
+            c.assigned
+                .iter()
+                .find(|a| a.booking == b.id)
+                .map(|a| (a.gpus.clone(), a.waiting_for.clone()))
+                .unwrap_or_default()
         } else {
             (vec![], vec![])
         };
@@ -106,7 +121,10 @@ impl Engine {
         let rules = &policy.bookings;
         let refuse = |m: String| Err(EngineError::BookingRefused(m));
         if !rules.enabled {
-            return refuse(format!("bookings are turned off on this machine{}; ask the lab's admin", self.set_in("bookings.enabled")));
+            return refuse(format!(
+                "bookings are turned off on this machine{}; ask the lab's admin",
+                self.set_in("bookings.enabled")
+            ));
         }
         let now = self.now();
         let slot = rules.slot.as_millis() as i64;
@@ -117,14 +135,28 @@ impl Engine {
             return refuse("a booking needs at least 1 GPU (--gpus 1)".into());
         }
         if gpus.is_empty() {
-            return refuse(format!("this machine has no{what} GPUs to book{}", if what.is_empty() { String::new() } else { "; leave out --gpu-type, or see `gantry gpus`".into() }));
+            return refuse(format!(
+                "this machine has no{what} GPUs to book{}",
+                if what.is_empty() {
+                    String::new()
+                } else {
+                    "; leave out --gpu-type, or see `gantry gpus`".into()
+                }
+            ));
         }
         let max = rules.max_gpus.unwrap_or(u32::MAX).min(gpus.len() as u32);
         if req.gpus > max {
             let why = if rules.max_gpus.is_some_and(|m| m < gpus.len() as u32) {
-                format!("the lab allows at most {max} per booking{}", self.set_in("bookings.max_gpus"))
+                format!(
+                    "the lab allows at most {max} per booking{}",
+                    self.set_in("bookings.max_gpus")
+                )
             } else {
-                format!("this machine has {}{what} GPU{}", gpus.len(), if gpus.len() == 1 { "" } else { "s" })
+                format!(
+                    "this machine has {}{what} GPU{}",
+                    gpus.len(),
+                    if gpus.len() == 1 { "" } else { "s" }
+                )
             };
             return refuse(format!("{} GPUs asked for: {why}; use --gpus {max} or fewer", req.gpus));
         }
@@ -143,23 +175,54 @@ impl Engine {
             ));
         }
         if !aligned(req.end_ms - req.start_ms) {
-            return refuse(format!("a booking lasts a whole number of {slot_h} slots{}; {} is not (use --for {})", self.set_in("bookings.slot"), crate::units::duration_ms(req.end_ms - req.start_ms), crate::units::duration_ms((req.end_ms - req.start_ms).div_euclid(slot).max(1) * slot)));
+            return refuse(format!(
+                "a booking lasts a whole number of {slot_h} slots{}; {} is not (use --for {})",
+                self.set_in("bookings.slot"),
+                crate::units::duration_ms(req.end_ms - req.start_ms),
+                crate::units::duration_ms((req.end_ms - req.start_ms).div_euclid(slot).max(1) * slot)
+            ));
         }
         if req.start_ms + slot <= now {
-            return refuse(format!("{} is in the past; book from the current slot ({}) on", local_datetime(req.start_ms), local_hhmm(now - now.rem_euclid(slot))));
+            return refuse(format!(
+                "{} is in the past; book from the current slot ({}) on",
+                local_datetime(req.start_ms),
+                local_hhmm(now - now.rem_euclid(slot))
+            ));
         }
         let ahead = rules.max_ahead.as_millis() as i64;
         if req.start_ms > now + ahead {
-            return refuse(format!("bookings may start at most {} ahead{} (until {}); {} is later", duration_setting(rules.max_ahead), self.set_in("bookings.max_ahead"), local_datetime(now + ahead), local_datetime(req.start_ms)));
+            return refuse(format!(
+                "bookings may start at most {} ahead{} (until {}); {} is later",
+                duration_setting(rules.max_ahead),
+                self.set_in("bookings.max_ahead"),
+                local_datetime(now + ahead),
+                local_datetime(req.start_ms)
+            ));
         }
-        let note = req.note.as_deref().map(str::trim).filter(|n| !n.is_empty()).map(str::to_string);
+        let note = req
+            .note
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
         if let Some(n) = &note {
             if n.chars().count() > NOTE_MAX || n.chars().any(|c| c.is_control()) {
-                return refuse(format!("the note is {} characters or has control characters; keep it to one line of at most {NOTE_MAX}", n.chars().count()));
+                return refuse(format!(
+                    "the note is {} characters or has control characters; keep it to one line of at most {NOTE_MAX}",
+                    n.chars().count()
+                ));
             }
         }
         let week = week_start(req.start_ms);
-        let new = NewBooking { uid, owner: owner.to_string(), gpus: req.gpus, gpu_type: req.gpu_type.clone(), start_ms: req.start_ms, end_ms: req.end_ms, note };
+        let new = NewBooking {
+            uid,
+            owner: owner.to_string(),
+            gpus: req.gpus,
+            gpu_type: req.gpu_type.clone(),
+            start_ms: req.start_ms,
+            end_ms: req.end_ms,
+            note,
+        };
         let capacity = gpus.len() as u32;
         let weekly = rules.max_gpu_hours_per_week;
         let weekly_in = self.set_in("bookings.max_gpu_hours_per_week");
@@ -223,9 +286,16 @@ impl Engine {
         let now = self.now();
         let mut rows = self.reader().open_bookings(now)?;
         if q.all {
-            rows.extend(self.reader().past_bookings(now, q.limit.unwrap_or(100).clamp(1, 10_000))?);
+            rows.extend(
+                self.reader()
+                    .past_bookings(now, q.limit.unwrap_or(100).clamp(1, 10_000))?,
+            );
         }
-        Ok(Bookings { now_ms: now, rules: self.booking_rules(), bookings: rows.iter().map(|b| self.booking_view(b, caller, now)).collect() })
+        Ok(Bookings {
+            now_ms: now,
+            rules: self.booking_rules(),
+            bookings: rows.iter().map(|b| self.booking_view(b, caller, now)).collect(),
+        })
     }
 
     /// `gantry book cancel ID`: its owner or an admin (root).
@@ -237,10 +307,15 @@ impl Engine {
         }
         let state = b.state(now);
         if !state.is_open() {
-            return Err(EngineError::BookingRefused(format!("booking {id} is {} already; nothing to cancel", state.as_str())));
+            return Err(EngineError::BookingRefused(format!(
+                "booking {id} is {} already; nothing to cancel",
+                state.as_str()
+            )));
         }
         let by = crate::access::user_name(caller);
-        let closed = self.store().close_booking(id, BookingState::Cancelled, &format!("cancelled by {by}"));
+        let closed = self
+            .store()
+            .close_booking(id, BookingState::Cancelled, &format!("cancelled by {by}"));
         match closed {
             Ok(_) => {}
             Err(e) => {
@@ -280,7 +355,10 @@ impl Engine {
                 id: b.id,
                 user: b.owner.clone(),
                 gpus: b.gpus,
-                filter: GpuFilter { gpu_type: b.gpu_type.clone(), min_memory: None },
+                filter: GpuFilter {
+                    gpu_type: b.gpu_type.clone(),
+                    min_memory: None,
+                },
                 start_ms: b.start_ms,
                 end_ms: b.end_ms,
                 from: when(b.start_ms, now),
@@ -294,7 +372,14 @@ impl Engine {
     pub(super) fn bookings_phase(&self, now: i64) -> Vec<(i64, bool, bool, bool)> {
         let lead = crate::defaults::BOOKING_STARTING_LEAD.as_millis() as i64;
         let c = self.book_cache.lock().unwrap();
-        c.open.as_ref().map(|o| o.iter().map(|b| (b.id, b.start_ms - lead <= now, b.start_ms <= now, b.end_ms <= now)).collect()).unwrap_or_default()
+        c.open
+            .as_ref()
+            .map(|o| {
+                o.iter()
+                    .map(|b| (b.id, b.start_ms - lead <= now, b.start_ms <= now, b.end_ms <= now))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Which queued jobs would be preemptible, from their specs (read once per job).
@@ -310,7 +395,9 @@ impl Engine {
             let p = match c.preemptible.get(id) {
                 Some(p) => *p,
                 None => {
-                    let Ok(Some(job)) = self.reader().job(*id) else { continue };
+                    let Ok(Some(job)) = self.reader().job(*id) else {
+                        continue;
+                    };
                     let p = policy.preemption.preemptible(&job.job.spec);
                     c.preemptible.insert(*id, p);
                     p
@@ -336,14 +423,26 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| crate::scheduler::RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end, needs: h.needs, victim: h.victim.clone(), declared: h.declared })
+            .map(|(id, h)| crate::scheduler::RunningJob {
+                job_id: *id,
+                user: h.owner.clone(),
+                gpus: h.gpus.clone(),
+                gpu_memory: h.gpu_memory,
+                expected_end_ms: h.expected_end,
+                needs: h.needs,
+                victim: h.victim.clone(),
+                declared: h.declared,
+            })
             .collect();
         let state = crate::scheduler::State {
             now_ms: now,
             gpus,
             running,
             queued: vec![],
-            config: crate::scheduler::Config { bookings: holds, ..Default::default() },
+            config: crate::scheduler::Config {
+                bookings: holds,
+                ..Default::default()
+            },
             typical_wait_ms: None,
             host: None,
         };
@@ -357,16 +456,39 @@ impl Engine {
     pub(super) fn tend_bookings(&self, now: i64, assigned: Vec<Assigned>) {
         let release_after = self.policy().bookings.release_after.as_millis() as i64;
         let open = self.book_cache.lock().unwrap().open.clone().unwrap_or_default();
-        let owners_gpus: Vec<(String, Vec<u32>)> = self.running.lock().unwrap().values().map(|h| (h.owner.clone(), h.gpus.clone())).collect();
-        let queued_owners: std::collections::HashSet<String> = self.queue.lock().unwrap().rows().iter().filter(|j| !j.held).map(|j| j.owner.clone()).collect();
+        let owners_gpus: Vec<(String, Vec<u32>)> = self
+            .running
+            .lock()
+            .unwrap()
+            .values()
+            .map(|h| (h.owner.clone(), h.gpus.clone()))
+            .collect();
+        let queued_owners: std::collections::HashSet<String> = self
+            .queue
+            .lock()
+            .unwrap()
+            .rows()
+            .iter()
+            .filter(|j| !j.held)
+            .map(|j| j.owner.clone())
+            .collect();
         let mut changed = false;
         // Starting soon: told once (the store keeps the mark; `told` spares the write every pass).
         let lead = crate::defaults::BOOKING_STARTING_LEAD.as_millis() as i64;
-        for b in open.iter().filter(|b| b.closed.is_none() && b.start_ms - lead <= now && now < b.start_ms) {
+        for b in open
+            .iter()
+            .filter(|b| b.closed.is_none() && b.start_ms - lead <= now && now < b.start_ms)
+        {
             if self.book_cache.lock().unwrap().told.contains(&b.id) {
                 continue;
             }
-            let text = format!("booking {}: {} GPU{} {}", b.id, b.gpus, if b.gpus == 1 { "" } else { "s" }, span(b.start_ms, b.end_ms));
+            let text = format!(
+                "booking {}: {} GPU{} {}",
+                b.id,
+                b.gpus,
+                if b.gpus == 1 { "" } else { "s" },
+                span(b.start_ms, b.end_ms)
+            );
             match self.store().booking_starting(b.id, &text) {
                 Ok(_) => {
                     self.book_cache.lock().unwrap().told.insert(b.id);
@@ -377,9 +499,18 @@ impl Engine {
                 }
             }
         }
-        for b in open.iter().filter(|b| b.closed.is_none() && b.start_ms <= now && now < b.end_ms) {
-            let gpus = assigned.iter().find(|a| a.booking == b.id).map(|a| a.gpus.clone()).unwrap_or_default();
-            let used = owners_gpus.iter().any(|(o, g)| *o == b.owner && g.iter().any(|g| gpus.contains(g)));
+        for b in open
+            .iter()
+            .filter(|b| b.closed.is_none() && b.start_ms <= now && now < b.end_ms)
+        {
+            let gpus = assigned
+                .iter()
+                .find(|a| a.booking == b.id)
+                .map(|a| a.gpus.clone())
+                .unwrap_or_default();
+            let used = owners_gpus
+                .iter()
+                .any(|(o, g)| *o == b.owner && g.iter().any(|g| gpus.contains(g)));
             if used {
                 if b.used_ms.is_none() {
                     let r = self.store().booking_used(b.id);
@@ -394,8 +525,12 @@ impl Engine {
             // Not a no-show while it waits for a job to leave its GPUs, or while its owner has a job
             // queued for it.
             let waiting = assigned.iter().any(|a| a.booking == b.id && !a.waiting_for.is_empty());
-            if b.used_ms.is_none() && now >= b.start_ms + release_after && !waiting && !queued_owners.contains(&b.owner) {
-                let why = format!("released: unused for {} after its start", duration_setting(std::time::Duration::from_millis(release_after as u64)));
+            if b.used_ms.is_none() && now >= b.start_ms + release_after && !waiting && !queued_owners.contains(&b.owner)
+            {
+                let why = format!(
+                    "released: unused for {} after its start",
+                    duration_setting(std::time::Duration::from_millis(release_after as u64))
+                );
                 let r = self.store().close_booking(b.id, BookingState::Released, &why);
                 match r {
                     Ok(_) => {

@@ -56,7 +56,14 @@ impl Engine {
         };
         let now = self.now();
         let util: HashMap<u32, u32> = samples.iter().map(|g| (g.index, g.utilization)).collect();
-        let jobs: Vec<(i64, Vec<u32>)> = self.running.lock().unwrap().iter().filter(|(_, h)| h.run.is_some() && !h.gpus.is_empty()).map(|(id, h)| (*id, h.gpus.clone())).collect();
+        let jobs: Vec<(i64, Vec<u32>)> = self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, h)| h.run.is_some() && !h.gpus.is_empty())
+            .map(|(id, h)| (*id, h.gpus.clone()))
+            .collect();
         marks.retain(|id, _| jobs.iter().any(|j| j.0 == *id));
         for (id, gpus) in jobs {
             // A GPU without a sample is not known to be idle.
@@ -93,7 +100,12 @@ impl Engine {
                     if let Err(e) = noted {
                         self.store_failed(&format!("recording job {id}'s idle warning"), &e);
                     }
-                    let recorded = self.store().notify_record(NotifyEvent::SessionIdle, Some(id), Some(job.owner_uid), Some(&text));
+                    let recorded = self.store().notify_record(
+                        NotifyEvent::SessionIdle,
+                        Some(id),
+                        Some(job.owner_uid),
+                        Some(&text),
+                    );
                     if let Err(e) = recorded {
                         self.store_failed(&format!("recording job {id}'s idle notification"), &e);
                     }
@@ -132,11 +144,49 @@ mod tests {
     fn idle_gpus_warn_then_end_unless_used_meanwhile() {
         let after = Duration::from_secs(40);
         // (utilization is 0, now in s, the step wanted)
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(&str, Vec<(bool, i64, IdleStep)>)> = vec![
-            ("idle throughout: warned at 40 s, ended 10 s later", vec![(true, 0, IdleStep::Nothing), (true, 39, IdleStep::Nothing), (true, 40, IdleStep::Warn), (true, 45, IdleStep::Nothing), (true, 50, IdleStep::End)]),
-            ("busy: never", vec![(false, 0, IdleStep::Nothing), (false, 100, IdleStep::Nothing), (false, 1000, IdleStep::Nothing)]),
-            ("used after the warning: the count starts again", vec![(true, 0, IdleStep::Nothing), (true, 40, IdleStep::Warn), (false, 45, IdleStep::Nothing), (true, 46, IdleStep::Nothing), (true, 60, IdleStep::Nothing), (true, 86, IdleStep::Warn), (true, 96, IdleStep::End)]),
-            ("used before the warning", vec![(true, 0, IdleStep::Nothing), (true, 30, IdleStep::Nothing), (false, 31, IdleStep::Nothing), (true, 60, IdleStep::Nothing), (true, 99, IdleStep::Nothing), (true, 100, IdleStep::Warn)]),
+            (
+                "idle throughout: warned at 40 s, ended 10 s later",
+                vec![
+                    (true, 0, IdleStep::Nothing),
+                    (true, 39, IdleStep::Nothing),
+                    (true, 40, IdleStep::Warn),
+                    (true, 45, IdleStep::Nothing),
+                    (true, 50, IdleStep::End),
+                ],
+            ),
+            (
+                "busy: never",
+                vec![
+                    (false, 0, IdleStep::Nothing),
+                    (false, 100, IdleStep::Nothing),
+                    (false, 1000, IdleStep::Nothing),
+                ],
+            ),
+            (
+                "used after the warning: the count starts again",
+                vec![
+                    (true, 0, IdleStep::Nothing),
+                    (true, 40, IdleStep::Warn),
+                    (false, 45, IdleStep::Nothing),
+                    (true, 46, IdleStep::Nothing),
+                    (true, 60, IdleStep::Nothing),
+                    (true, 86, IdleStep::Warn),
+                    (true, 96, IdleStep::End),
+                ],
+            ),
+            (
+                "used before the warning",
+                vec![
+                    (true, 0, IdleStep::Nothing),
+                    (true, 30, IdleStep::Nothing),
+                    (false, 31, IdleStep::Nothing),
+                    (true, 60, IdleStep::Nothing),
+                    (true, 99, IdleStep::Nothing),
+                    (true, 100, IdleStep::Warn),
+                ],
+            ),
         ];
         for (name, steps) in rows {
             let mut mark = IdleMark::default();

@@ -30,7 +30,12 @@ pub(crate) use crate::defaults::{LINE_MAX, PROGRESS_EVERY, PROGRESS_MAX, PROGRES
 /// for Docker's timestamped output when finding where to resume.
 pub(crate) fn append_log(path: &Path, line: &str) {
     let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+    {
         let _ = writeln!(f, "[gantry {ts}] {line}");
     }
 }
@@ -74,7 +79,12 @@ pub fn strip_stamps(data: &[u8]) -> Vec<u8> {
 /// drawn over it.
 pub fn strip_stamps_live(data: &[u8]) -> Vec<u8> {
     let mut out = strip_stamps(data);
-    if data.split_inclusive(|c| *c == b'\n').last().is_some_and(is_progress) && out.last() == Some(&b'\n') {
+    if data
+        .split_inclusive(|c| *c == b'\n')
+        .next_back()
+        .is_some_and(is_progress)
+        && out.last() == Some(&b'\n')
+    {
         *out.last_mut().unwrap() = b'\r';
     }
     out
@@ -156,7 +166,9 @@ pub(crate) fn stamp_len(line: &[u8]) -> usize {
     if !line.first().is_some_and(u8::is_ascii_digit) {
         return 0;
     }
-    let Some(sp) = line.iter().take(40).position(|c| *c == b' ') else { return 0 };
+    let Some(sp) = line.iter().take(40).position(|c| *c == b' ') else {
+        return 0;
+    };
     match std::str::from_utf8(&line[..sp]).ok().map(humantime::parse_rfc3339) {
         Some(Ok(_)) => sp + 1,
         _ => 0,
@@ -179,7 +191,11 @@ pub(crate) struct Lines {
 
 impl Lines {
     /// Feed output; `done(text, cut)` gets each line that ends in it (`cut`: bytes left out).
-    pub fn feed(&mut self, mut data: &[u8], mut done: impl FnMut(&[u8], u64) -> std::io::Result<()>) -> std::io::Result<()> {
+    pub fn feed(
+        &mut self,
+        mut data: &[u8],
+        mut done: impl FnMut(&[u8], u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         self.raw = match data.iter().rposition(|c| *c == b'\n') {
             Some(p) => (data.len() - p - 1) as u64,
             None => self.raw + data.len() as u64,
@@ -251,14 +267,25 @@ pub(crate) struct CappedLog {
 impl CappedLog {
     /// Append to `path` (created 0600).
     pub fn open(path: &Path, cap: u64) -> std::io::Result<CappedLog> {
-        let f = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)?;
         CappedLog::new(f, cap)
     }
 
     /// Write on to `f`, already where output goes next.
     pub fn new(f: std::fs::File, cap: u64) -> std::io::Result<CappedLog> {
         let written = f.metadata()?.len();
-        Ok(CappedLog { f, written, cap, truncated: written >= cap, progress_bytes: 0, buf: vec![] })
+        Ok(CappedLog {
+            f,
+            written,
+            cap,
+            truncated: written >= cap,
+            progress_bytes: 0,
+            buf: vec![],
+        })
     }
 
     /// One record, with its newline.
@@ -267,7 +294,9 @@ impl CappedLog {
             return Ok(());
         }
         if self.written + line.len() as u64 > self.cap {
-            self.f.write_all(format!("[gantry] log truncated: the job wrote more than {} bytes\n", self.cap).as_bytes())?;
+            self.f.write_all(
+                format!("[gantry] log truncated: the job wrote more than {} bytes\n", self.cap).as_bytes(),
+            )?;
             self.truncated = true;
             return Ok(());
         }
@@ -314,7 +343,11 @@ impl CappedLog {
 
     /// How long after a progress state the next may be written.
     pub fn progress_every(&self) -> Duration {
-        if self.progress_bytes > self.cap / 16 { PROGRESS_SLOW } else { PROGRESS_EVERY }
+        if self.progress_bytes > self.cap / 16 {
+            PROGRESS_SLOW
+        } else {
+            PROGRESS_EVERY
+        }
     }
 }
 
@@ -330,8 +363,15 @@ mod tests {
         for line in ["12345\n", "678\n", "9abc\n", "d\n"] {
             l.put(line.as_bytes()).unwrap();
         }
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "12345\n678\n[gantry] log truncated: the job wrote more than 10 bytes\n");
-        assert!(is_gantrys(b"[gantry] log truncated") && is_gantrys(b"[gantry 2026-01-01T00:00:00Z] x") && !is_gantrys(b"2026 out"));
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "12345\n678\n[gantry] log truncated: the job wrote more than 10 bytes\n"
+        );
+        assert!(
+            is_gantrys(b"[gantry] log truncated")
+                && is_gantrys(b"[gantry 2026-01-01T00:00:00Z] x")
+                && !is_gantrys(b"2026 out")
+        );
     }
 
     fn lines_of(chunks: &[&[u8]]) -> (Vec<(String, u64)>, String) {
@@ -352,14 +392,24 @@ mod tests {
     #[test]
     fn a_line_is_its_last_carriage_return_segment_in_every_chunking() {
         let out = b"epoch 1\n\r  0%|     | 0/3\r 33%|#    | 1/3\r100%|#####| 3/3\r\nwin\r\n\r\n\rabc\rx\n50%\rnow";
-        let want: Vec<(String, u64)> = ["epoch 1", "100%|#####| 3/3", "win", "", "x"].iter().map(|s| (s.to_string(), 0)).collect();
+        let want: Vec<(String, u64)> = ["epoch 1", "100%|#####| 3/3", "win", "", "x"]
+            .iter()
+            .map(|s| (s.to_string(), 0))
+            .collect();
         for size in 1..=out.len() {
             let chunks: Vec<&[u8]> = out.chunks(size).collect();
             let (lines, state) = lines_of(&chunks);
             assert_eq!(lines, want, "chunks of {size}");
-            assert_eq!(state, "now", "the line not ended yet: its current state, chunks of {size}");
+            assert_eq!(
+                state, "now",
+                "the line not ended yet: its current state, chunks of {size}"
+            );
         }
-        assert_eq!(lines_of(&[b"a\rb\r"]).1, "b", "after a `\\r` the last state stays until the next one");
+        assert_eq!(
+            lines_of(&[b"a\rb\r"]).1,
+            "b",
+            "after a `\\r` the last state stays until the next one"
+        );
     }
 
     /// Issue 18, item 5: a log streamed chunk by chunk reads as the whole file does, in every
@@ -374,7 +424,11 @@ mod tests {
                 let mut r = LogReader::default();
                 let mut got: Vec<u8> = whole.chunks(size).flat_map(|c| r.feed(c)).collect();
                 got.extend(r.finish());
-                assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want), "chunks of {size}");
+                assert_eq!(
+                    String::from_utf8_lossy(&got),
+                    String::from_utf8_lossy(&want),
+                    "chunks of {size}"
+                );
             }
         }
         // Following: the current state once when caught up, never held back past the next line.
@@ -382,7 +436,11 @@ mod tests {
         assert_eq!(r.feed(b"a\n\r 1%\n"), b"a\n");
         assert_eq!(r.caught_up(), b" 1%\n");
         assert_eq!(r.caught_up(), b"");
-        assert_eq!(r.feed(b"\r 2%\nb\n"), b"b\n", "a state followed by its line is not shown");
+        assert_eq!(
+            r.feed(b"\r 2%\nb\n"),
+            b"b\n",
+            "a state followed by its line is not shown"
+        );
         // A record far longer than Gantry writes is passed on in pieces, not held.
         let mut r = LogReader::default();
         let out = r.feed(&vec![b'x'; RECORD_MAX + 10]);
@@ -419,26 +477,48 @@ mod tests {
         l.progress(b" 10%").unwrap();
         l.progress(b" 20%").unwrap();
         let running = std::fs::read(&p).unwrap();
-        assert_eq!(String::from_utf8(strip_stamps(&running)).unwrap(), "start\n 20%\n", "while it runs: the bar's current state");
+        assert_eq!(
+            String::from_utf8(strip_stamps(&running)).unwrap(),
+            "start\n 20%\n",
+            "while it runs: the bar's current state"
+        );
         l.mark("bookkeeping 123").unwrap();
-        assert_eq!(String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(), "start\n 20%\n", "bookkeeping is never shown");
+        assert_eq!(
+            String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(),
+            "start\n 20%\n",
+            "bookkeeping is never shown"
+        );
         l.line(b"2026-01-01T00:00:01.000000001Z ", b"100%", 0).unwrap();
         l.line(b"", &vec![b'y'; LINE_MAX], 7).unwrap();
         let all = std::fs::read(&p).unwrap();
         let shown = String::from_utf8(strip_stamps(&all)).unwrap();
         assert!(shown.starts_with("start\n100%\nyyy"), "{}", &shown[..40]);
-        assert!(shown.ends_with("\n[gantry] the line above was cut at 64.0 KiB: 7 more bytes of it (without a newline) are left out\n"), "{}", &shown[shown.len() - 120..]);
+        assert!(
+            shown.ends_with(
+                "\n[gantry] the line above was cut at 64.0 KiB: 7 more bytes of it (without a newline) are left out\n"
+            ),
+            "{}",
+            &shown[shown.len() - 120..]
+        );
         // A reader following the file chunk by chunk sees each state once, then the line.
         let (a, b) = running.split_at(running.iter().position(|c| *c == b'\r').unwrap());
         assert_eq!(strip_stamps(a), b"start\n");
         assert_eq!(strip_stamps(b), b" 20%\n");
-        assert_eq!(strip_stamps_live(b), b" 20%\r", "followed on a terminal, the next state is drawn over it");
+        assert_eq!(
+            strip_stamps_live(b),
+            b" 20%\r",
+            "followed on a terminal, the next state is drawn over it"
+        );
         assert_eq!(strip_stamps_live(a), b"start\n");
         assert_eq!(l.progress_every(), PROGRESS_EVERY);
         let mut tiny = CappedLog::open(&d.path().join("t.log"), 16 * 64).unwrap();
         for _ in 0..20 {
             tiny.progress(b"bar").unwrap();
         }
-        assert_eq!(tiny.progress_every(), PROGRESS_SLOW, "past 1/16 of the cap, progress slows down");
+        assert_eq!(
+            tiny.progress_every(),
+            PROGRESS_SLOW,
+            "past 1/16 of the cap, progress slows down"
+        );
     }
 }

@@ -26,7 +26,13 @@ impl Engine {
         };
         let loaded = LabConfig::load(file, self.cfg.lab_file_optional).and_then(|lab| {
             if let Some(g) = &lab.gpus {
-                let inventory: Vec<(u32, String)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone())).collect();
+                let inventory: Vec<(u32, String)> = self
+                    .latest
+                    .read()
+                    .unwrap()
+                    .iter()
+                    .map(|g| (g.index, g.uuid.clone()))
+                    .collect();
                 g.resolve(&inventory)?;
             }
             Ok(lab)
@@ -61,7 +67,12 @@ impl Engine {
         loop {
             tick.tick().await;
             let e = self.clone();
-            match tokio::task::spawn_blocking(move || { let now = e.now(); e.prune(now) }).await {
+            match tokio::task::spawn_blocking(move || {
+                let now = e.now();
+                e.prune(now)
+            })
+            .await
+            {
                 // A delete that cannot be written is a database that cannot be written: the same
                 // stop-starting-work as any other failed write (the next pass's probe lifts it).
                 Ok(Err(EngineError::Store(err))) => self.store_failed("retention", &err),
@@ -82,18 +93,31 @@ impl Engine {
             let ids = self.reader().ended_before(now.saturating_sub(ms(keep)))?;
             for chunk in ids.chunks(500) {
                 let gone = self.store().delete_ended(chunk)?;
-                logs += gone.iter().filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok()).count();
+                logs += gone
+                    .iter()
+                    .filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok())
+                    .count();
                 jobs += gone.len();
                 if let (Some(a), Some(b)) = (gone.first(), gone.last()) {
-                    info!("retention: deleted {} finished jobs ({a}..{b}) that ended more than {} ago (history.keep)", gone.len(), crate::units::duration_setting(keep));
+                    info!(
+                        "retention: deleted {} finished jobs ({a}..{b}) that ended more than {} ago (history.keep)",
+                        gone.len(),
+                        crate::units::duration_setting(keep)
+                    );
                 }
             }
         }
         if let Some(keep) = p.log_keep {
             let ids = self.reader().ended_before(now.saturating_sub(ms(keep)))?;
-            let n = ids.iter().filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok()).count();
+            let n = ids
+                .iter()
+                .filter(|id| std::fs::remove_file(self.log_of(**id)).is_ok())
+                .count();
             if n > 0 {
-                info!("retention: deleted the log files of {n} jobs that ended more than {} ago (logs.keep)", crate::units::duration_setting(keep));
+                info!(
+                    "retention: deleted the log files of {n} jobs that ended more than {} ago (logs.keep)",
+                    crate::units::duration_setting(keep)
+                );
             }
             logs += n;
         }
@@ -108,8 +132,19 @@ impl Engine {
         // Attempts for the decayed figure reach back 5 half-lives, like the scheduler's.
         let reach = now - FAIR_SHARE_REACH * hl;
         let attempts = st.usage_since(since.min(reach))?;
-        let in_window: Vec<_> = attempts.iter().filter(|a| a.3.is_none_or(|e| e >= since)).cloned().collect();
-        let mut r = crate::store::usage_report(since, now, hl, &in_window, &st.finished_since(since)?, &st.waits_since(since)?);
+        let in_window: Vec<_> = attempts
+            .iter()
+            .filter(|a| a.3.is_none_or(|e| e >= since))
+            .cloned()
+            .collect();
+        let mut r = crate::store::usage_report(
+            since,
+            now,
+            hl,
+            &in_window,
+            &st.finished_since(since)?,
+            &st.waits_since(since)?,
+        );
         let preempted: std::collections::HashMap<String, f64> = st.preempted_since(since)?.into_iter().collect();
         drop(st);
         // Fair share counts what the scheduler counts (CPU/RAM in per-GPU shares too), also before the window.
@@ -120,7 +155,14 @@ impl Engine {
         }
         for (user, v) in decayed {
             if !r.users.iter().any(|u| u.user == user) {
-                r.users.push(crate::store::UserUsage { user, gpu_hours: 0.0, jobs_finished: 0, mean_wait_ms: None, fair_share_usage: v, gpu_hours_preempted: 0.0 });
+                r.users.push(crate::store::UserUsage {
+                    user,
+                    gpu_hours: 0.0,
+                    jobs_finished: 0,
+                    mean_wait_ms: None,
+                    fair_share_usage: v,
+                    gpu_hours_preempted: 0.0,
+                });
             }
         }
         Ok(r)
@@ -128,12 +170,23 @@ impl Engine {
 
     /// The Usage view's charts since `since`: GPU-hours per user per bucket, and utilization by
     /// local day and hour (`tz_offset_min` east of UTC).
-    pub fn usage_charts(&self, since: i64, bucket_ms: i64, tz_offset_min: i32) -> Result<crate::protocol::UsageCharts, EngineError> {
+    pub fn usage_charts(
+        &self,
+        since: i64,
+        bucket_ms: i64,
+        tz_offset_min: i32,
+    ) -> Result<crate::protocol::UsageCharts, EngineError> {
         let now = self.now();
         let tz = tz_offset_min as i64 * 60_000;
         let st = self.reader();
         let buckets = crate::store::usage_buckets(&st.usage_since(since)?, since, now, bucket_ms, tz);
         let heat = st.util_by_hour(since, tz)?;
-        Ok(crate::protocol::UsageCharts { since_ms: since, until_ms: now, bucket_ms, buckets, heat })
+        Ok(crate::protocol::UsageCharts {
+            since_ms: since,
+            until_ms: now,
+            bucket_ms,
+            buckets,
+            heat,
+        })
     }
 }

@@ -17,14 +17,17 @@ impl Engine {
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
         let cap = self.host_capacity(&p);
         let share = p.containers.needs(1, None, None, cap, gpu_count);
-        let worth = |gpus: u32, cpus: Option<u64>, mem: Option<u64>| crate::scheduler::gpu_worth(gpus, p.containers.needs(gpus, cpus, mem, cap, gpu_count), Some(share));
+        let worth = |gpus: u32, cpus: Option<u64>, mem: Option<u64>| {
+            crate::scheduler::gpu_worth(gpus, p.containers.needs(gpus, cpus, mem, cap, gpu_count), Some(share))
+        };
         self.reader().usage_worth_since(since, &worth)
     }
 
     /// The CPU and RAM a job is limited to and counted for (see [`crate::resources::Containers::needs`]).
     pub(super) fn job_needs(&self, p: &Policy, gpus: u32, cpus_milli: Option<u64>, memory: Option<u64>) -> CpuRam {
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
-        p.containers.needs(gpus, cpus_milli, memory, self.host_capacity(p), gpu_count)
+        p.containers
+            .needs(gpus, cpus_milli, memory, self.host_capacity(p), gpu_count)
     }
 
     /// The CPUs to pin a job to when its share is whole CPUs (`Ok(None)`: it is not, the quota
@@ -34,22 +37,39 @@ impl Engine {
     /// handle at once, so two launches never pick the same CPU. `Err`: not enough CPUs are free of
     /// other pins (the scheduler counts shares, not pins: other engines, or a lab config changed while
     /// jobs ran); the caller then keeps the quota and says so.
-    pub(super) fn pin_cpus(&self, job_id: i64, cpus_milli: u64, gpus: &[u32], elsewhere: &[u32]) -> Result<Option<Vec<u32>>, String> {
-        if cpus_milli == 0 || cpus_milli % 1000 != 0 {
+    pub(super) fn pin_cpus(
+        &self,
+        job_id: i64,
+        cpus_milli: u64,
+        gpus: &[u32],
+        elsewhere: &[u32],
+    ) -> Result<Option<Vec<u32>>, String> {
+        if cpus_milli == 0 || !cpus_milli.is_multiple_of(1000) {
             return Ok(None);
         }
         let n = (cpus_milli / 1000) as usize;
         let gpu_nodes: Vec<u32> = gpus.iter().filter_map(|g| self.gpu_numa.get(g).copied()).collect();
         let near = if gpus.is_empty() {
             let all_gpu_nodes: Vec<u32> = self.gpu_numa.values().copied().collect();
-            let others: Vec<u32> = self.topology.nodes.iter().map(|n| n.0).filter(|n| !all_gpu_nodes.contains(n)).collect();
+            let others: Vec<u32> = self
+                .topology
+                .nodes
+                .iter()
+                .map(|n| n.0)
+                .filter(|n| !all_gpu_nodes.contains(n))
+                .collect();
             self.topology.cpus_of(&others)
         } else {
             self.topology.cpus_of(&gpu_nodes)
         };
         let mut running = self.running.lock().unwrap();
         let mut taken: std::collections::BTreeSet<u32> = elsewhere.iter().copied().collect();
-        taken.extend(running.iter().filter(|(id, _)| **id != job_id).flat_map(|(_, h)| h.cpuset.iter().copied()));
+        taken.extend(
+            running
+                .iter()
+                .filter(|(id, _)| **id != job_id)
+                .flat_map(|(_, h)| h.cpuset.iter().copied()),
+        );
         match crate::resources::pick_cpus(n, &self.topology.cpus, &taken, &near) {
             Some(cpus) => {
                 if let Some(h) = running.get_mut(&job_id) {
@@ -67,7 +87,10 @@ impl Engine {
 
     /// The owner's home folder (their passwd entry), where a job's HOME goes.
     pub(super) fn home_of(uid: u32) -> Option<String> {
-        nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.dir.to_string_lossy().into_owned())
+        nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .map(|u| u.dir.to_string_lossy().into_owned())
     }
 }
 
@@ -88,7 +111,15 @@ pub(crate) enum MemoryVerdict {
 
 /// Pure: `used` is the most it holds on one of its GPUs (`gpu`, bytes), `over_since` when it was
 /// first seen over (ms).
-pub(crate) fn memory_verdict(declared: u64, used: (u32, u64), over_since: Option<i64>, now: i64, margin_pct: f64, grace: std::time::Duration, set_in: &str) -> MemoryVerdict {
+pub(crate) fn memory_verdict(
+    declared: u64,
+    used: (u32, u64),
+    over_since: Option<i64>,
+    now: i64,
+    margin_pct: f64,
+    grace: std::time::Duration,
+    set_in: &str,
+) -> MemoryVerdict {
     use crate::units::{duration_setting, format_bytes};
     let (gpu, used) = used;
     let limit = declared.saturating_add((declared as f64 * margin_pct / 100.0) as u64);
@@ -118,7 +149,13 @@ impl Engine {
     /// for using if that is more (the measure is trusted, not the declaration, next time).
     pub(super) fn gpu_memory_of(&self, key: &crate::estimate::JobKey, declared: Option<u64>) -> Option<u64> {
         let d = declared?;
-        Some(self.learned_gpu_memory.lock().unwrap().get(key).map_or(d, |l| d.max(*l)))
+        Some(
+            self.learned_gpu_memory
+                .lock()
+                .unwrap()
+                .get(key)
+                .map_or(d, |l| d.max(*l)),
+        )
     }
 
     /// After each GPU sample: a job on a shared GPU (`gpu_memory` declared) using more than it
@@ -132,7 +169,12 @@ impl Engine {
         {
             let mut running = self.running.lock().unwrap();
             for (id, h) in running.iter_mut() {
-                let (Some(declared), Some(cid)) = (h.gpu_memory, h.run.as_ref().and_then(|r| r.container()).map(String::from)) else { continue };
+                let (Some(declared), Some(cid)) = (
+                    h.gpu_memory,
+                    h.run.as_ref().and_then(|r| r.container()).map(String::from),
+                ) else {
+                    continue;
+                };
                 if h.over_memory.as_ref().is_some_and(|o| o.1.is_some()) {
                     continue; // being stopped
                 }
@@ -140,7 +182,11 @@ impl Engine {
                 let mut worst: Option<(u32, u64)> = None;
                 let mut known = true;
                 for g in samples.iter().filter(|g| h.gpus.contains(&g.index)) {
-                    let mine: Vec<_> = g.processes.iter().filter(|p| p.container_id.as_deref() == Some(cid.as_str())).collect();
+                    let mine: Vec<_> = g
+                        .processes
+                        .iter()
+                        .filter(|p| p.container_id.as_deref() == Some(cid.as_str()))
+                        .collect();
                     match mine.iter().map(|p| p.used_memory).sum::<Option<u64>>() {
                         Some(u) if worst.is_none_or(|w| u > w.1) => worst = Some((g.index, u)),
                         Some(_) => {}
@@ -148,7 +194,15 @@ impl Engine {
                     }
                 }
                 let Some(used) = worst.filter(|_| known) else { continue };
-                match memory_verdict(declared, used, h.over_memory.as_ref().map(|o| o.0), now, p.gpu_memory_margin_pct, p.gpu_memory_grace, &set_in) {
+                match memory_verdict(
+                    declared,
+                    used,
+                    h.over_memory.as_ref().map(|o| o.0),
+                    now,
+                    p.gpu_memory_margin_pct,
+                    p.gpu_memory_grace,
+                    &set_in,
+                ) {
                     MemoryVerdict::Fine | MemoryVerdict::StillOver => {}
                     MemoryVerdict::Warn(m) => {
                         h.over_memory = Some((now, None));
@@ -192,10 +246,20 @@ mod tests {
         let v = |used: u64, since: Option<i64>, now: i64| memory_verdict(4 * g, (0, used), since, now, 20.0, grace, "");
         assert_eq!(v(4 * g, None, 0), MemoryVerdict::Fine);
         assert_eq!(v(4 * g + g / 2, None, 0), MemoryVerdict::Fine, "within the 20% margin");
-        assert!(matches!(v(10 * g, None, 0), MemoryVerdict::Warn(m) if m == "WARNING: uses 10.0 GiB of GPU 0, more than its declared gpu_memory of 4.0 GiB and the lab's 20% margin; the jobs sharing this GPU rely on the declaration: it is stopped in 30s unless it goes back under 4.8 GiB"));
+        assert!(
+            matches!(v(10 * g, None, 0), MemoryVerdict::Warn(m) if m == "WARNING: uses 10.0 GiB of GPU 0, more than its declared gpu_memory of 4.0 GiB and the lab's 20% margin; the jobs sharing this GPU rely on the declaration: it is stopped in 30s unless it goes back under 4.8 GiB")
+        );
         assert_eq!(v(10 * g, Some(0), 29_999), MemoryVerdict::StillOver);
-        assert!(matches!(v(10 * g, Some(0), 30_000), MemoryVerdict::Stop(m) if m.starts_with("stopped: used 10.0 GiB of GPU 0 for 30s, more than its declared gpu_memory of 4.0 GiB") && m.contains("`gpu_memory: 10GiB`")));
+        assert!(
+            matches!(v(10 * g, Some(0), 30_000), MemoryVerdict::Stop(m) if m.starts_with("stopped: used 10.0 GiB of GPU 0 for 30s, more than its declared gpu_memory of 4.0 GiB") && m.contains("`gpu_memory: 10GiB`"))
+        );
         assert!(matches!(v(3 * g, Some(0), 10_000), MemoryVerdict::Back(_)));
-        assert!(matches!(memory_verdict(4 * g, (0, 4 * g + 1), None, 0, 0.0, grace, ""), MemoryVerdict::Warn(_)), "a 0% margin warns at once");
+        assert!(
+            matches!(
+                memory_verdict(4 * g, (0, 4 * g + 1), None, 0, 0.0, grace, ""),
+                MemoryVerdict::Warn(_)
+            ),
+            "a 0% margin warns at once"
+        );
     }
 }

@@ -21,8 +21,8 @@
 
 pub(crate) mod backend;
 mod bookings;
-mod joblog;
 mod idle;
+mod joblog;
 mod lab;
 mod limits;
 mod ops;
@@ -51,12 +51,12 @@ use crate::slurm::SlurmClient;
 use crate::spec::SpecError;
 use crate::store::{JobState, RunRef, Store, StoreError};
 
+pub use crate::config::{Config, Paths};
+pub use crate::protocol::QueueEntryView as QueueEntry;
+pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
+pub use crate::store::JobDetail;
 pub(crate) use joblog::append_log;
 pub use joblog::{strip_stamps, strip_stamps_live, LogReader};
-pub use crate::config::{Config, Paths};
-pub use crate::protocol::{EngineEvent, GpuStatus, GpuUser, Health, Orphan};
-pub use crate::protocol::QueueEntryView as QueueEntry;
-pub use crate::store::JobDetail;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -140,6 +140,9 @@ pub(crate) struct Stats {
     pub overruns: HashMap<String, u32>,
 }
 
+/// One 1 Hz sample of every GPU: (ms, per GPU (util %, memory used)).
+type RecentSample = (i64, Vec<(u32, u64)>);
+
 pub struct Engine {
     pub cfg: Config,
     /// The lab policy in force: replaced whole by a reload, so every reader sees one consistent policy.
@@ -173,7 +176,7 @@ pub struct Engine {
     gpu_numa: HashMap<u32, u32>,
     latest: RwLock<Vec<GpuSample>>,
     /// Last hour of 1 Hz samples: (ms, per GPU (util %, memory used)).
-    recent: Mutex<VecDeque<(i64, Vec<(u32, u64)>)>>,
+    recent: Mutex<VecDeque<RecentSample>>,
     /// Since when (ms) each GPU (by UUID) has read 0 % utilization in every sample (`sampler::track_idle`).
     /// In memory only: an engine restart starts every count again.
     idle_since: Mutex<HashMap<String, i64>>,
@@ -219,7 +222,12 @@ pub enum RunOn {
 
 fn lock_state_dir(dir: &Path) -> Result<std::fs::File, EngineError> {
     use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(dir.join("engine.lock"))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join("engine.lock"))?;
     // SAFETY: flock on a valid, owned fd.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(EngineError::AlreadyRunning(dir.to_path_buf()));
@@ -281,7 +289,11 @@ impl Engine {
 
     /// [`Engine::open`] with this executor for the Docker backend.
     pub fn open_with(cfg: Config, exec: Arc<dyn Executor>) -> Result<Arc<Engine>, EngineError> {
-        let on = if cfg.lab.backend == crate::slurm::BackendChoice::Slurm { RunOn::Slurm(Arc::new(crate::slurm::Slurm)) } else { RunOn::Docker(exec) };
+        let on = if cfg.lab.backend == crate::slurm::BackendChoice::Slurm {
+            RunOn::Slurm(Arc::new(crate::slurm::Slurm))
+        } else {
+            RunOn::Docker(exec)
+        };
         Self::open_on(cfg, on, crate::clock::system())
     }
 
@@ -294,11 +306,16 @@ impl Engine {
         let queue = store.track_queue()?;
         let mut reader = Store::open(&cfg.paths.db())?;
         reader.set_clock(clock.clone());
-        let db_uid = store.meta("db_uid")?.ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
+        let db_uid = store
+            .meta("db_uid")?
+            .ok_or_else(|| EngineError::Fatal("the database has no db_uid".into()))?;
         // The engine id is kept in the database and, like the id high-water mark, in the logs dir: a
         // database that lost its WAL must still recognize (and report) its engine's containers.
         let id_file = cfg.paths.logs().join(ENGINE_ID_FILE);
-        let kept = std::fs::read_to_string(&id_file).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+        let kept = std::fs::read_to_string(&id_file)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
         let engine_id = match (store.meta("engine_id")?, kept) {
             (Some(id), _) => id,
             (None, Some(id)) => {
@@ -308,7 +325,11 @@ impl Engine {
             (None, None) => {
                 // Databases from before 0003 named their containers by a hash of the state dir: keep it so
                 // running containers are found after the upgrade. New databases get a random id.
-                let id = if store.job_id_high_water()? > 0 { legacy_engine_id(&cfg.paths.state_dir) } else { db_uid.clone() };
+                let id = if store.job_id_high_water()? > 0 {
+                    legacy_engine_id(&cfg.paths.state_dir)
+                } else {
+                    db_uid.clone()
+                };
                 store.set_meta("engine_id", &id)?;
                 id
             }
@@ -318,7 +339,13 @@ impl Engine {
         // Ids never restart: the high-water mark lives in the database AND in the logs dir. If the
         // database lost commits (a cut WAL), new ids continue after the highest id ever handed out.
         let mark_path = cfg.paths.logs().join(ID_MARK_FILE);
-        let id_mark = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).mode(0o600).open(&mark_path)?;
+        let id_mark = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(&mark_path)?;
         let marked: i64 = std::fs::read_to_string(&mark_path)?.trim().parse().unwrap_or(0);
         let floor = marked.max(max_logged_job_id(&cfg.paths.logs()));
         let have = store.job_id_high_water()?;
@@ -326,7 +353,11 @@ impl Engine {
             error!("the database knows job ids up to {have}, but ids up to {floor} were handed out: it lost commits (cut or lost WAL?). New jobs continue after {floor}");
             store.raise_job_ids_above(floor)?;
         }
-        let crate::gpu::Opened { backend: mut gpu, note, library } = crate::gpu::open(cfg.gpus.as_deref())?;
+        let crate::gpu::Opened {
+            backend: mut gpu,
+            note,
+            library,
+        } = crate::gpu::open(cfg.gpus.as_deref())?;
         let kind = gpu.kind();
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
@@ -341,7 +372,11 @@ impl Engine {
                 }
                 let usable = choice.resolve(&inventory)?;
                 let kept: Vec<u32> = inventory.iter().map(|g| g.0).filter(|i| !usable.contains(i)).collect();
-                info!("Gantry uses GPUs {}; {} kept for interactive use (lab config `gpus`)", gpu_list(&usable.iter().copied().collect::<Vec<_>>()), gpu_list(&kept));
+                info!(
+                    "Gantry uses GPUs {}; {} kept for interactive use (lab config `gpus`)",
+                    gpu_list(&usable.iter().copied().collect::<Vec<_>>()),
+                    gpu_list(&kept)
+                );
                 Some(usable)
             }
             None => None,
@@ -349,7 +384,10 @@ impl Engine {
         match (&kind, &note, &library) {
             (BackendKind::Simulated, Some(why), _) => warn!("SIMULATED GPUs: NVML not available ({why})"),
             (BackendKind::Simulated, None, _) => warn!("SIMULATED GPUs ({})", cfg.gpus.as_deref().unwrap_or("")),
-            (_, _, Some(lib)) => warn!("using NVML from {lib} ({}), not the driver's library", crate::gpu::NVML_LIB_ENV),
+            (_, _, Some(lib)) => warn!(
+                "using NVML from {lib} ({}), not the driver's library",
+                crate::gpu::NVML_LIB_ENV
+            ),
             _ => info!("using NVML"),
         }
         let machine = crate::resources::Machine::read();
@@ -468,7 +506,11 @@ impl Engine {
     }
 
     fn notify_job(&self, job_id: i64, state: JobState) {
-        let _ = self.events.send(EngineEvent::Job { job_id, state, at: self.now() });
+        let _ = self.events.send(EngineEvent::Job {
+            job_id,
+            state,
+            at: self.now(),
+        });
     }
 
     pub fn health(&self) -> Health {
@@ -482,7 +524,10 @@ impl Engine {
 
     /// A state write failed: stop starting work and say why (cleared by the next successful write).
     pub(crate) fn store_failed(&self, what: &str, e: &StoreError) {
-        let msg = format!("cannot write the state database ({what}: {e}); no job starts until it can — free disk space in {}", self.cfg.paths.state_dir.display());
+        let msg = format!(
+            "cannot write the state database ({what}: {e}); no job starts until it can — free disk space in {}",
+            self.cfg.paths.state_dir.display()
+        );
         let mut h = self.health.write().unwrap();
         if h.store_problem.as_deref() != Some(&msg) {
             error!("{msg}");
@@ -515,7 +560,11 @@ impl Engine {
             }
             let t0 = tokio::time::Instant::now();
             self.clone().pass().await;
-            tracing::debug!(took_ms = t0.elapsed().as_secs_f64() * 1e3, queued = self.queue.lock().unwrap().len(), "pass");
+            tracing::debug!(
+                took_ms = t0.elapsed().as_secs_f64() * 1e3,
+                queued = self.queue.lock().unwrap().len(),
+                "pass"
+            );
             // Coalesce bursts (hundreds of submits), and follow a long pass (a very deep queue) by an
             // equal pause so it never takes over the engine.
             tokio::time::sleep(t0.elapsed().max(crate::config::PASS_MIN_GAP)).await;

@@ -6,8 +6,8 @@ use std::io::{Seek, SeekFrom, Write};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 
-use crate::access::{self, Cred, Forbidden};
 use super::{Engine, EngineError, GpuStatus, JobDetail, QueueEntry};
+use crate::access::{self, Cred, Forbidden};
 use crate::scheduler::{Behind, Waiting};
 use crate::spec::{self, SpecError, ValidJob};
 use crate::store::{HistoryFilter, HistoryRow, Job, JobState, Owner, QueueJob, QueueSession, QueuedRow, TimelineRun};
@@ -31,7 +31,12 @@ impl Engine {
     }
 
     pub fn gpu_minutes(&self, gpu: u32, from: i64, to: i64) -> Result<Vec<(i64, f64, i64)>, EngineError> {
-        Ok(self.reader().gpu_minutes(gpu, from)?.into_iter().filter(|m| m.0 < to).collect())
+        Ok(self
+            .reader()
+            .gpu_minutes(gpu, from)?
+            .into_iter()
+            .filter(|m| m.0 < to)
+            .collect())
     }
 
     /// " (limits.x in FILE)": where a lab limit comes from, for error messages.
@@ -64,14 +69,28 @@ impl Engine {
     /// Check a job's mounts with its owner's permissions (all but `skip`, a path that exists only once
     /// the job is queued: a template's config file).
     pub fn check_mounts(&self, job: &ValidJob, owner: &Owner, skip: Option<&str>) -> Result<(), EngineError> {
-        let mounts: Vec<spec::Mount> = job.mounts.iter().filter(|m| Some(m.host.as_str()) != skip).cloned().collect();
-        access::check_mounts(&Cred::of_user(owner.uid, owner.gid), &mounts, job.spec.workdir.as_deref(), &self.forbidden())?;
+        let mounts: Vec<spec::Mount> = job
+            .mounts
+            .iter()
+            .filter(|m| Some(m.host.as_str()) != skip)
+            .cloned()
+            .collect();
+        access::check_mounts(
+            &Cred::of_user(owner.uid, owner.gid),
+            &mounts,
+            job.spec.workdir.as_deref(),
+            &self.forbidden(),
+        )?;
         Ok(())
     }
 
     /// What no job may mount: the container engine's sockets and this engine's state.
     pub(super) fn forbidden(&self) -> Forbidden {
-        Forbidden::for_engine(&self.cfg.paths.state_dir, &self.cfg.paths.socket(), &self.cfg.paths.inbox)
+        Forbidden::for_engine(
+            &self.cfg.paths.state_dir,
+            &self.cfg.paths.socket(),
+            &self.cfg.paths.inbox,
+        )
     }
 
     pub fn source_known(&self, key: &str) -> Option<i64> {
@@ -121,12 +140,20 @@ impl Engine {
         // The GPUs each started job holds, so supervisors need not wait for the whole list.
         let held: HashMap<i64, Vec<u32>> = {
             let running = self.running.lock().unwrap();
-            started.iter().filter_map(|j| running.get(&j.id).map(|h| (j.id, h.gpus.clone()))).collect()
+            started
+                .iter()
+                .filter_map(|j| running.get(&j.id).map(|h| (j.id, h.gpus.clone())))
+                .collect()
         };
         let problem = self.health.read().unwrap().store_problem.clone();
         let waiting = self.waiting.read().unwrap();
         let eta = self.eta.read().unwrap();
-        let v = Verdicts { waiting: &waiting, eta: &eta, held: &held, problem: problem.as_deref() };
+        let v = Verdicts {
+            waiting: &waiting,
+            eta: &eta,
+            held: &held,
+            problem: problem.as_deref(),
+        };
         if let QueueSelect::All = select {
             out.reserve((started.len() + queued.len()) * QUEUE_ROW_BYTES + 2);
         }
@@ -174,14 +201,22 @@ impl Engine {
         let st = self.reader();
         let job = st.job(id)?.ok_or(EngineError::NoSuchJob(id))?;
         let reason = self.waiting.read().unwrap().get(&id).map(|w| w.why());
-        Ok(JobDetail { attempts: st.attempts(id)?, events: st.events(id)?, job, reason })
+        Ok(JobDetail {
+            attempts: st.attempts(id)?,
+            events: st.events(id)?,
+            job,
+            reason,
+        })
     }
 
     /// The job, if `caller_uid` may change it: its owner or an admin.
     pub(crate) fn owned(&self, id: i64, caller_uid: u32) -> Result<Job, EngineError> {
         let job = self.store().job(id)?.ok_or(EngineError::NoSuchJob(id))?;
         if caller_uid != job.owner_uid && !self.policy().is_admin(caller_uid) {
-            return Err(EngineError::NotOwner { job: id, owner: job.owner });
+            return Err(EngineError::NotOwner {
+                job: id,
+                owner: job.owner,
+            });
         }
         Ok(job)
     }
@@ -208,8 +243,15 @@ impl Engine {
         let policy = self.policy();
         let (lo, hi) = policy.priority_range(caller_uid);
         if !(lo..=hi).contains(&priority) {
-            let key = if policy.is_admin(caller_uid) { "limits.admin_priority" } else { "limits.priority" };
-            return Err(EngineError::Refused(format!("priority {priority} is outside the range you may use ({lo}..{hi}){}; pick a value from {lo} to {hi}", self.set_in(key))));
+            let key = if policy.is_admin(caller_uid) {
+                "limits.admin_priority"
+            } else {
+                "limits.priority"
+            };
+            return Err(EngineError::Refused(format!(
+                "priority {priority} is outside the range you may use ({lo}..{hi}){}; pick a value from {lo} to {hi}",
+                self.set_in(key)
+            )));
         }
         let ok = self.store().set_priority(id, priority)?;
         self.wake.notify_one();
@@ -233,12 +275,20 @@ impl Engine {
     /// May Gantry jobs use this GPU (lab config `gpus`; a MIG instance also when its physical GPU is
     /// listed)?
     pub(super) fn usable(&self, g: &crate::gpu::GpuSample) -> bool {
-        self.usable.as_ref().is_none_or(|u| u.contains(&g.index) || g.mig_parent.as_ref().is_some_and(|p| u.contains(&p.index)))
+        self.usable
+            .as_ref()
+            .is_none_or(|u| u.contains(&g.index) || g.mig_parent.as_ref().is_some_and(|p| u.contains(&p.index)))
     }
 
     /// GPUs the lab config keeps for interactive use.
     pub fn reserved_gpus(&self) -> Vec<u32> {
-        self.latest.read().unwrap().iter().filter(|g| !self.usable(g)).map(|g| g.index).collect()
+        self.latest
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|g| !self.usable(g))
+            .map(|g| g.index)
+            .collect()
     }
 
     pub fn history(&self, f: &HistoryFilter) -> Result<Vec<HistoryRow>, EngineError> {
@@ -250,7 +300,10 @@ impl Engine {
 enum QueueSelect {
     All,
     /// The first `limit` in scheduling order and the first `limit` of `caller`'s.
-    Page { limit: usize, caller: u32 },
+    Page {
+        limit: usize,
+        caller: u32,
+    },
 }
 
 /// What the queue says of each job besides its row.
@@ -288,7 +341,9 @@ impl<'a> Verdicts<'a> {
             gpus_assigned: self.held.get(&j.id).map(Vec::as_slice).unwrap_or_default(),
             position: w.map(|w| w.position),
             // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason).
-            reason: w.filter(|_| j.state == JobState::Starting).map(|w| Reason::Text(&w.reason)),
+            reason: w
+                .filter(|_| j.state == JobState::Starting)
+                .map(|w| Reason::Text(&w.reason)),
             estimated_start: None,
             eta_confidence: None,
         }
@@ -356,7 +411,20 @@ impl<'a> JobOut<'a> {
     }
     fn started(j: &'a QueueJob) -> Self {
         // Field by field: a new `QueueJob` field does not compile until it is written here too.
-        let QueueJob { id, name, owner_uid, owner, image, gpus, gpu_memory, priority, state, submitted_at, started_at, session } = j;
+        let QueueJob {
+            id,
+            name,
+            owner_uid,
+            owner,
+            image,
+            gpus,
+            gpu_memory,
+            priority,
+            state,
+            submitted_at,
+            started_at,
+            session,
+        } = j;
         JobOut {
             id: *id,
             name,

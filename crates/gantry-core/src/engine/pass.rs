@@ -18,6 +18,14 @@ use crate::config::{ETA_EVERY_MS, ETA_MAX_QUEUE, FULL_PASS_EVERY_MS, STATS_EVERY
 use crate::scheduler::{self, QueuedJob, RunningJob, Waiting};
 use crate::store::{Attempt, JobState, QueuedRow};
 
+/// What one plan decided: placements (with their CPU/RAM and reservation end), the GPU views it
+/// planned on, and the preemptions.
+type PlannedPass = (
+    Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>,
+    Vec<scheduler::GpuView>,
+    Vec<scheduler::Preempt>,
+);
+
 impl Engine {
     /// One pass, whatever the backend: the queue is current, a failed database is probed, the
     /// backend places, and what it places starts.
@@ -51,7 +59,9 @@ impl Engine {
                     self.supervise(s.job.id, self.clone().run_attempt(s.job, attempt, s.placed, cancel));
                 }
                 Dispatch::Together(starts) => {
-                    let Some(placed) = starts.first().map(|s| s.placed.clone()) else { continue };
+                    let Some(placed) = starts.first().map(|s| s.placed.clone()) else {
+                        continue;
+                    };
                     let mut parts = vec![];
                     for s in starts {
                         let Some(claimed) = self.claim(&s) else { return };
@@ -74,7 +84,9 @@ impl Engine {
     /// failed (stop the pass); `Some(None)`: the job is no longer queued.
     fn claim(&self, s: &Start) -> Option<Option<(Attempt, CancellationToken)>> {
         let job = &s.job;
-        let begun = self.store().begin_attempt_noted(job.id, &s.gpus, &s.gpu_uuids, s.note.as_deref());
+        let begun = self
+            .store()
+            .begin_attempt_noted(job.id, &s.gpus, &s.gpu_uuids, s.note.as_deref());
         match begun {
             Ok(Some(a)) => {
                 let cancel = CancellationToken::new();
@@ -96,7 +108,10 @@ impl Engine {
                         expected_end: job.job.expected_runtime.and(s.runtime).map(|r| now + r),
                         // Undeclared, or a declaration not trusted with no history to replace it.
                         learn: (job.job.expected_runtime.is_none() || s.runtime.is_none()).then(|| (job.key(), now)),
-                        declared: job.job.expected_runtime.map(|r| scheduler::Declared { started_ms: now, runtime_ms: r.as_millis() as i64 }),
+                        declared: job.job.expected_runtime.map(|r| scheduler::Declared {
+                            started_ms: now,
+                            runtime_ms: r.as_millis() as i64,
+                        }),
                         needs: s.placed.needs,
                         cpuset: vec![],
                         victim,
@@ -151,7 +166,11 @@ impl Engine {
             let Ok(Some(attempt)) = attempt else { continue };
             // A booking's preemption is for no job (`for_job` 0): it says whose booking.
             let booking = matches!(d.why, scheduler::PreemptWhy::Booking { .. });
-            let why = if booking { d.why.to_string() } else { format!("job {} ({})", d.for_job, d.why) };
+            let why = if booking {
+                d.why.to_string()
+            } else {
+                format!("job {} ({})", d.for_job, d.why)
+            };
             let marked = self.store().mark_preempting(attempt.id, d.for_job, &why);
             match marked {
                 Ok(true) => {}
@@ -161,11 +180,20 @@ impl Engine {
                     return;
                 }
             }
-            if let Some(v) = self.running.lock().unwrap().get_mut(&d.job).and_then(|h| h.victim.as_mut()) {
+            if let Some(v) = self
+                .running
+                .lock()
+                .unwrap()
+                .get_mut(&d.job)
+                .and_then(|h| h.victim.as_mut())
+            {
                 v.stopping_for = Some(d.for_job);
             }
             tracing::info!(job = d.job, for_job = d.for_job, "preempting job {} for {why}", d.job);
-            append_log(&self.log_of(d.job), &format!("preempted by {why}: checkpoint signal, then stop; queued again at its place"));
+            append_log(
+                &self.log_of(d.job),
+                &format!("preempted by {why}: checkpoint signal, then stop; queued again at its place"),
+            );
             if booking {
                 token.cancel();
                 continue;
@@ -186,7 +214,12 @@ impl Engine {
     /// blocking thread, so a deep queue never holds up the API. `down`: why the backend cannot start
     /// anything now (then nothing starts and that is every job's reason). `held_back`: jobs that stay
     /// out of the plan, with their reason (their image is being pulled).
-    pub(super) async fn plan_local(self: &Arc<Self>, gpus: Vec<scheduler::GpuView>, down: Option<String>, held_back: Vec<(i64, String)>) -> Vec<Dispatch> {
+    pub(super) async fn plan_local(
+        self: &Arc<Self>,
+        gpus: Vec<scheduler::GpuView>,
+        down: Option<String>,
+        held_back: Vec<(i64, String)>,
+    ) -> Vec<Dispatch> {
         let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let now = self.now();
@@ -196,7 +229,16 @@ impl Engine {
             .lock()
             .unwrap()
             .iter()
-            .map(|(id, h)| RunningJob { job_id: *id, user: h.owner.clone(), gpus: h.gpus.clone(), gpu_memory: h.gpu_memory, expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)), needs: h.needs, victim: h.victim.clone(), declared: h.declared })
+            .map(|(id, h)| RunningJob {
+                job_id: *id,
+                user: h.owner.clone(),
+                gpus: h.gpus.clone(),
+                gpu_memory: h.gpu_memory,
+                expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)),
+                needs: h.needs,
+                victim: h.victim.clone(),
+                declared: h.declared,
+            })
             .collect();
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
@@ -207,7 +249,8 @@ impl Engine {
             version.hash(&mut h);
             // Running jobs by what they hold; their expected ends move with the clock (learned ones
             // each pass), which FULL_PASS_EVERY covers.
-            let held: Vec<(i64, &Vec<u32>, Option<u64>)> = running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
+            let held: Vec<(i64, &Vec<u32>, Option<u64>)> =
+                running.iter().map(|r| (r.job_id, &r.gpus, r.gpu_memory)).collect();
             serde_json::to_vec(&(&gpus, &held)).unwrap_or_default().hash(&mut h);
             (&store_problem, &down, self.stats.lock().unwrap().at, &held_back).hash(&mut h);
             // Bookings: made, cancelled or released (the cache is emptied), started or ended.
@@ -224,7 +267,10 @@ impl Engine {
         *self.last_pass.lock().unwrap() = Some((inputs, now));
         let queued: Vec<Arc<QueuedRow>> = self.queue.lock().unwrap().rows();
         let me = self.clone();
-        let planned = tokio::task::spawn_blocking(move || me.plan_pass(queued, running, gpus, now, store_problem.or(down), held_back)).await;
+        let planned = tokio::task::spawn_blocking(move || {
+            me.plan_pass(queued, running, gpus, now, store_problem.or(down), held_back)
+        })
+        .await;
         let (placements, gpus, preempt) = match planned {
             Ok(p) => p,
             Err(e) => {
@@ -234,7 +280,13 @@ impl Engine {
             }
         };
         self.preempt(preempt);
-        let uuids: Vec<(u32, String, u64)> = self.latest.read().unwrap().iter().map(|g| (g.index, g.uuid.clone(), g.memory_total)).collect();
+        let uuids: Vec<(u32, String, u64)> = self
+            .latest
+            .read()
+            .unwrap()
+            .iter()
+            .map(|g| (g.index, g.uuid.clone(), g.memory_total))
+            .collect();
         let mut starts = vec![];
         for (p, needs, runtime) in placements {
             let job = match self.store().job(p.job_id) {
@@ -245,10 +297,28 @@ impl Engine {
                     break;
                 }
             };
-            let gpu_uuids: Vec<String> = p.gpus.iter().filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone())).collect();
-            let gpu_total = p.gpus.first().and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
+            let gpu_uuids: Vec<String> = p
+                .gpus
+                .iter()
+                .filter_map(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.1.clone()))
+                .collect();
+            let gpu_total = p
+                .gpus
+                .first()
+                .and_then(|i| uuids.iter().find(|u| u.0 == *i).map(|u| u.2));
             let note = scheduler::topology_note(&gpus, &p.gpus);
-            starts.push(Dispatch::One(Start { job, gpus: p.gpus, gpu_uuids, note, runtime, placed: Placed { gpu_total, needs, after: vec![] } }));
+            starts.push(Dispatch::One(Start {
+                job,
+                gpus: p.gpus,
+                gpu_uuids,
+                note,
+                runtime,
+                placed: Placed {
+                    gpu_total,
+                    needs,
+                    after: vec![],
+                },
+            }));
         }
         starts
     }
@@ -265,7 +335,7 @@ impl Engine {
         now: i64,
         no_starts: Option<String>,
         held_back: Vec<(i64, String)>,
-    ) -> (Vec<(scheduler::Placement, crate::scheduler::CpuRam, Option<i64>)>, Vec<scheduler::GpuView>, Vec<scheduler::Preempt>) {
+    ) -> PlannedPass {
         let mut blocked = self.check_dependencies(&mut queued);
         let out: std::collections::HashSet<i64> = held_back.iter().map(|h| h.0).collect();
         queued.retain(|j| !out.contains(&j.id));
@@ -283,7 +353,13 @@ impl Engine {
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
         let (usage, typical_wait, shapes, history, overruns) = {
             let s = self.stats.lock().unwrap();
-            (s.usage.clone(), s.typical_wait, s.shapes.clone(), s.history.clone(), s.overruns.clone())
+            (
+                s.usage.clone(),
+                s.typical_wait,
+                s.shapes.clone(),
+                s.history.clone(),
+                s.overruns.clone(),
+            )
         };
         let preempted_at = self.preempted_at.lock().unwrap().clone();
         let claims: Vec<(i64, Vec<u32>)> = {
@@ -293,7 +369,11 @@ impl Engine {
         };
         let holds = self.booking_holds(now);
         let preemptible = if holds.iter().any(|b| b.start_ms > now) {
-            let ids: Vec<i64> = queued.iter().filter(|j| !j.interactive && j.gpus > 0).map(|j| j.id).collect();
+            let ids: Vec<i64> = queued
+                .iter()
+                .filter(|j| !j.interactive && j.gpus > 0)
+                .map(|j| j.id)
+                .collect();
             self.queued_preemptible(&ids)
         } else {
             vec![]
@@ -301,7 +381,11 @@ impl Engine {
         let cautious_runtimes: Vec<(i64, i64)> = if preemptible.is_empty() && !holds.iter().any(|b| b.start_ms > now) {
             vec![]
         } else {
-            queued.iter().filter(|j| j.expected_runtime_ms.is_none()).filter_map(|j| history.estimate(&j.key(), 0).map(|e| (j.id, e.p95_ms))).collect()
+            queued
+                .iter()
+                .filter(|j| j.expected_runtime_ms.is_none())
+                .filter_map(|j| history.estimate(&j.key(), 0).map(|e| (j.id, e.p95_ms)))
+                .collect()
         };
         let state = scheduler::State {
             now_ms: now,
@@ -321,7 +405,10 @@ impl Engine {
                     user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
                     filter: j.gpu_filter.clone(),
                     // A job queued before the lab's share shrank is held to the ceiling, like new ones.
-                    needs: ceil_needs(policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count), policy.containers.ceiling(j.gpus, host, gpu_count)),
+                    needs: ceil_needs(
+                        policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
+                        policy.containers.ceiling(j.gpus, host, gpu_count),
+                    ),
                     preempted_at_ms: preempted_at.get(&j.id).map(|p| p.0),
                 })
                 .collect(),
@@ -342,14 +429,21 @@ impl Engine {
             host: Some(host),
         };
         let mut plan = scheduler::plan(&state);
-        let assigned = if state.config.bookings.is_empty() { vec![] } else { scheduler::assign(&state) };
+        let assigned = if state.config.bookings.is_empty() {
+            vec![]
+        } else {
+            scheduler::assign(&state)
+        };
         self.tend_bookings(now, assigned);
         let sessions: std::collections::HashSet<i64> = queued.iter().filter(|j| j.interactive).map(|j| j.id).collect();
         scheduler::keep_free(&mut plan, &state, &sessions, policy.sessions.keep_free);
         if state.now_ms - self.eta_at.load(Ordering::Relaxed) >= ETA_EVERY_MS {
             self.eta_at.store(state.now_ms, Ordering::Relaxed);
-            *self.eta.write().unwrap() =
-                if state.queued.len() <= ETA_MAX_QUEUE { scheduler::estimate_starts(&state, 3_600_000, ETA_MAX_QUEUE) } else { HashMap::new() };
+            *self.eta.write().unwrap() = if state.queued.len() <= ETA_MAX_QUEUE {
+                scheduler::estimate_starts(&state, 3_600_000, ETA_MAX_QUEUE)
+            } else {
+                HashMap::new()
+            };
         }
         // A preempted job says so until it runs again.
         for w in plan.waiting.iter_mut() {
@@ -358,7 +452,12 @@ impl Engine {
             }
         }
         for (id, reason) in blocked {
-            plan.waiting.push(Waiting { job_id: id, position: plan.waiting.len() + 1, reason, reserved: vec![] });
+            plan.waiting.push(Waiting {
+                job_id: id,
+                position: plan.waiting.len() + 1,
+                reason,
+                reserved: vec![],
+            });
         }
         // Nothing starts while Docker is away or the database cannot record a start; nothing is
         // preempted either.
@@ -367,17 +466,29 @@ impl Engine {
         }
         if let Some(msg) = no_starts {
             for (i, p) in plan.placements.drain(..).enumerate() {
-                plan.waiting.push(Waiting { job_id: p.job_id, position: i + 1, reason: msg.clone(), reserved: vec![] });
+                plan.waiting.push(Waiting {
+                    job_id: p.job_id,
+                    position: i + 1,
+                    reason: msg.clone(),
+                    reserved: vec![],
+                });
             }
         }
-        let waiting: BTreeMap<i64, Waiting> = std::mem::take(&mut plan.waiting).into_iter().map(|w| (w.job_id, w)).collect();
+        let waiting: BTreeMap<i64, Waiting> = std::mem::take(&mut plan.waiting)
+            .into_iter()
+            .map(|w| (w.job_id, w))
+            .collect();
         // The old map is dropped outside the lock.
         let old = std::mem::replace(&mut *self.waiting.write().unwrap(), waiting);
         drop(old);
         // Each placement with its CPU/RAM and its expected runtime (declared or learned).
         let placements = plan.placements.into_iter().map(|p| {
             let q = state.queued.iter().find(|q| q.job_id == p.job_id);
-            (p, q.map(|q| q.needs).unwrap_or_default(), q.and_then(|q| q.expected_runtime_ms))
+            (
+                p,
+                q.map(|q| q.needs).unwrap_or_default(),
+                q.and_then(|q| q.expected_runtime_ms),
+            )
         });
         (placements.collect(), state.gpus, std::mem::take(&mut plan.preempt))
     }
@@ -389,7 +500,9 @@ impl Engine {
             return;
         }
         let hl = self.policy().fair_share_half_life.as_millis().max(1) as i64;
-        let rows = self.usage_worth(now - crate::config::FAIR_SHARE_REACH * hl).unwrap_or_default();
+        let rows = self
+            .usage_worth(now - crate::config::FAIR_SHARE_REACH * hl)
+            .unwrap_or_default();
         let margin = self.policy().overrun_margin.as_millis() as i64;
         let (typical, runs, shapes, overruns) = {
             let st = self.reader();
@@ -411,7 +524,14 @@ impl Engine {
         let usage = crate::store::decayed_worth(&rows, now, hl);
         let history = Arc::new(crate::estimate::History::from_runs(&runs));
         let shapes = scheduler::shape_mix(shapes);
-        *self.stats.lock().unwrap() = Stats { at: now, usage, typical_wait: typical, history, shapes, overruns };
+        *self.stats.lock().unwrap() = Stats {
+            at: now,
+            usage,
+            typical_wait: typical,
+            history,
+            shapes,
+            overruns,
+        };
     }
 
     /// Drop jobs whose dependencies have not succeeded yet from `queued` (returned with a reason);
@@ -424,7 +544,10 @@ impl Engine {
                 match self.reader().state_of(*d) {
                     Ok(Some(JobState::Succeeded)) => continue,
                     Ok(Some(s)) if s.is_final() => {
-                        failed.push((j.id, format!("dependency job {d} ended {}; this job will not run", s.as_str())));
+                        failed.push((
+                            j.id,
+                            format!("dependency job {d} ended {}; this job will not run", s.as_str()),
+                        ));
                         return false;
                     }
                     Ok(Some(s)) => {
@@ -455,7 +578,10 @@ impl Engine {
 }
 
 fn ceil_needs(n: crate::scheduler::CpuRam, c: crate::scheduler::CpuRam) -> crate::scheduler::CpuRam {
-    crate::scheduler::CpuRam { cpus_milli: n.cpus_milli.min(c.cpus_milli), memory: n.memory.min(c.memory) }
+    crate::scheduler::CpuRam {
+        cpus_milli: n.cpus_milli.min(c.cpus_milli),
+        memory: n.memory.min(c.memory),
+    }
 }
 
 /// A queued job's declared runtime, else the median learned from similar completed runs
@@ -484,7 +610,9 @@ fn expected_runtime(history: &crate::estimate::History, j: &QueuedRow, overruns:
     match j.expected_runtime_ms {
         // Trusted: no estimate to compute (a pass over a deep queue of declared jobs stays cheap).
         Some(d) if overruns < strikes => Some(d),
-        declared => crate::estimate::trusted_runtime(declared, history.estimate(&j.key(), 0).as_ref(), overruns, strikes),
+        declared => {
+            crate::estimate::trusted_runtime(declared, history.estimate(&j.key(), 0).as_ref(), overruns, strikes)
+        }
     }
 }
 
@@ -524,7 +652,15 @@ mod tests {
     /// given how long it has run (as the simulator does), and nothing while the history is thin.
     #[test]
     fn running_jobs_end_at_the_learned_remaining_median() {
-        let key = JobKey { user: "ada".into(), name: "train".into(), image: "img".into(), gpus: 1, gpu_memory: None, cpus_milli: 0, memory: 0 };
+        let key = JobKey {
+            user: "ada".into(),
+            name: "train".into(),
+            image: "img".into(),
+            gpus: 1,
+            gpu_memory: None,
+            cpus_milli: 0,
+            memory: 0,
+        };
         let mins = |m: i64| m * 60_000;
         // Past runs of this job: 10, 20, ..., 100 minutes.
         let runs: Vec<(JobKey, i64)> = (1..=10).map(|i| (key.clone(), mins(10 * i))).collect();
@@ -532,10 +668,30 @@ mod tests {
         let now = 1_000_000_000;
         let fresh = learned_end(&history, &handle(Some((key.clone(), now)), None), now).unwrap();
         let aged = learned_end(&history, &handle(Some((key.clone(), now - mins(25))), None), now).unwrap();
-        assert!(fresh - now >= mins(40) && fresh - now <= mins(60), "a fresh job: about the median run ({} min)", (fresh - now) / 60_000);
+        assert!(
+            fresh - now >= mins(40) && fresh - now <= mins(60),
+            "a fresh job: about the median run ({} min)",
+            (fresh - now) / 60_000
+        );
         // After 25 min only the 8 runs longer than that count (30..100 min): their median less 25 min.
-        assert!(aged - now >= mins(30) && aged - now <= mins(45) && aged - now < fresh - now, "after 25 min: {} min left", (aged - now) / 60_000);
-        assert_eq!(learned_end(&History::from_runs(&runs[..3]), &handle(Some((key.clone(), now)), None), now), None, "3 runs are too few");
-        assert_eq!(learned_end(&history, &handle(None, Some(now + 5)), now), None, "a declared runtime is used as declared");
+        assert!(
+            aged - now >= mins(30) && aged - now <= mins(45) && aged - now < fresh - now,
+            "after 25 min: {} min left",
+            (aged - now) / 60_000
+        );
+        assert_eq!(
+            learned_end(
+                &History::from_runs(&runs[..3]),
+                &handle(Some((key.clone(), now)), None),
+                now
+            ),
+            None,
+            "3 runs are too few"
+        );
+        assert_eq!(
+            learned_end(&history, &handle(None, Some(now + 5)), now),
+            None,
+            "a declared runtime is used as declared"
+        );
     }
 }

@@ -48,7 +48,9 @@ pub fn peer_uid(proc_net_tcp: &str, peer: SocketAddrV4, ours: SocketAddrV4) -> O
     let (want_local, want_remote) = (hex(peer), hex(ours));
     proc_net_tcp.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 7 && f[1].eq_ignore_ascii_case(&want_local) && f[2].eq_ignore_ascii_case(&want_remote)).then(|| f[7].parse().ok()).flatten()
+        (f.len() > 7 && f[1].eq_ignore_ascii_case(&want_local) && f[2].eq_ignore_ascii_case(&want_remote))
+            .then(|| f[7].parse().ok())
+            .flatten()
     })
 }
 
@@ -59,27 +61,54 @@ impl Engine {
         let d = self.job_detail(id)?;
         let job = &d.job;
         if job.owner_uid != caller {
-            return Err(OpenError::NotOwner { job: id, owner: job.owner.clone() });
+            return Err(OpenError::NotOwner {
+                job: id,
+                owner: job.owner.clone(),
+            });
         }
         let ports = job.job.spec.ports.clone();
         let port = match port {
             None => *ports.first().ok_or(OpenError::NoPorts(id))?,
             Some(p) if ports.contains(&p) => p,
             Some(_) if ports.is_empty() => return Err(OpenError::NoPorts(id)),
-            Some(p) => return Err(OpenError::NotServed { job: id, port: p, ports }),
+            Some(p) => {
+                return Err(OpenError::NotServed {
+                    job: id,
+                    port: p,
+                    ports,
+                })
+            }
         };
         let attempt = d.attempts.last().filter(|a| a.ended_at.is_none());
-        let run = self.running.lock().unwrap().get(&id).and_then(|h| h.run.clone()).or_else(|| attempt.and_then(|a| a.container_id.clone()).map(RunRef::Container));
-        let (JobState::Running, Some(run)) = (job.state, run) else { return Err(OpenError::NotRunning { job: id, state: job.state }) };
+        let run = self
+            .running
+            .lock()
+            .unwrap()
+            .get(&id)
+            .and_then(|h| h.run.clone())
+            .or_else(|| attempt.and_then(|a| a.container_id.clone()).map(RunRef::Container));
+        let (JobState::Running, Some(run)) = (job.state, run) else {
+            return Err(OpenError::NotRunning {
+                job: id,
+                state: job.state,
+            });
+        };
         let token = job.job.spec.env.get("JUPYTER_TOKEN").cloned();
         let url = |addr: SocketAddr| match &token {
             Some(t) => format!("http://{addr}/lab?token={t}"),
             None => format!("http://{addr}/"),
         };
         if let Some(addr) = self.forwards.lock().unwrap().get(&(id, port)) {
-            return Ok(Opened { job_id: id, port, address: addr.to_string(), url: url(*addr) });
+            return Ok(Opened {
+                job_id: id,
+                port,
+                address: addr.to_string(),
+                url: url(*addr),
+            });
         }
-        let listener = tokio::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).await.map_err(EngineError::from)?;
+        let listener = tokio::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+            .await
+            .map_err(EngineError::from)?;
         let addr = listener.local_addr().map_err(EngineError::from)?;
         self.forwards.lock().unwrap().insert((id, port), addr);
         info!(job = id, "port {port} of job {id} forwarded from {addr} for its owner");
@@ -89,12 +118,19 @@ impl Engine {
             e.forward(id, owner, port, run, listener).await;
             e.forwards.lock().unwrap().remove(&(id, port));
         });
-        Ok(Opened { job_id: id, port, address: addr.to_string(), url: url(addr) })
+        Ok(Opened {
+            job_id: id,
+            port,
+            address: addr.to_string(),
+            url: url(addr),
+        })
     }
 
     /// Accept the owner's connections until the job ends (checked every second).
     async fn forward(self: &Arc<Self>, id: i64, owner: u32, port: u16, run: RunRef, listener: tokio::net::TcpListener) {
-        let Ok(SocketAddr::V4(ours)) = listener.local_addr() else { return };
+        let Ok(SocketAddr::V4(ours)) = listener.local_addr() else {
+            return;
+        };
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -116,7 +152,10 @@ impl Engine {
                 }
             };
             let SocketAddr::V4(peer) = peer else { continue };
-            let uid = tokio::fs::read_to_string("/proc/net/tcp").await.ok().and_then(|t| peer_uid(&t, peer, ours));
+            let uid = tokio::fs::read_to_string("/proc/net/tcp")
+                .await
+                .ok()
+                .and_then(|t| peer_uid(&t, peer, ours));
             if uid != Some(owner) {
                 info!(job = id, "refused a connection to job {id}'s port {port} from uid {uid:?}: only its owner (uid {owner}) may connect");
                 drop(client);
@@ -149,9 +188,20 @@ mod tests {
            2: 0100007F:8AE6 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 20 4 30 10 -1\n";
         let ours = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0x8AE6);
         let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0xD431);
-        assert_eq!(peer_uid(text, peer, ours), Some(1001), "the client's socket, not the engine's end of it");
-        assert_eq!(peer_uid(text, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1), ours), None, "a socket gone");
-        assert_eq!(peer_uid(text, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 0xD431), ours), None);
+        assert_eq!(
+            peer_uid(text, peer, ours),
+            Some(1001),
+            "the client's socket, not the engine's end of it"
+        );
+        assert_eq!(
+            peer_uid(text, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1), ours),
+            None,
+            "a socket gone"
+        );
+        assert_eq!(
+            peer_uid(text, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 0xD431), ours),
+            None
+        );
         assert_eq!(list(&[8888]), "port 8888");
         assert_eq!(list(&[8888, 6006]), "ports 8888, 6006");
     }

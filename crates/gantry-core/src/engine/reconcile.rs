@@ -15,7 +15,10 @@ impl Engine {
     /// Reconcile every open attempt with the backend (on start, and when the backend comes back).
     /// A database error here is fatal: guessing would run jobs twice or lose them.
     pub async fn recover(self: Arc<Self>) -> Result<(), EngineError> {
-        let open = self.store().open_attempts().map_err(|e| EngineError::Fatal(format!("cannot read the running jobs to reattach them: {e}")))?;
+        let open = self
+            .store()
+            .open_attempts()
+            .map_err(|e| EngineError::Fatal(format!("cannot read the running jobs to reattach them: {e}")))?;
         // Hold their GPUs (and CPU and RAM) before anything else is scheduled.
         {
             let policy = self.policy();
@@ -43,7 +46,10 @@ impl Engine {
                     cancel: CancellationToken::new(),
                     monitored: false,
                     expected_end: j.job.expected_runtime.map(|r| a.started_at + r.as_millis() as i64),
-                    declared: j.job.expected_runtime.map(|r| crate::scheduler::Declared { started_ms: a.started_at, runtime_ms: r.as_millis() as i64 }),
+                    declared: j.job.expected_runtime.map(|r| crate::scheduler::Declared {
+                        started_ms: a.started_at,
+                        runtime_ms: r.as_millis() as i64,
+                    }),
                     learn: j.job.expected_runtime.is_none().then(|| (j.key(), a.started_at)),
                     needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
                     // Running containers' pins are read from Docker when the next job is pinned.
@@ -55,11 +61,19 @@ impl Engine {
         }
         let opens: Vec<Open> = {
             let r = self.running.lock().unwrap();
-            open.iter().map(|(job, attempt)| Open { job, attempt, monitored: r.get(&job.id).is_some_and(|h| h.monitored) }).collect()
+            open.iter()
+                .map(|(job, attempt)| Open {
+                    job,
+                    attempt,
+                    monitored: r.get(&job.id).is_some_and(|h| h.monitored),
+                })
+                .collect()
         };
         let actions = self.backend.reconcile(&self, &opens).await?;
         for (job_id, action) in actions {
-            let Some((job, attempt)) = open.iter().find(|(j, _)| j.id == job_id).cloned() else { continue };
+            let Some((job, attempt)) = open.iter().find(|(j, _)| j.id == job_id).cloned() else {
+                continue;
+            };
             self.resume(job, attempt, action);
         }
         self.wake.notify_one();
@@ -101,7 +115,8 @@ impl Engine {
                 Resumed::EndedWhileAway(run) => e.follow(job, attempt, run, cancel, Since::EndedWhileAway).await,
                 Resumed::End { how, run } => e.end_attempt(job.id, &attempt, &how, run.as_ref()).await,
                 Resumed::Find => {
-                    let how = crate::outcome::How::Lost(format!("the {} backend cannot say where it runs", e.backend.name()));
+                    let how =
+                        crate::outcome::How::Lost(format!("the {} backend cannot say where it runs", e.backend.name()));
                     e.end_attempt(job.id, &attempt, &how, None).await
                 }
             }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::Engine;
-use crate::gpu::{GpuSample, SimLoad};
 use crate::defaults::OUTSIDE_IDLE_SHOWN_AFTER;
+use crate::gpu::{GpuSample, SimLoad};
 use crate::protocol::EngineEvent;
 
 /// An hour of samples at 1 Hz.
@@ -19,7 +19,9 @@ impl Engine {
         let mut tick = tokio::time::interval(self.cfg.sample_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut idle = HashMap::new();
-        let mut minute: Option<(i64, Vec<(u64, u32, u64, u64)>)> = None; // per GPU: (util sum, util max, mem sum, count)
+        // The minute being summed and, per GPU: (util sum, util max, mem sum, count).
+        type MinuteSums = (i64, Vec<(u64, u32, u64, u64)>);
+        let mut minute: Option<MinuteSums> = None;
         loop {
             tick.tick().await;
             let samples = self.sample_gpus();
@@ -29,9 +31,14 @@ impl Engine {
                 if *start != m {
                     let mut st = self.store();
                     for (i, (us, umax, ms, n)) in acc.iter().enumerate() {
-                        let (index, total) = samples.get(i).map(|g| (g.index, g.memory_total)).unwrap_or((i as u32, 0));
+                        let (index, total) = samples
+                            .get(i)
+                            .map(|g| (g.index, g.memory_total))
+                            .unwrap_or((i as u32, 0));
                         // Chart data, not job state: a lost minute is a gap in a chart, so warn only.
-                        if let Err(e) = st.record_gpu_minute(index, *start, *us as f64 / *n as f64, *umax, ms / n, total) {
+                        if let Err(e) =
+                            st.record_gpu_minute(index, *start, *us as f64 / *n as f64, *umax, ms / n, total)
+                        {
                             warn!("could not save GPU minute: {e}");
                         }
                     }
@@ -86,7 +93,10 @@ impl Engine {
         let mut load: HashMap<u32, SimLoad> = HashMap::new();
         for h in self.running.lock().unwrap().values() {
             for g in &h.gpus {
-                let l = load.entry(*g).or_insert_with(|| SimLoad { index: *g, ..Default::default() });
+                let l = load.entry(*g).or_insert_with(|| SimLoad {
+                    index: *g,
+                    ..Default::default()
+                });
                 match h.gpu_memory {
                     None => l.exclusive = true,
                     Some(m) => {
@@ -109,7 +119,13 @@ impl Engine {
 
     /// Last hour of 1 Hz samples.
     pub fn recent_samples(&self, since_ms: i64) -> Vec<(i64, Vec<(u32, u64)>)> {
-        self.recent.lock().unwrap().iter().filter(|(t, _)| *t >= since_ms).cloned().collect()
+        self.recent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| *t >= since_ms)
+            .cloned()
+            .collect()
     }
 }
 
@@ -148,6 +164,7 @@ mod tests {
     #[test]
     fn a_gpu_is_idle_since_its_first_zero_sample_in_a_row() {
         // (ms, samples, idle since wanted per uuid)
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(i64, Vec<(&str, u32)>, Vec<(&str, i64)>)> = vec![
             (0, vec![("a", 0), ("b", 40)], vec![("a", 0)]),
             (1000, vec![("a", 0), ("b", 0)], vec![("a", 0), ("b", 1000)]),

@@ -46,7 +46,8 @@ pub enum AttachError {
 /// a few terminals on it are plenty; a script opening thousands is refused.
 const TERMINALS_PER_USER: usize = 16;
 
-static TERMINALS: std::sync::Mutex<std::collections::BTreeMap<u32, usize>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+static TERMINALS: std::sync::Mutex<std::collections::BTreeMap<u32, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// One open terminal connection of a uid, counted until dropped.
 pub struct TerminalSlot(u32);
@@ -80,7 +81,10 @@ impl Drop for TerminalSlot {
 /// none is (or the session has no end).
 pub fn next_warning(ends_at: Option<i64>, now: i64, warnings: &[Duration]) -> Option<(i64, Duration)> {
     let end = ends_at?;
-    warnings.iter().map(|w| (end - w.as_millis() as i64, *w)).find(|(at, _)| *at > now)
+    warnings
+        .iter()
+        .map(|w| (end - w.as_millis() as i64, *w))
+        .find(|(at, _)| *at > now)
 }
 
 /// "in 14 min (at 15:04 UTC)" and the like, for the terminal.
@@ -104,12 +108,25 @@ impl Engine {
             return Err(AttachError::NotASession(id));
         }
         if job.owner_uid != caller {
-            return Err(AttachError::NotOwner { job: id, owner: job.owner.clone() });
+            return Err(AttachError::NotOwner {
+                job: id,
+                owner: job.owner.clone(),
+            });
         }
         let attempt = d.attempts.last().filter(|a| a.ended_at.is_none());
-        let run = self.running.lock().unwrap().get(&id).and_then(|h| h.run.clone()).or_else(|| attempt.and_then(|a| a.container_id.clone()).map(RunRef::Container));
+        let run = self
+            .running
+            .lock()
+            .unwrap()
+            .get(&id)
+            .and_then(|h| h.run.clone())
+            .or_else(|| attempt.and_then(|a| a.container_id.clone()).map(RunRef::Container));
         match (job.state, attempt, run) {
-            (JobState::Running, Some(a), Some(run)) => Ok(Attachable { job_id: id, run, ends_at: job.timeout_ms.map(|t| a.started_at + t) }),
+            (JobState::Running, Some(a), Some(run)) => Ok(Attachable {
+                job_id: id,
+                run,
+                ends_at: job.timeout_ms.map(|t| a.started_at + t),
+            }),
             (state, _, _) => Err(AttachError::NotRunning { job: id, state }),
         }
     }
@@ -122,11 +139,20 @@ impl Engine {
 
     /// Proxy the terminal and the client's connection until the session ends (an `Ended` frame,
     /// then close) or the client goes (detached: the session keeps running).
-    pub async fn serve_terminal<IO: AsyncRead + AsyncWrite + Unpin + Send>(self: Arc<Self>, s: Attachable, term: Terminal, io: IO) {
+    pub async fn serve_terminal<IO: AsyncRead + AsyncWrite + Unpin + Send>(
+        self: Arc<Self>,
+        s: Attachable,
+        term: Terminal,
+        io: IO,
+    ) {
         let Terminal { mut output, mut input } = term;
         let (mut from_client, mut to_client) = tokio::io::split(io);
         let welcome = match s.ends_at {
-            Some(end) => format!("attached to session {}; it ends in {} unless its shell exits first", s.job_id, left(end - self.now())),
+            Some(end) => format!(
+                "attached to session {}; it ends in {} unless its shell exits first",
+                s.job_id,
+                left(end - self.now())
+            ),
             None => format!("attached to session {}", s.job_id),
         };
         if to_client.write_all(&Frame::Notice(welcome).encode()).await.is_err() {
@@ -139,7 +165,9 @@ impl Engine {
         loop {
             let now = self.now();
             let warning = next_warning(s.ends_at, now, &SESSION_WARNINGS).filter(|(at, _)| Some(*at) != warned_for);
-            let until_warning = warning.map(|(at, _)| Duration::from_millis((at - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
+            let until_warning = warning
+                .map(|(at, _)| Duration::from_millis((at - now).max(0) as u64))
+                .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 out = output.next() => match out {
                     Some(Ok(bytes)) => {
@@ -212,19 +240,31 @@ impl Engine {
         for _ in 0..600 {
             if let Ok(d) = self.job_detail(id) {
                 if d.job.state.is_final() {
-                    let why = d.attempts.last().and_then(|a| a.message.clone()).or(d.job.message.clone());
+                    let why = d
+                        .attempts
+                        .last()
+                        .and_then(|a| a.message.clone())
+                        .or(d.job.message.clone());
                     let message = match (d.job.state, d.job.exit_code) {
                         (JobState::TimedOut, _) => "its time ran out".to_string(),
                         (JobState::Cancelled, _) => "it was cancelled".to_string(),
                         (_, Some(c)) => format!("its shell exited with status {c}"),
                         _ => why.unwrap_or_else(|| "it ended".into()),
                     };
-                    return SessionEnd { state: d.job.state, exit_code: d.job.exit_code, message };
+                    return SessionEnd {
+                        state: d.job.state,
+                        exit_code: d.job.exit_code,
+                        message,
+                    };
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        SessionEnd { state: JobState::Running, exit_code: None, message: "its terminal closed; see `gantry show` for how it ended".into() }
+        SessionEnd {
+            state: JobState::Running,
+            exit_code: None,
+            message: "its terminal closed; see `gantry show` for how it ended".into(),
+        }
     }
 }
 
@@ -236,6 +276,7 @@ mod tests {
     fn warnings_come_15_and_5_minutes_before_the_end_and_never_twice() {
         let min = 60_000;
         let end = 100 * min;
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(Option<i64>, i64, Option<(i64, u64)>)> = vec![
             (Some(end), 0, Some((85 * min, 15))),
             (Some(end), 85 * min - 1, Some((85 * min, 15))),

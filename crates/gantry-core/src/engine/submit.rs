@@ -23,10 +23,20 @@ use crate::store::{JobState, Owner, Store, SubmitKey};
 pub enum Spec<'a> {
     /// A spec file's text; its name picks the format and the default job name, `base_dir` resolves
     /// relative mounts.
-    File { text: &'a str, file_name: &'a str, base_dir: Option<PathBuf> },
+    File {
+        text: &'a str,
+        file_name: &'a str,
+        base_dir: Option<PathBuf>,
+    },
     /// A config file dropped into a template folder: the template's job, with the config mounted from
     /// `accepted_dir/<first job id>-<file_name>` (where the drop folder moves it once queued).
-    Template { template: &'a JobSpec, folder: &'a str, file_name: &'a str, base_dir: PathBuf, accepted_dir: PathBuf },
+    Template {
+        template: &'a JobSpec,
+        folder: &'a str,
+        file_name: &'a str,
+        base_dir: PathBuf,
+        accepted_dir: PathBuf,
+    },
     /// A previous job's spec again ("Run again", `gantry rerun`). Only its owner or an admin may; it
     /// runs as its owner, with the mounts checked as them.
     Rerun(i64),
@@ -79,14 +89,24 @@ fn fingerprint(text: &str, file_name: &str, base_dir: Option<&std::path::Path>) 
 /// `Some(jobs)` when `key` was already used: the first submit's jobs if it was this same submit,
 /// else a refusal (a key is for one submission).
 fn replay(st: &Store, key: &SubmitKey) -> Result<Option<Vec<i64>>, EngineError> {
-    let Some(first) = st.keyed_submit(key.uid, &key.key)? else { return Ok(None) };
+    let Some(first) = st.keyed_submit(key.uid, &key.key)? else {
+        return Ok(None);
+    };
     if first.fingerprint != key.fingerprint {
-        let ids = first.job_ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let ids = first
+            .job_ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(EngineError::Refused(format!(
             "this idempotency key was already used for another submission (job {ids}); a new submission needs a new key"
         )));
     }
-    info!(uid = key.uid, "a submit sent again with its key: answered with job {:?} again, nothing queued", first.job_ids);
+    info!(
+        uid = key.uid,
+        "a submit sent again with its key: answered with job {:?} again, nothing queued", first.job_ids
+    );
     Ok(Some(first.job_ids))
 }
 
@@ -104,11 +124,19 @@ impl Engine {
     /// Queue a job (a `matrix` expands into one job per combination). Returns the new job ids.
     pub fn submit(&self, s: Submission<'_>) -> Result<Vec<i64>, EngineError> {
         match s.spec {
-            Spec::File { text, file_name, base_dir } => {
+            Spec::File {
+                text,
+                file_name,
+                base_dir,
+            } => {
                 let key = match s.idempotency_key {
                     Some(k) => {
                         check_key(k)?;
-                        Some(SubmitKey { uid: s.owner.uid, key: k.to_string(), fingerprint: fingerprint(text, file_name, base_dir.as_deref()) })
+                        Some(SubmitKey {
+                            uid: s.owner.uid,
+                            key: k.to_string(),
+                            fingerprint: fingerprint(text, file_name, base_dir.as_deref()),
+                        })
                     }
                     None => None,
                 };
@@ -116,14 +144,40 @@ impl Engine {
                 if let Some(ids) = key.as_ref().map(|k| replay(&self.store(), k)).transpose()?.flatten() {
                     return Ok(ids);
                 }
-                let job = spec::validate_text(text, format_of(file_name)?, &Origin { file_name: Some(file_name.into()), base_dir })?;
+                let job = spec::validate_text(
+                    text,
+                    format_of(file_name)?,
+                    &Origin {
+                        file_name: Some(file_name.into()),
+                        base_dir,
+                    },
+                )?;
                 self.check_mounts(&job, s.owner, None)?;
-                self.queue_job(&job, s.owner, &s.source, s.source_key.as_deref(), key.as_ref(), |_, _| None)
+                self.queue_job(
+                    &job,
+                    s.owner,
+                    &s.source,
+                    s.source_key.as_deref(),
+                    key.as_ref(),
+                    |_, _| None,
+                )
             }
-            Spec::Template { template, folder, file_name, base_dir, accepted_dir } => {
-                let origin = Origin { file_name: Some(file_name.into()), base_dir: Some(base_dir) };
+            Spec::Template {
+                template,
+                folder,
+                file_name,
+                base_dir,
+                accepted_dir,
+            } => {
+                let origin = Origin {
+                    file_name: Some(file_name.into()),
+                    base_dir: Some(base_dir),
+                };
                 // The config is mounted from where it will lie once accepted: `accepted/<first job id>-<name>`.
-                let placeholder = accepted_dir.join(format!("0-{file_name}")).to_string_lossy().into_owned();
+                let placeholder = accepted_dir
+                    .join(format!("0-{file_name}"))
+                    .to_string_lossy()
+                    .into_owned();
                 let instance = spec::instantiate_template(template, folder, &placeholder, file_name);
                 let mut job = spec::validate(instance.spec, &origin).map_err(|(e, _)| e)?;
                 job.mounts.push(instance.config);
@@ -138,7 +192,10 @@ impl Engine {
                             id
                         }
                     };
-                    let real = accepted_dir.join(format!("{first}-{file_name}")).to_string_lossy().into_owned();
+                    let real = accepted_dir
+                        .join(format!("{first}-{file_name}"))
+                        .to_string_lossy()
+                        .into_owned();
                     let mut j = job.clone();
                     for m in j.mounts.iter_mut().filter(|m| m.host == placeholder) {
                         m.host = real.clone();
@@ -149,7 +206,15 @@ impl Engine {
             Spec::Rerun(id) => {
                 let old = self.owned(id, s.owner.uid)?;
                 // An admin's rerun is the owner's job again: it runs as them, with their mounts checked as them.
-                let owner = if s.owner.uid != old.owner_uid { Owner { uid: old.owner_uid, gid: old.owner_gid, name: old.owner.clone() } } else { s.owner.clone() };
+                let owner = if s.owner.uid != old.owner_uid {
+                    Owner {
+                        uid: old.owner_uid,
+                        gid: old.owner_gid,
+                        name: old.owner.clone(),
+                    }
+                } else {
+                    s.owner.clone()
+                };
                 self.check_mounts(&old.job, &owner, None)?;
                 self.queue_job(&old.job, &owner, &s.source, s.source_key.as_deref(), None, |_, _| None)
             }
@@ -158,8 +223,20 @@ impl Engine {
 
     /// Everything a submission of this file checks that does not depend on who submits it, without
     /// queueing (the app's preview).
-    pub fn validate_file(&self, text: &str, file_name: &str, base_dir: Option<PathBuf>) -> Result<ValidJob, EngineError> {
-        let job = spec::validate_text(text, format_of(file_name)?, &Origin { file_name: Some(file_name.into()), base_dir })?;
+    pub fn validate_file(
+        &self,
+        text: &str,
+        file_name: &str,
+        base_dir: Option<PathBuf>,
+    ) -> Result<ValidJob, EngineError> {
+        let job = spec::validate_text(
+            text,
+            format_of(file_name)?,
+            &Origin {
+                file_name: Some(file_name.into()),
+                base_dir,
+            },
+        )?;
         self.check_fits(&job)?;
         Ok(job)
     }
@@ -202,7 +279,14 @@ impl Engine {
         self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
         let mut ids = vec![];
         for (i, j) in jobs.iter().enumerate() {
-            let id = st.insert_job_keyed(j, owner, source, if i == 0 { source_key } else { None }, key.map(|k| (k, ids.as_slice())), &finalize)?;
+            let id = st.insert_job_keyed(
+                j,
+                owner,
+                source,
+                if i == 0 { source_key } else { None },
+                key.map(|k| (k, ids.as_slice())),
+                &finalize,
+            )?;
             info!(job = id, owner = %owner.name, "queued {}", j.name);
             ids.push(id);
         }
@@ -220,14 +304,26 @@ impl Engine {
         let (lo, hi) = policy.priority_range(owner.uid);
         if !(lo..=hi).contains(&job.spec.priority) {
             return Err(SpecError::new(
-                format!("priority {} is outside the range you may use ({lo}..{hi}){}", job.spec.priority, self.set_in(if policy.is_admin(owner.uid) { "limits.admin_priority" } else { "limits.priority" })),
+                format!(
+                    "priority {} is outside the range you may use ({lo}..{hi}){}",
+                    job.spec.priority,
+                    self.set_in(if policy.is_admin(owner.uid) {
+                        "limits.admin_priority"
+                    } else {
+                        "limits.priority"
+                    })
+                ),
                 format!("use a priority from {lo} to {hi}; ask an admin to run something sooner"),
             )
             .into());
         }
         if let Some(cap) = policy.max_running_gpus.filter(|c| job.gpus > *c) {
             return Err(SpecError::new(
-                format!("the job asks for {} GPUs; the lab limit is {cap} GPUs per user{}", job.gpus, self.set_in("limits.max_running_gpus")),
+                format!(
+                    "the job asks for {} GPUs; the lab limit is {cap} GPUs per user{}",
+                    job.gpus,
+                    self.set_in("limits.max_running_gpus")
+                ),
                 format!("ask for at most {cap} GPUs"),
             )
             .into());
@@ -249,7 +345,12 @@ impl Engine {
             if t > max {
                 use crate::units::duration_setting as setting;
                 return Err(SpecError::new(
-                    format!("`timeout` {} is longer than the lab's limit of {}{}", setting(t), setting(max), self.set_in("limits.max_timeout")),
+                    format!(
+                        "`timeout` {} is longer than the lab's limit of {}{}",
+                        setting(t),
+                        setting(max),
+                        self.set_in("limits.max_timeout")
+                    ),
                     format!("use a `timeout` of at most {}", setting(max)),
                 )
                 .into());
@@ -266,8 +367,17 @@ impl Engine {
         let length = *job.timeout.get_or_insert(s.default_length);
         if length > s.max_length {
             return Err(SpecError::new(
-                format!("the session would last {}; the lab allows sessions of at most {}{}", setting(length), setting(s.max_length), self.set_in("sessions.max_length")),
-                format!("ask for at most {} (`gantry shell --for {}`)", setting(s.max_length), setting(s.max_length)),
+                format!(
+                    "the session would last {}; the lab allows sessions of at most {}{}",
+                    setting(length),
+                    setting(s.max_length),
+                    self.set_in("sessions.max_length")
+                ),
+                format!(
+                    "ask for at most {} (`gantry shell --for {}`)",
+                    setting(s.max_length),
+                    setting(s.max_length)
+                ),
             )
             .into());
         }
@@ -294,13 +404,21 @@ impl Engine {
             match a {
                 spec::IdOrName::Id(id) => {
                     if st.state_of(*id)?.is_none() {
-                        return Err(SpecError::new(format!("`after` refers to job {id}, which does not exist"), "check the id with `gantry ls` or `gantry history`").into());
+                        return Err(SpecError::new(
+                            format!("`after` refers to job {id}, which does not exist"),
+                            "check the id with `gantry ls` or `gantry history`",
+                        )
+                        .into());
                     }
                 }
                 spec::IdOrName::Name(n) => match st.latest_by_name(owner.uid, n)? {
                     Some(id) => *a = spec::IdOrName::Id(id),
                     None => {
-                        return Err(SpecError::new(format!("`after` refers to {n:?}, but you have no job with that name"), "submit that job first, or use its id").into())
+                        return Err(SpecError::new(
+                            format!("`after` refers to {n:?}, but you have no job with that name"),
+                            "submit that job first, or use its id",
+                        )
+                        .into())
                     }
                 },
             }

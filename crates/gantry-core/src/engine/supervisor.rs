@@ -27,7 +27,11 @@ impl Engine {
         let e = self.clone();
         self.tasks.spawn(async move {
             if let Err(p) = AssertUnwindSafe(fut).catch_unwind().await {
-                let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into());
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into());
                 error!(job = job_id, "the supervisor of job {job_id} crashed: {why}");
                 e.supervisor_crashed(job_id, why).await;
             }
@@ -40,7 +44,10 @@ impl Engine {
             let job = self.store().job(job_id);
             match job {
                 Ok(Some(job)) => self.backend.abort(&self, &job, r).await,
-                _ => warn!(job = job_id, "cannot read job {job_id} to stop {r} of its crashed supervisor"),
+                _ => warn!(
+                    job = job_id,
+                    "cannot read job {job_id} to stop {r} of its crashed supervisor"
+                ),
             }
         }
         let open = self.store().open_attempt(job_id);
@@ -54,7 +61,13 @@ impl Engine {
     }
 
     /// A claimed attempt: launch it, follow it to its end, record the end.
-    pub(super) async fn run_attempt(self: Arc<Self>, job: Job, attempt: Attempt, placed: Placed, cancel: CancellationToken) {
+    pub(super) async fn run_attempt(
+        self: Arc<Self>,
+        job: Job,
+        attempt: Attempt,
+        placed: Placed,
+        cancel: CancellationToken,
+    ) {
         let launched = self.backend.launch(&self, &job, &attempt, &placed, &cancel).await;
         match launched {
             Launched::Started { run, at } => self.follow(job, attempt, run, cancel, Since::Launched { at }).await,
@@ -81,17 +94,33 @@ impl Engine {
     /// Follow a launched or recovered attempt to its end: its timeout counts from when the backend
     /// says it runs; a cancel or the timeout asks the backend to stop it (again, until it could);
     /// on shutdown it is left running. Then its end is recorded, once.
-    pub(super) async fn follow(self: Arc<Self>, job: Job, attempt: Attempt, run: RunRef, cancel: CancellationToken, since: Since) {
+    pub(super) async fn follow(
+        self: Arc<Self>,
+        job: Job,
+        attempt: Attempt,
+        run: RunRef,
+        cancel: CancellationToken,
+        since: Since,
+    ) {
         let mut watch = self.backend.watch(&self, &job, &attempt, &run, since);
         let mut stop: Option<Stop> = None;
-        let preempt = self.running.lock().unwrap().get(&job.id).map(|h| h.preempt.clone()).unwrap_or_default();
+        let preempt = self
+            .running
+            .lock()
+            .unwrap()
+            .get(&job.id)
+            .map(|h| h.preempt.clone())
+            .unwrap_or_default();
         // An engine killed mid-preemption: the preemption recorded on the attempt goes on.
         if matches!(self.reader().preempting(attempt.id), Ok(Some(_))) {
             preempt.cancel();
         }
         let mut running_since: Option<i64> = None;
         let how = loop {
-            let deadline = running_since.zip(job.timeout_ms).map(|(s, t)| s + t).filter(|_| stop.is_none());
+            let deadline = running_since
+                .zip(job.timeout_ms)
+                .map(|(s, t)| s + t)
+                .filter(|_| stop.is_none());
             let until_deadline = async {
                 match deadline {
                     Some(d) => self.sleep_until_ms(d).await,
@@ -127,7 +156,12 @@ impl Engine {
             }
         };
         let how = match (stop, how) {
-            (Some(Stop::GpuMemory), How::Cancelled { code }) => How::GpuMemoryExceeded { code, message: self.over_memory_reason(job.id).unwrap_or_else(|| "stopped: more GPU memory than declared".into()) },
+            (Some(Stop::GpuMemory), How::Cancelled { code }) => How::GpuMemoryExceeded {
+                code,
+                message: self
+                    .over_memory_reason(job.id)
+                    .unwrap_or_else(|| "stopped: more GPU memory than declared".into()),
+            },
             (_, how) => how,
         };
         self.end_attempt(job.id, &attempt, &how, Some(&run)).await;
@@ -135,7 +169,11 @@ impl Engine {
 
     /// Why a running job is being stopped for its GPU memory, if it is.
     fn over_memory_reason(&self, job_id: i64) -> Option<String> {
-        self.running.lock().unwrap().get(&job_id).and_then(|h| h.over_memory.as_ref().and_then(|o| o.1.clone()))
+        self.running
+            .lock()
+            .unwrap()
+            .get(&job_id)
+            .and_then(|h| h.over_memory.as_ref().and_then(|o| o.1.clone()))
     }
 
     /// Record how an attempt ended, retrying the write until it succeeds (nothing new starts meanwhile),
@@ -153,20 +191,36 @@ impl Engine {
         let how = &match (how, recorded) {
             // An attempt being preempted ends preempted however it exited (a checkpointing job may
             // exit 0; an engine killed mid-preemption finds it ended or gone): it is queued again.
-            (How::Exited { code, .. } | How::ExitedWhileAway { code, .. }, Some((_, by))) => How::Preempted { code: Some(*code), by },
+            (How::Exited { code, .. } | How::ExitedWhileAway { code, .. }, Some((_, by))) => {
+                How::Preempted { code: Some(*code), by }
+            }
             (How::Lost(_), Some((_, by))) => How::Preempted { code: None, by },
             (How::Preempted { code, .. }, Some((_, by))) => How::Preempted { code: *code, by },
-            (How::Preempted { code, by }, None) if by.is_empty() => How::Preempted { code: *code, by: "the scheduler".into() },
+            (How::Preempted { code, by }, None) if by.is_empty() => How::Preempted {
+                code: *code,
+                by: "the scheduler".into(),
+            },
             (other, _) => other.clone(),
         };
         // What it had used of its GPUs this attempt (what the preemption cost, at most).
         let how = &match how {
             How::Preempted { code, by } => {
                 // As recorded now: the Slurm backend writes the GPUs and the start Slurm gave it.
-                let recorded = self.reader().open_attempt(job_id).ok().flatten().filter(|a| a.id == attempt.id);
+                let recorded = self
+                    .reader()
+                    .open_attempt(job_id)
+                    .ok()
+                    .flatten()
+                    .filter(|a| a.id == attempt.id);
                 let a = recorded.as_ref().unwrap_or(attempt);
                 let gpus = a.gpus.len().max(1) as i64;
-                How::Preempted { code: *code, by: format!("{by} after {} GPU-minutes", (self.now() - a.started_at).max(0) * gpus / 60_000) }
+                How::Preempted {
+                    code: *code,
+                    by: format!(
+                        "{by} after {} GPU-minutes",
+                        (self.now() - a.started_at).max(0) * gpus / 60_000
+                    ),
+                }
             }
             other => other.clone(),
         };
@@ -179,7 +233,14 @@ impl Engine {
             now_ms: self.now(),
         };
         let end = outcome(how, &policy);
-        append_log(&self.log_of(job_id), &format!("attempt {} ended: {}", attempt.n, end.message.clone().unwrap_or_else(|| end.next.as_str().into())));
+        append_log(
+            &self.log_of(job_id),
+            &format!(
+                "attempt {} ended: {}",
+                attempt.n,
+                end.message.clone().unwrap_or_else(|| end.next.as_str().into())
+            ),
+        );
         loop {
             let written = self.store().end_attempt(job_id, attempt.id, &end);
             match written {
@@ -198,7 +259,10 @@ impl Engine {
         }
         self.running.lock().unwrap().remove(&job_id);
         if let How::Preempted { by, .. } = how {
-            self.preempted_at.lock().unwrap().insert(job_id, (self.now(), by.clone()));
+            self.preempted_at
+                .lock()
+                .unwrap()
+                .insert(job_id, (self.now(), by.clone()));
         }
         info!(job = job_id, state = end.next.as_str(), "attempt ended");
         self.notify_job(job_id, end.next);

@@ -29,7 +29,13 @@ pub struct Script {
 
 impl Default for Script {
     fn default() -> Self {
-        Script { runtime: Duration::from_secs(1), code: 0, output: vec![], panic_on_wait: false, checkpoint: None }
+        Script {
+            runtime: Duration::from_secs(1),
+            code: 0,
+            output: vec![],
+            panic_on_wait: false,
+            checkpoint: None,
+        }
     }
 }
 
@@ -78,7 +84,10 @@ impl FakeExecutor {
     fn age(c: &mut Container) {
         if let (None, Some(t)) = (c.exit, c.started) {
             if t.elapsed() >= c.script.runtime {
-                c.exit = Some(Exit { code: c.script.code, oom_killed: false });
+                c.exit = Some(Exit {
+                    code: c.script.code,
+                    oom_killed: false,
+                });
                 c.found.life = Life::Exited;
             }
         }
@@ -99,7 +108,13 @@ impl Executor for FakeExecutor {
     async fn create(&self, l: &Launch<'_>) -> Result<String, ExecError> {
         self.up()?;
         let id = format!("fake{:08}", self.next.fetch_add(1, Ordering::SeqCst));
-        let script = self.scripts.lock().unwrap().get(&l.job.name).cloned().unwrap_or_default();
+        let script = self
+            .scripts
+            .lock()
+            .unwrap()
+            .get(&l.job.name)
+            .cloned()
+            .unwrap_or_default();
         self.envs.lock().unwrap().push((l.job.name.clone(), super::job_env(l)));
         let found = Found {
             container_id: id.clone(),
@@ -111,7 +126,16 @@ impl Executor for FakeExecutor {
             // As Docker lists a created container: a start may be in flight.
             life: Life::Unsettled,
         };
-        self.containers.lock().unwrap().insert(id.clone(), Container { found, script, started: None, exit: None, stopped: Arc::new(Notify::new()) });
+        self.containers.lock().unwrap().insert(
+            id.clone(),
+            Container {
+                found,
+                script,
+                started: None,
+                exit: None,
+                stopped: Arc::new(Notify::new()),
+            },
+        );
         Ok(id)
     }
     async fn start(&self, id: &str) -> Result<(), ExecError> {
@@ -134,7 +158,11 @@ impl Executor for FakeExecutor {
                     return Ok(x);
                 }
                 let t = c.started.unwrap_or_else(Instant::now);
-                (c.script.runtime.saturating_sub(t.elapsed()), c.stopped.clone(), c.script.panic_on_wait)
+                (
+                    c.script.runtime.saturating_sub(t.elapsed()),
+                    c.stopped.clone(),
+                    c.script.panic_on_wait,
+                )
             };
             assert!(!panic, "scripted panic in wait");
             tokio::select! {
@@ -156,7 +184,10 @@ impl Executor for FakeExecutor {
         let c = cs.get_mut(id).ok_or_else(|| ExecError::NotFound(id.into()))?;
         Self::age(c);
         if c.exit.is_none() {
-            c.exit = Some(Exit { code: 143, oom_killed: false });
+            c.exit = Some(Exit {
+                code: 143,
+                oom_killed: false,
+            });
             c.found.life = Life::Exited;
         }
         c.stopped.notify_waiters();
@@ -171,7 +202,10 @@ impl Executor for FakeExecutor {
             if c.exit.is_some() {
                 return Ok(());
             }
-            self.signals.lock().unwrap().push((c.found.name.clone(), signal.to_string(), grace));
+            self.signals
+                .lock()
+                .unwrap()
+                .push((c.found.name.clone(), signal.to_string(), grace));
             match c.script.checkpoint.filter(|t| *t < grace) {
                 Some(t) => (t, 0, c.stopped.clone()),
                 None => (grace, 137, c.stopped.clone()),
@@ -186,7 +220,10 @@ impl Executor for FakeExecutor {
             if let Some(me) = me.and_then(|w| w.upgrade()) {
                 if let Some(c) = me.containers.lock().unwrap().get_mut(&id) {
                     if c.exit.is_none() {
-                        c.exit = Some(Exit { code, oom_killed: false });
+                        c.exit = Some(Exit {
+                            code,
+                            oom_killed: false,
+                        });
                         c.found.life = Life::Exited;
                     }
                 }
@@ -205,10 +242,13 @@ impl Executor for FakeExecutor {
     async fn list_ours(&self, _engine_id: &str) -> Result<Vec<Found>, ExecError> {
         self.up()?;
         let mut cs = self.containers.lock().unwrap();
-        Ok(cs.values_mut().map(|c| {
-            Self::age(c);
-            c.found.clone()
-        }).collect())
+        Ok(cs
+            .values_mut()
+            .map(|c| {
+                Self::age(c);
+                c.found.clone()
+            })
+            .collect())
     }
     async fn settle(&self, id: &str) -> Result<Option<Settled>, ExecError> {
         self.up()?;
@@ -226,7 +266,12 @@ impl Executor for FakeExecutor {
         self.up()?;
         Ok(vec![])
     }
-    async fn gpu_taken(&self, _id: &str, _engine_id: &str, _gpus: &[(u32, String)]) -> Result<Option<String>, ExecError> {
+    async fn gpu_taken(
+        &self,
+        _id: &str,
+        _engine_id: &str,
+        _gpus: &[(u32, String)],
+    ) -> Result<Option<String>, ExecError> {
         self.up()?;
         Ok(None)
     }
@@ -237,7 +282,12 @@ impl Executor for FakeExecutor {
                 .output
                 .iter()
                 .enumerate()
-                .map(|(i, l)| Ok(Frame::stdout(Bytes::from(format!("2026-01-01T00:00:{:02}.000000001Z {l}\n", i % 60)))))
+                .map(|(i, l)| {
+                    Ok(Frame::stdout(Bytes::from(format!(
+                        "2026-01-01T00:00:{:02}.000000001Z {l}\n",
+                        i % 60
+                    ))))
+                })
                 .collect(),
             None => vec![],
         };

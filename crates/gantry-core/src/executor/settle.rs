@@ -44,11 +44,17 @@ pub(super) fn settled(st: &ContainerState, created: Option<&str>, now: SystemTim
         return Ok(Settled::Running);
     }
     // Docker's zero time (`0001-01-01T00:00:00Z`) until the first start; the pid is 0 when not running.
-    let began = st.pid.is_some_and(|p| p > 0) || st.started_at.as_deref().is_some_and(|t| !t.is_empty() && !t.starts_with("0001-"));
+    let began = st.pid.is_some_and(|p| p > 0)
+        || st
+            .started_at
+            .as_deref()
+            .is_some_and(|t| !t.is_empty() && !t.starts_with("0001-"));
     if began {
         return Ok(Settled::Ended);
     }
-    let age = created.and_then(|c| humantime::parse_rfc3339_weak(c).ok()).and_then(|c| now.duration_since(c).ok());
+    let age = created
+        .and_then(|c| humantime::parse_rfc3339_weak(c).ok())
+        .and_then(|c| now.duration_since(c).ok());
     match age {
         Some(age) if age < START_SETTLE => Err(START_SETTLE - age),
         // Old enough, or its creation time unreadable (or in the future: the clock moved): decided now.
@@ -60,12 +66,20 @@ pub(super) fn settled(st: &ContainerState, created: Option<&str>, now: SystemTim
 pub(super) async fn settle(x: &DockerExecutor, id: &str) -> Result<Option<Settled>, ExecError> {
     let mut waited = false;
     loop {
-        let info = match x.docker.inspect_container(id, None::<qp::InspectContainerOptions>).await {
+        let info = match x
+            .docker
+            .inspect_container(id, None::<qp::InspectContainerOptions>)
+            .await
+        {
             Ok(info) => info,
             Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
             Err(e) => return Err(classify(e)),
         };
-        match settled(&info.state.unwrap_or_default(), info.created.as_deref(), SystemTime::now()) {
+        match settled(
+            &info.state.unwrap_or_default(),
+            info.created.as_deref(),
+            SystemTime::now(),
+        ) {
             Ok(s) => return Ok(Some(s)),
             Err(_) if waited => return Ok(Some(Settled::NeverStarted)),
             Err(wait) => {
@@ -84,19 +98,73 @@ mod tests {
     fn a_container_listed_as_created_is_judged_by_its_inspected_start() {
         let now = humantime::parse_rfc3339("2026-12-01T12:00:10Z").unwrap();
         let zero = Some("0001-01-01T00:00:00Z".to_string());
-        let st = |running: bool, pid: i64, started_at: Option<String>| ContainerState { running: Some(running), pid: Some(pid), started_at, ..Default::default() };
+        let st = |running: bool, pid: i64, started_at: Option<String>| ContainerState {
+            running: Some(running),
+            pid: Some(pid),
+            started_at,
+            ..Default::default()
+        };
         let long_ago = Some("2026-12-01T11:00:00.123456789Z");
         // (what, state, created, decision)
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let rows: Vec<(&str, ContainerState, Option<&str>, Result<Settled, Duration>)> = vec![
-            ("its start finished, the job runs", st(true, 4242, Some("2026-12-01T12:00:09.5Z".into())), long_ago, Ok(Settled::Running)),
-            ("began and ended (a start that went through while no engine ran)", st(false, 0, Some("2026-12-01T12:00:09.5Z".into())), long_ago, Ok(Settled::Ended)),
-            ("a process, whatever the time says", st(false, 4242, zero.clone()), long_ago, Ok(Settled::Ended)),
-            ("paused counts as running", ContainerState { paused: Some(true), ..st(false, 0, zero.clone()) }, long_ago, Ok(Settled::Running)),
-            ("never began, created long ago", st(false, 0, zero.clone()), long_ago, Ok(Settled::NeverStarted)),
-            ("never began, created 2 s ago: look again in 3 s", st(false, 0, zero.clone()), Some("2026-12-01T12:00:08Z"), Err(Duration::from_secs(3))),
-            ("never began, created 5 s ago", st(false, 0, zero.clone()), Some("2026-12-01T12:00:05Z"), Ok(Settled::NeverStarted)),
-            ("never began, no start time at all", st(false, 0, None), long_ago, Ok(Settled::NeverStarted)),
-            ("never began, creation time unreadable", st(false, 0, zero.clone()), Some("yesterday"), Ok(Settled::NeverStarted)),
+            (
+                "its start finished, the job runs",
+                st(true, 4242, Some("2026-12-01T12:00:09.5Z".into())),
+                long_ago,
+                Ok(Settled::Running),
+            ),
+            (
+                "began and ended (a start that went through while no engine ran)",
+                st(false, 0, Some("2026-12-01T12:00:09.5Z".into())),
+                long_ago,
+                Ok(Settled::Ended),
+            ),
+            (
+                "a process, whatever the time says",
+                st(false, 4242, zero.clone()),
+                long_ago,
+                Ok(Settled::Ended),
+            ),
+            (
+                "paused counts as running",
+                ContainerState {
+                    paused: Some(true),
+                    ..st(false, 0, zero.clone())
+                },
+                long_ago,
+                Ok(Settled::Running),
+            ),
+            (
+                "never began, created long ago",
+                st(false, 0, zero.clone()),
+                long_ago,
+                Ok(Settled::NeverStarted),
+            ),
+            (
+                "never began, created 2 s ago: look again in 3 s",
+                st(false, 0, zero.clone()),
+                Some("2026-12-01T12:00:08Z"),
+                Err(Duration::from_secs(3)),
+            ),
+            (
+                "never began, created 5 s ago",
+                st(false, 0, zero.clone()),
+                Some("2026-12-01T12:00:05Z"),
+                Ok(Settled::NeverStarted),
+            ),
+            (
+                "never began, no start time at all",
+                st(false, 0, None),
+                long_ago,
+                Ok(Settled::NeverStarted),
+            ),
+            (
+                "never began, creation time unreadable",
+                st(false, 0, zero.clone()),
+                Some("yesterday"),
+                Ok(Settled::NeverStarted),
+            ),
         ];
         for (what, state, created, want) in rows {
             assert_eq!(settled(&state, created, now), want, "{what}");

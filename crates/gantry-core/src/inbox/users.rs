@@ -64,7 +64,10 @@ fn refused(message: String, hint: impl Into<String>) -> Problem {
 /// `inbox_path` must stay inside the home: plain names only.
 pub fn check_inbox_path(p: &Path) -> Result<(), String> {
     if p.as_os_str().is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
-        return Err(format!("the drop folder path {:?} must be relative to the home, without `..` (e.g. Gantry/inbox)", p.display().to_string()));
+        return Err(format!(
+            "the drop folder path {:?} must be relative to the home, without `..` (e.g. Gantry/inbox)",
+            p.display().to_string()
+        ));
     }
     Ok(())
 }
@@ -133,11 +136,19 @@ impl Registry {
             }
         }
         wanted.remove(&0); // root's drop folder is the engine's own
-        let gone: Vec<u32> = lock(&self.watched).keys().filter(|u| !wanted.contains_key(u)).copied().collect();
+        let gone: Vec<u32> = lock(&self.watched)
+            .keys()
+            .filter(|u| !wanted.contains_key(u))
+            .copied()
+            .collect();
         for uid in gone {
             if let Some(w) = lock(&self.watched).remove(&uid) {
                 w.task.abort();
-                info!("stopped watching {} ({} is no longer in the drop-folder group)", w.path.display(), user_name(uid));
+                info!(
+                    "stopped watching {} ({} is no longer in the drop-folder group)",
+                    w.path.display(),
+                    user_name(uid)
+                );
             }
         }
         for (uid, create) in wanted {
@@ -147,10 +158,16 @@ impl Registry {
 
     /// Watch `uid`'s drop folder (making it first, as the user, when `create`), unless it already is.
     fn ensure(&self, engine: &Arc<Engine>, uid: u32, create: bool) -> Result<PathBuf, SpecError> {
-        let result = self.open(engine, uid, create).and_then(|(path, fd)| self.watch(engine, uid, path, fd));
+        let result = self
+            .open(engine, uid, create)
+            .and_then(|(path, fd)| self.watch(engine, uid, path, fd));
         let problem = match &result {
             Ok(_) => None,
-            Err(Problem::Missing(p)) => Some(format!("{} does not exist (run `gantry inbox init` as {})", p.display(), user_name(uid))),
+            Err(Problem::Missing(p)) => Some(format!(
+                "{} does not exist (run `gantry inbox init` as {})",
+                p.display(),
+                user_name(uid)
+            )),
             Err(Problem::Refused(e)) => Some(e.to_string()),
         };
         let mut problems = lock(&self.problems);
@@ -171,7 +188,10 @@ impl Registry {
         }
         result.map_err(|p| match p {
             Problem::Refused(e) => e,
-            Problem::Missing(p) => SpecError::new(format!("{} does not exist", p.display()), "run `gantry inbox init`: it creates the folder as you"),
+            Problem::Missing(p) => SpecError::new(
+                format!("{} does not exist", p.display()),
+                "run `gantry inbox init`: it creates the folder as you",
+            ),
         })
     }
 
@@ -185,7 +205,10 @@ impl Registry {
         if create && matches!(opened, Err(Problem::Missing(_))) {
             let cred = Cred::of_user(uid, user.gid.as_raw());
             if let Err(e) = access::make_dirs_as(&cred, &path) {
-                return Err(refused(format!("cannot make the drop folder {}: {e}", path.display()), format!("{} can make it (`mkdir -p {}`)", user.name, path.display())));
+                return Err(refused(
+                    format!("cannot make the drop folder {}: {e}", path.display()),
+                    format!("{} can make it (`mkdir -p {}`)", user.name, path.display()),
+                ));
             }
             opened = open_user_dir(&user.dir, &engine.cfg.inbox_path, uid);
         }
@@ -201,14 +224,24 @@ impl Registry {
             }
             w.task.abort();
         }
-        let ib = Inbox::at(path.clone(), fd).map_err(|e| refused(format!("cannot set up {}: {e}", path.display()), "try again"))?;
+        let ib = Inbox::at(path.clone(), fd)
+            .map_err(|e| refused(format!("cannot set up {}: {e}", path.display()), "try again"))?;
         let (e, shown, note) = (engine.clone(), path.clone(), ib.note.clone());
         let task = tokio::spawn(async move {
             if let Err(err) = super::run(e, ib).await {
                 error!("drop folder {} disabled: {err}", shown.display());
             }
         });
-        watched.insert(uid, Watched { path: path.clone(), dev: st.st_dev, ino: st.st_ino, task, note });
+        watched.insert(
+            uid,
+            Watched {
+                path: path.clone(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                task,
+                note,
+            },
+        );
         Ok(path)
     }
 
@@ -221,10 +254,21 @@ impl Registry {
                 false => Some("the engine's drop folder is disabled (see the engine's log)".to_string()),
                 true => lock(&self.main_note).clone(),
             };
-            return InboxInfo { path: engine.cfg.paths.inbox.clone(), watched, problem, per_user: false, lab_templates };
+            return InboxInfo {
+                path: engine.cfg.paths.inbox.clone(),
+                watched,
+                problem,
+                per_user: false,
+                lab_templates,
+            };
         }
-        let home = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.dir);
-        let path = home.map(|h| h.join(&engine.cfg.inbox_path)).unwrap_or_else(|| engine.cfg.inbox_path.clone());
+        let home = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.dir);
+        let path = home
+            .map(|h| h.join(&engine.cfg.inbox_path))
+            .unwrap_or_else(|| engine.cfg.inbox_path.clone());
         let (watched, note) = match lock(&self.watched).get(&uid) {
             Some(w) if !w.task.is_finished() && w.path == path => (true, lock(&w.note).clone()),
             _ => (false, None),
@@ -234,7 +278,13 @@ impl Registry {
             None if !watched => Some("not set up yet: run `gantry inbox init`".into()),
             None => note,
         };
-        InboxInfo { path, watched, problem, per_user: true, lab_templates }
+        InboxInfo {
+            path,
+            watched,
+            problem,
+            per_user: true,
+            lab_templates,
+        }
     }
 
     /// `gantry inbox init`: the caller made their drop folder; watch it, and keep watching it after
@@ -255,13 +305,30 @@ impl Registry {
 fn open_user_dir(home: &Path, rel: &Path, uid: u32) -> Result<OwnedFd, Problem> {
     let who = user_name(uid);
     let mut dir = open_dir_path(home, false).map_err(|e| match errno_of(&e) {
-        Errno::ENOENT => refused(format!("the home folder {} of {who} does not exist", home.display()), "ask an admin to create it"),
-        _ => refused(format!("the home folder {} of {who} cannot be used: {e}", home.display()), "ask an admin"),
+        Errno::ENOENT => refused(
+            format!("the home folder {} of {who} does not exist", home.display()),
+            "ask an admin to create it",
+        ),
+        _ => refused(
+            format!("the home folder {} of {who} cannot be used: {e}", home.display()),
+            "ask an admin",
+        ),
     })?;
-    let owner = |fd: &OwnedFd, at: &Path| fstat(fd).map(|st| st.st_uid).map_err(|e| refused(format!("cannot stat {}: {e}", at.display()), "try again"));
+    let owner = |fd: &OwnedFd, at: &Path| {
+        fstat(fd)
+            .map(|st| st.st_uid)
+            .map_err(|e| refused(format!("cannot stat {}: {e}", at.display()), "try again"))
+    };
     let o = owner(&dir, home)?;
     if o != uid && o != 0 {
-        return Err(refused(format!("the home folder {} belongs to {}, not to {who}", home.display(), user_name(o)), "ask an admin"));
+        return Err(refused(
+            format!(
+                "the home folder {} belongs to {}, not to {who}",
+                home.display(),
+                user_name(o)
+            ),
+            "ask an admin",
+        ));
     }
     let mut at = home.to_path_buf();
     let mut last = o;
@@ -275,15 +342,29 @@ fn open_user_dir(home: &Path, rel: &Path, uid: u32) -> Result<OwnedFd, Problem> 
                 let link = fstatat(&dir, name, NOFOLLOW).is_ok_and(|st| kind(&st) == SFlag::S_IFLNK);
                 return Err(if link {
                     refused(
-                        format!("{} is a symbolic link; Gantry never follows links in a home to find a drop folder", at.display()),
-                        format!("replace the link with a real folder (`rm {0} && mkdir {0}`), then run `gantry inbox init`", at.display()),
+                        format!(
+                            "{} is a symbolic link; Gantry never follows links in a home to find a drop folder",
+                            at.display()
+                        ),
+                        format!(
+                            "replace the link with a real folder (`rm {0} && mkdir {0}`), then run `gantry inbox init`",
+                            at.display()
+                        ),
                     )
                 } else {
-                    refused(format!("{} is not a folder ({})", at.display(), e.desc()), format!("rename or remove {}, then run `gantry inbox init`", at.display()))
+                    refused(
+                        format!("{} is not a folder ({})", at.display(), e.desc()),
+                        format!("rename or remove {}, then run `gantry inbox init`", at.display()),
+                    )
                 });
             }
             Err(e) if transient(e) => return Err(refused(format!("cannot open {}: {e}", at.display()), "try again")),
-            Err(e) => return Err(refused(format!("cannot open {}: {}", at.display(), e.desc()), "check its permissions")),
+            Err(e) => {
+                return Err(refused(
+                    format!("cannot open {}: {}", at.display(), e.desc()),
+                    "check its permissions",
+                ))
+            }
         };
         last = owner(&dir, &at)?;
         if last != uid && last != 0 {
@@ -296,7 +377,11 @@ fn open_user_dir(home: &Path, rel: &Path, uid: u32) -> Result<OwnedFd, Problem> 
     if last != uid {
         // Files in a drop folder count as its owner's: a folder of root's would run jobs as root.
         return Err(refused(
-            format!("the drop folder {} belongs to {}, not to {who}", at.display(), user_name(last)),
+            format!(
+                "the drop folder {} belongs to {}, not to {who}",
+                at.display(),
+                user_name(last)
+            ),
             format!("{who} can remove it (or an admin can `chown {who}` it), then run `gantry inbox init`"),
         ));
     }
@@ -305,8 +390,15 @@ fn open_user_dir(home: &Path, rel: &Path, uid: u32) -> Result<OwnedFd, Problem> 
 
 /// Members of `group`: by its member list and by primary group.
 fn group_members(group: &str) -> Result<Vec<u32>, String> {
-    let g = nix::unistd::Group::from_name(group).map_err(|e| format!("cannot look up the group: {e}"))?.ok_or_else(|| format!("there is no group {group}"))?;
-    let mut uids: Vec<u32> = g.mem.iter().filter_map(|n| nix::unistd::User::from_name(n).ok().flatten()).map(|u| u.uid.as_raw()).collect();
+    let g = nix::unistd::Group::from_name(group)
+        .map_err(|e| format!("cannot look up the group: {e}"))?
+        .ok_or_else(|| format!("there is no group {group}"))?;
+    let mut uids: Vec<u32> = g
+        .mem
+        .iter()
+        .filter_map(|n| nix::unistd::User::from_name(n).ok().flatten())
+        .map(|u| u.uid.as_raw())
+        .collect();
     uids.extend(primary_members(g.gid.as_raw()));
     uids.sort_unstable();
     uids.dedup();
@@ -340,13 +432,20 @@ fn primary_members(gid: u32) -> Vec<u32> {
 
 /// Names of the usable lab templates: real folders of root's holding a template file.
 fn lab_templates(engine: &Engine) -> Vec<String> {
-    let Some(dir) = &engine.cfg.templates_dir else { return vec![] };
-    let Ok(fd) = open_dir_path(dir, false) else { return vec![] };
+    let Some(dir) = &engine.cfg.templates_dir else {
+        return vec![];
+    };
+    let Ok(fd) = open_dir_path(dir, false) else {
+        return vec![];
+    };
     super::list(&fd)
         .unwrap_or_default()
         .into_iter()
         .filter(|(name, st)| kind(st) == SFlag::S_IFDIR && st.st_uid == 0 && !name.starts_with('.'))
-        .filter(|(name, _)| openat(&fd, name.as_str(), DIR, Mode::empty()).is_ok_and(|t| TEMPLATE_NAMES.iter().any(|n| fstatat(&t, *n, NOFOLLOW).is_ok())))
+        .filter(|(name, _)| {
+            openat(&fd, name.as_str(), DIR, Mode::empty())
+                .is_ok_and(|t| TEMPLATE_NAMES.iter().any(|n| fstatat(&t, *n, NOFOLLOW).is_ok()))
+        })
         .map(|(name, _)| name)
         .collect()
 }
@@ -368,7 +467,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let home = std::fs::canonicalize(d.path()).unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        assert!(matches!(open_user_dir(&home, Path::new("G/inbox"), me), Err(Problem::Missing(p)) if p == home.join("G")));
+        assert!(
+            matches!(open_user_dir(&home, Path::new("G/inbox"), me), Err(Problem::Missing(p)) if p == home.join("G"))
+        );
         std::fs::create_dir_all(home.join("G/inbox")).unwrap();
         assert!(open_user_dir(&home, Path::new("G/inbox"), me).is_ok());
         std::fs::create_dir(home.join("real")).unwrap();

@@ -27,14 +27,26 @@ pub fn url_syntax(url: &str) -> Result<HookUrl, String> {
     };
     let auth = uri.authority().ok_or("has no host")?;
     if auth.as_str().contains('@') {
-        return Err("has a user name or password in it (put secrets in the path or query, as Slack's and Mattermost's URLs do)".into());
+        return Err(
+            "has a user name or password in it (put secrets in the path or query, as Slack's and Mattermost's URLs do)"
+                .into(),
+        );
     }
-    let host = auth.host().trim_start_matches('[').trim_end_matches(']').trim_end_matches('.').to_ascii_lowercase();
+    let host = auth
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
     if host.is_empty() {
         return Err("has no host".into());
     }
     let port = auth.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let path = uri.path_and_query().map(|p| p.as_str().to_string()).filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/".into());
     Ok(HookUrl { tls, host, port, path })
 }
 
@@ -45,7 +57,10 @@ pub fn host_entry(e: &str) -> Result<String, String> {
     let (host, port) = split_port(&e)?;
     let name = host.strip_prefix("*.").unwrap_or(host);
     let ok = host.parse::<IpAddr>().is_ok()
-        || (!name.is_empty() && name.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')));
+        || (!name.is_empty()
+            && name
+                .split('.')
+                .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')));
     if !ok {
         return Err("it is not a host name or an IP address".into());
     }
@@ -58,7 +73,9 @@ pub fn host_entry(e: &str) -> Result<String, String> {
 
 fn split_port(e: &str) -> Result<(&str, Option<u16>), String> {
     if let Some(rest) = e.strip_prefix('[') {
-        let (h, after) = rest.split_once(']').ok_or("an IPv6 address in brackets lacks its `]`")?;
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or("an IPv6 address in brackets lacks its `]`")?;
         return match after.strip_prefix(':') {
             Some(p) => Ok((h, Some(p.parse().map_err(|_| format!("{p:?} is not a port"))?))),
             None if after.is_empty() => Ok((h, None)),
@@ -92,8 +109,12 @@ pub fn host_allowed(allowed: &[String], host: &str, port: u16) -> bool {
 /// unspecified), link-local (the cloud metadata service at 169.254.169.254), multicast, broadcast.
 fn special(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || (v6.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V4(v4) => {
+            v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
     }
 }
 
@@ -112,7 +133,8 @@ pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]
         if !special(ip) {
             continue;
         }
-        let listed = host_allowed(allowed, &ip.to_string(), a.port()) || (ip.is_loopback() && host == "localhost" && host_allowed(allowed, "localhost", a.port()));
+        let listed = host_allowed(allowed, &ip.to_string(), a.port())
+            || (ip.is_loopback() && host == "localhost" && host_allowed(allowed, "localhost", a.port()));
         if !listed {
             return Err(format!(
                 "{host} resolves to {ip}, a loopback, link-local or otherwise special address that webhooks may not reach unless the lab lists that address in `[notify] webhook_hosts`"
@@ -125,8 +147,12 @@ pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]
 /// An email address as a notification target (`name@domain`, no display name, no spaces).
 pub fn email(addr: &str) -> Result<(), String> {
     let ok = addr.len() <= 254
-        && !addr.chars().any(|c| c.is_control() || c.is_whitespace() || matches!(c, '<' | '>' | ',' | ';' | '"' | '(' | ')'))
-        && addr.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.') && !d.starts_with('.') && !d.ends_with('.') && !d.contains('@'));
+        && !addr
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '<' | '>' | ',' | ';' | '"' | '(' | ')'))
+        && addr.split_once('@').is_some_and(|(l, d)| {
+            !l.is_empty() && d.contains('.') && !d.starts_with('.') && !d.ends_with('.') && !d.contains('@')
+        });
     if ok {
         Ok(())
     } else {
@@ -142,9 +168,22 @@ mod tests {
     fn webhook_urls_are_parsed_and_odd_ones_refused() {
         assert_eq!(
             url_syntax("https://Hooks.Slack.com/services/T0/B0/xyz?a=1").unwrap(),
-            HookUrl { tls: true, host: "hooks.slack.com".into(), port: 443, path: "/services/T0/B0/xyz?a=1".into() }
+            HookUrl {
+                tls: true,
+                host: "hooks.slack.com".into(),
+                port: 443,
+                path: "/services/T0/B0/xyz?a=1".into()
+            }
         );
-        assert_eq!(url_syntax("http://[::1]:8080").unwrap(), HookUrl { tls: false, host: "::1".into(), port: 8080, path: "/".into() });
+        assert_eq!(
+            url_syntax("http://[::1]:8080").unwrap(),
+            HookUrl {
+                tls: false,
+                host: "::1".into(),
+                port: 8080,
+                path: "/".into()
+            }
+        );
         for (bad, why) in [
             ("ftp://x/y", "http:// or https://"),
             ("https://user:pw@x.org/", "user name or password"),
@@ -159,7 +198,16 @@ mod tests {
 
     #[test]
     fn the_labs_list_decides_which_hosts_and_ports() {
-        let allowed: Vec<String> = ["hooks.slack.com", "*.lab.org", "127.0.0.1:9000", "[::1]:9001", "10.0.0.5"].iter().map(|e| host_entry(e).unwrap()).collect();
+        let allowed: Vec<String> = [
+            "hooks.slack.com",
+            "*.lab.org",
+            "127.0.0.1:9000",
+            "[::1]:9001",
+            "10.0.0.5",
+        ]
+        .iter()
+        .map(|e| host_entry(e).unwrap())
+        .collect();
         let cases = [
             ("hooks.slack.com", 443, true),
             ("evil.slack.com", 443, false),
@@ -182,8 +230,18 @@ mod tests {
     fn special_addresses_need_the_address_itself_listed() {
         let allowed: Vec<String> = vec!["chat.lab.org".into(), "127.0.0.1:9000".into()];
         let a = |s: &str| vec![s.parse::<SocketAddr>().unwrap()];
-        assert!(addresses_allowed(&allowed, "chat.lab.org", &a("10.1.2.3:443")).is_ok(), "a private address of a listed host is the lab's own");
-        for rebound in ["127.0.0.1:443", "169.254.169.254:80", "[::1]:443", "[fe80::1]:443", "0.0.0.0:80", "[::ffff:127.0.0.1]:443"] {
+        assert!(
+            addresses_allowed(&allowed, "chat.lab.org", &a("10.1.2.3:443")).is_ok(),
+            "a private address of a listed host is the lab's own"
+        );
+        for rebound in [
+            "127.0.0.1:443",
+            "169.254.169.254:80",
+            "[::1]:443",
+            "[fe80::1]:443",
+            "0.0.0.0:80",
+            "[::ffff:127.0.0.1]:443",
+        ] {
             let e = addresses_allowed(&allowed, "chat.lab.org", &a(rebound)).unwrap_err();
             assert!(e.contains("may not reach"), "{rebound}: {e}");
         }
@@ -195,7 +253,14 @@ mod tests {
     #[test]
     fn email_addresses() {
         assert!(email("ada@lab.org").is_ok());
-        for bad in ["ada", "ada@lab", "Ada <ada@lab.org>", "a@b.org,c@d.org", "a@.org", "a\n@b.org"] {
+        for bad in [
+            "ada",
+            "ada@lab",
+            "Ada <ada@lab.org>",
+            "a@b.org,c@d.org",
+            "a@.org",
+            "a\n@b.org",
+        ] {
             assert!(email(bad).is_err(), "{bad:?}");
         }
     }

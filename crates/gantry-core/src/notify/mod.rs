@@ -25,7 +25,9 @@ use tracing::{error, info, warn};
 use crate::defaults::{NOTIFY_BACKOFF_MAX, NOTIFY_KEEP, NOTIFY_PARALLEL, NOTIFY_SEND_TIMEOUT};
 use crate::engine::{Engine, EngineError};
 use crate::policy::NotifySettings;
-use crate::protocol::notify::{NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyPayload, NotifyTarget, Subscription, PAYLOAD_SCHEMA};
+use crate::protocol::notify::{
+    NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyPayload, NotifyTarget, Subscription, PAYLOAD_SCHEMA,
+};
 use crate::store::notify::NewEvent;
 use crate::store::{Store, StoreError};
 
@@ -70,8 +72,18 @@ impl Notifier {
             None => None,
         };
         let store = Store::open(&engine.cfg.paths.db())?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "localhost".into());
-        Ok(Notifier { settings, login, store: Mutex::new(store), db_uid: engine.db_uid.clone(), host })
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        Ok(Notifier {
+            settings,
+            login,
+            store: Mutex::new(store),
+            db_uid: engine.db_uid.clone(),
+            host,
+        })
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -84,9 +96,22 @@ impl Notifier {
     }
 
     /// `gantry notify add`: check the target as the lab requires, then subscribe `uid`.
-    pub async fn add(&self, engine: &Engine, uid: u32, owner: &str, req: NotifyAdd) -> Result<Subscription, NotifyError> {
-        let on = if req.on.is_empty() { NotifyEvent::DEFAULT_ON.to_vec() } else { req.on.clone() };
-        if let Some(e) = on.iter().find(|e| matches!(e, NotifyEvent::StoreProblem | NotifyEvent::Test)) {
+    pub async fn add(
+        &self,
+        engine: &Engine,
+        uid: u32,
+        owner: &str,
+        req: NotifyAdd,
+    ) -> Result<Subscription, NotifyError> {
+        let on = if req.on.is_empty() {
+            NotifyEvent::DEFAULT_ON.to_vec()
+        } else {
+            req.on.clone()
+        };
+        if let Some(e) = on
+            .iter()
+            .find(|e| matches!(e, NotifyEvent::StoreProblem | NotifyEvent::Test))
+        {
             return Err(NotifyError::Refused(format!(
                 "`{}` is not an event you can subscribe to ({}); use some of: started, finished, failed, timed_out, cancelled, preempted, session_idle, booking_starting, booking_released",
                 e.as_str(),
@@ -96,7 +121,10 @@ impl Notifier {
         if let Some(job) = req.job {
             let j = engine.job_detail(job)?.job;
             if j.owner_uid != uid {
-                return Err(NotifyError::Forbidden(format!("job {job} belongs to {}; you can only be notified of your own jobs", j.owner)));
+                return Err(NotifyError::Forbidden(format!(
+                    "job {job} belongs to {}; you can only be notified of your own jobs",
+                    j.owner
+                )));
             }
         }
         match &req.target {
@@ -129,17 +157,22 @@ impl Notifier {
     async fn webhook_addresses(&self, url: &str) -> Result<(check::HookUrl, Vec<std::net::SocketAddr>), String> {
         let u = check::url_syntax(url).map_err(|why| format!("the webhook URL {why}"))?;
         if !check::host_allowed(&self.settings.webhook_hosts, &u.host, u.port) {
-            let list = if self.settings.webhook_hosts.is_empty() { "none".to_string() } else { self.settings.webhook_hosts.join(", ") };
+            let list = if self.settings.webhook_hosts.is_empty() {
+                "none".to_string()
+            } else {
+                self.settings.webhook_hosts.join(", ")
+            };
             return Err(format!(
                 "webhooks to {}:{} are not allowed on this machine: the lab allows only these hosts (`[notify] webhook_hosts`): {list}; ask the lab's admin to add it",
                 u.host, u.port
             ));
         }
-        let resolved: Vec<std::net::SocketAddr> = match tokio::time::timeout(NOTIFY_SEND_TIMEOUT, tokio::net::lookup_host((u.host.as_str(), u.port))).await {
-            Ok(Ok(a)) => a.collect(),
-            Ok(Err(e)) => return Err(format!("cannot resolve {}: {e}", u.host)),
-            Err(_) => return Err(format!("resolving {} took too long", u.host)),
-        };
+        let resolved: Vec<std::net::SocketAddr> =
+            match tokio::time::timeout(NOTIFY_SEND_TIMEOUT, tokio::net::lookup_host((u.host.as_str(), u.port))).await {
+                Ok(Ok(a)) => a.collect(),
+                Ok(Err(e)) => return Err(format!("cannot resolve {}: {e}", u.host)),
+                Err(_) => return Err(format!("resolving {} took too long", u.host)),
+            };
         let addrs = check::addresses_allowed(&self.settings.webhook_hosts, &u.host, &resolved)?;
         Ok((u, addrs))
     }
@@ -177,7 +210,9 @@ impl Notifier {
     }
 
     fn expand(&self, st: &mut Store) -> Result<usize, StoreError> {
-        st.notify_expand(200, self.settings.max_pending, self.id_of(), |ev, _sub, sub_uid, id| self.payload(ev, sub_uid, id))
+        st.notify_expand(200, self.settings.max_pending, self.id_of(), |ev, _sub, sub_uid, id| {
+            self.payload(ev, sub_uid, id)
+        })
     }
 
     /// The body of one delivery (JSON, schema `gantry.notification/1`). The lab's webhooks get a
@@ -188,11 +223,30 @@ impl Notifier {
             name: j.name.clone(),
             owner: j.owner.clone(),
             state: state_of(ev.kind).unwrap_or(j.state.as_str()).to_string(),
-            exit_code: j.exit_code.filter(|_| ev.kind.is_job_event() && ev.kind != NotifyEvent::Started),
-            message: if sub_uid.is_some() { ev.text.clone().or_else(|| j.message.clone()) } else { None },
+            exit_code: j
+                .exit_code
+                .filter(|_| ev.kind.is_job_event() && ev.kind != NotifyEvent::Started),
+            message: if sub_uid.is_some() {
+                ev.text.clone().or_else(|| j.message.clone())
+            } else {
+                None
+            },
         });
-        let text = text_of(ev.kind, job.as_ref(), ev.text.as_deref().filter(|_| sub_uid.is_some() || ev.job.is_none()), &self.host);
-        let p = NotifyPayload { schema: PAYLOAD_SCHEMA.into(), id: id.into(), event: ev.kind, at: ev.at, host: self.host.clone(), job, text };
+        let text = text_of(
+            ev.kind,
+            job.as_ref(),
+            ev.text.as_deref().filter(|_| sub_uid.is_some() || ev.job.is_none()),
+            &self.host,
+        );
+        let p = NotifyPayload {
+            schema: PAYLOAD_SCHEMA.into(),
+            id: id.into(),
+            event: ev.kind,
+            at: ev.at,
+            host: self.host.clone(),
+            job,
+            text,
+        };
         serde_json::to_string(&p).unwrap_or_default()
     }
 
@@ -304,15 +358,23 @@ impl Notifier {
                     send::webhook(&u, &addrs, &d.payload, d.event).await
                 }
                 NotifyTarget::Email { address } => {
-                    let smtp = self.settings.smtp.as_ref().ok_or("the lab config no longer has an email relay (`[notify] smtp_host`)")?;
-                    let p: NotifyPayload = serde_json::from_str(&d.payload).map_err(|e| format!("the stored notification is unreadable: {e}"))?;
+                    let smtp = self
+                        .settings
+                        .smtp
+                        .as_ref()
+                        .ok_or("the lab config no longer has an email relay (`[notify] smtp_host`)")?;
+                    let p: NotifyPayload = serde_json::from_str(&d.payload)
+                        .map_err(|e| format!("the stored notification is unreadable: {e}"))?;
                     send::email(smtp, self.login.as_ref(), address, &p).await
                 }
             }
         };
         match tokio::time::timeout(NOTIFY_SEND_TIMEOUT, work).await {
             Ok(r) => r,
-            Err(_) => Err(format!("no answer within {}", crate::units::duration_setting(NOTIFY_SEND_TIMEOUT))),
+            Err(_) => Err(format!(
+                "no answer within {}",
+                crate::units::duration_setting(NOTIFY_SEND_TIMEOUT)
+            )),
         }
     }
 
@@ -332,8 +394,14 @@ impl Notifier {
         let id = (self.id_of())(d.event_id, d.sub_id);
         match &r {
             Ok(()) => info!(uid = d.uid, "notification {id} sent: {what}"),
-            Err(e) if next.is_some() => warn!(uid = d.uid, "notification {id} ({what}) failed (try {tries} of {}): {e}; trying again", self.settings.max_tries),
-            Err(e) => error!(uid = d.uid, "notification {id} ({what}) given up after {tries} tries: {e}"),
+            Err(e) if next.is_some() => warn!(
+                uid = d.uid,
+                "notification {id} ({what}) failed (try {tries} of {}): {e}; trying again", self.settings.max_tries
+            ),
+            Err(e) => error!(
+                uid = d.uid,
+                "notification {id} ({what}) given up after {tries} tries: {e}"
+            ),
         }
         loop {
             let written = {
@@ -346,7 +414,10 @@ impl Notifier {
             match written {
                 Ok(()) => return,
                 Err(e) => {
-                    error!("notifications: cannot record that notification {id} was {}: {e}; trying again", if r.is_ok() { "sent" } else { "not sent" });
+                    error!(
+                        "notifications: cannot record that notification {id} was {}: {e}; trying again",
+                        if r.is_ok() { "sent" } else { "not sent" }
+                    );
                     tokio::select! {
                         _ = tokio::time::sleep(crate::defaults::STORE_RETRY) => {}
                         _ = engine.stopped() => return,
@@ -360,15 +431,34 @@ impl Notifier {
     async fn store_problem(self: Arc<Self>, why: String) {
         let text = format!("Gantry on {} cannot write its state database: {why}", self.host);
         let at = crate::clock::now_ms();
-        for (i, (url, _)) in self.settings.webhooks.iter().enumerate().filter(|(_, (_, on))| on.contains(&NotifyEvent::StoreProblem)) {
+        for (i, (url, _)) in self
+            .settings
+            .webhooks
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, on))| on.contains(&NotifyEvent::StoreProblem))
+        {
             // Stable across this problem's retries (a receiver can drop a repeat).
             let id = format!("{}-store-{at}-{i}", self.db_uid);
-            let p = NotifyPayload { schema: PAYLOAD_SCHEMA.into(), id, event: NotifyEvent::StoreProblem, at, host: self.host.clone(), job: None, text: text.clone() };
+            let p = NotifyPayload {
+                schema: PAYLOAD_SCHEMA.into(),
+                id,
+                event: NotifyEvent::StoreProblem,
+                at,
+                host: self.host.clone(),
+                job: None,
+                text: text.clone(),
+            };
             let body = serde_json::to_string(&p).unwrap_or_default();
             let mut wait = self.settings.retry_backoff;
             for attempt in 1..=self.settings.max_tries {
                 let r = match self.webhook_addresses_lab(url).await {
-                    Ok((u, addrs)) => tokio::time::timeout(NOTIFY_SEND_TIMEOUT, send::webhook(&u, &addrs, &body, NotifyEvent::StoreProblem)).await.unwrap_or_else(|_| Err("no answer".into())),
+                    Ok((u, addrs)) => tokio::time::timeout(
+                        NOTIFY_SEND_TIMEOUT,
+                        send::webhook(&u, &addrs, &body, NotifyEvent::StoreProblem),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err("no answer".into())),
                     Err(e) => Err(e),
                 };
                 match r {
@@ -376,7 +466,10 @@ impl Notifier {
                         info!("store problem reported to the lab's webhook {}", shown(url));
                         break;
                     }
-                    Err(e) => warn!("reporting the store problem to {} failed (try {attempt}): {e}", shown(url)),
+                    Err(e) => warn!(
+                        "reporting the store problem to {} failed (try {attempt}): {e}",
+                        shown(url)
+                    ),
                 }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(NOTIFY_BACKOFF_MAX);
@@ -387,7 +480,10 @@ impl Notifier {
     /// The lab's own webhooks go where the lab config says (its admin chose them).
     async fn webhook_addresses_lab(&self, url: &str) -> Result<(check::HookUrl, Vec<std::net::SocketAddr>), String> {
         let u = check::url_syntax(url)?;
-        let addrs: Vec<_> = tokio::net::lookup_host((u.host.as_str(), u.port)).await.map_err(|e| format!("cannot resolve {}: {e}", u.host))?.collect();
+        let addrs: Vec<_> = tokio::net::lookup_host((u.host.as_str(), u.port))
+            .await
+            .map_err(|e| format!("cannot resolve {}: {e}", u.host))?
+            .collect();
         Ok((u, addrs))
     }
 }
@@ -418,7 +514,9 @@ fn state_of(kind: NotifyEvent) -> Option<&'static str> {
 /// The one line people read (Slack's and Mattermost's `text`, the email's subject and first line).
 pub fn text_of(kind: NotifyEvent, job: Option<&NotifyJob>, detail: Option<&str>, host: &str) -> String {
     let j = |j: &NotifyJob| format!("job {} ({}) of {}", j.id, j.name, j.owner);
-    let why = detail.map(|d| format!(": {}", d.lines().next().unwrap_or(""))).unwrap_or_default();
+    let why = detail
+        .map(|d| format!(": {}", d.lines().next().unwrap_or("")))
+        .unwrap_or_default();
     match (kind, job) {
         (NotifyEvent::Started, Some(x)) => format!("{} started on {host}", j(x)),
         (NotifyEvent::Finished, Some(x)) => format!("{} finished on {host}", j(x)),
@@ -433,7 +531,10 @@ pub fn text_of(kind: NotifyEvent, job: Option<&NotifyJob>, detail: Option<&str>,
         (NotifyEvent::BookingStarting, _) => format!("your GPU booking on {host} starts soon{why}"),
         (NotifyEvent::BookingReleased, _) => format!("your GPU booking on {host} was released{why}"),
         (NotifyEvent::StoreProblem, _) => format!("Gantry on {host} cannot write its state database{why}"),
-        (NotifyEvent::Test, _) => format!("test notification from Gantry on {host}{}", detail.map(|u| format!(" for {u}")).unwrap_or_default()),
+        (NotifyEvent::Test, _) => format!(
+            "test notification from Gantry on {host}{}",
+            detail.map(|u| format!(" for {u}")).unwrap_or_default()
+        ),
         (k, None) => format!("{} on {host}{why}", k.as_str()),
     }
 }
@@ -441,7 +542,12 @@ pub fn text_of(kind: NotifyEvent, job: Option<&NotifyJob>, detail: Option<&str>,
 /// `USER:PASSWORD` on the first line of a file only the engine's user may read.
 fn read_login(path: &std::path::Path) -> Result<Login, String> {
     use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(path).map_err(|e| format!("cannot read the SMTP credentials file {} (`[notify] smtp_credentials`): {e}", path.display()))?;
+    let md = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "cannot read the SMTP credentials file {} (`[notify] smtp_credentials`): {e}",
+            path.display()
+        )
+    })?;
     let me = nix::unistd::geteuid().as_raw();
     if md.uid() != me || md.mode() & 0o077 != 0 {
         return Err(format!(
@@ -453,8 +559,13 @@ fn read_login(path: &std::path::Path) -> Result<Login, String> {
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let line = text.lines().next().unwrap_or("").trim();
-    let (user, password) = line.split_once(':').ok_or_else(|| format!("{}: the first line is not USER:PASSWORD", path.display()))?;
-    Ok(Login { user: user.to_string(), password: password.to_string() })
+    let (user, password) = line
+        .split_once(':')
+        .ok_or_else(|| format!("{}: the first line is not USER:PASSWORD", path.display()))?;
+    Ok(Login {
+        user: user.to_string(),
+        password: password.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -463,10 +574,26 @@ mod tests {
 
     #[test]
     fn each_event_has_a_line_people_can_read() {
-        let job = NotifyJob { id: 7, name: "train".into(), owner: "ada".into(), state: "failed".into(), exit_code: Some(3), message: None };
-        assert_eq!(text_of(NotifyEvent::Failed, Some(&job), Some("exited with code 3\nmore"), "box"), "job 7 (train) of ada failed on box (exit code 3): exited with code 3");
-        assert_eq!(text_of(NotifyEvent::Finished, Some(&job), None, "box"), "job 7 (train) of ada finished on box");
-        assert_eq!(text_of(NotifyEvent::Test, None, Some("ada"), "box"), "test notification from Gantry on box for ada");
+        let job = NotifyJob {
+            id: 7,
+            name: "train".into(),
+            owner: "ada".into(),
+            state: "failed".into(),
+            exit_code: Some(3),
+            message: None,
+        };
+        assert_eq!(
+            text_of(NotifyEvent::Failed, Some(&job), Some("exited with code 3\nmore"), "box"),
+            "job 7 (train) of ada failed on box (exit code 3): exited with code 3"
+        );
+        assert_eq!(
+            text_of(NotifyEvent::Finished, Some(&job), None, "box"),
+            "job 7 (train) of ada finished on box"
+        );
+        assert_eq!(
+            text_of(NotifyEvent::Test, None, Some("ada"), "box"),
+            "test notification from Gantry on box for ada"
+        );
         for k in NotifyEvent::ALL {
             assert!(!text_of(k, Some(&job), None, "box").is_empty());
             assert_eq!(NotifyEvent::parse(k.as_str()), Some(k));

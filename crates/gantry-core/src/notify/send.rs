@@ -29,23 +29,45 @@ pub(super) async fn webhook(u: &HookUrl, addrs: &[SocketAddr], body: &str, event
         }
     }
     let tcp = tcp.ok_or(last)?;
-    let id = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v["id"].as_str().map(String::from)).unwrap_or_default();
+    let id = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(String::from))
+        .unwrap_or_default();
     if u.tls {
         let cx = native_tls::TlsConnector::new().map_err(|e| format!("TLS: {e}"))?;
-        let tls = tokio_native_tls::TlsConnector::from(cx).connect(&u.host, tcp).await.map_err(|e| format!("TLS with {}: {e}", u.host))?;
+        let tls = tokio_native_tls::TlsConnector::from(cx)
+            .connect(&u.host, tcp)
+            .await
+            .map_err(|e| format!("TLS with {}: {e}", u.host))?;
         post(tls, u, body, &id, event).await
     } else {
         post(tcp, u, body, &id, event).await
     }
 }
 
-async fn post<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S, u: &HookUrl, body: &str, id: &str, event: NotifyEvent) -> Result<(), String> {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP: {e}"))?;
+async fn post<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: S,
+    u: &HookUrl,
+    body: &str,
+    id: &str,
+    event: NotifyEvent,
+) -> Result<(), String> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("HTTP: {e}"))?;
     let driver = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let name = if u.host.contains(':') { format!("[{}]", u.host) } else { u.host.clone() };
-    let host = if (u.tls && u.port == 443) || (!u.tls && u.port == 80) { name } else { format!("{name}:{}", u.port) };
+    let name = if u.host.contains(':') {
+        format!("[{}]", u.host)
+    } else {
+        u.host.clone()
+    };
+    let host = if (u.tls && u.port == 443) || (!u.tls && u.port == 80) {
+        name
+    } else {
+        format!("{name}:{}", u.port)
+    };
     let req = hyper::Request::post(u.path.as_str())
         .header("host", host)
         .header("content-type", "application/json")
@@ -74,19 +96,34 @@ async fn post<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S, u: &Hoo
     if status.is_success() {
         Ok(())
     } else if status.is_redirection() {
-        Err(format!("the webhook answered {status} (a redirect); Gantry does not follow redirects: use the URL it redirects to"))
+        Err(format!(
+            "the webhook answered {status} (a redirect); Gantry does not follow redirects: use the URL it redirects to"
+        ))
     } else {
-        Err(format!("the webhook answered {status}{}", if text.is_empty() { String::new() } else { format!(": {text:?}") }))
+        Err(format!(
+            "the webhook answered {status}{}",
+            if text.is_empty() {
+                String::new()
+            } else {
+                format!(": {text:?}")
+            }
+        ))
     }
 }
 
 /// Send `p` as an email to `to` through the lab's relay.
-pub(super) async fn email(smtp: &SmtpSettings, login: Option<&Login>, to: &str, p: &NotifyPayload) -> Result<(), String> {
+pub(super) async fn email(
+    smtp: &SmtpSettings,
+    login: Option<&Login>,
+    to: &str,
+    p: &NotifyPayload,
+) -> Result<(), String> {
     use lettre::message::header::ContentType;
     use lettre::transport::smtp::authentication::Credentials;
     use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
     let mut b = if smtp.starttls {
-        AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&smtp.host).map_err(|e| format!("SMTP relay {}: {e}", smtp.host))?
+        AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&smtp.host)
+            .map_err(|e| format!("SMTP relay {}: {e}", smtp.host))?
     } else {
         AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&smtp.host)
     };
@@ -94,10 +131,23 @@ pub(super) async fn email(smtp: &SmtpSettings, login: Option<&Login>, to: &str, 
     if let Some(l) = login {
         b = b.credentials(Credentials::new(l.user.clone(), l.password.clone()));
     }
-    let domain = smtp.from.rsplit_once('@').map(|(_, d)| d.to_string()).unwrap_or_else(|| p.host.clone());
-    let mut body = format!("{}\n\nevent: {}\nid: {}\nmachine: {}\n", p.text, p.event.as_str(), p.id, p.host);
+    let domain = smtp
+        .from
+        .rsplit_once('@')
+        .map(|(_, d)| d.to_string())
+        .unwrap_or_else(|| p.host.clone());
+    let mut body = format!(
+        "{}\n\nevent: {}\nid: {}\nmachine: {}\n",
+        p.text,
+        p.event.as_str(),
+        p.id,
+        p.host
+    );
     if let Some(j) = &p.job {
-        body.push_str(&format!("job: {} ({})\nowner: {}\nstate: {}\n", j.id, j.name, j.owner, j.state));
+        body.push_str(&format!(
+            "job: {} ({})\nowner: {}\nstate: {}\n",
+            j.id, j.name, j.owner, j.state
+        ));
         if let Some(c) = j.exit_code {
             body.push_str(&format!("exit code: {c}\n"));
         }
@@ -106,13 +156,20 @@ pub(super) async fn email(smtp: &SmtpSettings, login: Option<&Login>, to: &str, 
         }
     }
     let msg = Message::builder()
-        .from(smtp.from.parse().map_err(|e| format!("`smtp_from` {:?}: {e}", smtp.from))?)
+        .from(
+            smtp.from
+                .parse()
+                .map_err(|e| format!("`smtp_from` {:?}: {e}", smtp.from))?,
+        )
         .to(to.parse().map_err(|e| format!("{to:?}: {e}"))?)
         .subject(format!("[gantry] {}", p.text.chars().take(150).collect::<String>()))
         .message_id(Some(format!("<{}@{domain}>", p.id)))
         .header(ContentType::TEXT_PLAIN)
         .body(body)
         .map_err(|e| format!("building the email: {e}"))?;
-    b.build().send(msg).await.map_err(|e| format!("SMTP relay {}:{}: {e}", smtp.host, smtp.port))?;
+    b.build()
+        .send(msg)
+        .await
+        .map_err(|e| format!("SMTP relay {}:{}: {e}", smtp.host, smtp.port))?;
     Ok(())
 }

@@ -48,7 +48,10 @@ pub struct Disk {
 
 impl Default for Disk {
     fn default() -> Self {
-        Disk { min_free: MinFree::Bytes(crate::defaults::DISK_MIN_FREE), layer_size: Some(crate::defaults::LAYER_SIZE) }
+        Disk {
+            min_free: MinFree::Bytes(crate::defaults::DISK_MIN_FREE),
+            layer_size: Some(crate::defaults::LAYER_SIZE),
+        }
     }
 }
 
@@ -68,9 +71,15 @@ pub fn layer_bound(driver: &str, backing: Option<&str>, mount_options: Option<&s
     match (driver, backing) {
         ("btrfs" | "zfs", _) => Ok(()),
         ("overlay2", Some("xfs")) if pquota => Ok(()),
-        ("overlay2", Some("xfs")) => Err("Docker's overlay2 is on xfs without project quotas (mount it with `pquota`)".into()),
-        ("overlay2", Some(fs)) => Err(format!("Docker's overlay2 is on {fs}; Docker bounds it only on xfs with `pquota`, btrfs or zfs")),
-        (d, _) => Err(format!("Docker's storage driver {d} cannot bound it here (overlay2 on xfs with `pquota`, btrfs and zfs can)")),
+        ("overlay2", Some("xfs")) => {
+            Err("Docker's overlay2 is on xfs without project quotas (mount it with `pquota`)".into())
+        }
+        ("overlay2", Some(fs)) => Err(format!(
+            "Docker's overlay2 is on {fs}; Docker bounds it only on xfs with `pquota`, btrfs or zfs"
+        )),
+        (d, _) => Err(format!(
+            "Docker's storage driver {d} cannot bound it here (overlay2 on xfs with `pquota`, btrfs and zfs can)"
+        )),
     }
 }
 
@@ -82,7 +91,7 @@ pub fn low_disk(root: &str, free: u64, total: u64, min: MinFree, set_in: &str, w
         return None;
     }
     let mut w: Vec<&Writer> = writers.iter().filter(|w| w.size_rw > 0).collect();
-    w.sort_by(|a, b| b.size_rw.cmp(&a.size_rw));
+    w.sort_by_key(|w| std::cmp::Reverse(w.size_rw));
     let top: Vec<String> = w
         .iter()
         .take(3)
@@ -91,7 +100,11 @@ pub fn low_disk(root: &str, free: u64, total: u64, min: MinFree, set_in: &str, w
             None => format!("a container of {} {}", w.owner, format_bytes(w.size_rw)),
         })
         .collect();
-    let writers = if top.is_empty() { "no Gantry job holds much of it; look at images and other containers (`docker system df`)".to_string() } else { format!("top writers: {}", top.join(", ")) };
+    let writers = if top.is_empty() {
+        "no Gantry job holds much of it; look at images and other containers (`docker system df`)".to_string()
+    } else {
+        format!("top writers: {}", top.join(", "))
+    };
     Some(format!(
         "Docker's disk ({root}) has {} free, below the lab's minimum of {}{set_in}: no new job starts until space is freed ({writers})",
         format_bytes(free),
@@ -107,7 +120,12 @@ mod tests {
     fn which_drivers_bound_a_layer() {
         let rows: &[(&str, Option<&str>, Option<&str>, bool)] = &[
             ("overlay2", Some("extfs"), Some("rw,relatime"), false),
-            ("overlay2", Some("xfs"), Some("rw,relatime,attr2,inode64,prjquota"), true),
+            (
+                "overlay2",
+                Some("xfs"),
+                Some("rw,relatime,attr2,inode64,prjquota"),
+                true,
+            ),
             ("overlay2", Some("xfs"), Some("rw,pquota"), true),
             ("overlay2", Some("xfs"), Some("rw,relatime"), false),
             ("btrfs", Some("btrfs"), None, true),
@@ -117,25 +135,61 @@ mod tests {
         for (d, b, o, ok) in rows {
             assert_eq!(layer_bound(d, *b, *o).is_ok(), *ok, "{d} {b:?} {o:?}");
         }
-        assert_eq!(layer_bound("overlay2", Some("extfs"), None).unwrap_err(), "Docker's overlay2 is on extfs; Docker bounds it only on xfs with `pquota`, btrfs or zfs");
+        assert_eq!(
+            layer_bound("overlay2", Some("extfs"), None).unwrap_err(),
+            "Docker's overlay2 is on extfs; Docker bounds it only on xfs with `pquota`, btrfs or zfs"
+        );
     }
 
     #[test]
     fn low_disk_names_the_top_writers() {
         let gib = 1u64 << 30;
-        let w = |id: i64, who: &str, g: u64| Writer { job_id: Some(id), owner: who.into(), size_rw: g * gib };
-        let writers = vec![w(1, "alice", 1), w(2, "bob", 40), w(3, "carol", 3), w(4, "dan", 2), Writer { job_id: None, owner: "uid 1007".into(), size_rw: 0 }];
+        let w = |id: i64, who: &str, g: u64| Writer {
+            job_id: Some(id),
+            owner: who.into(),
+            size_rw: g * gib,
+        };
+        let writers = vec![
+            w(1, "alice", 1),
+            w(2, "bob", 40),
+            w(3, "carol", 3),
+            w(4, "dan", 2),
+            Writer {
+                job_id: None,
+                owner: "uid 1007".into(),
+                size_rw: 0,
+            },
+        ];
         // (free, total, min, starts)
-        let rows = [(20 * gib, 100 * gib, MinFree::Bytes(10 * gib), true), (5 * gib, 100 * gib, MinFree::Bytes(10 * gib), false), (6 * gib, 100 * gib, MinFree::Percent(5.0), true), (4 * gib, 100 * gib, MinFree::Percent(5.0), false)];
+        let rows = [
+            (20 * gib, 100 * gib, MinFree::Bytes(10 * gib), true),
+            (5 * gib, 100 * gib, MinFree::Bytes(10 * gib), false),
+            (6 * gib, 100 * gib, MinFree::Percent(5.0), true),
+            (4 * gib, 100 * gib, MinFree::Percent(5.0), false),
+        ];
         for (free, total, min, starts) in rows {
-            assert_eq!(low_disk("/var/lib/docker", free, total, min, "", &writers).is_none(), starts, "{free} of {total}, min {min:?}");
+            assert_eq!(
+                low_disk("/var/lib/docker", free, total, min, "", &writers).is_none(),
+                starts,
+                "{free} of {total}, min {min:?}"
+            );
         }
-        let msg = low_disk("/var/lib/docker", 5 * gib, 100 * gib, MinFree::Bytes(10 * gib), " (disk.min_free in /etc/gantry/config.toml)", &writers).unwrap();
+        let msg = low_disk(
+            "/var/lib/docker",
+            5 * gib,
+            100 * gib,
+            MinFree::Bytes(10 * gib),
+            " (disk.min_free in /etc/gantry/config.toml)",
+            &writers,
+        )
+        .unwrap();
         assert_eq!(
             msg,
             "Docker's disk (/var/lib/docker) has 5.0 GiB free, below the lab's minimum of 10.0 GiB (disk.min_free in /etc/gantry/config.toml): no new job starts until space is freed (top writers: job 2 (bob) 40.0 GiB, job 3 (carol) 3.0 GiB, job 4 (dan) 2.0 GiB)"
         );
-        assert!(low_disk("/d", 1, 100, MinFree::Percent(50.0), "", &[]).unwrap().contains("no Gantry job holds much of it"));
+        assert!(low_disk("/d", 1, 100, MinFree::Percent(50.0), "", &[])
+            .unwrap()
+            .contains("no Gantry job holds much of it"));
         assert_eq!(MinFree::parse("5%"), Some(MinFree::Percent(5.0)));
         assert_eq!(MinFree::parse("10GiB"), Some(MinFree::Bytes(10 * gib)));
         assert_eq!(MinFree::parse("101%"), None);

@@ -19,7 +19,10 @@ pub struct Images {
 
 impl Default for Images {
     fn default() -> Self {
-        Images { allow: None, pull_timeout: crate::defaults::PULL_TIMEOUT }
+        Images {
+            allow: None,
+            pull_timeout: crate::defaults::PULL_TIMEOUT,
+        }
     }
 }
 
@@ -50,7 +53,11 @@ pub fn is_local_registry(registry: &str) -> bool {
     match host.parse::<IpAddr>() {
         Ok(IpAddr::V4(a)) => a.is_loopback() || a.is_link_local() || a.is_unspecified(),
         Ok(IpAddr::V6(a)) => {
-            a.is_loopback() || a.is_unspecified() || (a.segments()[0] & 0xffc0) == 0xfe80 || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4.is_link_local())
+            a.is_loopback()
+                || a.is_unspecified()
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a.to_ipv4_mapped()
+                    .is_some_and(|v4| v4.is_loopback() || v4.is_link_local())
         }
         Err(_) => false,
     }
@@ -65,7 +72,9 @@ fn forms(image: &str) -> Vec<String> {
         None if image.contains('/') => format!("docker.io/{image}"),
         None => format!("docker.io/library/{image}"),
     };
-    let familiar = full.strip_prefix("docker.io/").map(|f| f.strip_prefix("library/").unwrap_or(f).to_string());
+    let familiar = full
+        .strip_prefix("docker.io/")
+        .map(|f| f.strip_prefix("library/").unwrap_or(f).to_string());
     out.push(full);
     out.extend(familiar);
     out.dedup();
@@ -97,7 +106,12 @@ impl Images {
     /// Whether `image` may be pulled or run here; the refusal says which rule and how to go on.
     pub fn check(&self, image: &str, set_in: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
         let local = registry_of(image).filter(|r| is_local_registry(r));
-        let matching = |allow: &[String]| allow.iter().find(|p| forms(image).iter().any(|f| forms(p).iter().any(|pf| glob(pf, f)))).cloned();
+        let matching = |allow: &[String]| {
+            allow
+                .iter()
+                .find(|p| forms(image).iter().any(|f| forms(p).iter().any(|pf| glob(pf, f))))
+                .cloned()
+        };
         match (&self.allow, local) {
             (None, None) => Ok(()),
             (None, Some(r)) => Err(SpecError::new(
@@ -124,8 +138,19 @@ mod tests {
     fn images_are_allowed_by_pattern_and_local_registries_only_by_name() {
         let none = |_: &str| String::new();
         let any = Images::default();
-        let lab = Images { allow: Some(vec!["registry.lab.example/*".into(), "pytorch/*".into(), "ubuntu:22.04".into(), "127.0.0.1:5000/*".into()]), ..Default::default() };
-        let star_host = Images { allow: Some(vec!["*".into()]), ..Default::default() };
+        let lab = Images {
+            allow: Some(vec![
+                "registry.lab.example/*".into(),
+                "pytorch/*".into(),
+                "ubuntu:22.04".into(),
+                "127.0.0.1:5000/*".into(),
+            ]),
+            ..Default::default()
+        };
+        let star_host = Images {
+            allow: Some(vec!["*".into()]),
+            ..Default::default()
+        };
         // (rules, image, allowed)
         let rows: &[(&Images, &str, bool)] = &[
             (&any, "pytorch/pytorch:2.1", true),
@@ -149,22 +174,48 @@ mod tests {
             (&lab, "evil/pytorch", false),
             (&lab, "127.0.0.1:5000/x:1", true),
             (&lab, "127.0.0.1:5001/x:1", false),
-            (&Images { allow: Some(vec!["127.0.0.1:*/*".into()]), ..Default::default() }, "127.0.0.1:5001/x", true),
+            (
+                &Images {
+                    allow: Some(vec!["127.0.0.1:*/*".into()]),
+                    ..Default::default()
+                },
+                "127.0.0.1:5001/x",
+                true,
+            ),
             (&star_host, "nvcr.io/x", true),
             (&star_host, "127.0.0.1:5000/x", false), // a wildcard never opens a local registry
         ];
         for (rules, image, ok) in rows {
             assert_eq!(rules.check(image, &none).is_ok(), *ok, "{image} with {:?}", rules.allow);
         }
-        let e = lab.check("evil/x", &|k| format!(" ({k} in /etc/gantry/config.toml)")).unwrap_err().to_string();
-        assert!(e.contains("not in the lab's allowed images (images.allow in /etc/gantry/config.toml)") && e.contains("\"pytorch/*\""), "{e}");
+        let e = lab
+            .check("evil/x", &|k| format!(" ({k} in /etc/gantry/config.toml)"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not in the lab's allowed images (images.allow in /etc/gantry/config.toml)")
+                && e.contains("\"pytorch/*\""),
+            "{e}"
+        );
         let e = any.check("127.0.0.1:5000/x", &none).unwrap_err().to_string();
-        assert!(e.contains("127.0.0.1:5000") && e.contains("add \"127.0.0.1:5000/*\""), "{e}");
+        assert!(
+            e.contains("127.0.0.1:5000") && e.contains("add \"127.0.0.1:5000/*\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn globs() {
-        for (p, s, ok) in [("a*", "abc", true), ("*c", "abc", true), ("a*c", "ac", true), ("a*b*c", "aXbYc", true), ("a*b*c", "acb", false), ("abc", "abc", true), ("ab", "abc", false), ("a*a", "a", false)] {
+        for (p, s, ok) in [
+            ("a*", "abc", true),
+            ("*c", "abc", true),
+            ("a*c", "ac", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("abc", "abc", true),
+            ("ab", "abc", false),
+            ("a*a", "a", false),
+        ] {
             assert_eq!(glob(p, s), ok, "{p} {s}");
         }
     }

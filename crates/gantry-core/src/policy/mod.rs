@@ -144,7 +144,12 @@ impl Policy {
     pub fn is_admin(&self, uid: u32) -> bool {
         uid == 0
             || self.admin_uids.contains(&uid)
-            || self.admin_gid.is_some_and(|g| nix::unistd::User::from_uid(uid.into()).ok().flatten().is_some_and(|u| u.gid.as_raw() == g))
+            || self.admin_gid.is_some_and(|g| {
+                nix::unistd::User::from_uid(uid.into())
+                    .ok()
+                    .flatten()
+                    .is_some_and(|u| u.gid.as_raw() == g)
+            })
     }
 
     /// The priority range a caller may use.
@@ -178,7 +183,12 @@ impl Policy {
             ("limits.priority", r(self.user_priority)),
             ("limits.admin_priority", r(self.admin_priority)),
             ("limits.max_queued_jobs", self.max_queued_per_user.to_string()),
-            ("limits.max_running_gpus", self.max_running_gpus.map(|n| n.to_string()).unwrap_or_else(|| "none".into())),
+            (
+                "limits.max_running_gpus",
+                self.max_running_gpus
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "none".into()),
+            ),
             ("limits.default_timeout", d(self.default_timeout)),
             ("limits.max_timeout", d(self.max_timeout)),
             ("fair_share.half_life", d(Some(self.fair_share_half_life))),
@@ -187,11 +197,23 @@ impl Policy {
             ("jobs.reserve_after", d(Some(self.reserve_after))),
             ("jobs.overrun_margin", d(Some(self.overrun_margin))),
             ("preemption.enabled", self.preemption.enabled.to_string()),
-            ("preemption.default_preemptible", self.preemption.default_preemptible.to_string()),
+            (
+                "preemption.default_preemptible",
+                self.preemption.default_preemptible.to_string(),
+            ),
             ("preemption.reserve_after", self.preemption.rules.overdue.to_string()),
-            ("preemption.priority_gap", self.preemption.rules.priority_gap.map_or("0 (off)".into(), |g| g.to_string())),
+            (
+                "preemption.priority_gap",
+                self.preemption
+                    .rules
+                    .priority_gap
+                    .map_or("0 (off)".into(), |g| g.to_string()),
+            ),
             ("preemption.fair_share", self.preemption.rules.fair_share.to_string()),
-            ("preemption.min_run", d(Some(Duration::from_millis(self.preemption.rules.min_run_ms as u64)))),
+            (
+                "preemption.min_run",
+                d(Some(Duration::from_millis(self.preemption.rules.min_run_ms as u64))),
+            ),
             ("preemption.max_per_day", self.preemption.rules.max_per_day.to_string()),
             ("jobs.gpu_memory_margin", format!("{}%", self.gpu_memory_margin_pct)),
             ("jobs.gpu_memory_grace", d(Some(self.gpu_memory_grace))),
@@ -200,16 +222,35 @@ impl Policy {
             ("logs.streams_per_user", self.log_streams_per_user.to_string()),
             ("inbox.max_watches", self.inbox_watches_per_user.to_string()),
             ("history.keep", d(self.history_keep)),
-            ("images.allow", self.images.allow.as_ref().map(|a| format!("{a:?}")).unwrap_or_else(|| "any (no local registry)".into())),
+            (
+                "images.allow",
+                self.images
+                    .allow
+                    .as_ref()
+                    .map(|a| format!("{a:?}"))
+                    .unwrap_or_else(|| "any (no local registry)".into()),
+            ),
             ("images.pull_timeout", d(Some(self.images.pull_timeout))),
             ("disk.min_free", self.disk.min_free.show()),
-            ("disk.layer_size", self.disk.layer_size.map(crate::units::format_bytes).unwrap_or_else(|| "none".into())),
-            ("admin uids", format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid)),
+            (
+                "disk.layer_size",
+                self.disk
+                    .layer_size
+                    .map(crate::units::format_bytes)
+                    .unwrap_or_else(|| "none".into()),
+            ),
+            (
+                "admin uids",
+                format!("{:?} (group gid {:?})", self.admin_uids, self.admin_gid),
+            ),
         ];
         v.extend(self.containers.entries());
         let s = &self.sessions;
         v.extend([
-            ("sessions.max_gpus", s.max_gpus.map(|n| n.to_string()).unwrap_or_else(|| "none".into())),
+            (
+                "sessions.max_gpus",
+                s.max_gpus.map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
+            ),
             ("sessions.default_length", d(Some(s.default_length))),
             ("sessions.max_length", d(Some(s.max_length))),
             ("sessions.before_batch", s.before_batch.to_string()),
@@ -233,7 +274,12 @@ impl Policy {
 
     /// What differs from `old`, as `key: old -> new` lines.
     pub fn changes_from(&self, old: &Policy) -> Vec<String> {
-        old.entries().into_iter().zip(self.entries()).filter(|(a, b)| a.1 != b.1).map(|(a, b)| format!("{}: {} -> {}", a.0, a.1, b.1)).collect()
+        old.entries()
+            .into_iter()
+            .zip(self.entries())
+            .filter(|(a, b)| a.1 != b.1)
+            .map(|(a, b)| format!("{}: {} -> {}", a.0, a.1, b.1))
+            .collect()
     }
 }
 
@@ -308,18 +354,12 @@ impl Default for Bookings {
 
 /// `[preemption]`: whether Gantry may stop preemptible jobs for others, by which rules, and whether
 /// jobs are preemptible unless their spec says.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Preemption {
     pub enabled: bool,
     /// A spec without `preemptible` is preemptible.
     pub default_preemptible: bool,
     pub rules: crate::scheduler::PreemptRules,
-}
-
-impl Default for Preemption {
-    fn default() -> Self {
-        Preemption { enabled: false, default_preemptible: false, rules: crate::scheduler::PreemptRules::default() }
-    }
 }
 
 impl Preemption {
@@ -347,7 +387,11 @@ impl GpuChoice {
     /// The indexes of the chosen GPUs on this machine, or where the file names a GPU it lacks.
     pub fn resolve(&self, inventory: &[(u32, String)]) -> Result<BTreeSet<u32>, PolicyError> {
         let have = || {
-            inventory.iter().map(|(i, u)| format!("{i} ({u})")).collect::<Vec<_>>().join(", ")
+            inventory
+                .iter()
+                .map(|(i, u)| format!("{i} ({u})"))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         let mut out = BTreeSet::new();
         for g in &self.gpus {
@@ -363,7 +407,10 @@ impl GpuChoice {
                         self.line,
                         self.column,
                         format!("`gpus` names GPU {g}, which this machine does not have"),
-                        format!("use indexes or UUIDs of this machine's GPUs: {}; or write gpus = \"all\"", have()),
+                        format!(
+                            "use indexes or UUIDs of this machine's GPUs: {}; or write gpus = \"all\"",
+                            have()
+                        ),
                     ))
                 }
             };
@@ -497,13 +544,27 @@ max_watches = 32
 "#;
         let c = parse(full).unwrap();
         let p = &c.policy;
-        assert_eq!((p.user_priority, p.admin_priority, p.max_queued_per_user, p.max_running_gpus), ((-5, 5), (-100, 100), 10, Some(4)));
+        assert_eq!(
+            (
+                p.user_priority,
+                p.admin_priority,
+                p.max_queued_per_user,
+                p.max_running_gpus
+            ),
+            ((-5, 5), (-100, 100), 10, Some(4))
+        );
         assert_eq!(p.default_timeout, Some(Duration::from_secs(7 * 86400)));
-        assert_eq!((p.log_cap, p.see_others, p.admin_gid), (1 << 30, SeeOthers::All, Some(0)));
+        assert_eq!(
+            (p.log_cap, p.see_others, p.admin_gid),
+            (1 << 30, SeeOthers::All, Some(0))
+        );
         assert_eq!(p.log_keep, Some(Duration::from_secs(90 * 86400)));
         assert_eq!((p.log_streams_per_user, p.inbox_watches_per_user), (4, 32));
         assert_eq!(c.gpus.as_ref().unwrap().gpus.len(), 3);
-        assert_eq!((c.inbox_path.as_deref(), c.inbox_group.as_deref()), (Some(Path::new("Gantry/inbox")), Some("gantry")));
+        assert_eq!(
+            (c.inbox_path.as_deref(), c.inbox_group.as_deref()),
+            (Some(Path::new("Gantry/inbox")), Some("gantry"))
+        );
         let d = parse("").unwrap();
         assert_eq!(d.policy, Policy::default());
         assert_eq!(d.gpus, None);
@@ -513,21 +574,57 @@ max_watches = 32
     #[test]
     fn problems_name_the_file_line_and_column_and_how_to_fix() {
         let cases: &[(&str, &str)] = &[
-            ("[limits]\nmax_queud_jobs = 3\n", "config.toml:2:1: unknown field `max_queud_jobs`"),
-            ("[limits]\npriority = [10, -10]\n", "config.toml:2:12: `priority` = [10, -10]: the lowest value is above the highest; swap them: [-10, 10]"),
-            ("[limits]\ndefault_timeout = \"40d\"\nmax_timeout = \"30d\"\n", "config.toml:2:19: `default_timeout` (40d) is longer than `max_timeout` (30d)"),
-            ("[access]\nadmins = [\"root\", \"nosuchuser-x\"]\n", "config.toml:2:19: `admins` names \"nosuchuser-x\", which is not a user"),
-            ("[access]\nadmin_group = \"nosuchgroup-x\"\n", "config.toml:2:15: `admin_group` = \"nosuchgroup-x\" is not a group"),
-            ("[access]\nsee_others = \"some\"\n", "`see_others` = \"some\" is not a choice"),
-            ("[logs]\ncap = \"lots\"\n", "config.toml:2:7: `cap` = \"lots\" is not a size"),
-            ("[jobs]\nstop_grace = \"soon\"\n", "`stop_grace` = \"soon\" is not a duration"),
+            (
+                "[limits]\nmax_queud_jobs = 3\n",
+                "config.toml:2:1: unknown field `max_queud_jobs`",
+            ),
+            (
+                "[limits]\npriority = [10, -10]\n",
+                "config.toml:2:12: `priority` = [10, -10]: the lowest value is above the highest; swap them: [-10, 10]",
+            ),
+            (
+                "[limits]\ndefault_timeout = \"40d\"\nmax_timeout = \"30d\"\n",
+                "config.toml:2:19: `default_timeout` (40d) is longer than `max_timeout` (30d)",
+            ),
+            (
+                "[access]\nadmins = [\"root\", \"nosuchuser-x\"]\n",
+                "config.toml:2:19: `admins` names \"nosuchuser-x\", which is not a user",
+            ),
+            (
+                "[access]\nadmin_group = \"nosuchgroup-x\"\n",
+                "config.toml:2:15: `admin_group` = \"nosuchgroup-x\" is not a group",
+            ),
+            (
+                "[access]\nsee_others = \"some\"\n",
+                "`see_others` = \"some\" is not a choice",
+            ),
+            (
+                "[logs]\ncap = \"lots\"\n",
+                "config.toml:2:7: `cap` = \"lots\" is not a size",
+            ),
+            (
+                "[jobs]\nstop_grace = \"soon\"\n",
+                "`stop_grace` = \"soon\" is not a duration",
+            ),
             ("gpus = [0, 0]\n", "GPU 0 twice"),
             ("gpus = \"some\"\n", "config.toml:1:8: `gpus` = \"some\" is not \"all\""),
-            ("[limits]\nmax_running_gpus = 0\n", "`max_running_gpus` = 0 is out of range"),
-            ("[limits]\nmax_queued_jobs = \"many\"\n", "config.toml:2:19: invalid type: string \"many\", expected i64"),
+            (
+                "[limits]\nmax_running_gpus = 0\n",
+                "`max_running_gpus` = 0 is out of range",
+            ),
+            (
+                "[limits]\nmax_queued_jobs = \"many\"\n",
+                "config.toml:2:19: invalid type: string \"many\", expected i64",
+            ),
             ("[inbox]\npath = \"../x\"\n", "not a plain path"),
-            ("[logs]\nstreams_per_user = 0\n", "config.toml:2:20: `streams_per_user` = 0 is out of range; use a number from 1 to 1024"),
-            ("[inbox]\nmax_watches = 1000000\n", "config.toml:2:15: `max_watches` = 1000000 is out of range; use a number from 1 to 65536"),
+            (
+                "[logs]\nstreams_per_user = 0\n",
+                "config.toml:2:20: `streams_per_user` = 0 is out of range; use a number from 1 to 1024",
+            ),
+            (
+                "[inbox]\nmax_watches = 1000000\n",
+                "config.toml:2:15: `max_watches` = 1000000 is out of range; use a number from 1 to 65536",
+            ),
             ("simulate = \"sim:lots\"\n", "invalid simulated GPU spec"),
         ];
         for (text, want) in cases {
@@ -561,72 +658,176 @@ max_watches = 32
                 host_image: false,
             }
         );
-        assert_eq!(parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n").unwrap().policy.containers, Containers::default());
+        assert_eq!(
+            parse("[containers]\nshm_size = \"auto\"\ncpus_per_gpu = \"auto\"\n")
+                .unwrap()
+                .policy
+                .containers,
+            Containers::default()
+        );
         let cases: &[(&str, &str)] = &[
             ("[containers]\nshm = \"1GiB\"\n", "config.toml:2:1: unknown field `shm`"),
-            ("[containers]\nshm_size = \"lots\"\n", "config.toml:2:12: `shm_size` = \"lots\" is not \"auto\" or a size"),
-            ("[containers]\nmemlock = \"-1\"\n", "`memlock` = \"-1\" is not \"unlimited\" or a size"),
-            ("[containers]\nhome = \"nfs\"\n", "`home` = \"nfs\" is not a choice; write \"tmpfs\""),
-            ("[containers]\ncpus_per_gpu = 0\n", "config.toml:2:16: `cpus_per_gpu` = 0 is not a number of CPUs from 0.01 to 1024"),
+            (
+                "[containers]\nshm_size = \"lots\"\n",
+                "config.toml:2:12: `shm_size` = \"lots\" is not \"auto\" or a size",
+            ),
+            (
+                "[containers]\nmemlock = \"-1\"\n",
+                "`memlock` = \"-1\" is not \"unlimited\" or a size",
+            ),
+            (
+                "[containers]\nhome = \"nfs\"\n",
+                "`home` = \"nfs\" is not a choice; write \"tmpfs\"",
+            ),
+            (
+                "[containers]\ncpus_per_gpu = 0\n",
+                "config.toml:2:16: `cpus_per_gpu` = 0 is not a number of CPUs from 0.01 to 1024",
+            ),
             ("[containers]\ncpus_per_gpu = \"many\"\n", "is not a number of CPUs"),
-            ("[containers]\nmemory_per_gpu = \"1KiB\"\n", "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB"),
-            ("[containers]\nreserve_cpus = \"auto\"\n", "`reserve_cpus` = \"auto\" is not a number of CPUs from 0 to 1024"),
-            ("[containers]\nallow_ipc_host = \"yes\"\n", "config.toml:2:18: invalid type: string \"yes\", expected a boolean"),
-            ("[containers]\npids_limit = 8\n", "config.toml:2:14: `pids_limit` = 8 is not a number of processes from 16 to 4194304"),
-            ("[containers]\npids_limit = \"many\"\n", "config.toml:2:14: invalid type: string \"many\", expected i64"),
+            (
+                "[containers]\nmemory_per_gpu = \"1KiB\"\n",
+                "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB",
+            ),
+            (
+                "[containers]\nreserve_cpus = \"auto\"\n",
+                "`reserve_cpus` = \"auto\" is not a number of CPUs from 0 to 1024",
+            ),
+            (
+                "[containers]\nallow_ipc_host = \"yes\"\n",
+                "config.toml:2:18: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "[containers]\npids_limit = 8\n",
+                "config.toml:2:14: `pids_limit` = 8 is not a number of processes from 16 to 4194304",
+            ),
+            (
+                "[containers]\npids_limit = \"many\"\n",
+                "config.toml:2:14: invalid type: string \"many\", expected i64",
+            ),
         ];
         for (text, want) in cases {
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }
-        let changed = parse("[containers]\nallow_ipc_host = true\n").unwrap().policy.changes_from(&Policy::default());
+        let changed = parse("[containers]\nallow_ipc_host = true\n")
+            .unwrap()
+            .policy
+            .changes_from(&Policy::default());
         assert_eq!(changed, vec!["containers.allow_ipc_host: false -> true"]);
     }
 
     #[test]
     fn images_table_parses_and_explains_its_mistakes() {
-        let i = parse("[images]\nallow = [\"registry.lab.example/*\", \"pytorch/*\"]\npull_timeout = \"10m\"\n").unwrap().policy.images;
-        assert_eq!(i, Images { allow: Some(vec!["registry.lab.example/*".into(), "pytorch/*".into()]), pull_timeout: Duration::from_secs(600) });
+        let i = parse("[images]\nallow = [\"registry.lab.example/*\", \"pytorch/*\"]\npull_timeout = \"10m\"\n")
+            .unwrap()
+            .policy
+            .images;
+        assert_eq!(
+            i,
+            Images {
+                allow: Some(vec!["registry.lab.example/*".into(), "pytorch/*".into()]),
+                pull_timeout: Duration::from_secs(600)
+            }
+        );
         assert_eq!(parse("").unwrap().policy.images, Images::default());
         let cases: &[(&str, &str)] = &[
-            ("[images]\nallow = [\"https://r.example/*\"]\n", "config.toml:2:10: images `allow` lists \"https://r.example/*\", which is not an image pattern"),
-            ("[images]\nallow = [\"a b\"]\n", "is not an image pattern; write an image name with `*`"),
-            ("[images]\nallow = \"pytorch/*\"\n", "config.toml:2:9: invalid type: string \"pytorch/*\", expected a sequence"),
-            ("[images]\npull_timeout = \"2d\"\n", "`pull_timeout` = \"2d\" is longer than 1d; use at most \"1d\""),
+            (
+                "[images]\nallow = [\"https://r.example/*\"]\n",
+                "config.toml:2:10: images `allow` lists \"https://r.example/*\", which is not an image pattern",
+            ),
+            (
+                "[images]\nallow = [\"a b\"]\n",
+                "is not an image pattern; write an image name with `*`",
+            ),
+            (
+                "[images]\nallow = \"pytorch/*\"\n",
+                "config.toml:2:9: invalid type: string \"pytorch/*\", expected a sequence",
+            ),
+            (
+                "[images]\npull_timeout = \"2d\"\n",
+                "`pull_timeout` = \"2d\" is longer than 1d; use at most \"1d\"",
+            ),
             ("[images]\npull = \"1m\"\n", "config.toml:2:1: unknown field `pull`"),
         ];
         for (text, want) in cases {
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }
-        let changed = parse("[images]\npull_timeout = \"1h\"\n").unwrap().policy.changes_from(&Policy::default());
+        let changed = parse("[images]\npull_timeout = \"1h\"\n")
+            .unwrap()
+            .policy
+            .changes_from(&Policy::default());
         assert_eq!(changed, vec!["images.pull_timeout: 30m -> 1h"]);
     }
 
     #[test]
     fn gpu_memory_enforcement_settings_parse() {
-        let p = parse("[jobs]\ngpu_memory_margin = \"50%\"\ngpu_memory_grace = \"1m\"\n").unwrap().policy;
-        assert_eq!((p.gpu_memory_margin_pct, p.gpu_memory_grace), (50.0, Duration::from_secs(60)));
+        let p = parse("[jobs]\ngpu_memory_margin = \"50%\"\ngpu_memory_grace = \"1m\"\n")
+            .unwrap()
+            .policy;
+        assert_eq!(
+            (p.gpu_memory_margin_pct, p.gpu_memory_grace),
+            (50.0, Duration::from_secs(60))
+        );
         let d = Policy::default();
-        assert_eq!((d.gpu_memory_margin_pct, d.gpu_memory_grace), (20.0, Duration::from_secs(30)));
-        assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n").contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
+        assert_eq!(
+            (d.gpu_memory_margin_pct, d.gpu_memory_grace),
+            (20.0, Duration::from_secs(30))
+        );
+        assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n")
+            .contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
         assert!(err("[jobs]\ngpu_memory_margin = \"20\"\n").contains("is not a percentage"));
-        assert!(err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration"));
+        assert!(
+            err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration")
+        );
     }
 
     #[test]
     fn overrun_margin_parses_and_is_checked() {
         assert_eq!(Policy::default().overrun_margin, Duration::from_secs(30));
-        assert_eq!(parse("[jobs]\noverrun_margin = \"2m\"\n").unwrap().policy.overrun_margin, Duration::from_secs(120));
-        assert!(err("[jobs]\noverrun_margin = \"late\"\n").contains("config.toml:2:18: `overrun_margin` = \"late\" is not a duration"), "{}", err("[jobs]\noverrun_margin = \"late\"\n"));
-        assert!(err("[jobs]\noverrun_margin = \"2d\"\n").contains("`overrun_margin` = \"2d\" is longer than 1d"), "{}", err("[jobs]\noverrun_margin = \"2d\"\n"));
+        assert_eq!(
+            parse("[jobs]\noverrun_margin = \"2m\"\n")
+                .unwrap()
+                .policy
+                .overrun_margin,
+            Duration::from_secs(120)
+        );
+        assert!(
+            err("[jobs]\noverrun_margin = \"late\"\n")
+                .contains("config.toml:2:18: `overrun_margin` = \"late\" is not a duration"),
+            "{}",
+            err("[jobs]\noverrun_margin = \"late\"\n")
+        );
+        assert!(
+            err("[jobs]\noverrun_margin = \"2d\"\n").contains("`overrun_margin` = \"2d\" is longer than 1d"),
+            "{}",
+            err("[jobs]\noverrun_margin = \"2d\"\n")
+        );
     }
 
     #[test]
     fn disk_table_parses_and_explains_its_mistakes() {
-        let d = parse("[disk]\nmin_free = \"5%\"\nlayer_size = \"none\"\n").unwrap().policy.disk;
-        assert_eq!(d, Disk { min_free: MinFree::Percent(5.0), layer_size: None });
-        assert_eq!(parse("[disk]\nmin_free = \"20GiB\"\nlayer_size = \"50GiB\"\n").unwrap().policy.disk, Disk { min_free: MinFree::Bytes(20 << 30), layer_size: Some(50 << 30) });
+        let d = parse("[disk]\nmin_free = \"5%\"\nlayer_size = \"none\"\n")
+            .unwrap()
+            .policy
+            .disk;
+        assert_eq!(
+            d,
+            Disk {
+                min_free: MinFree::Percent(5.0),
+                layer_size: None
+            }
+        );
+        assert_eq!(
+            parse("[disk]\nmin_free = \"20GiB\"\nlayer_size = \"50GiB\"\n")
+                .unwrap()
+                .policy
+                .disk,
+            Disk {
+                min_free: MinFree::Bytes(20 << 30),
+                layer_size: Some(50 << 30)
+            }
+        );
         assert_eq!(parse("").unwrap().policy.disk, Disk::default());
         for (text, want) in [
             ("[disk]\nmin_free = \"lots\"\n", "config.toml:2:12: disk `min_free` = \"lots\" is not a size or a percentage; write e.g. \"10GiB\" or \"5%\""),
@@ -643,10 +844,29 @@ max_watches = 32
     fn sessions_table_parses_and_explains_its_mistakes() {
         let s = parse("[sessions]\nmax_gpus = 2\ndefault_length = \"1h\"\nmax_length = \"8h\"\nbefore_batch = false\nnotebook_image = \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"\n").unwrap().policy.sessions;
         let nb = Some("quay.io/jupyter/pytorch-notebook:cuda12-latest".to_string());
-        assert_eq!(s, Sessions { max_gpus: Some(2), default_length: Duration::from_secs(3600), max_length: Duration::from_secs(8 * 3600), before_batch: false, notebook_image: nb, ..Sessions::default() });
-        let idle = parse("[sessions]\nidle_after = \"4s\"\nidle_batch = true\nkeep_free = 2\n").unwrap().policy.sessions;
-        assert_eq!((idle.idle_after, idle.idle_batch, idle.keep_free), (Some(Duration::from_secs(4)), true, 2));
-        let off = parse("[sessions]\nidle_after = \"none\"\nkeep_free = 0\n").unwrap().policy.sessions;
+        assert_eq!(
+            s,
+            Sessions {
+                max_gpus: Some(2),
+                default_length: Duration::from_secs(3600),
+                max_length: Duration::from_secs(8 * 3600),
+                before_batch: false,
+                notebook_image: nb,
+                ..Sessions::default()
+            }
+        );
+        let idle = parse("[sessions]\nidle_after = \"4s\"\nidle_batch = true\nkeep_free = 2\n")
+            .unwrap()
+            .policy
+            .sessions;
+        assert_eq!(
+            (idle.idle_after, idle.idle_batch, idle.keep_free),
+            (Some(Duration::from_secs(4)), true, 2)
+        );
+        let off = parse("[sessions]\nidle_after = \"none\"\nkeep_free = 0\n")
+            .unwrap()
+            .policy
+            .sessions;
         assert_eq!((off.idle_after, off.keep_free), (None, 0));
         assert_eq!(Sessions::default().idle_after, Some(Duration::from_secs(3600)));
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
@@ -673,18 +893,58 @@ max_watches = 32
     fn bookings_table_parses_and_explains_its_mistakes() {
         let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
         let h = |n: u64| Duration::from_secs(n * 3600);
-        assert_eq!(b, Bookings { enabled: false, max_gpu_hours_per_week: Some(40), max_ahead: h(7 * 24), slot: h(1), release_after: Duration::from_secs(900), max_gpus: Some(2) });
+        assert_eq!(
+            b,
+            Bookings {
+                enabled: false,
+                max_gpu_hours_per_week: Some(40),
+                max_ahead: h(7 * 24),
+                slot: h(1),
+                release_after: Duration::from_secs(900),
+                max_gpus: Some(2)
+            }
+        );
         let d = parse("").unwrap().policy.bookings;
-        assert_eq!((d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus), (true, Duration::from_secs(1800), Duration::from_secs(1800), h(14 * 24), None));
+        assert_eq!(
+            (d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus),
+            (
+                true,
+                Duration::from_secs(1800),
+                Duration::from_secs(1800),
+                h(14 * 24),
+                None
+            )
+        );
         let cases: &[(&str, &str)] = &[
-            ("[bookings]\nslots = \"30m\"\n", "config.toml:2:1: unknown field `slots`"),
-            ("[bookings]\nslot = \"7m\"\n", "config.toml:2:8: bookings `slot` = \"7m\" is not a whole number of minutes that divides a day"),
+            (
+                "[bookings]\nslots = \"30m\"\n",
+                "config.toml:2:1: unknown field `slots`",
+            ),
+            (
+                "[bookings]\nslot = \"7m\"\n",
+                "config.toml:2:8: bookings `slot` = \"7m\" is not a whole number of minutes that divides a day",
+            ),
             ("[bookings]\nslot = \"90s\"\n", "is not a whole number of minutes"),
-            ("[bookings]\nmax_ahead = \"2y\"\n", "`max_ahead` = \"2y\" is longer than"),
-            ("[bookings]\nrelease_after = \"later\"\n", "config.toml:2:17: `release_after` = \"later\" is not a duration"),
-            ("[bookings]\nmax_gpus = 0\n", "config.toml:2:12: `max_gpus` = 0 is out of range"),
-            ("[bookings]\nmax_gpu_hours_per_week = -3\n", "`max_gpu_hours_per_week` = -3 is out of range"),
-            ("[bookings]\nenabled = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
+            (
+                "[bookings]\nmax_ahead = \"2y\"\n",
+                "`max_ahead` = \"2y\" is longer than",
+            ),
+            (
+                "[bookings]\nrelease_after = \"later\"\n",
+                "config.toml:2:17: `release_after` = \"later\" is not a duration",
+            ),
+            (
+                "[bookings]\nmax_gpus = 0\n",
+                "config.toml:2:12: `max_gpus` = 0 is out of range",
+            ),
+            (
+                "[bookings]\nmax_gpu_hours_per_week = -3\n",
+                "`max_gpu_hours_per_week` = -3 is out of range",
+            ),
+            (
+                "[bookings]\nenabled = \"yes\"\n",
+                "invalid type: string \"yes\", expected a boolean",
+            ),
         ];
         for (text, want) in cases {
             let e = err(text);
@@ -697,21 +957,59 @@ max_watches = 32
         use crate::protocol::notify::NotifyEvent;
         let c = parse("[notify]\nsmtp_host = \"smtp.lab.org\"\nsmtp_from = \"gantry@lab.org\"\nwebhook_hosts = [\"Hooks.Slack.com\", \"127.0.0.1:9000\"]\nwebhooks = [{ url = \"https://chat.lab.org/h\", on = [\"failed\"] }, { url = \"http://x.org/\" }]\nmax_tries = 3\n[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
         let smtp = c.notify.smtp.as_ref().unwrap();
-        assert_eq!((smtp.host.as_str(), smtp.port, smtp.starttls), ("smtp.lab.org", 587, true), "STARTTLS on the submission port by default");
+        assert_eq!(
+            (smtp.host.as_str(), smtp.port, smtp.starttls),
+            ("smtp.lab.org", 587, true),
+            "STARTTLS on the submission port by default"
+        );
         assert_eq!(c.notify.webhook_hosts, ["hooks.slack.com", "127.0.0.1:9000"]);
-        assert_eq!(c.notify.webhooks, vec![("https://chat.lab.org/h".to_string(), vec![NotifyEvent::Failed]), ("http://x.org/".to_string(), vec![NotifyEvent::StoreProblem])]);
-        assert_eq!((c.notify.max_tries, c.metrics.listen.map(|a| a.port())), (3, Some(9464)));
+        assert_eq!(
+            c.notify.webhooks,
+            vec![
+                ("https://chat.lab.org/h".to_string(), vec![NotifyEvent::Failed]),
+                ("http://x.org/".to_string(), vec![NotifyEvent::StoreProblem])
+            ]
+        );
+        assert_eq!(
+            (c.notify.max_tries, c.metrics.listen.map(|a| a.port())),
+            (3, Some(9464))
+        );
         assert_eq!(parse("").unwrap().metrics.listen, None, "metrics are off by default");
-        assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n").unwrap().metrics.listen.is_some());
+        assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n")
+            .unwrap()
+            .metrics
+            .listen
+            .is_some());
         let cases: &[(&str, &str)] = &[
-            ("[metrics]\nlisten = \"0.0.0.0:9464\"\n", "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address"),
+            (
+                "[metrics]\nlisten = \"0.0.0.0:9464\"\n",
+                "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address",
+            ),
             ("[metrics]\nlisten = \"localhost\"\n", "is not an address and port"),
-            ("[notify]\nsmtp_host = \"smtp.lab.org\"\n", "config.toml:2:13: `smtp_host` is set but `smtp_from` is not"),
-            ("[notify]\nsmtp_host = \"a\"\nsmtp_from = \"nobody\"\n", "`smtp_from` = \"nobody\" is not an email address"),
-            ("[notify]\nsmtp_port = 25\n", "`smtp_port` is set but `smtp_host` is not"),
-            ("[notify]\nwebhook_hosts = [\"a b\"]\n", "`webhook_hosts` lists \"a b\": it is not a host name"),
-            ("[notify]\nwebhooks = [{ url = \"ftp://x/\" }]\n", "is not an http:// or https:// URL"),
-            ("[notify]\nwebhooks = [{ url = \"http://x.org/\", on = [\"sometimes\"] }]\n", "lists \"sometimes\", which is not an event"),
+            (
+                "[notify]\nsmtp_host = \"smtp.lab.org\"\n",
+                "config.toml:2:13: `smtp_host` is set but `smtp_from` is not",
+            ),
+            (
+                "[notify]\nsmtp_host = \"a\"\nsmtp_from = \"nobody\"\n",
+                "`smtp_from` = \"nobody\" is not an email address",
+            ),
+            (
+                "[notify]\nsmtp_port = 25\n",
+                "`smtp_port` is set but `smtp_host` is not",
+            ),
+            (
+                "[notify]\nwebhook_hosts = [\"a b\"]\n",
+                "`webhook_hosts` lists \"a b\": it is not a host name",
+            ),
+            (
+                "[notify]\nwebhooks = [{ url = \"ftp://x/\" }]\n",
+                "is not an http:// or https:// URL",
+            ),
+            (
+                "[notify]\nwebhooks = [{ url = \"http://x.org/\", on = [\"sometimes\"] }]\n",
+                "lists \"sometimes\", which is not an event",
+            ),
             ("[notify]\nsmtp_relay = \"x\"\n", "unknown field `smtp_relay`"),
             ("[notify]\nmax_tries = 0\n", "`max_tries` = 0 is out of range"),
         ];
@@ -719,32 +1017,76 @@ max_watches = 32
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }
-        let changed = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap().restart_only_changes(&LabConfig::default());
+        let changed = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n")
+            .unwrap()
+            .restart_only_changes(&LabConfig::default());
         assert_eq!(changed, ["metrics"]);
     }
 
     #[test]
     fn preemption_table_parses_and_explains_its_mistakes() {
         let p = Policy::default().preemption;
-        assert_eq!((p.enabled, p.default_preemptible, p.rules()), (false, false, None), "off out of the box");
-        assert_eq!((p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap), (10 * 60_000, 3, Some(10)));
+        assert_eq!(
+            (p.enabled, p.default_preemptible, p.rules()),
+            (false, false, None),
+            "off out of the box"
+        );
+        assert_eq!(
+            (p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap),
+            (10 * 60_000, 3, Some(10))
+        );
         let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = true\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
-        let want = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(5), fair_share: true, min_run_ms: 30 * 60_000, max_per_day: 2 };
+        let want = crate::scheduler::PreemptRules {
+            overdue: false,
+            priority_gap: Some(5),
+            fair_share: true,
+            min_run_ms: 30 * 60_000,
+            max_per_day: 2,
+        };
         assert_eq!((p.enabled, p.default_preemptible, p.rules()), (true, true, Some(want)));
-        assert_eq!(parse("[preemption]\npriority_gap = 0\n").unwrap().policy.preemption.rules.priority_gap, None);
+        assert_eq!(
+            parse("[preemption]\npriority_gap = 0\n")
+                .unwrap()
+                .policy
+                .preemption
+                .rules
+                .priority_gap,
+            None
+        );
         let cases: &[(&str, &str)] = &[
-            ("[preemption]\nenable = true\n", "config.toml:2:1: unknown field `enable`"),
-            ("[preemption]\nenabled = \"yes\"\n", "config.toml:2:11: invalid type: string \"yes\", expected a boolean"),
-            ("[preemption]\npriority_gap = -1\n", "config.toml:2:16: `priority_gap` = -1 is out of range; use a number from 1 to 2000"),
-            ("[preemption]\nmin_run = \"soon\"\n", "config.toml:2:11: `min_run` = \"soon\" is not a duration"),
-            ("[preemption]\nmin_run = \"2d\"\n", "`min_run` = \"2d\" is longer than 1d"),
-            ("[preemption]\nmax_per_day = 0\n", "config.toml:2:15: `max_per_day` = 0 is out of range"),
+            (
+                "[preemption]\nenable = true\n",
+                "config.toml:2:1: unknown field `enable`",
+            ),
+            (
+                "[preemption]\nenabled = \"yes\"\n",
+                "config.toml:2:11: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "[preemption]\npriority_gap = -1\n",
+                "config.toml:2:16: `priority_gap` = -1 is out of range; use a number from 1 to 2000",
+            ),
+            (
+                "[preemption]\nmin_run = \"soon\"\n",
+                "config.toml:2:11: `min_run` = \"soon\" is not a duration",
+            ),
+            (
+                "[preemption]\nmin_run = \"2d\"\n",
+                "`min_run` = \"2d\" is longer than 1d",
+            ),
+            (
+                "[preemption]\nmax_per_day = 0\n",
+                "config.toml:2:15: `max_per_day` = 0 is out of range",
+            ),
         ];
         for (text, want) in cases {
             let e = err(text);
             assert!(e.contains(want), "{text:?}\n  got:  {e}\n  want: {want}");
         }
-        let changed = parse("[preemption]\nenabled = true\n").unwrap().policy.changes_from(&Policy::default());
+        let changed = parse("[preemption]\nenabled = true\n")
+            .unwrap()
+            .policy
+            .changes_from(&Policy::default());
         assert_eq!(changed, vec!["preemption.enabled: false -> true"]);
     }
 
@@ -755,7 +1097,10 @@ max_watches = 32
         assert_eq!(c.gpus.as_ref().unwrap().resolve(&inv).unwrap(), BTreeSet::from([0, 3]));
         let c = parse("gpus = [0, 7]\n").unwrap();
         let e = c.gpus.unwrap().resolve(&inv).unwrap_err().to_string();
-        assert!(e.starts_with("/etc/gantry/config.toml:1:8: `gpus` names GPU 7, which this machine does not have"), "{e}");
+        assert!(
+            e.starts_with("/etc/gantry/config.toml:1:8: `gpus` names GPU 7, which this machine does not have"),
+            "{e}"
+        );
         assert!(e.contains("0 (GPU-0), 1 (GPU-1)"), "{e}");
     }
 
@@ -763,15 +1108,26 @@ max_watches = 32
     fn admins_and_what_they_may_do() {
         let p = Policy::default();
         assert!(p.is_admin(0) && !p.is_admin(4242));
-        assert_eq!((p.priority_range(0), p.priority_range(4242)), (config::ADMIN_PRIORITY, config::USER_PRIORITY));
+        assert_eq!(
+            (p.priority_range(0), p.priority_range(4242)),
+            (config::ADMIN_PRIORITY, config::USER_PRIORITY)
+        );
         assert!(p.may_see_private(4242, 4242) && p.may_see_private(0, 4242) && !p.may_see_private(4243, 4242));
-        let all = Policy { see_others: SeeOthers::All, ..Policy::default() };
+        let all = Policy {
+            see_others: SeeOthers::All,
+            ..Policy::default()
+        };
         assert!(all.may_see_private(4243, 4242));
         // The root group's members (gid 0 is root's primary group) are admins.
         let g = parse("[access]\nadmin_group = \"root\"\n").unwrap().policy;
         assert_eq!(g.admin_gid, Some(0));
         let changes = g.changes_from(&p);
-        assert!(changes.iter().any(|c| c.starts_with("access.admin_group: None -> Some(\"root\")")), "{changes:?}");
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.starts_with("access.admin_group: None -> Some(\"root\")")),
+            "{changes:?}"
+        );
     }
 
     /// The packaged /etc/gantry/config.toml is valid as shipped, and every key it documents (the
@@ -785,7 +1141,11 @@ max_watches = 32
         let all: String = shipped
             .lines()
             .map(|l| match l.strip_prefix('#') {
-                Some(kv) if kv.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')) => {
+                Some(kv)
+                    if kv.split_once(" = ").is_some_and(|(k, _)| {
+                        !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    }) =>
+                {
                     documented += 1;
                     format!("{kv}\n")
                 }

@@ -3,13 +3,13 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::defaults as config;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use serde::{Deserialize, Serialize};
 use toml::Spanned;
-use crate::defaults as config;
 
 impl LabConfig {
     /// Read and check `file`. A missing file means the defaults when `missing_ok` (the system
@@ -19,12 +19,24 @@ impl LabConfig {
         let opened = std::fs::File::open(file);
         let text = match opened {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing_ok => return Ok(LabConfig::default()),
-            Err(e) => return Err(PolicyError::file(file, format!("cannot read it: {e}"), "check the path and that the engine's user may read it")),
+            Err(e) => {
+                return Err(PolicyError::file(
+                    file,
+                    format!("cannot read it: {e}"),
+                    "check the path and that the engine's user may read it",
+                ))
+            }
             Ok(f) => {
                 let mut s = String::new();
-                f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut s).map_err(|e| PolicyError::file(file, format!("cannot read it: {e}"), "save it as UTF-8 text"))?;
+                f.take(MAX_CONFIG_BYTES + 1)
+                    .read_to_string(&mut s)
+                    .map_err(|e| PolicyError::file(file, format!("cannot read it: {e}"), "save it as UTF-8 text"))?;
                 if s.len() as u64 > MAX_CONFIG_BYTES {
-                    return Err(PolicyError::file(file, "it is larger than 1 MiB".into(), "a lab config is a page of settings; check that this is the right file"));
+                    return Err(PolicyError::file(
+                        file,
+                        "it is larger than 1 MiB".into(),
+                        "a lab config is a page of settings; check that this is the right file",
+                    ));
                 }
                 s
             }
@@ -36,7 +48,10 @@ impl LabConfig {
     pub fn parse(text: &str, file: &Path) -> Result<LabConfig, PolicyError> {
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map(|s| crate::units::line_col(text, s.start)).unwrap_or((0, 0));
+            let (line, column) = e
+                .span()
+                .map(|s| crate::units::line_col(text, s.start))
+                .unwrap_or((0, 0));
             let msg = e.message().trim().to_string();
             let hint = if msg.contains("unknown field") {
                 "remove or rename the key; the packaged /etc/gantry/config.toml documents every key"
@@ -45,10 +60,17 @@ impl LabConfig {
             };
             PolicyError::at(file, line, column, msg, hint.into())
         })?;
-        let mut c = Check { text, file, problems: vec![] };
+        let mut c = Check {
+            text,
+            file,
+            problems: vec![],
+        };
         let lab = c.build(raw);
         if c.problems.is_empty() {
-            Ok(LabConfig { file: Some(file.to_path_buf()), ..lab })
+            Ok(LabConfig {
+                file: Some(file.to_path_buf()),
+                ..lab
+            })
         } else {
             Err(PolicyError { problems: c.problems })
         }
@@ -105,7 +127,15 @@ impl fmt::Display for Problem {
         if self.line == 0 {
             write!(f, "{}: {}; {}", self.file.display(), self.message, self.hint)
         } else {
-            write!(f, "{}:{}:{}: {}; {}", self.file.display(), self.line, self.column, self.message, self.hint)
+            write!(
+                f,
+                "{}:{}:{}: {}; {}",
+                self.file.display(),
+                self.line,
+                self.column,
+                self.message,
+                self.hint
+            )
         }
     }
 }
@@ -125,7 +155,15 @@ impl fmt::Display for PolicyError {
 
 impl PolicyError {
     pub(super) fn at(file: &Path, line: usize, column: usize, message: String, hint: String) -> PolicyError {
-        PolicyError { problems: vec![Problem { file: file.to_path_buf(), line, column, message, hint }] }
+        PolicyError {
+            problems: vec![Problem {
+                file: file.to_path_buf(),
+                line,
+                column,
+                message,
+                hint,
+            }],
+        }
     }
     pub(super) fn file(file: &Path, message: String, hint: &str) -> PolicyError {
         Self::at(file, 0, 0, message, hint.into())
@@ -358,7 +396,13 @@ pub(super) struct Check<'a> {
 impl Check<'_> {
     pub(super) fn fail(&mut self, span: Range<usize>, message: String, hint: impl Into<String>) {
         let (line, column) = crate::units::line_col(self.text, span.start);
-        self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message, hint: hint.into() });
+        self.problems.push(Problem {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            message,
+            hint: hint.into(),
+        });
     }
 
     pub(super) fn duration(&mut self, key: &str, v: &S<String>, max: Duration) -> Option<Duration> {
@@ -366,11 +410,19 @@ impl Check<'_> {
         match humantime::parse_duration(v.get_ref().trim()) {
             Ok(d) if d > Duration::ZERO && d <= max => Some(d),
             Ok(d) if d > max => {
-                self.fail(v.span(), format!("`{key}` = {:?} is longer than {}", v.get_ref(), human(max)), format!("use at most \"{}\"", human(max)));
+                self.fail(
+                    v.span(),
+                    format!("`{key}` = {:?} is longer than {}", v.get_ref(), human(max)),
+                    format!("use at most \"{}\"", human(max)),
+                );
                 None
             }
             _ => {
-                self.fail(v.span(), format!("`{key}` = {:?} is not a duration", v.get_ref()), "write e.g. \"10s\", \"30m\", \"24h\" or \"7d\"");
+                self.fail(
+                    v.span(),
+                    format!("`{key}` = {:?} is not a duration", v.get_ref()),
+                    "write e.g. \"10s\", \"30m\", \"24h\" or \"7d\"",
+                );
                 None
             }
         }
@@ -381,11 +433,19 @@ impl Check<'_> {
         let hint = "write [lowest, highest], e.g. [-10, 10]";
         match v.get_ref().as_slice() {
             [lo, hi] if i32::try_from(*lo).is_err() || i32::try_from(*hi).is_err() => {
-                self.fail(v.span(), format!("`{key}` = [{lo}, {hi}] is outside what a priority can hold"), format!("use values from {} to {}", i32::MIN, i32::MAX));
+                self.fail(
+                    v.span(),
+                    format!("`{key}` = [{lo}, {hi}] is outside what a priority can hold"),
+                    format!("use values from {} to {}", i32::MIN, i32::MAX),
+                );
                 None
             }
             [lo, hi] if lo > hi => {
-                self.fail(v.span(), format!("`{key}` = [{lo}, {hi}]: the lowest value is above the highest"), format!("swap them: [{hi}, {lo}]"));
+                self.fail(
+                    v.span(),
+                    format!("`{key}` = [{lo}, {hi}]: the lowest value is above the highest"),
+                    format!("swap them: [{hi}, {lo}]"),
+                );
                 None
             }
             [lo, hi] => Some((*lo as i32, *hi as i32)),
@@ -400,7 +460,11 @@ impl Check<'_> {
         let v = v.as_ref()?;
         let n = *v.get_ref();
         if n < 1 || n > max {
-            self.fail(v.span(), format!("`{key}` = {n} is out of range"), format!("use a number from 1 to {max}, or leave `{key}` out"));
+            self.fail(
+                v.span(),
+                format!("`{key}` = {n} is out of range"),
+                format!("use a number from 1 to {max}, or leave `{key}` out"),
+            );
             return None;
         }
         Some(n)
@@ -416,7 +480,14 @@ impl Check<'_> {
                     Ok(Some(u)) => {
                         p.admin_uids.insert(u.uid.as_raw());
                     }
-                    _ => self.fail(name.span(), format!("`admins` names {:?}, which is not a user on this machine", name.get_ref()), "check the spelling (`getent passwd NAME`), or remove the name"),
+                    _ => self.fail(
+                        name.span(),
+                        format!(
+                            "`admins` names {:?}, which is not a user on this machine",
+                            name.get_ref()
+                        ),
+                        "check the spelling (`getent passwd NAME`), or remove the name",
+                    ),
                 }
                 p.admins.push(name.get_ref().clone());
             }
@@ -432,14 +503,22 @@ impl Check<'_> {
                     }
                     p.admin_group = Some(g.get_ref().clone());
                 }
-                _ => self.fail(g.span(), format!("`admin_group` = {:?} is not a group on this machine", g.get_ref()), "create it (`groupadd NAME`, then `usermod -aG NAME USER`), or remove `admin_group`"),
+                _ => self.fail(
+                    g.span(),
+                    format!("`admin_group` = {:?} is not a group on this machine", g.get_ref()),
+                    "create it (`groupadd NAME`, then `usermod -aG NAME USER`), or remove `admin_group`",
+                ),
             }
         }
         if let Some(s) = &raw.access.see_others {
             match s.get_ref().as_str() {
                 "queue" => p.see_others = SeeOthers::Queue,
                 "all" => p.see_others = SeeOthers::All,
-                other => self.fail(s.span(), format!("`see_others` = {other:?} is not a choice"), "write \"queue\" (other users' queue rows only) or \"all\" (their specs and logs too)"),
+                other => self.fail(
+                    s.span(),
+                    format!("`see_others` = {other:?} is not a choice"),
+                    "write \"queue\" (other users' queue rows only) or \"all\" (their specs and logs too)",
+                ),
             }
         }
         // [limits]
@@ -452,14 +531,24 @@ impl Check<'_> {
         if let Some(n) = self.count("max_queued_jobs", &raw.limits.max_queued_jobs, 1_000_000) {
             p.max_queued_per_user = n as usize;
         }
-        p.max_running_gpus = self.count("max_running_gpus", &raw.limits.max_running_gpus, 1024).map(|n| n as u32);
-        p.default_timeout = self.duration("default_timeout", &raw.limits.default_timeout, crate::spec::MAX_DURATION);
+        p.max_running_gpus = self
+            .count("max_running_gpus", &raw.limits.max_running_gpus, 1024)
+            .map(|n| n as u32);
+        p.default_timeout = self.duration(
+            "default_timeout",
+            &raw.limits.default_timeout,
+            crate::spec::MAX_DURATION,
+        );
         p.max_timeout = self.duration("max_timeout", &raw.limits.max_timeout, crate::spec::MAX_DURATION);
         if let (Some(d), Some(m), Some(at)) = (p.default_timeout, p.max_timeout, &raw.limits.default_timeout) {
             if d > m {
                 self.fail(
                     at.span(),
-                    format!("`default_timeout` ({}) is longer than `max_timeout` ({})", human(d), human(m)),
+                    format!(
+                        "`default_timeout` ({}) is longer than `max_timeout` ({})",
+                        human(d),
+                        human(m)
+                    ),
                     "lower `default_timeout` or raise `max_timeout`",
                 );
             }
@@ -502,9 +591,22 @@ impl Check<'_> {
             p.preemption.rules.max_per_day = n as u32;
         }
         if let Some(v) = &raw.jobs.gpu_memory_margin {
-            match v.get_ref().trim().strip_suffix('%').and_then(|n| n.trim().parse::<f64>().ok()).filter(|n| n.is_finite() && (0.0..=1000.0).contains(n)) {
+            match v
+                .get_ref()
+                .trim()
+                .strip_suffix('%')
+                .and_then(|n| n.trim().parse::<f64>().ok())
+                .filter(|n| n.is_finite() && (0.0..=1000.0).contains(n))
+            {
                 Some(n) => p.gpu_memory_margin_pct = n,
-                None => self.fail(v.span(), format!("`gpu_memory_margin` = {:?} is not a percentage from 0% to 1000%", v.get_ref()), "write e.g. \"20%\" (how much more GPU memory than its `gpu_memory` a job may use)"),
+                None => self.fail(
+                    v.span(),
+                    format!(
+                        "`gpu_memory_margin` = {:?} is not a percentage from 0% to 1000%",
+                        v.get_ref()
+                    ),
+                    "write e.g. \"20%\" (how much more GPU memory than its `gpu_memory` a job may use)",
+                ),
             }
         }
         if let Some(d) = self.duration("gpu_memory_grace", &raw.jobs.gpu_memory_grace, day) {
@@ -514,7 +616,11 @@ impl Check<'_> {
         if let Some(c) = &raw.logs.cap {
             match crate::units::parse_bytes(c.get_ref()) {
                 Some(b) if b >= 4096 => p.log_cap = b,
-                _ => self.fail(c.span(), format!("`cap` = {:?} is not a size of at least 4 KiB", c.get_ref()), "write e.g. \"64MiB\" or \"1GiB\""),
+                _ => self.fail(
+                    c.span(),
+                    format!("`cap` = {:?} is not a size of at least 4 KiB", c.get_ref()),
+                    "write e.g. \"64MiB\" or \"1GiB\"",
+                ),
             }
         }
         p.log_keep = self.duration("keep", &raw.logs.keep, 100 * 365 * day);
@@ -530,14 +636,22 @@ impl Check<'_> {
         if let Some(v) = &raw.disk.min_free {
             match MinFree::parse(v.get_ref()) {
                 Some(m) => p.disk.min_free = m,
-                None => self.fail(v.span(), format!("disk `min_free` = {:?} is not a size or a percentage", v.get_ref()), "write e.g. \"10GiB\" or \"5%\" (of Docker's disk); \"0\" turns the watch off"),
+                None => self.fail(
+                    v.span(),
+                    format!("disk `min_free` = {:?} is not a size or a percentage", v.get_ref()),
+                    "write e.g. \"10GiB\" or \"5%\" (of Docker's disk); \"0\" turns the watch off",
+                ),
             }
         }
         if let Some(v) = &raw.disk.layer_size {
             match (v.get_ref().trim(), crate::units::parse_bytes(v.get_ref())) {
                 ("none", _) => p.disk.layer_size = None,
                 (_, Some(b)) if b >= 1 << 30 => p.disk.layer_size = Some(b),
-                (s, _) => self.fail(v.span(), format!("disk `layer_size` = {s:?} is not a size of at least 1 GiB or \"none\""), "write e.g. \"100GiB\" (what one job may write inside its container), or \"none\""),
+                (s, _) => self.fail(
+                    v.span(),
+                    format!("disk `layer_size` = {s:?} is not a size of at least 1 GiB or \"none\""),
+                    "write e.g. \"100GiB\" (what one job may write inside its container), or \"none\"",
+                ),
             }
         }
         // [images]
@@ -562,13 +676,27 @@ impl Check<'_> {
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
             if let Err(e) = crate::gpu::SimulatedBackend::from_spec(s.get_ref()) {
-                self.fail(s.span(), e.to_string(), "or remove `simulate` to use the machine's GPUs");
+                self.fail(
+                    s.span(),
+                    e.to_string(),
+                    "or remove `simulate` to use the machine's GPUs",
+                );
             }
         }
         let inbox_path = raw.inbox.path.as_ref().and_then(|v| {
             let p = PathBuf::from(v.get_ref());
-            if p.is_absolute() || p.components().any(|c| !matches!(c, std::path::Component::Normal(_))) || v.get_ref().is_empty() {
-                self.fail(v.span(), format!("inbox `path` = {:?} is not a plain path inside a user's home", v.get_ref()), "write a relative path without `..`, e.g. \"Gantry/inbox\"");
+            if p.is_absolute()
+                || p.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+                || v.get_ref().is_empty()
+            {
+                self.fail(
+                    v.span(),
+                    format!(
+                        "inbox `path` = {:?} is not a plain path inside a user's home",
+                        v.get_ref()
+                    ),
+                    "write a relative path without `..`, e.g. \"Gantry/inbox\"",
+                );
                 return None;
             }
             Some(p)
@@ -576,7 +704,11 @@ impl Check<'_> {
         let templates_dir = raw.inbox.templates.as_ref().and_then(|v| {
             let p = PathBuf::from(v.get_ref());
             if !p.is_absolute() {
-                self.fail(v.span(), format!("inbox `templates` = {:?} is not an absolute path", v.get_ref()), "write e.g. \"/etc/gantry/templates\"");
+                self.fail(
+                    v.span(),
+                    format!("inbox `templates` = {:?} is not an absolute path", v.get_ref()),
+                    "write e.g. \"/etc/gantry/templates\"",
+                );
                 return None;
             }
             Some(p)
@@ -612,7 +744,9 @@ impl Check<'_> {
         if let Some(e) = &raw.enabled {
             b.enabled = *e.get_ref();
         }
-        b.max_gpu_hours_per_week = self.count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000).map(|n| n as u32);
+        b.max_gpu_hours_per_week = self
+            .count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000)
+            .map(|n| n as u32);
         b.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
         let year = Duration::from_secs(366 * 24 * 3600);
         let day = Duration::from_secs(24 * 3600);
@@ -625,7 +759,14 @@ impl Check<'_> {
         if let (Some(v), Some(d)) = (&raw.slot, self.duration("slot", &raw.slot, day)) {
             let secs = d.as_secs();
             if d.subsec_nanos() != 0 || secs % 60 != 0 || (24 * 3600) % secs != 0 {
-                self.fail(v.span(), format!("bookings `slot` = {:?} is not a whole number of minutes that divides a day", v.get_ref()), "use e.g. \"15m\", \"30m\", \"1h\" or \"2h\"");
+                self.fail(
+                    v.span(),
+                    format!(
+                        "bookings `slot` = {:?} is not a whole number of minutes that divides a day",
+                        v.get_ref()
+                    ),
+                    "use e.g. \"15m\", \"30m\", \"1h\" or \"2h\"",
+                );
             } else {
                 b.slot = d;
             }
@@ -634,8 +775,10 @@ impl Check<'_> {
     }
 
     pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
-        let mut s = Sessions::default();
-        s.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
+        let mut s = Sessions {
+            max_gpus: self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32),
+            ..Sessions::default()
+        };
         let week = Duration::from_secs(7 * 24 * 3600);
         if let Some(d) = self.duration("max_length", &raw.max_length, week) {
             s.max_length = d;
@@ -644,10 +787,19 @@ impl Check<'_> {
             s.default_length = d;
         }
         if s.default_length > s.max_length {
-            let at = raw.default_length.as_ref().or(raw.max_length.as_ref()).map(|v| v.span()).unwrap_or(0..0);
+            let at = raw
+                .default_length
+                .as_ref()
+                .or(raw.max_length.as_ref())
+                .map(|v| v.span())
+                .unwrap_or(0..0);
             self.fail(
                 at,
-                format!("sessions `default_length` ({}) is longer than `max_length` ({})", human(s.default_length), human(s.max_length)),
+                format!(
+                    "sessions `default_length` ({}) is longer than `max_length` ({})",
+                    human(s.default_length),
+                    human(s.max_length)
+                ),
                 "lower `default_length` or raise `max_length`",
             );
         }
@@ -657,7 +809,11 @@ impl Check<'_> {
         if let Some(i) = &raw.notebook_image {
             let name = i.get_ref().trim();
             if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                self.fail(i.span(), format!("sessions `notebook_image` = {:?} is not an image name", i.get_ref()), "write an image with `jupyter lab` in it, e.g. \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"");
+                self.fail(
+                    i.span(),
+                    format!("sessions `notebook_image` = {:?} is not an image name", i.get_ref()),
+                    "write an image with `jupyter lab` in it, e.g. \"quay.io/jupyter/pytorch-notebook:cuda12-latest\"",
+                );
             } else {
                 s.notebook_image = Some(name.to_string());
             }
@@ -696,14 +852,22 @@ impl Check<'_> {
         for hook in raw.webhooks.iter().flat_map(|w| w.get_ref()) {
             let h = hook.get_ref();
             if let Err(why) = crate::notify::check::url_syntax(h.url.get_ref()) {
-                self.fail(h.url.span(), format!("a lab webhook's `url` = {:?} {why}", h.url.get_ref()), "write e.g. \"https://chat.lab.org/hooks/abc\"");
+                self.fail(
+                    h.url.span(),
+                    format!("a lab webhook's `url` = {:?} {why}", h.url.get_ref()),
+                    "write e.g. \"https://chat.lab.org/hooks/abc\"",
+                );
                 continue;
             }
             let mut on = vec![];
             for e in &h.on {
                 match NotifyEvent::parse(e.get_ref()).filter(|e| *e != NotifyEvent::Test) {
                     Some(ev) => on.push(ev),
-                    None => self.fail(e.span(), format!("a lab webhook's `on` lists {:?}, which is not an event", e.get_ref()), format!("use some of: {}", NotifyEvent::names())),
+                    None => self.fail(
+                        e.span(),
+                        format!("a lab webhook's `on` lists {:?}, which is not an event", e.get_ref()),
+                        format!("use some of: {}", NotifyEvent::names()),
+                    ),
                 }
             }
             if h.on.is_empty() {
@@ -727,7 +891,11 @@ impl Check<'_> {
         let port = match &raw.smtp_port {
             Some(p) if (1..=65535).contains(p.get_ref()) => *p.get_ref() as u16,
             Some(p) => {
-                self.fail(p.span(), format!("`smtp_port` = {} is not a port", p.get_ref()), "write e.g. 587 (submission with STARTTLS) or 25");
+                self.fail(
+                    p.span(),
+                    format!("`smtp_port` = {} is not a port", p.get_ref()),
+                    "write e.g. 587 (submission with STARTTLS) or 25",
+                );
                 0
             }
             None if starttls => 587,
@@ -736,28 +904,62 @@ impl Check<'_> {
         match (&raw.smtp_host, &raw.smtp_from) {
             (Some(host), Some(from)) => {
                 if host.get_ref().trim().is_empty() || host.get_ref().chars().any(|c| c.is_whitespace() || c == '/') {
-                    self.fail(host.span(), format!("`smtp_host` = {:?} is not a host name", host.get_ref()), "write the relay's name, e.g. \"smtp.lab.org\"");
+                    self.fail(
+                        host.span(),
+                        format!("`smtp_host` = {:?} is not a host name", host.get_ref()),
+                        "write the relay's name, e.g. \"smtp.lab.org\"",
+                    );
                 }
                 if crate::notify::check::email(from.get_ref()).is_err() {
-                    self.fail(from.span(), format!("`smtp_from` = {:?} is not an email address", from.get_ref()), "write e.g. \"gantry@lab.org\"");
+                    self.fail(
+                        from.span(),
+                        format!("`smtp_from` = {:?} is not an email address", from.get_ref()),
+                        "write e.g. \"gantry@lab.org\"",
+                    );
                 }
                 let credentials = raw.smtp_credentials.as_ref().and_then(|c| {
                     let p = PathBuf::from(c.get_ref());
                     if p.is_absolute() {
                         Some(p)
                     } else {
-                        self.fail(c.span(), format!("`smtp_credentials` = {:?} is not an absolute path", c.get_ref()), "write e.g. \"/etc/gantry/smtp-credentials\" (mode 600, owned by root)");
+                        self.fail(
+                            c.span(),
+                            format!("`smtp_credentials` = {:?} is not an absolute path", c.get_ref()),
+                            "write e.g. \"/etc/gantry/smtp-credentials\" (mode 600, owned by root)",
+                        );
                         None
                     }
                 });
-                n.smtp = Some(SmtpSettings { host: host.get_ref().trim().to_string(), port, starttls, from: from.get_ref().clone(), credentials });
+                n.smtp = Some(SmtpSettings {
+                    host: host.get_ref().trim().to_string(),
+                    port,
+                    starttls,
+                    from: from.get_ref().clone(),
+                    credentials,
+                });
             }
-            (Some(host), None) => self.fail(host.span(), "`smtp_host` is set but `smtp_from` is not".into(), "add smtp_from = \"gantry@YOUR.DOMAIN\" (the sender of notification emails)"),
-            (None, Some(from)) => self.fail(from.span(), "`smtp_from` is set but `smtp_host` is not".into(), "add smtp_host = \"smtp.YOUR.DOMAIN\" (the relay to send through)"),
+            (Some(host), None) => self.fail(
+                host.span(),
+                "`smtp_host` is set but `smtp_from` is not".into(),
+                "add smtp_from = \"gantry@YOUR.DOMAIN\" (the sender of notification emails)",
+            ),
+            (None, Some(from)) => self.fail(
+                from.span(),
+                "`smtp_from` is set but `smtp_host` is not".into(),
+                "add smtp_host = \"smtp.YOUR.DOMAIN\" (the relay to send through)",
+            ),
             (None, None) => {
-                for (key, span) in [("smtp_port", raw.smtp_port.as_ref().map(|v| v.span())), ("smtp_starttls", raw.smtp_starttls.as_ref().map(|v| v.span())), ("smtp_credentials", raw.smtp_credentials.as_ref().map(|v| v.span()))] {
+                for (key, span) in [
+                    ("smtp_port", raw.smtp_port.as_ref().map(|v| v.span())),
+                    ("smtp_starttls", raw.smtp_starttls.as_ref().map(|v| v.span())),
+                    ("smtp_credentials", raw.smtp_credentials.as_ref().map(|v| v.span())),
+                ] {
                     if let Some(span) = span {
-                        self.fail(span, format!("`{key}` is set but `smtp_host` is not"), "add smtp_host and smtp_from, or remove it");
+                        self.fail(
+                            span,
+                            format!("`{key}` is set but `smtp_host` is not"),
+                            "add smtp_host and smtp_from, or remove it",
+                        );
                     }
                 }
             }
@@ -766,7 +968,10 @@ impl Check<'_> {
     }
 
     pub(super) fn metrics(&mut self, raw: &RawMetrics) -> MetricsSettings {
-        let mut m = MetricsSettings { listen: None, allow_remote: raw.allow_remote.as_ref().map(|b| *b.get_ref()).unwrap_or(false) };
+        let mut m = MetricsSettings {
+            listen: None,
+            allow_remote: raw.allow_remote.as_ref().map(|b| *b.get_ref()).unwrap_or(false),
+        };
         if let Some(l) = &raw.listen {
             match l.get_ref().parse::<std::net::SocketAddr>() {
                 Ok(a) if !a.ip().is_loopback() && !m.allow_remote => self.fail(
@@ -784,25 +989,49 @@ impl Check<'_> {
     pub(super) fn slurm(&mut self, raw: &RawSlurm) -> crate::slurm::Settings {
         use crate::slurm::{Runtime, Settings};
         let mut s = Settings::default();
-        let name = |v: &S<String>| v.as_ref().map(|v| v.get_ref().trim().to_string()).filter(|v| !v.is_empty());
+        let name = |v: &S<String>| {
+            v.as_ref()
+                .map(|v| v.get_ref().trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         s.partition = name(&raw.partition);
         s.account = name(&raw.account);
         s.qos = name(&raw.qos);
-        for (key, v) in [("partition", &raw.partition), ("account", &raw.account), ("qos", &raw.qos)] {
-            if let Some(v) = v.as_ref().filter(|v| v.get_ref().chars().any(|c| c.is_whitespace() || c.is_control() || c == ',')) {
-                self.fail(v.span(), format!("slurm `{key}` = {:?} is not a Slurm name", v.get_ref()), "write the name as `sinfo`/`sacctmgr` show it, without spaces");
+        for (key, v) in [
+            ("partition", &raw.partition),
+            ("account", &raw.account),
+            ("qos", &raw.qos),
+        ] {
+            if let Some(v) = v.as_ref().filter(|v| {
+                v.get_ref()
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || c == ',')
+            }) {
+                self.fail(
+                    v.span(),
+                    format!("slurm `{key}` = {:?} is not a Slurm name", v.get_ref()),
+                    "write the name as `sinfo`/`sacctmgr` show it, without spaces",
+                );
             }
         }
         if let Some(d) = self.duration("poll", &raw.poll, Duration::from_secs(300)) {
             s.poll = d;
         }
-        for (key, v, out) in [("log_dir", &raw.log_dir, &mut s.log_dir), ("jobcomp_log", &raw.jobcomp_log, &mut s.jobcomp_log), ("node_samples", &raw.node_samples, &mut s.node_samples)] {
+        for (key, v, out) in [
+            ("log_dir", &raw.log_dir, &mut s.log_dir),
+            ("jobcomp_log", &raw.jobcomp_log, &mut s.jobcomp_log),
+            ("node_samples", &raw.node_samples, &mut s.node_samples),
+        ] {
             if let Some(v) = v {
                 let p = PathBuf::from(v.get_ref());
                 if p.is_absolute() {
                     *out = Some(p);
                 } else {
-                    self.fail(v.span(), format!("slurm `{key}` = {:?} is not an absolute path", v.get_ref()), "write e.g. \"/shared/gantry-logs\"");
+                    self.fail(
+                        v.span(),
+                        format!("slurm `{key}` = {:?} is not an absolute path", v.get_ref()),
+                        "write e.g. \"/shared/gantry-logs\"",
+                    );
                 }
             }
         }
@@ -810,13 +1039,21 @@ impl Check<'_> {
             match r.get_ref().as_str() {
                 "docker" => s.runtime = Runtime::Docker,
                 "apptainer" => s.runtime = Runtime::Apptainer,
-                other => self.fail(r.span(), format!("slurm `runtime` = {other:?} is not a choice"), "write \"docker\" or \"apptainer\""),
+                other => self.fail(
+                    r.span(),
+                    format!("slurm `runtime` = {other:?} is not a choice"),
+                    "write \"docker\" or \"apptainer\"",
+                ),
             }
         }
         if let Some(m) = &raw.shard_memory {
             match crate::units::parse_bytes(m.get_ref()) {
                 Some(b) if b >= 1 << 20 => s.shard_memory = Some(b),
-                _ => self.fail(m.span(), format!("slurm `shard_memory` = {:?} is not a size", m.get_ref()), "write the GPU memory one Slurm shard stands for, e.g. \"10GiB\""),
+                _ => self.fail(
+                    m.span(),
+                    format!("slurm `shard_memory` = {:?} is not a size", m.get_ref()),
+                    "write the GPU memory one Slurm shard stands for, e.g. \"10GiB\"",
+                ),
             }
         }
         if let Some(n) = self.count("max_nice", &raw.max_nice, 2_000_000) {
@@ -833,14 +1070,25 @@ impl Check<'_> {
             match (v.get_ref().as_str(), crate::units::parse_bytes(v.get_ref())) {
                 ("auto", _) => {}
                 (_, Some(b)) if b >= 1 << 20 => c.shm_size = Some(b),
-                (s, _) => self.fail(v.span(), format!("`shm_size` = {s:?} is not \"auto\" or a size of at least 1 MiB"), format!("{sizes}, or \"auto\" (half the job's memory limit)")),
+                (s, _) => self.fail(
+                    v.span(),
+                    format!("`shm_size` = {s:?} is not \"auto\" or a size of at least 1 MiB"),
+                    format!("{sizes}, or \"auto\" (half the job's memory limit)"),
+                ),
             }
         }
-        for (key, v, out) in [("memlock", &raw.memlock, &mut c.memlock), ("stack", &raw.stack, &mut c.stack)] {
+        for (key, v, out) in [
+            ("memlock", &raw.memlock, &mut c.memlock),
+            ("stack", &raw.stack, &mut c.stack),
+        ] {
             if let Some(v) = v {
                 match crate::units::parse_limit(v.get_ref()) {
                     Some(n) => *out = n,
-                    None => self.fail(v.span(), format!("`{key}` = {:?} is not \"unlimited\" or a size", v.get_ref()), "write e.g. \"unlimited\" or \"64MiB\""),
+                    None => self.fail(
+                        v.span(),
+                        format!("`{key}` = {:?} is not \"unlimited\" or a size", v.get_ref()),
+                        "write e.g. \"unlimited\" or \"64MiB\"",
+                    ),
                 }
             }
         }
@@ -868,9 +1116,19 @@ impl Check<'_> {
                 _ => None,
             };
             match n {
-                Some(n) if n.is_finite() && (if none_ok { 0.01 } else { 0.0 }..=1024.0).contains(&n) => Some(Amount::Is((n * 1000.0).round() as u64)),
+                Some(n) if n.is_finite() && (if none_ok { 0.01 } else { 0.0 }..=1024.0).contains(&n) => {
+                    Some(Amount::Is((n * 1000.0).round() as u64))
+                }
                 _ => {
-                    self.fail(v.span(), format!("`{key}` = {} is not a number of CPUs from {} to 1024", v.get_ref(), if none_ok { "0.01" } else { "0" }), if none_ok { cpus_hint } else { "write e.g. 1" });
+                    self.fail(
+                        v.span(),
+                        format!(
+                            "`{key}` = {} is not a number of CPUs from {} to 1024",
+                            v.get_ref(),
+                            if none_ok { "0.01" } else { "0" }
+                        ),
+                        if none_ok { cpus_hint } else { "write e.g. 1" },
+                    );
                     None
                 }
             }
@@ -887,7 +1145,18 @@ impl Check<'_> {
                 ("none", _) if none_ok => Some(Amount::Unlimited),
                 (_, Some(b)) if b >= crate::spec::MIN_MEMORY || (!none_ok) => Some(Amount::Is(b)),
                 (s, _) => {
-                    self.fail(v.span(), format!("`{key}` = {s:?} is not a size{}", if none_ok { " of at least 6 MiB, \"auto\" or \"none\"" } else { "" }), "write e.g. \"64GiB\"");
+                    self.fail(
+                        v.span(),
+                        format!(
+                            "`{key}` = {s:?} is not a size{}",
+                            if none_ok {
+                                " of at least 6 MiB, \"auto\" or \"none\""
+                            } else {
+                                ""
+                            }
+                        ),
+                        "write e.g. \"64GiB\"",
+                    );
                     None
                 }
             }
@@ -898,10 +1167,17 @@ impl Check<'_> {
             c.reserve_memory = b;
         }
         if let Some(v) = &raw.pids_limit {
-            let (lo, hi) = (crate::spec::PIDS_LIMIT_RANGE.start(), crate::spec::PIDS_LIMIT_RANGE.end());
+            let (lo, hi) = (
+                crate::spec::PIDS_LIMIT_RANGE.start(),
+                crate::spec::PIDS_LIMIT_RANGE.end(),
+            );
             match *v.get_ref() {
                 n if crate::spec::PIDS_LIMIT_RANGE.contains(&n) => c.pids_limit = n,
-                n => self.fail(v.span(), format!("`pids_limit` = {n} is not a number of processes from {lo} to {hi}"), "write e.g. 4096 (processes and threads per job; a spec may ask for fewer)"),
+                n => self.fail(
+                    v.span(),
+                    format!("`pids_limit` = {n} is not a number of processes from {lo} to {hi}"),
+                    "write e.g. 4096 (processes and threads per job; a spec may ask for fewer)",
+                ),
             }
         }
         c
@@ -914,7 +1190,11 @@ impl Check<'_> {
             toml::Value::String(s) if s == "all" => return None,
             toml::Value::Array(a) if !a.is_empty() => a,
             other => {
-                self.fail(v.span(), format!("`gpus` = {other} is not \"all\" or a list of GPUs"), hint);
+                self.fail(
+                    v.span(),
+                    format!("`gpus` = {other} is not \"all\" or a list of GPUs"),
+                    hint,
+                );
                 return None;
             }
         };
@@ -924,7 +1204,11 @@ impl Check<'_> {
                 toml::Value::Integer(i) if (0..=1024).contains(i) => GpuRef::Index(*i as u32),
                 toml::Value::String(s) if s.starts_with("GPU-") || s.starts_with("MIG-") => GpuRef::Uuid(s.clone()),
                 other => {
-                    self.fail(v.span(), format!("`gpus` lists {other}, which is neither a GPU index nor a GPU UUID"), hint);
+                    self.fail(
+                        v.span(),
+                        format!("`gpus` lists {other}, which is neither a GPU index nor a GPU UUID"),
+                        hint,
+                    );
                     return None;
                 }
             };
@@ -934,6 +1218,11 @@ impl Check<'_> {
             }
             gpus.push(g);
         }
-        Some(GpuChoice { gpus, file: self.file.to_path_buf(), line, column })
+        Some(GpuChoice {
+            gpus,
+            file: self.file.to_path_buf(),
+            line,
+            column,
+        })
     }
 }

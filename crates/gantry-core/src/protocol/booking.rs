@@ -26,7 +26,13 @@ pub enum BookingState {
 }
 
 impl BookingState {
-    pub const ALL: [BookingState; 5] = [BookingState::Booked, BookingState::Active, BookingState::Ended, BookingState::Cancelled, BookingState::Released];
+    pub const ALL: [BookingState; 5] = [
+        BookingState::Booked,
+        BookingState::Active,
+        BookingState::Ended,
+        BookingState::Cancelled,
+        BookingState::Released,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             BookingState::Booked => "booked",

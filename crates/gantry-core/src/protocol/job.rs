@@ -46,7 +46,10 @@ impl JobState {
         JobState::ALL.into_iter().find(|x| x.as_str() == s)
     }
     pub fn is_final(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut)
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::TimedOut
+        )
     }
 }
 
@@ -77,9 +80,17 @@ impl EndReason {
         }
     }
     pub fn parse(s: &str) -> Option<EndReason> {
-        [Self::Exited, Self::Oom, Self::Timeout, Self::Cancelled, Self::Lost, Self::EngineError, Self::Preempted]
-            .into_iter()
-            .find(|r| r.as_str() == s)
+        [
+            Self::Exited,
+            Self::Oom,
+            Self::Timeout,
+            Self::Cancelled,
+            Self::Lost,
+            Self::EngineError,
+            Self::Preempted,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
     }
 }
 
@@ -292,7 +303,10 @@ pub struct Submitted {
 
 impl Submitted {
     pub fn of(ids: Vec<i64>) -> Self {
-        Submitted { job_id: ids.first().copied().unwrap_or(0), job_ids: ids }
+        Submitted {
+            job_id: ids.first().copied().unwrap_or(0),
+            job_ids: ids,
+        }
     }
 }
 

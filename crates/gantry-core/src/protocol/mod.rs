@@ -16,13 +16,22 @@ pub mod status;
 pub mod terminal;
 pub mod ts;
 
-pub use booking::{BookRequest, BookingRules, BookingState, BookingView, Bookings, BookingsQuery};
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines, SessionAsk};
-pub use gpu::{BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample};
-pub use history::{HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageBucket, UsageCharts, UsageChartsQuery, UsageQuery, UsageReport, UserUsage, UtilCell};
-pub use job::{
-    ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview, PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueueSession, QueuePageQuery,
-    SpecOrigin, SubmitRequest, Submitted,
+pub use booking::{BookRequest, BookingRules, BookingState, BookingView, Bookings, BookingsQuery};
+pub use gpu::{
+    BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample,
 };
-pub use notify::{DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget, Subscription};
+pub use history::{
+    HistoryFilter, HistoryRow, LogQuery, Range, Since, TimelineRun, UsageBucket, UsageCharts, UsageChartsQuery,
+    UsageQuery, UsageReport, UserUsage, UtilCell,
+};
+pub use job::{
+    ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview,
+    PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery, QueueSession, SpecOrigin, SubmitRequest,
+    Submitted,
+};
+pub use notify::{
+    DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget,
+    Subscription,
+};
 pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};

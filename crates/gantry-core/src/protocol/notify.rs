@@ -79,7 +79,12 @@ impl NotifyEvent {
     pub fn is_job_event(self) -> bool {
         matches!(
             self,
-            NotifyEvent::Started | NotifyEvent::Finished | NotifyEvent::Failed | NotifyEvent::TimedOut | NotifyEvent::Cancelled | NotifyEvent::Preempted
+            NotifyEvent::Started
+                | NotifyEvent::Finished
+                | NotifyEvent::Failed
+                | NotifyEvent::TimedOut
+                | NotifyEvent::Cancelled
+                | NotifyEvent::Preempted
         )
     }
 
@@ -91,9 +96,13 @@ impl NotifyEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NotifyTarget {
-    Email { address: String },
+    Email {
+        address: String,
+    },
     /// `http://` or `https://`, to a host the lab allows (`[notify] webhook_hosts`).
-    Webhook { url: String },
+    Webhook {
+        url: String,
+    },
 }
 
 impl NotifyTarget {
@@ -157,7 +166,9 @@ impl DeliveryState {
         }
     }
     pub fn parse(s: &str) -> Option<DeliveryState> {
-        [Self::Pending, Self::Delivered, Self::Failed, Self::Dropped].into_iter().find(|x| x.as_str() == s)
+        [Self::Pending, Self::Delivered, Self::Failed, Self::Dropped]
+            .into_iter()
+            .find(|x| x.as_str() == s)
     }
 }
 

@@ -82,7 +82,11 @@ pub fn fill(pattern: &str, value: impl Display) -> String {
 /// `path?query`, the query string from a struct's fields (absent `Option`s left out).
 pub fn with_query<Q: Serialize>(path: &str, query: &Q) -> Result<String, serde_urlencoded::ser::Error> {
     let q = serde_urlencoded::to_string(query)?;
-    Ok(if q.is_empty() { path.to_string() } else { format!("{path}?{q}") })
+    Ok(if q.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{q}")
+    })
 }
 
 /// A query string (`a=1&b=x`, no `?`) as its struct, parsed as the router parses it.
@@ -100,13 +104,27 @@ mod tests {
         assert_eq!(fill(JOB, 7), "/v1/jobs/7");
         assert_eq!(fill(GPU_MINUTES, 2), "/v1/gpus/2/minutes");
         assert_eq!(fill(STATUS, 1), STATUS);
-        assert_eq!(with_query(TIMELINE, &Range { from: 1, to: 2 }).unwrap(), "/v1/timeline?from=1&to=2");
-        assert_eq!(with_query(&fill(LOGS, 3), &LogQuery { follow: true }).unwrap(), "/v1/jobs/3/logs?follow=true");
-        let f = HistoryFilter { user: Some("a b&c".into()), status: Some(JobState::TimedOut), limit: Some(50), ..Default::default() };
+        assert_eq!(
+            with_query(TIMELINE, &Range { from: 1, to: 2 }).unwrap(),
+            "/v1/timeline?from=1&to=2"
+        );
+        assert_eq!(
+            with_query(&fill(LOGS, 3), &LogQuery { follow: true }).unwrap(),
+            "/v1/jobs/3/logs?follow=true"
+        );
+        let f = HistoryFilter {
+            user: Some("a b&c".into()),
+            status: Some(JobState::TimedOut),
+            limit: Some(50),
+            ..Default::default()
+        };
         let q = with_query(HISTORY, &f).unwrap();
         assert_eq!(q, "/v1/history?user=a+b%26c&status=timed_out&limit=50");
         let back: HistoryFilter = parse_query(q.split_once('?').unwrap().1).unwrap();
-        assert_eq!((back.user.as_deref(), back.status, back.limit, back.since), (Some("a b&c"), Some(JobState::TimedOut), Some(50), None));
+        assert_eq!(
+            (back.user.as_deref(), back.status, back.limit, back.since),
+            (Some("a b&c"), Some(JobState::TimedOut), Some(50), None)
+        );
         assert_eq!(with_query(HISTORY, &HistoryFilter::default()).unwrap(), HISTORY);
     }
 }

@@ -114,9 +114,12 @@ mod tests {
     /// An engine from before the rename still reports its outage to a new client (and back).
     #[test]
     fn health_reads_the_old_docker_problem_name() {
-        let h: Health = serde_json::from_str(r#"{"store_problem":null,"docker_problem":"Docker is away","orphans":[]}"#).unwrap();
+        let h: Health =
+            serde_json::from_str(r#"{"store_problem":null,"docker_problem":"Docker is away","orphans":[]}"#).unwrap();
         assert_eq!(h.backend_problem.as_deref(), Some("Docker is away"));
-        let h: Health = serde_json::from_str(r#"{"store_problem":null,"backend_problem":"Slurm is not reachable","orphans":[]}"#).unwrap();
+        let h: Health =
+            serde_json::from_str(r#"{"store_problem":null,"backend_problem":"Slurm is not reachable","orphans":[]}"#)
+                .unwrap();
         assert_eq!(h.backend_problem.as_deref(), Some("Slurm is not reachable"));
     }
 }

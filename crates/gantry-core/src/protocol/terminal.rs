@@ -79,7 +79,10 @@ impl Frame {
     pub fn encode(&self) -> Vec<u8> {
         let (kind, payload): (u8, std::borrow::Cow<[u8]>) = match self {
             Frame::Data(d) if d.len() > MAX_PAYLOAD => {
-                return d.chunks(MAX_PAYLOAD).flat_map(|c| Frame::Data(c.to_vec()).encode()).collect();
+                return d
+                    .chunks(MAX_PAYLOAD)
+                    .flat_map(|c| Frame::Data(c.to_vec()).encode())
+                    .collect();
             }
             Frame::Data(d) => (0, d.into()),
             Frame::Resize { cols, rows } => (1, [cols.to_be_bytes(), rows.to_be_bytes()].concat().into()),
@@ -118,9 +121,14 @@ impl Decoder {
             let p = &self.buf[at + HEADER..at + HEADER + len];
             out.push(match kind {
                 0 => Frame::Data(p.to_vec()),
-                1 if len == 4 => Frame::Resize { cols: u16::from_be_bytes([p[0], p[1]]), rows: u16::from_be_bytes([p[2], p[3]]) },
+                1 if len == 4 => Frame::Resize {
+                    cols: u16::from_be_bytes([p[0], p[1]]),
+                    rows: u16::from_be_bytes([p[2], p[3]]),
+                },
                 2 => Frame::Notice(String::from_utf8_lossy(p).into_owned()),
-                3 => Frame::Ended(serde_json::from_slice(p).map_err(|e| BadFrame(format!("an end that is not JSON: {e}")))?),
+                3 => Frame::Ended(
+                    serde_json::from_slice(p).map_err(|e| BadFrame(format!("an end that is not JSON: {e}")))?,
+                ),
                 k => return Err(BadFrame(format!("kind {k} with {len} bytes"))),
             });
             at += HEADER + len;
@@ -136,7 +144,11 @@ mod tests {
 
     #[test]
     fn frames_survive_any_split_of_the_stream() {
-        let end = SessionEnd { state: JobState::Succeeded, exit_code: Some(0), message: "exited 0".into() };
+        let end = SessionEnd {
+            state: JobState::Succeeded,
+            exit_code: Some(0),
+            message: "exited 0".into(),
+        };
         let frames = vec![
             Frame::Data(b"echo hi\r".to_vec()),
             Frame::Resize { cols: 132, rows: 43 },
@@ -162,7 +174,12 @@ mod tests {
         let mut d = Decoder::default();
         let got = d.push(&Frame::Data(big.clone()).encode()).unwrap();
         assert_eq!(got.len(), 3);
-        assert_eq!(got.iter().flat_map(|f| if let Frame::Data(b) = f { b.clone() } else { vec![] }).collect::<Vec<_>>(), big);
+        assert_eq!(
+            got.iter()
+                .flat_map(|f| if let Frame::Data(b) = f { b.clone() } else { vec![] })
+                .collect::<Vec<_>>(),
+            big
+        );
         let rows: Vec<(&[u8], &str)> = vec![
             (&[9, 0, 0, 0, 0], "kind 9"),
             (&[0, 0, 0x10, 0, 1], "at most"),
@@ -173,6 +190,10 @@ mod tests {
             let e = Decoder::default().push(bytes).unwrap_err();
             assert!(e.to_string().contains(want), "{bytes:?}: {e}");
         }
-        assert_eq!(Decoder::default().push(&[0, 0, 0]).unwrap(), vec![], "a header still coming");
+        assert_eq!(
+            Decoder::default().push(&[0, 0, 0]).unwrap(),
+            vec![],
+            "a header still coming"
+        );
     }
 }

@@ -48,27 +48,93 @@ impl Out {
 
 /// The whole file.
 pub fn typescript() -> String {
-    let mut o = Out { cfg: Config::new().with_large_int("number"), text: String::new(), declared: vec![], named: vec![] };
+    let mut o = Out {
+        cfg: Config::new().with_large_int("number"),
+        text: String::new(),
+        declared: vec![],
+        named: vec![],
+    };
     o.line(&format!("// Generated from the Rust protocol types (crates/gantry-core/src/protocol) by ts-rs: do not edit.\n// Refresh: {REFRESH}\n"));
     o.decl::<JobState>();
-    let finals: Vec<String> = JobState::ALL.into_iter().filter(|s| s.is_final()).map(|s| format!("{:?}", s.as_str())).collect();
-    o.line(&format!("export const FINAL_STATES: JobState[] = [{}];", finals.join(", ")));
-    o.decl::<EngineKind>().decl::<EngineView>().decl::<Machines>().decl::<ConnectionEvent>().decl::<SessionAsk>();
-    o.decl::<BackendKind>().decl::<Orphan>().decl::<StatusInfo>().decl::<WhoAmI>();
+    let finals: Vec<String> = JobState::ALL
+        .into_iter()
+        .filter(|s| s.is_final())
+        .map(|s| format!("{:?}", s.as_str()))
+        .collect();
+    o.line(&format!(
+        "export const FINAL_STATES: JobState[] = [{}];",
+        finals.join(", ")
+    ));
+    o.decl::<EngineKind>()
+        .decl::<EngineView>()
+        .decl::<Machines>()
+        .decl::<ConnectionEvent>()
+        .decl::<SessionAsk>();
+    o.decl::<BackendKind>()
+        .decl::<Orphan>()
+        .decl::<StatusInfo>()
+        .decl::<WhoAmI>();
     o.decl::<NotifyEvent>();
-    o.decl::<Command>().decl::<Ipc>().decl::<Home>().decl::<Ulimits>().decl::<crate::spec::Checkpoint>().decl::<IdOrName>().decl::<Scalar>().decl::<JobSpec>();
-    o.decl::<crate::spec::Limits>().decl::<MatrixPart>().decl::<Mount>().decl::<ValidJob>().decl::<SpecError>().decl::<Preview>();
+    o.decl::<Command>()
+        .decl::<Ipc>()
+        .decl::<Home>()
+        .decl::<Ulimits>()
+        .decl::<crate::spec::Checkpoint>()
+        .decl::<IdOrName>()
+        .decl::<Scalar>()
+        .decl::<JobSpec>();
+    o.decl::<crate::spec::Limits>()
+        .decl::<MatrixPart>()
+        .decl::<Mount>()
+        .decl::<ValidJob>()
+        .decl::<SpecError>()
+        .decl::<Preview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
-    o.line(&format!("export type SubmitResult = {};", <Result<Vec<i64>, String> as TS>::inline(&o.cfg)));
-    o.decl::<JobView>().decl::<QueueJob>().decl::<QueueSession>().decl::<QueueEntryView>().decl::<QueuePage>().decl::<EndReason>().decl::<Attempt>().decl::<Event>().decl::<JobDetailView>().decl::<JobChanged>();
-    o.decl::<GpuProcess>().decl::<MigParent>().decl::<Link>().decl::<GpuLink>().decl::<GpuSample>().decl::<GpuUser>().decl::<GpuStatus>();
+    o.line(&format!(
+        "export type SubmitResult = {};",
+        <Result<Vec<i64>, String> as TS>::inline(&o.cfg)
+    ));
+    o.decl::<JobView>()
+        .decl::<QueueJob>()
+        .decl::<QueueSession>()
+        .decl::<QueueEntryView>()
+        .decl::<QueuePage>()
+        .decl::<EndReason>()
+        .decl::<Attempt>()
+        .decl::<Event>()
+        .decl::<JobDetailView>()
+        .decl::<JobChanged>();
+    o.decl::<GpuProcess>()
+        .decl::<MigParent>()
+        .decl::<Link>()
+        .decl::<GpuLink>()
+        .decl::<GpuSample>()
+        .decl::<GpuUser>()
+        .decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
-    o.decl::<HistoryRow>().decl::<HistoryFilter>().decl::<TimelineRun>().decl::<UserUsage>().decl::<UsageReport>();
+    o.decl::<HistoryRow>()
+        .decl::<HistoryFilter>()
+        .decl::<TimelineRun>()
+        .decl::<UserUsage>()
+        .decl::<UsageReport>();
     o.decl::<UsageBucket>().decl::<UtilCell>().decl::<UsageCharts>();
-    o.decl::<NotifyTarget>().decl::<Subscription>().decl::<DeliveryState>().decl::<NotifyDelivery>().decl::<NotifyJob>().decl::<NotifyPayload>();
-    o.decl::<BookingState>().decl::<BookRequest>().decl::<BookingView>().decl::<BookingsQuery>().decl::<BookingRules>().decl::<Bookings>();
+    o.decl::<NotifyTarget>()
+        .decl::<Subscription>()
+        .decl::<DeliveryState>()
+        .decl::<NotifyDelivery>()
+        .decl::<NotifyJob>()
+        .decl::<NotifyPayload>();
+    o.decl::<BookingState>()
+        .decl::<BookRequest>()
+        .decl::<BookingView>()
+        .decl::<BookingsQuery>()
+        .decl::<BookingRules>()
+        .decl::<Bookings>();
     for (user, dep) in &o.named {
-        assert!(o.declared.iter().any(|(_, n)| n == dep), "{user} names {dep}, which protocol::ts::typescript does not declare: add it");
+        assert!(
+            o.declared.iter().any(|(_, n)| n == dep),
+            "{user} names {dep}, which protocol::ts::typescript does not declare: add it"
+        );
     }
     o.text
 }
@@ -79,7 +145,9 @@ mod tests {
 
     #[test]
     fn types_ts_matches_the_rust_protocol() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(PATH);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(PATH);
         let want = typescript();
         if std::env::var_os("GANTRY_WRITE_TS").is_some() {
             std::fs::write(&path, &want).unwrap();
@@ -87,7 +155,11 @@ mod tests {
         }
         let have = std::fs::read_to_string(&path).unwrap_or_default();
         if have != want {
-            let line = have.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or_else(|| have.lines().count().min(want.lines().count()));
+            let line = have
+                .lines()
+                .zip(want.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
             panic!("{PATH} is stale: it differs from the Rust protocol types from line {} on.\nRefresh it with:\n    {REFRESH}", line + 1);
         }
     }

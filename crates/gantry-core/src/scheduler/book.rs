@@ -88,9 +88,15 @@ pub fn assign(state: &State) -> Vec<Assigned> {
                     } else {
                         3
                     }
-                } else if others.iter().all(|r| r.expected_end_ms.is_some_and(|e| e <= b.start_ms)) {
+                } else if others
+                    .iter()
+                    .all(|r| r.expected_end_ms.is_some_and(|e| e <= b.start_ms))
+                {
                     0
-                } else if others.iter().all(|r| r.victim.is_some() || r.expected_end_ms.is_some_and(|e| e <= b.start_ms)) {
+                } else if others
+                    .iter()
+                    .all(|r| r.victim.is_some() || r.expected_end_ms.is_some_and(|e| e <= b.start_ms))
+                {
                     1
                 } else {
                     2
@@ -101,13 +107,25 @@ pub fn assign(state: &State) -> Vec<Assigned> {
         cands.sort();
         let gpus: Vec<u32> = cands.into_iter().take(b.gpus as usize).map(|c| c.1).collect();
         let waiting_for = if active {
-            let mut w: Vec<i64> = state.running.iter().filter(|r| r.user != b.user && r.victim.is_none() && r.gpus.iter().any(|g| gpus.contains(g))).map(|r| r.job_id).collect();
+            let mut w: Vec<i64> = state
+                .running
+                .iter()
+                .filter(|r| r.user != b.user && r.victim.is_none() && r.gpus.iter().any(|g| gpus.contains(g)))
+                .map(|r| r.job_id)
+                .collect();
             w.sort();
             w
         } else {
             vec![]
         };
-        out.push((b, Assigned { booking: b.id, gpus, waiting_for }));
+        out.push((
+            b,
+            Assigned {
+                booking: b.id,
+                gpus,
+                waiting_for,
+            },
+        ));
     }
     out.into_iter().map(|(_, a)| a).collect()
 }
@@ -115,9 +133,16 @@ pub fn assign(state: &State) -> Vec<Assigned> {
 /// Mark the assigned GPUs in `slots` so [`fit::choose`] keeps them for their bookings.
 pub(super) fn mark(slots: &mut [Slot], state: &State, assigned: &[Assigned]) {
     for a in assigned {
-        let Some(b) = state.config.bookings.iter().find(|b| b.id == a.booking) else { continue };
+        let Some(b) = state.config.bookings.iter().find(|b| b.id == a.booking) else {
+            continue;
+        };
         for s in slots.iter_mut().filter(|s| a.gpus.contains(&s.index)) {
-            s.booked.push(Held { user: b.user.clone(), start: b.start_ms, from: b.from.clone(), until: b.until.clone() });
+            s.booked.push(Held {
+                user: b.user.clone(),
+                start: b.start_ms,
+                from: b.from.clone(),
+                until: b.until.clone(),
+            });
         }
     }
 }
@@ -128,10 +153,18 @@ pub(super) fn refuses(slot: &Slot, job: &QueuedJob, ctx: &Ctx) -> Option<String>
         if h.start <= ctx.now {
             return Some(format!("GPU {} booked by {} until {}", slot.index, h.user, h.until));
         }
-        let rt = ctx.cautious.iter().find(|c| c.0 == job.job_id).map(|c| c.1).or(job.expected_runtime_ms);
+        let rt = ctx
+            .cautious
+            .iter()
+            .find(|c| c.0 == job.job_id)
+            .map(|c| c.1)
+            .or(job.expected_runtime_ms);
         let ends_in_time = ctx.use_runtimes && rt.is_some_and(|rt| ctx.now + rt <= h.start);
         if !ends_in_time && !ctx.preemptible.contains(&job.job_id) {
-            return Some(format!("GPU {} booked by {} from {} (this job is not expected to end by then)", slot.index, h.user, h.from));
+            return Some(format!(
+                "GPU {} booked by {} from {} (this job is not expected to end by then)",
+                slot.index, h.user, h.from
+            ));
         }
     }
     None
@@ -140,11 +173,17 @@ pub(super) fn refuses(slot: &Slot, job: &QueuedJob, ctx: &Ctx) -> Option<String>
 /// At an active booking's GPUs, other users' preemptible jobs are preempted for it.
 pub(super) fn preempt_for(state: &State, assigned: &[Assigned], out: &mut Plan) {
     for a in assigned {
-        let Some(b) = state.config.bookings.iter().find(|b| b.id == a.booking) else { continue };
+        let Some(b) = state.config.bookings.iter().find(|b| b.id == a.booking) else {
+            continue;
+        };
         if !b.active(state.now_ms) {
             continue;
         }
-        for r in state.running.iter().filter(|r| r.user != b.user && r.gpus.iter().any(|g| a.gpus.contains(g))) {
+        for r in state
+            .running
+            .iter()
+            .filter(|r| r.user != b.user && r.gpus.iter().any(|g| a.gpus.contains(g)))
+        {
             let Some(v) = &r.victim else { continue };
             if v.stopping_for.is_some() || out.preempt.iter().any(|p| p.job == r.job_id) {
                 continue;
@@ -152,7 +191,11 @@ pub(super) fn preempt_for(state: &State, assigned: &[Assigned], out: &mut Plan) 
             out.preempt.push(Preempt {
                 job: r.job_id,
                 for_job: 0,
-                why: PreemptWhy::Booking { user: b.user.clone(), booking: b.id, span: format!("{}–{}", b.from, b.until) },
+                why: PreemptWhy::Booking {
+                    user: b.user.clone(),
+                    booking: b.id,
+                    span: format!("{}–{}", b.from, b.until),
+                },
                 gpus: a.gpus.clone(),
             });
         }
@@ -166,20 +209,76 @@ mod tests {
     const H: i64 = 3_600_000;
 
     fn gpus(n: u32) -> Vec<GpuView> {
-        (0..n).map(|i| GpuView { index: i, memory_total: 24 * G, ..Default::default() }).collect()
+        (0..n)
+            .map(|i| GpuView {
+                index: i,
+                memory_total: 24 * G,
+                ..Default::default()
+            })
+            .collect()
     }
     fn q(id: i64, user: &str, rt: Option<i64>) -> QueuedJob {
-        QueuedJob { job_id: id, user: user.into(), priority: 0, submitted_at_ms: id, gpus: 1, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
+        QueuedJob {
+            job_id: id,
+            user: user.into(),
+            priority: 0,
+            submitted_at_ms: id,
+            gpus: 1,
+            gpu_memory: None,
+            not_before_ms: None,
+            expected_runtime_ms: rt,
+            user_usage: 0.0,
+            filter: GpuFilter::default(),
+            needs: CpuRam::default(),
+            preempted_at_ms: None,
+        }
     }
     fn run(id: i64, user: &str, gpu: u32, end: Option<i64>, preemptible: bool) -> RunningJob {
-        RunningJob { job_id: id, user: user.into(), gpus: vec![gpu], gpu_memory: None, expected_end_ms: end, needs: CpuRam::default(), victim: preemptible.then(Victim::default), declared: None }
+        RunningJob {
+            job_id: id,
+            user: user.into(),
+            gpus: vec![gpu],
+            gpu_memory: None,
+            expected_end_ms: end,
+            needs: CpuRam::default(),
+            victim: preemptible.then(Victim::default),
+            declared: None,
+        }
     }
     /// alice books `n` GPUs from `start` for 4 hours.
     fn alice(id: i64, n: u32, start: i64) -> BookHold {
-        BookHold { id, user: "alice".into(), gpus: n, filter: GpuFilter::default(), start_ms: start, end_ms: start + 4 * H, from: "14:00".into(), until: "18:00".into() }
+        BookHold {
+            id,
+            user: "alice".into(),
+            gpus: n,
+            filter: GpuFilter::default(),
+            start_ms: start,
+            end_ms: start + 4 * H,
+            from: "14:00".into(),
+            until: "18:00".into(),
+        }
     }
-    fn st(now: i64, g: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, bookings: Vec<BookHold>, preemptible: Vec<i64>) -> State {
-        State { now_ms: now, gpus: gpus(g), running, queued, config: Config { bookings, preemptible, ..Config::default() }, typical_wait_ms: None, host: None }
+    fn st(
+        now: i64,
+        g: u32,
+        running: Vec<RunningJob>,
+        queued: Vec<QueuedJob>,
+        bookings: Vec<BookHold>,
+        preemptible: Vec<i64>,
+    ) -> State {
+        State {
+            now_ms: now,
+            gpus: gpus(g),
+            running,
+            queued,
+            config: Config {
+                bookings,
+                preemptible,
+                ..Config::default()
+            },
+            typical_wait_ms: None,
+            host: None,
+        }
     }
     fn placed(p: &Plan) -> Vec<(i64, Vec<u32>)> {
         let mut v: Vec<(i64, Vec<u32>)> = p.placements.iter().map(|p| (p.job_id, p.gpus.clone())).collect();
@@ -187,7 +286,11 @@ mod tests {
         v
     }
     fn reason(p: &Plan, id: i64) -> String {
-        p.waiting.iter().find(|w| w.job_id == id).map(|w| w.why()).unwrap_or_default()
+        p.waiting
+            .iter()
+            .find(|w| w.job_id == id)
+            .map(|w| w.why())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -272,26 +375,79 @@ mod tests {
     #[test]
     fn reasons_name_the_booking() {
         let start = 10 * H;
-        let p = plan(&st(start + H, 1, vec![], vec![q(1, "bob", None)], vec![alice(7, 1, start)], vec![]));
-        assert!(reason(&p, 1).contains("GPU 0 booked by alice until 18:00"), "{}", reason(&p, 1));
-        let p = plan(&st(0, 1, vec![], vec![q(1, "bob", Some(11 * H))], vec![alice(7, 1, start)], vec![]));
-        assert!(reason(&p, 1).contains("GPU 0 booked by alice from 14:00 (this job is not expected to end by then)"), "{}", reason(&p, 1));
+        let p = plan(&st(
+            start + H,
+            1,
+            vec![],
+            vec![q(1, "bob", None)],
+            vec![alice(7, 1, start)],
+            vec![],
+        ));
+        assert!(
+            reason(&p, 1).contains("GPU 0 booked by alice until 18:00"),
+            "{}",
+            reason(&p, 1)
+        );
+        let p = plan(&st(
+            0,
+            1,
+            vec![],
+            vec![q(1, "bob", Some(11 * H))],
+            vec![alice(7, 1, start)],
+            vec![],
+        ));
+        assert!(
+            reason(&p, 1).contains("GPU 0 booked by alice from 14:00 (this job is not expected to end by then)"),
+            "{}",
+            reason(&p, 1)
+        );
     }
 
     #[test]
     fn at_its_start_preemptible_jobs_are_preempted_and_others_are_waited_for() {
         let start = 10 * H;
         // GPU 0: bob's preemptible job; GPU 1: carol's non-preemptible one. alice booked 2.
-        let s = st(start, 2, vec![run(1, "bob", 0, None, true), run(2, "carol", 1, None, false)], vec![], vec![alice(7, 2, start)], vec![]);
+        let s = st(
+            start,
+            2,
+            vec![run(1, "bob", 0, None, true), run(2, "carol", 1, None, false)],
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
         let p = plan(&s);
         assert_eq!(p.preempt.len(), 1, "{:?}", p.preempt);
-        assert_eq!((p.preempt[0].job, &p.preempt[0].why.to_string()), (1, &"alice's booking 7 (14:00–18:00)".to_string()));
-        assert_eq!(assign(&s), vec![Assigned { booking: 7, gpus: vec![0, 1], waiting_for: vec![2] }]);
+        assert_eq!(
+            (p.preempt[0].job, &p.preempt[0].why.to_string()),
+            (1, &"alice's booking 7 (14:00–18:00)".to_string())
+        );
+        assert_eq!(
+            assign(&s),
+            vec![Assigned {
+                booking: 7,
+                gpus: vec![0, 1],
+                waiting_for: vec![2]
+            }]
+        );
         // Before the start nothing is preempted.
-        let early = st(start - 1, 2, s.running.clone(), vec![], vec![alice(7, 2, start)], vec![]);
+        let early = st(
+            start - 1,
+            2,
+            s.running.clone(),
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
         assert!(plan(&early).preempt.is_empty());
         // The owner's own preemptible job on it is not.
-        let own = st(start, 1, vec![run(1, "alice", 0, None, true)], vec![], vec![alice(7, 1, start)], vec![]);
+        let own = st(
+            start,
+            1,
+            vec![run(1, "alice", 0, None, true)],
+            vec![],
+            vec![alice(7, 1, start)],
+            vec![],
+        );
         assert!(plan(&own).preempt.is_empty());
     }
 
@@ -299,11 +455,25 @@ mod tests {
     fn assignment_prefers_what_frees_in_time_and_never_counts_busy_outside_gpus() {
         let start = 10 * H;
         // GPU 0 runs bob's long job, GPU 1 a job ending before the start, GPU 2 busy outside Gantry.
-        let mut s = st(0, 3, vec![run(1, "bob", 0, None, false), run(2, "bob", 1, Some(start - 1), false)], vec![], vec![alice(7, 1, start)], vec![]);
+        let mut s = st(
+            0,
+            3,
+            vec![run(1, "bob", 0, None, false), run(2, "bob", 1, Some(start - 1), false)],
+            vec![],
+            vec![alice(7, 1, start)],
+            vec![],
+        );
         s.gpus[2].external_busy = true;
         assert_eq!(assign(&s)[0].gpus, vec![1]);
         // While active: the owner's GPU first.
-        let s = st(start, 2, vec![run(1, "alice", 1, None, false)], vec![], vec![alice(7, 1, start)], vec![]);
+        let s = st(
+            start,
+            2,
+            vec![run(1, "alice", 1, None, false)],
+            vec![],
+            vec![alice(7, 1, start)],
+            vec![],
+        );
         assert_eq!(assign(&s)[0].gpus, vec![1]);
     }
 }

@@ -5,7 +5,11 @@ use super::*;
 
 /// Estimated start time of each queued job: replay `plan` forward on a virtual clock, assuming each
 /// job runs for its expected runtime (`default_runtime_ms` when unknown) and nothing new arrives.
-pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize) -> std::collections::HashMap<i64, i64> {
+pub fn estimate_starts(
+    state: &State,
+    default_runtime_ms: i64,
+    max_steps: usize,
+) -> std::collections::HashMap<i64, i64> {
     let mut out = std::collections::HashMap::new();
     let mut s = state.clone();
     s.config.explain_first = 0;
@@ -24,13 +28,34 @@ pub fn estimate_starts(state: &State, default_runtime_ms: i64, max_steps: usize)
             if let Some(i) = s.queued.iter().position(|q| q.job_id == pl.job_id) {
                 let q = s.queued.remove(i);
                 let rt = q.expected_runtime_ms.unwrap_or(default_runtime_ms).max(1);
-                s.running.push(RunningJob { job_id: q.job_id, user: q.user.clone(), gpus: pl.gpus.clone(), gpu_memory: q.gpu_memory, expected_end_ms: Some(s.now_ms + rt), needs: q.needs, victim: None, declared: None });
+                s.running.push(RunningJob {
+                    job_id: q.job_id,
+                    user: q.user.clone(),
+                    gpus: pl.gpus.clone(),
+                    gpu_memory: q.gpu_memory,
+                    expected_end_ms: Some(s.now_ms + rt),
+                    needs: q.needs,
+                    victim: None,
+                    declared: None,
+                });
             }
         }
         // Jump to the next end (or backoff expiry), when something can change.
-        let next_end = s.running.iter().filter_map(|r| r.expected_end_ms).filter(|e| *e > s.now_ms).min();
-        let next_nb = s.queued.iter().filter_map(|q| q.not_before_ms).filter(|t| *t > s.now_ms).min();
-        let Some(next) = [next_end, next_nb].into_iter().flatten().min() else { break };
+        let next_end = s
+            .running
+            .iter()
+            .filter_map(|r| r.expected_end_ms)
+            .filter(|e| *e > s.now_ms)
+            .min();
+        let next_nb = s
+            .queued
+            .iter()
+            .filter_map(|q| q.not_before_ms)
+            .filter(|t| *t > s.now_ms)
+            .min();
+        let Some(next) = [next_end, next_nb].into_iter().flatten().min() else {
+            break;
+        };
         s.now_ms = next;
         let now = s.now_ms;
         s.running.retain(|r| r.expected_end_ms.is_some_and(|e| e > now));
@@ -44,14 +69,43 @@ mod estimate_tests {
 
     #[test]
     pub(super) fn start_estimates_follow_the_running_jobs_ends() {
-        let g = |i| GpuView { index: i, memory_total: 1 << 34, ..Default::default() };
-        let q = |id, gpus, rt: Option<i64>| QueuedJob { job_id: id, user: String::new(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: rt, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None };
+        let g = |i| GpuView {
+            index: i,
+            memory_total: 1 << 34,
+            ..Default::default()
+        };
+        let q = |id, gpus, rt: Option<i64>| QueuedJob {
+            job_id: id,
+            user: String::new(),
+            priority: 0,
+            submitted_at_ms: id,
+            gpus,
+            gpu_memory: None,
+            not_before_ms: None,
+            expected_runtime_ms: rt,
+            user_usage: 0.0,
+            filter: GpuFilter::default(),
+            needs: CpuRam::default(),
+            preempted_at_ms: None,
+        };
         let s = State {
             now_ms: 0,
             gpus: vec![g(0), g(1)],
-            running: vec![RunningJob { job_id: 9, user: String::new(), gpus: vec![0], gpu_memory: None, expected_end_ms: Some(1_000), needs: CpuRam::default(), victim: None, declared: None }],
+            running: vec![RunningJob {
+                job_id: 9,
+                user: String::new(),
+                gpus: vec![0],
+                gpu_memory: None,
+                expected_end_ms: Some(1_000),
+                needs: CpuRam::default(),
+                victim: None,
+                declared: None,
+            }],
             queued: vec![q(1, 1, Some(5_000)), q(2, 2, Some(100)), q(3, 1, None)],
-            config: Config { reserve_after_ms: i64::MAX, ..Config::default() },
+            config: Config {
+                reserve_after_ms: i64::MAX,
+                ..Config::default()
+            },
             typical_wait_ms: None,
             host: None,
         };

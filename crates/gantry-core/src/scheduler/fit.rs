@@ -8,7 +8,13 @@ use super::*;
 pub(super) fn frag_view(slots: &[Slot]) -> Vec<(u64, bool, u64)> {
     slots
         .iter()
-        .map(|s| if s.external || s.exclusive_by.is_some() { (0, false, s.total) } else { (s.free_for_shared(), s.is_empty(), s.total) })
+        .map(|s| {
+            if s.external || s.exclusive_by.is_some() {
+                (0, false, s.total)
+            } else {
+                (s.free_for_shared(), s.is_empty(), s.total)
+            }
+        })
         .collect()
 }
 
@@ -47,7 +53,12 @@ pub(super) fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) 
         return Err(format!("needs {n} GPUs, this machine has {all}"));
     }
     if n > slots.len() {
-        return Err(format!("waits for {}: this machine has {} such GPU{}", job.filter.describe(job.gpus), slots.len(), if slots.len() == 1 { "" } else { "s" }));
+        return Err(format!(
+            "waits for {}: this machine has {} such GPU{}",
+            job.filter.describe(job.gpus),
+            slots.len(),
+            if slots.len() == 1 { "" } else { "s" }
+        ));
     }
     let mut reasons: Vec<String> = vec![];
     let mut reasons_push = |r: &dyn Fn() -> String| {
@@ -68,7 +79,12 @@ pub(super) fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) 
             continue;
         }
         if s.external {
-            reasons_push(&|| format!("GPU {} in use outside this engine (another engine's job, or a process outside Gantry)", s.index));
+            reasons_push(&|| {
+                format!(
+                    "GPU {} in use outside this engine (another engine's job, or a process outside Gantry)",
+                    s.index
+                )
+            });
             continue;
         }
         if let Some(j) = s.exclusive_by {
@@ -106,13 +122,19 @@ pub(super) fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) 
                     };
                     candidates.push((key, s.index));
                 } else {
-                    reasons_push(&|| format!(
-                        "GPU {} has {} free{}, needs {}",
-                        s.index,
-                        crate::units::format_bytes(free),
-                        if s.outside_used > 0 { format!(" ({} used outside Gantry)", crate::units::format_bytes(s.outside_used)) } else { String::new() },
-                        crate::units::format_bytes(m)
-                    ));
+                    reasons_push(&|| {
+                        format!(
+                            "GPU {} has {} free{}, needs {}",
+                            s.index,
+                            crate::units::format_bytes(free),
+                            if s.outside_used > 0 {
+                                format!(" ({} used outside Gantry)", crate::units::format_bytes(s.outside_used))
+                            } else {
+                                String::new()
+                            },
+                            crate::units::format_bytes(m)
+                        )
+                    });
                 }
             }
         }
@@ -124,15 +146,29 @@ pub(super) fn choose(slots: &[Slot], job: &QueuedJob, ctx: &Ctx, explain: bool) 
     } else {
         let what = match job.gpu_memory {
             None => format!("needs {n} free GPU{}", if n == 1 { "" } else { "s" }),
-            Some(m) => format!("needs {n} GPU{} with {} free", if n == 1 { "" } else { "s" }, crate::units::format_bytes(m)),
+            Some(m) => format!(
+                "needs {n} GPU{} with {} free",
+                if n == 1 { "" } else { "s" },
+                crate::units::format_bytes(m)
+            ),
         };
         let which = if job.filter.is_any() {
             String::new()
         } else {
             let matching: Vec<u32> = slots.iter().map(|s| s.index).collect();
-            format!("waits for {}: GPU{} {} match{}; ", job.filter.describe(job.gpus), if matching.len() == 1 { "" } else { "s" }, list(&matching), if matching.len() == 1 { "es" } else { "" })
+            format!(
+                "waits for {}: GPU{} {} match{}; ",
+                job.filter.describe(job.gpus),
+                if matching.len() == 1 { "" } else { "s" },
+                list(&matching),
+                if matching.len() == 1 { "es" } else { "" }
+            )
         };
-        Err(format!("{which}{what}, {} available ({})", candidates.len(), summarize(&reasons)))
+        Err(format!(
+            "{which}{what}, {} available ({})",
+            candidates.len(),
+            summarize(&reasons)
+        ))
     }
 }
 
@@ -155,7 +191,15 @@ pub(super) struct Topology(std::collections::HashMap<(u32, u32), crate::gpu::Lin
 
 impl Topology {
     pub(super) fn of(gpus: &[GpuView]) -> Self {
-        Topology(gpus.iter().flat_map(|g| g.links.iter().map(move |l| ((g.index.min(l.peer), g.index.max(l.peer)), l.link))).collect())
+        Topology(
+            gpus.iter()
+                .flat_map(|g| {
+                    g.links
+                        .iter()
+                        .map(move |l| ((g.index.min(l.peer), g.index.max(l.peer)), l.link))
+                })
+                .collect(),
+        )
     }
     /// Lower is closer; pairs NVML says nothing about rank below every known link.
     pub(super) fn rank(&self, a: u32, b: u32) -> u8 {
@@ -184,20 +228,36 @@ pub(super) fn pick(mut cands: Vec<(u64, u32)>, n: usize, topo: &Topology) -> Vec
     if ties.len() == n - must.len() {
         return plain(&cands);
     }
-    let seeds: Vec<Vec<u32>> = if must.is_empty() { ties.iter().map(|t| vec![*t]).collect() } else { vec![must] };
+    let seeds: Vec<Vec<u32>> = if must.is_empty() {
+        ties.iter().map(|t| vec![*t]).collect()
+    } else {
+        vec![must]
+    };
     let mut best: Option<((u8, u32), Vec<u32>)> = None;
     for mut set in seeds {
         // Per tied GPU not yet taken: (its worst link to the set, the sum of its links to the set).
         let mut pool: Vec<(u8, u32, u32)> = ties
             .iter()
             .filter(|t| !set.contains(t))
-            .map(|t| set.iter().fold((0u8, 0u32, *t), |(w, sum, t), s| (w.max(topo.rank(t, *s)), sum + topo.rank(t, *s) as u32, t)))
+            .map(|t| {
+                set.iter().fold((0u8, 0u32, *t), |(w, sum, t), s| {
+                    (w.max(topo.rank(t, *s)), sum + topo.rank(t, *s) as u32, t)
+                })
+            })
             .collect();
-        let mut score = set.iter().enumerate().flat_map(|(i, a)| set[i + 1..].iter().map(move |b| (*a, *b))).fold((0u8, 0u32), |(w, sum), (a, b)| {
-            (w.max(topo.rank(a, b)), sum + topo.rank(a, b) as u32)
-        });
+        let mut score = set
+            .iter()
+            .enumerate()
+            .flat_map(|(i, a)| set[i + 1..].iter().map(move |b| (*a, *b)))
+            .fold((0u8, 0u32), |(w, sum), (a, b)| {
+                (w.max(topo.rank(a, b)), sum + topo.rank(a, b) as u32)
+            });
         while set.len() < n {
-            let (k, &(w, sum, t)) = pool.iter().enumerate().min_by_key(|(_, p)| **p).expect("enough tied GPUs");
+            let (k, &(w, sum, t)) = pool
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, p)| **p)
+                .expect("enough tied GPUs");
             pool.swap_remove(k);
             score = (score.0.max(w), score.1 + sum);
             for p in pool.iter_mut() {
@@ -218,12 +278,21 @@ pub(super) fn pick(mut cands: Vec<(u64, u32)>, n: usize, topo: &Topology) -> Vec
 /// "GPUs 0,1: NVLink", or the worst link of a larger set ("GPUs 0,1,2,3: same PCIe switch or closer").
 pub fn topology_note(gpus: &[GpuView], chosen: &[u32]) -> Option<String> {
     let topo = Topology::of(gpus);
-    let links: Vec<Option<crate::gpu::Link>> =
-        chosen.iter().enumerate().flat_map(|(i, a)| chosen[i + 1..].iter().map(move |b| (*a, *b))).map(|(a, b)| topo.0.get(&(a.min(b), a.max(b))).copied()).collect();
+    let links: Vec<Option<crate::gpu::Link>> = chosen
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| chosen[i + 1..].iter().map(move |b| (*a, *b)))
+        .map(|(a, b)| topo.0.get(&(a.min(b), a.max(b))).copied())
+        .collect();
     if links.is_empty() || links.iter().any(|l| l.is_none()) {
         return None;
     }
     let worst = links.iter().flatten().max()?;
     let all_same = links.iter().all(|l| l.as_ref() == Some(worst));
-    Some(format!("GPUs {}: {}{}", list(chosen), worst.describe(), if all_same { "" } else { " or closer" }))
+    Some(format!(
+        "GPUs {}: {}{}",
+        list(chosen),
+        worst.describe(),
+        if all_same { "" } else { " or closer" }
+    ))
 }

@@ -19,7 +19,12 @@ pub fn keep_free(plan: &mut Plan, state: &State, sessions: &HashSet<i64>, keep: 
         return;
     }
     let held: HashSet<u32> = state.running.iter().flat_map(|r| r.gpus.iter().copied()).collect();
-    let mut free: HashSet<u32> = state.gpus.iter().filter(|g| !g.external_busy && !held.contains(&g.index)).map(|g| g.index).collect();
+    let mut free: HashSet<u32> = state
+        .gpus
+        .iter()
+        .filter(|g| !g.external_busy && !held.contains(&g.index))
+        .map(|g| g.index)
+        .collect();
     let mut kept = vec![];
     plan.placements.retain(|p| {
         let taken = p.gpus.iter().filter(|g| free.contains(g)).count();
@@ -34,7 +39,12 @@ pub fn keep_free(plan: &mut Plan, state: &State, sessions: &HashSet<i64>, keep: 
     });
     for id in kept {
         let position = plan.waiting.len() + 1;
-        plan.waiting.push(Waiting { job_id: id, position, reason: KEPT_FREE.to_string(), reserved: vec![] });
+        plan.waiting.push(Waiting {
+            job_id: id,
+            position,
+            reason: KEPT_FREE.to_string(),
+            reserved: vec![],
+        });
     }
 }
 
@@ -46,10 +56,26 @@ mod tests {
     fn state(gpus: u32, busy: &[u32], external: &[u32]) -> State {
         State {
             now_ms: 0,
-            gpus: (0..gpus).map(|i| GpuView { index: i, memory_total: 80, external_busy: external.contains(&i), ..Default::default() }).collect(),
+            gpus: (0..gpus)
+                .map(|i| GpuView {
+                    index: i,
+                    memory_total: 80,
+                    external_busy: external.contains(&i),
+                    ..Default::default()
+                })
+                .collect(),
             running: busy
                 .iter()
-                .map(|g| RunningJob { job_id: 100 + *g as i64, user: "u".into(), gpus: vec![*g], gpu_memory: None, expected_end_ms: None, needs: Default::default(), victim: None, declared: None })
+                .map(|g| RunningJob {
+                    job_id: 100 + *g as i64,
+                    user: "u".into(),
+                    gpus: vec![*g],
+                    gpu_memory: None,
+                    expected_end_ms: None,
+                    needs: Default::default(),
+                    victim: None,
+                    declared: None,
+                })
                 .collect(),
             queued: vec![],
             config: Default::default(),
@@ -72,18 +98,101 @@ mod tests {
             want_started: Vec<i64>,
         }
         let cases = vec![
-            Case { name: "keep 0 changes nothing", gpus: 2, busy: vec![], external: vec![], keep: 0, placed: vec![(1, vec![0]), (2, vec![1])], sessions: vec![], want_started: vec![1, 2] },
-            Case { name: "a batch job may not take the last free GPU", gpus: 2, busy: vec![], external: vec![], keep: 1, placed: vec![(1, vec![0]), (2, vec![1])], sessions: vec![], want_started: vec![1] },
-            Case { name: "a session may take it", gpus: 2, busy: vec![], external: vec![], keep: 1, placed: vec![(1, vec![0]), (2, vec![1])], sessions: vec![2], want_started: vec![1, 2] },
-            Case { name: "a session first leaves the batch job short", gpus: 2, busy: vec![], external: vec![], keep: 1, placed: vec![(2, vec![0]), (1, vec![1])], sessions: vec![2], want_started: vec![2] },
-            Case { name: "busy and outside-busy GPUs are not free", gpus: 4, busy: vec![0], external: vec![1], keep: 1, placed: vec![(1, vec![2, 3])], sessions: vec![], want_started: vec![] },
-            Case { name: "a wide batch job fits when enough stay free", gpus: 4, busy: vec![], external: vec![], keep: 2, placed: vec![(1, vec![0, 1]), (2, vec![2])], sessions: vec![], want_started: vec![1] },
-            Case { name: "a shared job on a GPU already taken takes nothing free", gpus: 2, busy: vec![0], external: vec![], keep: 1, placed: vec![(1, vec![0])], sessions: vec![], want_started: vec![1] },
-            Case { name: "keep more than there are GPUs: no batch job takes a free one", gpus: 2, busy: vec![], external: vec![], keep: 5, placed: vec![(1, vec![0])], sessions: vec![], want_started: vec![] },
+            Case {
+                name: "keep 0 changes nothing",
+                gpus: 2,
+                busy: vec![],
+                external: vec![],
+                keep: 0,
+                placed: vec![(1, vec![0]), (2, vec![1])],
+                sessions: vec![],
+                want_started: vec![1, 2],
+            },
+            Case {
+                name: "a batch job may not take the last free GPU",
+                gpus: 2,
+                busy: vec![],
+                external: vec![],
+                keep: 1,
+                placed: vec![(1, vec![0]), (2, vec![1])],
+                sessions: vec![],
+                want_started: vec![1],
+            },
+            Case {
+                name: "a session may take it",
+                gpus: 2,
+                busy: vec![],
+                external: vec![],
+                keep: 1,
+                placed: vec![(1, vec![0]), (2, vec![1])],
+                sessions: vec![2],
+                want_started: vec![1, 2],
+            },
+            Case {
+                name: "a session first leaves the batch job short",
+                gpus: 2,
+                busy: vec![],
+                external: vec![],
+                keep: 1,
+                placed: vec![(2, vec![0]), (1, vec![1])],
+                sessions: vec![2],
+                want_started: vec![2],
+            },
+            Case {
+                name: "busy and outside-busy GPUs are not free",
+                gpus: 4,
+                busy: vec![0],
+                external: vec![1],
+                keep: 1,
+                placed: vec![(1, vec![2, 3])],
+                sessions: vec![],
+                want_started: vec![],
+            },
+            Case {
+                name: "a wide batch job fits when enough stay free",
+                gpus: 4,
+                busy: vec![],
+                external: vec![],
+                keep: 2,
+                placed: vec![(1, vec![0, 1]), (2, vec![2])],
+                sessions: vec![],
+                want_started: vec![1],
+            },
+            Case {
+                name: "a shared job on a GPU already taken takes nothing free",
+                gpus: 2,
+                busy: vec![0],
+                external: vec![],
+                keep: 1,
+                placed: vec![(1, vec![0])],
+                sessions: vec![],
+                want_started: vec![1],
+            },
+            Case {
+                name: "keep more than there are GPUs: no batch job takes a free one",
+                gpus: 2,
+                busy: vec![],
+                external: vec![],
+                keep: 5,
+                placed: vec![(1, vec![0])],
+                sessions: vec![],
+                want_started: vec![],
+            },
         ];
         for c in cases {
             let st = state(c.gpus, &c.busy, &c.external);
-            let mut plan = Plan { placements: c.placed.iter().map(|(j, g)| Placement { job_id: *j, gpus: g.clone() }).collect(), waiting: vec![], preempt: vec![] };
+            let mut plan = Plan {
+                placements: c
+                    .placed
+                    .iter()
+                    .map(|(j, g)| Placement {
+                        job_id: *j,
+                        gpus: g.clone(),
+                    })
+                    .collect(),
+                waiting: vec![],
+                preempt: vec![],
+            };
             keep_free(&mut plan, &st, &c.sessions.iter().copied().collect(), c.keep);
             let started: Vec<i64> = plan.placements.iter().map(|p| p.job_id).collect();
             assert_eq!(started, c.want_started, "{}", c.name);

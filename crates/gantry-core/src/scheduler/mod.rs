@@ -17,8 +17,8 @@
 //!   starts only when its `needs` fit beside the running jobs' (simulated traces carry none).
 
 pub use crate::spec::GpuFilter;
-use serde::{Deserialize, Serialize};
 pub use crate::units::format_cpus;
+use serde::{Deserialize, Serialize};
 
 mod book;
 mod eta;
@@ -115,7 +115,12 @@ pub fn overran_ms(r: &RunningJob, now: i64, margin_ms: i64) -> Option<i64> {
 /// "job 12 ran 53s past its declared 1s runtime".
 pub(super) fn overran_note(r: &RunningJob, past_ms: i64) -> String {
     let declared = r.declared.map_or(0, |d| d.runtime_ms);
-    format!("job {} ran {} past its declared {} runtime", r.job_id, crate::units::duration_ms(past_ms), crate::units::duration_ms(declared))
+    format!(
+        "job {} ran {} past its declared {} runtime",
+        r.job_id,
+        crate::units::duration_ms(past_ms),
+        crate::units::duration_ms(declared)
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,7 +159,6 @@ pub struct CpuRam {
     pub cpus_milli: u64,
     pub memory: u64,
 }
-
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -269,7 +273,14 @@ pub fn shape_mix<'a>(shapes: impl IntoIterator<Item = (u32, Option<u64>)> + 'a) 
         }
     }
     let total: f64 = counts.values().sum();
-    counts.into_iter().map(|((gpus, gpu_memory), c)| Shape { gpus, gpu_memory, weight: c / total }).collect()
+    counts
+        .into_iter()
+        .map(|((gpus, gpu_memory), c)| Shape {
+            gpus,
+            gpu_memory,
+            weight: c / total,
+        })
+        .collect()
 }
 
 fn factor_default() -> f64 {
@@ -402,7 +413,8 @@ struct Slot {
 
 impl Slot {
     fn free_for_shared(&self) -> u64 {
-        self.total.saturating_sub((self.shared_declared + self.outside_used).max(self.measured_used))
+        self.total
+            .saturating_sub((self.shared_declared + self.outside_used).max(self.measured_used))
     }
     fn is_empty(&self) -> bool {
         self.exclusive_by.is_none() && self.shared_jobs.is_empty()
@@ -418,7 +430,9 @@ impl Slot {
 pub fn gpu_worth(gpus: u32, needs: CpuRam, share: Option<CpuRam>) -> f64 {
     let Some(s) = share else { return gpus as f64 };
     let part = |n: u64, s: u64| if s == 0 { 0.0 } else { n as f64 / s as f64 };
-    (gpus as f64).max(part(needs.cpus_milli, s.cpus_milli)).max(part(needs.memory, s.memory))
+    (gpus as f64)
+        .max(part(needs.cpus_milli, s.cpus_milli))
+        .max(part(needs.memory, s.memory))
 }
 
 /// GPUs (and CPU/RAM, in GPUs' worth) each user's jobs hold, against the lab's per-user cap.
@@ -450,13 +464,28 @@ impl<'a> UserCaps<'a> {
             return None;
         }
         let plural = |n: f64| if (n - 1.0).abs() < 1e-9 { "" } else { "s" };
-        let n = |v: f64| if (v - v.round()).abs() < 1e-6 { format!("{}", v.round()) } else { format!("{v:.1}") };
+        let n = |v: f64| {
+            if (v - v.round()).abs() < 1e-6 {
+                format!("{}", v.round())
+            } else {
+                format!("{v:.1}")
+            }
+        };
         Some(if held == 0.0 && worth > job.gpus as f64 + 1e-6 {
             format!("its CPU or RAM is {} GPUs' share; the lab limit is {cap} GPU{} per user (CPU and RAM count as the GPUs they keep from others)", n(worth), plural(cap as f64))
         } else if held == 0.0 {
-            format!("asks for {} GPUs; the lab limit is {cap} GPU{} per user", job.gpus, plural(cap as f64))
+            format!(
+                "asks for {} GPUs; the lab limit is {cap} GPU{} per user",
+                job.gpus,
+                plural(cap as f64)
+            )
         } else if (held - held.round()).abs() < 1e-6 && worth <= job.gpus as f64 + 1e-6 {
-            format!("{} already runs {} GPU{}; the lab limit is {cap} per user", job.user, n(held), plural(held))
+            format!(
+                "{} already runs {} GPU{}; the lab limit is {cap} per user",
+                job.user,
+                n(held),
+                plural(held)
+            )
         } else {
             format!("{} already holds {} GPUs' worth (GPUs, and CPU or RAM in per-GPU shares); the lab limit is {cap} per user", job.user, n(held))
         })
@@ -481,10 +510,16 @@ struct Pool<'a> {
 
 impl<'a> Pool<'a> {
     fn new(state: &'a State) -> Self {
-        let holders: Vec<(&str, i64, CpuRam)> = state.running.iter().map(|r| (r.user.as_str(), r.job_id, r.needs)).collect();
+        let holders: Vec<(&str, i64, CpuRam)> = state
+            .running
+            .iter()
+            .map(|r| (r.user.as_str(), r.job_id, r.needs))
+            .collect();
         let cap = state.host.unwrap_or_default();
         let free = state.host.map(|c| CpuRam {
-            cpus_milli: c.cpus_milli.saturating_sub(holders.iter().map(|h| h.2.cpus_milli).sum()),
+            cpus_milli: c
+                .cpus_milli
+                .saturating_sub(holders.iter().map(|h| h.2.cpus_milli).sum()),
             memory: c.memory.saturating_sub(holders.iter().map(|h| h.2.memory).sum()),
         });
         Pool { free, cap, holders }
@@ -502,20 +537,37 @@ impl<'a> Pool<'a> {
             return Some(String::new());
         }
         let (pick, what, fmt): Measure = if cpu {
-            (|c| c.cpus_milli, if n.cpus_milli == 1000 { "CPU" } else { "CPUs" }, format_cpus)
+            (
+                |c| c.cpus_milli,
+                if n.cpus_milli == 1000 { "CPU" } else { "CPUs" },
+                format_cpus,
+            )
         } else {
             (|c| c.memory, "of memory", crate::units::format_bytes)
         };
         if pick(&n) > pick(&self.cap) {
-            return Some(format!("needs {} {what}, this machine has {} for jobs", fmt(pick(&n)), fmt(pick(&self.cap))));
+            return Some(format!(
+                "needs {} {what}, this machine has {} for jobs",
+                fmt(pick(&n)),
+                fmt(pick(&self.cap))
+            ));
         }
         let mut by: Vec<&(&str, i64, CpuRam)> = self.holders.iter().filter(|h| pick(&h.2) > 0).collect();
         by.sort_by_key(|h| (std::cmp::Reverse(pick(&h.2)), h.1));
-        let mut who: Vec<String> = by.iter().take(3).map(|(u, id, c)| format!("{u}'s job {id} uses {}", fmt(pick(c)))).collect();
+        let mut who: Vec<String> = by
+            .iter()
+            .take(3)
+            .map(|(u, id, c)| format!("{u}'s job {id} uses {}", fmt(pick(c))))
+            .collect();
         if by.len() > 3 {
             who.push(format!("{} more jobs", by.len() - 3));
         }
-        Some(format!("needs {} {what}, {} free ({})", fmt(pick(&n)), fmt(pick(&free)), who.join("; ")))
+        Some(format!(
+            "needs {} {what}, {} free ({})",
+            fmt(pick(&n)),
+            fmt(pick(&free)),
+            who.join("; ")
+        ))
     }
 
     fn took(&mut self, job: &'a QueuedJob) {
@@ -539,7 +591,8 @@ pub fn plan(state: &State) -> Plan {
             measured_used: g.memory_used,
             outside_used: g.outside_used,
             external: g.external_busy,
-            external_settled: g.external_busy && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS,
+            external_settled: g.external_busy
+                && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS,
             exclusive_by: None,
             shared_declared: 0,
             shared_jobs: vec![],
@@ -549,7 +602,11 @@ pub fn plan(state: &State) -> Plan {
         })
         .collect();
     slots.sort_by_key(|s| s.index);
-    let booked = if state.config.bookings.is_empty() { vec![] } else { assign(state) };
+    let booked = if state.config.bookings.is_empty() {
+        vec![]
+    } else {
+        assign(state)
+    };
     book::mark(&mut slots, state, &booked);
     for r in &state.running {
         for g in &r.gpus {
@@ -571,13 +628,28 @@ pub fn plan(state: &State) -> Plan {
     for (job, gpus) in &state.config.claims {
         // A claim for a job that cannot start while GPUs are used outside this engine is not kept:
         // it would idle the others for as long as that use lasts.
-        if state.queued.iter().any(|q| q.job_id == *job && outside_blocks(state, q).is_none()) {
-            for s in slots.iter_mut().filter(|s| gpus.contains(&s.index) && s.reserved_by.is_none()) {
+        if state
+            .queued
+            .iter()
+            .any(|q| q.job_id == *job && outside_blocks(state, q).is_none())
+        {
+            for s in slots
+                .iter_mut()
+                .filter(|s| gpus.contains(&s.index) && s.reserved_by.is_none())
+            {
                 s.reserved_by = Some((*job, None));
             }
         }
     }
-    let ctx = Ctx { now: state.now_ms, use_runtimes: state.config.use_runtimes, packing: state.config.packing, topology: Topology::of(&state.gpus), shapes: &state.config.shapes, preemptible: &state.config.preemptible, cautious: &state.config.cautious_runtimes };
+    let ctx = Ctx {
+        now: state.now_ms,
+        use_runtimes: state.config.use_runtimes,
+        packing: state.config.packing,
+        topology: Topology::of(&state.gpus),
+        shapes: &state.config.shapes,
+        preemptible: &state.config.preemptible,
+        cautious: &state.config.cautious_runtimes,
+    };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
     // The one starving job goes first: it starts now, or reserves the GPUs that free up first and
@@ -589,23 +661,36 @@ pub fn plan(state: &State) -> Plan {
     if let Some(job) = starving {
         match choose(&slots, job, &ctx, true) {
             // Its GPUs are free but its CPU or RAM is not: waiting for CPU leaves the GPUs to others.
-            Ok(_) if pool.lacks(job, false).is_some() => reserved_for = Some((job.job_id, vec![], pool.lacks(job, true).unwrap_or_default())),
+            Ok(_) if pool.lacks(job, false).is_some() => {
+                reserved_for = Some((job.job_id, vec![], pool.lacks(job, true).unwrap_or_default()))
+            }
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
                 caps.took(job);
                 pool.took(job);
-                out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
+                out.placements.push(Placement {
+                    job_id: job.job_id,
+                    gpus: chosen,
+                });
             }
             Err(reason) => {
                 let mut trial = slots.clone();
                 let reserved = reserve(&mut trial, job, &ctx);
-                let shadow = trial.iter().find_map(|s| s.reserved_by.filter(|r| r.0 == job.job_id).and_then(|r| r.1));
+                let shadow = trial
+                    .iter()
+                    .find_map(|s| s.reserved_by.filter(|r| r.0 == job.job_id).and_then(|r| r.1));
                 let waited = state.now_ms - job.submitted_at_ms;
-                let limit = state.config.drain_limit_factor.map(|f| (state.typical_wait_ms.unwrap_or(0).max(waited) as f64 * f) as i64);
+                let limit = state
+                    .config
+                    .drain_limit_factor
+                    .map(|f| (state.typical_wait_ms.unwrap_or(0).max(waited) as f64 * f) as i64);
                 match (limit, shadow) {
                     (Some(limit), Some(sh)) if sh - state.now_ms > limit => {
                         // Draining would idle GPUs for longer than it is worth: wait without a reservation.
-                        let reason = format!("{reason}; not reserving GPUs yet: they are expected to drain in {}", crate::units::duration_ms(sh - state.now_ms));
+                        let reason = format!(
+                            "{reason}; not reserving GPUs yet: they are expected to drain in {}",
+                            crate::units::duration_ms(sh - state.now_ms)
+                        );
                         reserved_for = Some((job.job_id, vec![], reason));
                     }
                     _ => {
@@ -623,7 +708,11 @@ pub fn plan(state: &State) -> Plan {
                 let reason = if reserved.is_empty() {
                     reason
                 } else {
-                    let mut r = format!("{reason}; waited {}, so GPUs {} are reserved for it", crate::units::duration_ms(waited), list(&reserved));
+                    let mut r = format!(
+                        "{reason}; waited {}, so GPUs {} are reserved for it",
+                        crate::units::duration_ms(waited),
+                        list(&reserved)
+                    );
                     for note in overrunning(state, &reserved) {
                         r.push_str("; ");
                         r.push_str(&note);
@@ -637,7 +726,11 @@ pub fn plan(state: &State) -> Plan {
         if let Some(nb) = job.not_before_ms {
             if nb > state.now_ms {
                 let secs = (nb - state.now_ms + 999) / 1000;
-                let reason = if explain(&out) { format!("retrying after a failure in {secs}s") } else { String::new() };
+                let reason = if explain(&out) {
+                    format!("retrying after a failure in {secs}s")
+                } else {
+                    String::new()
+                };
                 push_wait(&mut out, job.job_id, reason, vec![]);
                 continue;
             }
@@ -653,7 +746,10 @@ pub fn plan(state: &State) -> Plan {
                 }
                 None => {
                     pool.took(job);
-                    out.placements.push(Placement { job_id: job.job_id, gpus: vec![] });
+                    out.placements.push(Placement {
+                        job_id: job.job_id,
+                        gpus: vec![],
+                    });
                 }
             }
             continue;
@@ -671,7 +767,10 @@ pub fn plan(state: &State) -> Plan {
                 take(&mut slots, job, &chosen, &ctx);
                 caps.took(job);
                 pool.took(job);
-                out.placements.push(Placement { job_id: job.job_id, gpus: chosen });
+                out.placements.push(Placement {
+                    job_id: job.job_id,
+                    gpus: chosen,
+                });
             }
             Err(reason) => {
                 let reason = match outside_blocks(state, job) {
@@ -684,7 +783,15 @@ pub fn plan(state: &State) -> Plan {
         }
     }
     if let Some(rules) = &state.config.preemption {
-        preempt::decide(state, rules, &mut slots, &pool, &ctx, starving.map(|s| s.job_id), &mut out);
+        preempt::decide(
+            state,
+            rules,
+            &mut slots,
+            &pool,
+            &ctx,
+            starving.map(|s| s.job_id),
+            &mut out,
+        );
     }
     book::preempt_for(state, &booked, &mut out);
     out
@@ -695,8 +802,15 @@ pub fn plan(state: &State) -> Plan {
 /// keeps no claim and preempts no one (all of which would idle GPUs for as long as that use lasts);
 /// it waits in the queue like any job and starts once the outside use ends.
 pub(super) fn outside_blocks(state: &State, job: &QueuedJob) -> Option<String> {
-    let accepted: Vec<&GpuView> = state.gpus.iter().filter(|g| job.filter.eligible(&g.name, g.memory_total)).collect();
-    let settled = |g: &GpuView| g.external_busy && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS;
+    let accepted: Vec<&GpuView> = state
+        .gpus
+        .iter()
+        .filter(|g| job.filter.eligible(&g.name, g.memory_total))
+        .collect();
+    let settled = |g: &GpuView| {
+        g.external_busy
+            && state.now_ms - g.outside_since_ms.unwrap_or(state.now_ms) >= crate::defaults::OUTSIDE_SETTLE_MS
+    };
     let outside: Vec<&GpuView> = accepted.iter().copied().filter(|g| settled(g)).collect();
     let n = job.gpus as usize;
     if n == 0 || accepted.len() < n || accepted.len() - outside.len() >= n {
@@ -706,10 +820,19 @@ pub(super) fn outside_blocks(state: &State, job: &QueuedJob) -> Option<String> {
     outside.sort_by_key(|g| g.index);
     let named: Vec<String> = outside
         .iter()
-        .map(|g| if g.outside_used > 0 { format!("GPU {} ({})", g.index, crate::units::format_bytes(g.outside_used)) } else { format!("GPU {}", g.index) })
+        .map(|g| {
+            if g.outside_used > 0 {
+                format!("GPU {} ({})", g.index, crate::units::format_bytes(g.outside_used))
+            } else {
+                format!("GPU {}", g.index)
+            }
+        })
         .collect();
     let verb = if outside.len() == 1 { "is" } else { "are" };
-    Some(format!("can't reserve {n} GPUs: {} {verb} used outside this engine; waiting without holding GPUs", named.join(", ")))
+    Some(format!(
+        "can't reserve {n} GPUs: {} {verb} used outside this engine; waiting without holding GPUs",
+        named.join(", ")
+    ))
 }
 
 /// "waits for job 12, which ran 53s past its declared 1s runtime (...)": for each running job on
@@ -729,7 +852,10 @@ fn overrunning(state: &State, gpus: &[u32]) -> Vec<String> {
             } else {
                 "not preemptible, so it runs to its end; no job is backfilled on its promise any more"
             };
-            Some(format!("waits for {} ({what})", overran_note(r, past).replacen(" ran ", ", which ran ", 1)))
+            Some(format!(
+                "waits for {} ({what})",
+                overran_note(r, past).replacen(" ran ", ", which ran ", 1)
+            ))
         })
         .collect()
 }
@@ -752,16 +878,55 @@ mod tests {
     const G: u64 = 1 << 30;
 
     fn gpus(n: u32, mem: u64) -> Vec<GpuView> {
-        (0..n).map(|i| GpuView { index: i, memory_total: mem, ..Default::default() }).collect()
+        (0..n)
+            .map(|i| GpuView {
+                index: i,
+                memory_total: mem,
+                ..Default::default()
+            })
+            .collect()
     }
     fn q(id: i64, gpus: u32, mem: Option<u64>) -> QueuedJob {
-        QueuedJob { job_id: id, user: "ada".into(), priority: 0, submitted_at_ms: id, gpus, gpu_memory: mem, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
+        QueuedJob {
+            job_id: id,
+            user: "ada".into(),
+            priority: 0,
+            submitted_at_ms: id,
+            gpus,
+            gpu_memory: mem,
+            not_before_ms: None,
+            expected_runtime_ms: None,
+            user_usage: 0.0,
+            filter: GpuFilter::default(),
+            needs: CpuRam::default(),
+            preempted_at_ms: None,
+        }
     }
     fn run(id: i64, gpus: &[u32], mem: Option<u64>) -> RunningJob {
-        RunningJob { job_id: id, user: "ada".into(), gpus: gpus.to_vec(), gpu_memory: mem, expected_end_ms: None, needs: CpuRam::default(), victim: None, declared: None }
+        RunningJob {
+            job_id: id,
+            user: "ada".into(),
+            gpus: gpus.to_vec(),
+            gpu_memory: mem,
+            expected_end_ms: None,
+            needs: CpuRam::default(),
+            victim: None,
+            declared: None,
+        }
     }
     fn st(g: Vec<GpuView>, running: Vec<RunningJob>, queued: Vec<QueuedJob>) -> State {
-        State { now_ms: 1000, gpus: g, running, queued, config: Config { reserve_after_ms: 10_000, ..Config::default() }, typical_wait_ms: None, host: None }
+        State {
+            now_ms: 1000,
+            gpus: g,
+            running,
+            queued,
+            config: Config {
+                reserve_after_ms: 10_000,
+                ..Config::default()
+            },
+            typical_wait_ms: None,
+            host: None,
+        }
     }
     fn capped(cap: u32, mut s: State) -> State {
         s.config.max_running_gpus_per_user = Some(cap);
@@ -769,28 +934,62 @@ mod tests {
     }
     /// The lab's per-GPU share is 2 CPUs and 8 GiB.
     fn shared(mut s: State) -> State {
-        s.config.gpu_share = Some(CpuRam { cpus_milli: 2000, memory: 8 * G });
+        s.config.gpu_share = Some(CpuRam {
+            cpus_milli: 2000,
+            memory: 8 * G,
+        });
         s
     }
     fn bob(j: QueuedJob) -> QueuedJob {
-        QueuedJob { user: "bob".into(), ..j }
+        QueuedJob {
+            user: "bob".into(),
+            ..j
+        }
     }
     /// CPU and RAM: `host` for the machine, `needs` for a job (CPUs, GiB).
     fn host(cpus: u64, gib: u64, mut s: State) -> State {
-        s.host = Some(CpuRam { cpus_milli: cpus * 1000, memory: gib * G });
+        s.host = Some(CpuRam {
+            cpus_milli: cpus * 1000,
+            memory: gib * G,
+        });
         s
     }
     fn needs(cpus: u64, gib: u64, j: QueuedJob) -> QueuedJob {
-        QueuedJob { needs: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, ..j }
+        QueuedJob {
+            needs: CpuRam {
+                cpus_milli: cpus * 1000,
+                memory: gib * G,
+            },
+            ..j
+        }
     }
     fn holds(cpus: u64, gib: u64, r: RunningJob) -> RunningJob {
-        RunningJob { needs: CpuRam { cpus_milli: cpus * 1000, memory: gib * G }, ..r }
+        RunningJob {
+            needs: CpuRam {
+                cpus_milli: cpus * 1000,
+                memory: gib * G,
+            },
+            ..r
+        }
     }
     #[test]
     fn gpu_worth_is_gpus_or_cpu_ram_in_per_gpu_shares() {
-        let share = Some(CpuRam { cpus_milli: 2000, memory: 8 * G });
-        let c = |cpus: u64, gib: u64| CpuRam { cpus_milli: cpus, memory: gib * G };
-        for (gpus, needs, worth) in [(1, c(2000, 8), 1.0), (1, c(8000, 1), 4.0), (0, c(2000, 1), 1.0), (0, c(1000, 1), 0.5), (2, c(0, 0), 2.0), (1, c(1000, 32), 4.0)] {
+        let share = Some(CpuRam {
+            cpus_milli: 2000,
+            memory: 8 * G,
+        });
+        let c = |cpus: u64, gib: u64| CpuRam {
+            cpus_milli: cpus,
+            memory: gib * G,
+        };
+        for (gpus, needs, worth) in [
+            (1, c(2000, 8), 1.0),
+            (1, c(8000, 1), 4.0),
+            (0, c(2000, 1), 1.0),
+            (0, c(1000, 1), 0.5),
+            (2, c(0, 0), 2.0),
+            (1, c(1000, 32), 4.0),
+        ] {
             assert_eq!(gpu_worth(gpus, needs, share), worth, "{gpus} {needs:?}");
         }
         assert_eq!(gpu_worth(1, c(8000, 64), None), 1.0, "no share known: GPUs alone");
@@ -812,14 +1011,23 @@ mod tests {
         g
     }
     fn want(j: QueuedJob, gpu_type: Option<&str>, min: Option<u64>) -> QueuedJob {
-        QueuedJob { filter: GpuFilter { gpu_type: gpu_type.map(Into::into), min_memory: min }, ..j }
+        QueuedJob {
+            filter: GpuFilter {
+                gpu_type: gpu_type.map(Into::into),
+                min_memory: min,
+            },
+            ..j
+        }
     }
     /// GPUs with these links; every other pair crosses the CPU sockets.
     fn linked(mut g: Vec<GpuView>, pairs: &[(u32, u32, crate::gpu::Link)]) -> Vec<GpuView> {
         let n = g.len() as u32;
         for a in 0..n {
             for b in (0..n).filter(|b| *b != a) {
-                let link = pairs.iter().find(|p| (p.0, p.1) == (a, b) || (p.1, p.0) == (a, b)).map_or(crate::gpu::Link::System, |p| p.2);
+                let link = pairs
+                    .iter()
+                    .find(|p| (p.0, p.1) == (a, b) || (p.1, p.0) == (a, b))
+                    .map_or(crate::gpu::Link::System, |p| p.2);
                 g[a as usize].links.push(crate::gpu::GpuLink { peer: b, link });
             }
         }
@@ -834,42 +1042,384 @@ mod tests {
             want: Vec<(i64, Vec<u32>)>,
         }
         let cases = vec![
-            Case { name: "two 1-GPU jobs on two GPUs, third waits", state: st(gpus(2, 24 * G), vec![], vec![q(1, 1, None), q(2, 1, None), q(3, 1, None)]), want: vec![(1, vec![0]), (2, vec![1])] },
-            Case { name: "big job does not block a later small job", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 2, None), q(2, 1, None)]), want: vec![(2, vec![1])] },
-            Case { name: "exclusive GPU is never shared", state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, Some(G))]), want: vec![] },
-            Case { name: "shared jobs pack when memory fits", state: st(gpus(1, 24 * G), vec![], vec![q(1, 1, Some(10 * G)), q(2, 1, Some(10 * G)), q(3, 1, Some(10 * G))]), want: vec![(1, vec![0]), (2, vec![0])] },
-            Case { name: "whole-GPU job does not land on a shared GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], Some(G))], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
-            Case { name: "best fit packs onto the fuller GPU", state: st(gpus(2, 24 * G), vec![run(9, &[1], Some(16 * G))], vec![q(1, 1, Some(4 * G))]), want: vec![(1, vec![1])] },
-            Case { name: "external process makes a GPU busy", state: st({ let mut g = gpus(2, 24 * G); g[0].external_busy = true; g }, vec![], vec![q(1, 1, None), q(2, 1, Some(G))]), want: vec![(1, vec![1])] },
-            Case { name: "priority beats submission order", state: st(gpus(1, 24 * G), vec![], vec![q(1, 1, None), QueuedJob { priority: 5, ..q(2, 1, None) }]), want: vec![(2, vec![0])] },
-            Case { name: "cpu-only job always starts", state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 0, None)]), want: vec![(1, vec![])] },
-            Case { name: "retry backoff holds a job", state: st(gpus(1, 24 * G), vec![], vec![QueuedJob { not_before_ms: Some(5000), ..q(1, 1, None) }, q(2, 1, None)]), want: vec![(2, vec![0])] },
-            Case { name: "user cap: ada runs 1 GPU, cap 2: one more starts, bob's job fills the rest", state: capped(2, st(gpus(4, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None), q(2, 1, None), bob(q(3, 1, None))])), want: vec![(1, vec![1]), (3, vec![2])] },
-            Case { name: "user cap counts GPUs, not jobs", state: capped(2, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 1, Some(G)), bob(q(3, 2, None))])), want: vec![(1, vec![0, 1]), (3, vec![2, 3])] },
-            Case { name: "user cap: a job larger than the cap never starts; CPU jobs are not capped", state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])), want: vec![(2, vec![])] },
+            Case {
+                name: "two 1-GPU jobs on two GPUs, third waits",
+                state: st(
+                    gpus(2, 24 * G),
+                    vec![],
+                    vec![q(1, 1, None), q(2, 1, None), q(3, 1, None)],
+                ),
+                want: vec![(1, vec![0]), (2, vec![1])],
+            },
+            Case {
+                name: "big job does not block a later small job",
+                state: st(
+                    gpus(2, 24 * G),
+                    vec![run(9, &[0], None)],
+                    vec![q(1, 2, None), q(2, 1, None)],
+                ),
+                want: vec![(2, vec![1])],
+            },
+            Case {
+                name: "exclusive GPU is never shared",
+                state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, Some(G))]),
+                want: vec![],
+            },
+            Case {
+                name: "shared jobs pack when memory fits",
+                state: st(
+                    gpus(1, 24 * G),
+                    vec![],
+                    vec![q(1, 1, Some(10 * G)), q(2, 1, Some(10 * G)), q(3, 1, Some(10 * G))],
+                ),
+                want: vec![(1, vec![0]), (2, vec![0])],
+            },
+            Case {
+                name: "whole-GPU job does not land on a shared GPU",
+                state: st(gpus(2, 24 * G), vec![run(9, &[0], Some(G))], vec![q(1, 1, None)]),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "best fit packs onto the fuller GPU",
+                state: st(
+                    gpus(2, 24 * G),
+                    vec![run(9, &[1], Some(16 * G))],
+                    vec![q(1, 1, Some(4 * G))],
+                ),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "external process makes a GPU busy",
+                state: st(
+                    {
+                        let mut g = gpus(2, 24 * G);
+                        g[0].external_busy = true;
+                        g
+                    },
+                    vec![],
+                    vec![q(1, 1, None), q(2, 1, Some(G))],
+                ),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "priority beats submission order",
+                state: st(
+                    gpus(1, 24 * G),
+                    vec![],
+                    vec![
+                        q(1, 1, None),
+                        QueuedJob {
+                            priority: 5,
+                            ..q(2, 1, None)
+                        },
+                    ],
+                ),
+                want: vec![(2, vec![0])],
+            },
+            Case {
+                name: "cpu-only job always starts",
+                state: st(gpus(1, 24 * G), vec![run(9, &[0], None)], vec![q(1, 0, None)]),
+                want: vec![(1, vec![])],
+            },
+            Case {
+                name: "retry backoff holds a job",
+                state: st(
+                    gpus(1, 24 * G),
+                    vec![],
+                    vec![
+                        QueuedJob {
+                            not_before_ms: Some(5000),
+                            ..q(1, 1, None)
+                        },
+                        q(2, 1, None),
+                    ],
+                ),
+                want: vec![(2, vec![0])],
+            },
+            Case {
+                name: "user cap: ada runs 1 GPU, cap 2: one more starts, bob's job fills the rest",
+                state: capped(
+                    2,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![run(9, &[0], None)],
+                        vec![q(1, 1, None), q(2, 1, None), bob(q(3, 1, None))],
+                    ),
+                ),
+                want: vec![(1, vec![1]), (3, vec![2])],
+            },
+            Case {
+                name: "user cap counts GPUs, not jobs",
+                state: capped(
+                    2,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![],
+                        vec![q(1, 2, None), q(2, 1, Some(G)), bob(q(3, 2, None))],
+                    ),
+                ),
+                want: vec![(1, vec![0, 1]), (3, vec![2, 3])],
+            },
+            Case {
+                name: "user cap: a job larger than the cap never starts; CPU jobs are not capped",
+                state: capped(1, st(gpus(4, 24 * G), vec![], vec![q(1, 2, None), q(2, 0, None)])),
+                want: vec![(2, vec![])],
+            },
             // Issue 18 item 10: with the lab's per-GPU share (2 CPUs, 8 GiB) known, CPU and RAM count
             // in the cap as the GPUs' shares they hold: a CPU-only job too.
-            Case { name: "user cap counts CPU-only jobs by their share: ada's 2-CPU job is 1 GPU's worth", state: shared(capped(1, st(gpus(4, 24 * G), vec![holds(2, 1, run(9, &[], None))], vec![q(1, 1, None), bob(q(2, 1, None))]))), want: vec![(2, vec![0])] },
-            Case { name: "user cap counts a 1-GPU job holding 4 GPUs' CPUs as 4 GPUs", state: shared(capped(2, st(gpus(4, 24 * G), vec![], vec![needs(8, 1, q(1, 1, None)), bob(needs(2, 8, q(2, 1, None)))]))), want: vec![(2, vec![0])] },
-            Case { name: "user cap: jobs within their GPUs' share count as their GPUs", state: shared(capped(2, st(gpus(4, 24 * G), vec![holds(2, 8, run(9, &[0], None))], vec![needs(2, 8, q(1, 1, None)), needs(2, 8, q(2, 1, None))]))), want: vec![(1, vec![1])] },
-            Case { name: "no cap: one user may take every GPU", state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]), want: vec![(1, vec![1])] },
-            Case { name: "memory used outside Gantry adds to declared memory", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 13 * G; g[0].outside_used = 12 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(10 * G))]), want: vec![] },
-            Case { name: "gpu_type takes only GPUs whose name matches, any case", state: st(mixed(), vec![], vec![want(q(1, 1, None), Some("h100"), None), want(q(2, 2, None), Some("A100"), None)]), want: vec![(1, vec![2]), (2, vec![0, 1])] },
-            Case { name: "min_gpu_memory skips smaller GPUs", state: st(mixed(), vec![], vec![want(q(1, 1, None), None, Some(60 * G))]), want: vec![(1, vec![2])] },
-            Case { name: "filter and memory together; busy matches make it wait, later jobs still start", state: st(mixed(), vec![run(9, &[2, 3], None)], vec![want(q(1, 1, None), Some("H100"), Some(40 * G)), q(2, 1, None)]), want: vec![(2, vec![0])] },
-            Case { name: "a filtered shared job packs only onto matching GPUs", state: st(mixed(), vec![run(9, &[0], Some(10 * G))], vec![want(q(1, 1, Some(10 * G)), Some("H100"), None)]), want: vec![(1, vec![2])] },
-            Case { name: "no topology: lowest indexes", state: st(gpus(4, 24 * G), vec![], vec![q(1, 2, None)]), want: vec![(1, vec![0, 1])] },
-            Case { name: "topology: the NVLink pair among equal free GPUs", state: st(linked(gpus(4, 24 * G), &[(0, 2, crate::gpu::Link::Nvlink), (1, 3, crate::gpu::Link::Nvlink), (0, 1, crate::gpu::Link::PcieSwitch)]), vec![], vec![q(1, 2, None)]), want: vec![(1, vec![0, 2])] },
-            Case { name: "topology: same PCIe switch beats host bridge", state: st(linked(gpus(4, 24 * G), &[(1, 2, crate::gpu::Link::PcieSwitch), (0, 1, crate::gpu::Link::HostBridge), (2, 3, crate::gpu::Link::HostBridge)]), vec![run(9, &[0], None)], vec![q(1, 2, None)]), want: vec![(1, vec![1, 2])] },
-            Case { name: "topology: a quad of NVLink pairs", state: st(linked(gpus(8, 24 * G), &[(0, 4, crate::gpu::Link::Nvlink), (0, 5, crate::gpu::Link::Nvlink), (4, 5, crate::gpu::Link::Nvlink), (1, 4, crate::gpu::Link::Nvlink), (0, 1, crate::gpu::Link::Nvlink), (1, 5, crate::gpu::Link::Nvlink)]), vec![], vec![q(1, 4, None)]), want: vec![(1, vec![0, 1, 4, 5])] },
-            Case { name: "topology never overrides best fit: the fuller GPU stays, its NVLink peer joins", state: st(linked(gpus(4, 24 * G), &[(1, 3, crate::gpu::Link::Nvlink), (0, 2, crate::gpu::Link::Nvlink)]), vec![run(9, &[1], Some(8 * G))], vec![q(1, 2, Some(4 * G))]), want: vec![(1, vec![1, 3])] },
-            Case { name: "CPU: a job needing more CPUs than are free waits; a smaller later one starts", state: host(16, 256, st(gpus(4, 24 * G), vec![holds(10, 8, run(9, &[0], None))], vec![needs(8, 8, q(1, 1, None)), needs(6, 8, q(2, 1, None))])), want: vec![(2, vec![1])] },
-            Case { name: "RAM: a job needing more memory than is free waits", state: host(64, 100, st(gpus(2, 24 * G), vec![holds(1, 60, run(9, &[0], None))], vec![needs(1, 50, q(1, 1, None)), needs(1, 40, q(2, 0, None))])), want: vec![(2, vec![])] },
-            Case { name: "CPU-only jobs are counted too and no longer always start", state: host(4, 64, st(gpus(1, 24 * G), vec![], vec![needs(3, 1, q(1, 0, None)), needs(3, 1, q(2, 0, None)), needs(1, 1, q(3, 1, None))])), want: vec![(1, vec![]), (3, vec![0])] },
-            Case { name: "CPU: jobs placed in the same pass count against each other", state: host(8, 64, st(gpus(4, 24 * G), vec![], vec![needs(4, 1, q(1, 1, None)), needs(4, 1, q(2, 1, None)), needs(4, 1, q(3, 1, None))])), want: vec![(1, vec![0]), (2, vec![1])] },
-            Case { name: "no host capacity (a trace): CPU and RAM are not counted", state: st(gpus(2, 24 * G), vec![holds(100, 100, run(9, &[0], None))], vec![needs(100, 100, q(1, 1, None))]), want: vec![(1, vec![1])] },
-            Case { name: "CPU fits but no GPU: the job waits for the GPU, and no CPU is taken", state: host(8, 64, st(gpus(1, 24 * G), vec![holds(1, 1, run(9, &[0], None))], vec![needs(4, 1, q(1, 1, None)), needs(4, 1, q(2, 0, None))])), want: vec![(2, vec![])] },
-            Case { name: "measured memory above declared limits sharing", state: st({ let mut g = gpus(1, 24 * G); g[0].memory_used = 20 * G; g }, vec![run(9, &[0], Some(4 * G))], vec![q(1, 1, Some(8 * G))]), want: vec![] },
+            Case {
+                name: "user cap counts CPU-only jobs by their share: ada's 2-CPU job is 1 GPU's worth",
+                state: shared(capped(
+                    1,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![holds(2, 1, run(9, &[], None))],
+                        vec![q(1, 1, None), bob(q(2, 1, None))],
+                    ),
+                )),
+                want: vec![(2, vec![0])],
+            },
+            Case {
+                name: "user cap counts a 1-GPU job holding 4 GPUs' CPUs as 4 GPUs",
+                state: shared(capped(
+                    2,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![],
+                        vec![needs(8, 1, q(1, 1, None)), bob(needs(2, 8, q(2, 1, None)))],
+                    ),
+                )),
+                want: vec![(2, vec![0])],
+            },
+            Case {
+                name: "user cap: jobs within their GPUs' share count as their GPUs",
+                state: shared(capped(
+                    2,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![holds(2, 8, run(9, &[0], None))],
+                        vec![needs(2, 8, q(1, 1, None)), needs(2, 8, q(2, 1, None))],
+                    ),
+                )),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "no cap: one user may take every GPU",
+                state: st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None)]),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "memory used outside Gantry adds to declared memory",
+                state: st(
+                    {
+                        let mut g = gpus(1, 24 * G);
+                        g[0].memory_used = 13 * G;
+                        g[0].outside_used = 12 * G;
+                        g
+                    },
+                    vec![run(9, &[0], Some(4 * G))],
+                    vec![q(1, 1, Some(10 * G))],
+                ),
+                want: vec![],
+            },
+            Case {
+                name: "gpu_type takes only GPUs whose name matches, any case",
+                state: st(
+                    mixed(),
+                    vec![],
+                    vec![
+                        want(q(1, 1, None), Some("h100"), None),
+                        want(q(2, 2, None), Some("A100"), None),
+                    ],
+                ),
+                want: vec![(1, vec![2]), (2, vec![0, 1])],
+            },
+            Case {
+                name: "min_gpu_memory skips smaller GPUs",
+                state: st(mixed(), vec![], vec![want(q(1, 1, None), None, Some(60 * G))]),
+                want: vec![(1, vec![2])],
+            },
+            Case {
+                name: "filter and memory together; busy matches make it wait, later jobs still start",
+                state: st(
+                    mixed(),
+                    vec![run(9, &[2, 3], None)],
+                    vec![want(q(1, 1, None), Some("H100"), Some(40 * G)), q(2, 1, None)],
+                ),
+                want: vec![(2, vec![0])],
+            },
+            Case {
+                name: "a filtered shared job packs only onto matching GPUs",
+                state: st(
+                    mixed(),
+                    vec![run(9, &[0], Some(10 * G))],
+                    vec![want(q(1, 1, Some(10 * G)), Some("H100"), None)],
+                ),
+                want: vec![(1, vec![2])],
+            },
+            Case {
+                name: "no topology: lowest indexes",
+                state: st(gpus(4, 24 * G), vec![], vec![q(1, 2, None)]),
+                want: vec![(1, vec![0, 1])],
+            },
+            Case {
+                name: "topology: the NVLink pair among equal free GPUs",
+                state: st(
+                    linked(
+                        gpus(4, 24 * G),
+                        &[
+                            (0, 2, crate::gpu::Link::Nvlink),
+                            (1, 3, crate::gpu::Link::Nvlink),
+                            (0, 1, crate::gpu::Link::PcieSwitch),
+                        ],
+                    ),
+                    vec![],
+                    vec![q(1, 2, None)],
+                ),
+                want: vec![(1, vec![0, 2])],
+            },
+            Case {
+                name: "topology: same PCIe switch beats host bridge",
+                state: st(
+                    linked(
+                        gpus(4, 24 * G),
+                        &[
+                            (1, 2, crate::gpu::Link::PcieSwitch),
+                            (0, 1, crate::gpu::Link::HostBridge),
+                            (2, 3, crate::gpu::Link::HostBridge),
+                        ],
+                    ),
+                    vec![run(9, &[0], None)],
+                    vec![q(1, 2, None)],
+                ),
+                want: vec![(1, vec![1, 2])],
+            },
+            Case {
+                name: "topology: a quad of NVLink pairs",
+                state: st(
+                    linked(
+                        gpus(8, 24 * G),
+                        &[
+                            (0, 4, crate::gpu::Link::Nvlink),
+                            (0, 5, crate::gpu::Link::Nvlink),
+                            (4, 5, crate::gpu::Link::Nvlink),
+                            (1, 4, crate::gpu::Link::Nvlink),
+                            (0, 1, crate::gpu::Link::Nvlink),
+                            (1, 5, crate::gpu::Link::Nvlink),
+                        ],
+                    ),
+                    vec![],
+                    vec![q(1, 4, None)],
+                ),
+                want: vec![(1, vec![0, 1, 4, 5])],
+            },
+            Case {
+                name: "topology never overrides best fit: the fuller GPU stays, its NVLink peer joins",
+                state: st(
+                    linked(
+                        gpus(4, 24 * G),
+                        &[(1, 3, crate::gpu::Link::Nvlink), (0, 2, crate::gpu::Link::Nvlink)],
+                    ),
+                    vec![run(9, &[1], Some(8 * G))],
+                    vec![q(1, 2, Some(4 * G))],
+                ),
+                want: vec![(1, vec![1, 3])],
+            },
+            Case {
+                name: "CPU: a job needing more CPUs than are free waits; a smaller later one starts",
+                state: host(
+                    16,
+                    256,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![holds(10, 8, run(9, &[0], None))],
+                        vec![needs(8, 8, q(1, 1, None)), needs(6, 8, q(2, 1, None))],
+                    ),
+                ),
+                want: vec![(2, vec![1])],
+            },
+            Case {
+                name: "RAM: a job needing more memory than is free waits",
+                state: host(
+                    64,
+                    100,
+                    st(
+                        gpus(2, 24 * G),
+                        vec![holds(1, 60, run(9, &[0], None))],
+                        vec![needs(1, 50, q(1, 1, None)), needs(1, 40, q(2, 0, None))],
+                    ),
+                ),
+                want: vec![(2, vec![])],
+            },
+            Case {
+                name: "CPU-only jobs are counted too and no longer always start",
+                state: host(
+                    4,
+                    64,
+                    st(
+                        gpus(1, 24 * G),
+                        vec![],
+                        vec![
+                            needs(3, 1, q(1, 0, None)),
+                            needs(3, 1, q(2, 0, None)),
+                            needs(1, 1, q(3, 1, None)),
+                        ],
+                    ),
+                ),
+                want: vec![(1, vec![]), (3, vec![0])],
+            },
+            Case {
+                name: "CPU: jobs placed in the same pass count against each other",
+                state: host(
+                    8,
+                    64,
+                    st(
+                        gpus(4, 24 * G),
+                        vec![],
+                        vec![
+                            needs(4, 1, q(1, 1, None)),
+                            needs(4, 1, q(2, 1, None)),
+                            needs(4, 1, q(3, 1, None)),
+                        ],
+                    ),
+                ),
+                want: vec![(1, vec![0]), (2, vec![1])],
+            },
+            Case {
+                name: "no host capacity (a trace): CPU and RAM are not counted",
+                state: st(
+                    gpus(2, 24 * G),
+                    vec![holds(100, 100, run(9, &[0], None))],
+                    vec![needs(100, 100, q(1, 1, None))],
+                ),
+                want: vec![(1, vec![1])],
+            },
+            Case {
+                name: "CPU fits but no GPU: the job waits for the GPU, and no CPU is taken",
+                state: host(
+                    8,
+                    64,
+                    st(
+                        gpus(1, 24 * G),
+                        vec![holds(1, 1, run(9, &[0], None))],
+                        vec![needs(4, 1, q(1, 1, None)), needs(4, 1, q(2, 0, None))],
+                    ),
+                ),
+                want: vec![(2, vec![])],
+            },
+            Case {
+                name: "measured memory above declared limits sharing",
+                state: st(
+                    {
+                        let mut g = gpus(1, 24 * G);
+                        g[0].memory_used = 20 * G;
+                        g
+                    },
+                    vec![run(9, &[0], Some(4 * G))],
+                    vec![q(1, 1, Some(8 * G))],
+                ),
+                want: vec![],
+            },
         ];
         for c in cases {
             assert_eq!(placed(&plan(&c.state)), c.want, "{}", c.name);
@@ -879,7 +1429,11 @@ mod tests {
     #[test]
     fn starving_big_job_gets_a_reservation() {
         // 2 GPUs, GPU 0 busy. A 2-GPU job waited past the limit: GPU 1 must not go to the small job.
-        let mut s = st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 2, None), q(2, 1, None)]);
+        let mut s = st(
+            gpus(2, 24 * G),
+            vec![run(9, &[0], None)],
+            vec![q(1, 2, None), q(2, 1, None)],
+        );
         s.now_ms = 20_000;
         let p = plan(&s);
         assert!(p.placements.is_empty(), "{p:?}");
@@ -897,17 +1451,41 @@ mod tests {
     #[test]
     fn a_broken_runtime_promise_moves_the_reservation() {
         let h = 3_600_000;
-        let liar = RunningJob { expected_end_ms: Some(2 * h - 54_000 + 1000), declared: Some(Declared { started_ms: 2 * h - 54_000, runtime_ms: 1000 }), ..run(9, &[0], None) };
-        let honest = RunningJob { expected_end_ms: Some(3 * h), ..run(8, &[1], None) };
-        let mut s = st(gpus(2, 24 * G), vec![liar, honest], vec![QueuedJob { submitted_at_ms: 0, ..q(1, 1, None) }]);
+        let liar = RunningJob {
+            expected_end_ms: Some(2 * h - 54_000 + 1000),
+            declared: Some(Declared {
+                started_ms: 2 * h - 54_000,
+                runtime_ms: 1000,
+            }),
+            ..run(9, &[0], None)
+        };
+        let honest = RunningJob {
+            expected_end_ms: Some(3 * h),
+            ..run(8, &[1], None)
+        };
+        let mut s = st(
+            gpus(2, 24 * G),
+            vec![liar, honest],
+            vec![QueuedJob {
+                submitted_at_ms: 0,
+                ..q(1, 1, None)
+            }],
+        );
         s.now_ms = 2 * h;
         let p = plan(&s);
-        assert_eq!(p.waiting[0].reserved, vec![1], "the GPU that frees in an hour, not the one whose job broke its promise: {p:?}");
+        assert_eq!(
+            p.waiting[0].reserved,
+            vec![1],
+            "the GPU that frees in an hour, not the one whose job broke its promise: {p:?}"
+        );
         // Trusted (main's behaviour: a margin never reached), the liar's GPU looked free now.
         s.config.overrun_margin_ms = i64::MAX / 4;
         assert_eq!(plan(&s).waiting[0].reserved, vec![0]);
         // The margin: max(30 s, a tenth of the declaration).
-        assert_eq!((overrun_margin_ms(1000, 30_000), overrun_margin_ms(10 * h, 30_000)), (30_000, h));
+        assert_eq!(
+            (overrun_margin_ms(1000, 30_000), overrun_margin_ms(10 * h, 30_000)),
+            (30_000, h)
+        );
     }
 
     /// Issue 18 item 7: a 4-GPU job that can never start (one GPU held outside Gantry) kept 3 GPUs
@@ -918,8 +1496,20 @@ mod tests {
         g[2].external_busy = true;
         g[2].outside_used = 30 * G;
         g[2].outside_since_ms = Some(0); // for 100 s: settled
-        let alice = |j: QueuedJob| QueuedJob { user: "alice".into(), submitted_at_ms: 50_000, ..j };
-        let queue = vec![QueuedJob { submitted_at_ms: 0, ..q(1, 4, None) }, alice(q(2, 1, None)), alice(q(3, 1, None)), alice(q(4, 1, None))];
+        let alice = |j: QueuedJob| QueuedJob {
+            user: "alice".into(),
+            submitted_at_ms: 50_000,
+            ..j
+        };
+        let queue = vec![
+            QueuedJob {
+                submitted_at_ms: 0,
+                ..q(1, 4, None)
+            },
+            alice(q(2, 1, None)),
+            alice(q(3, 1, None)),
+            alice(q(4, 1, None)),
+        ];
         let mut s = st(g, vec![], queue);
         s.now_ms = 100_000; // job 1 waited past reserve_after
         let p = plan(&s);
@@ -927,10 +1517,20 @@ mod tests {
         let w = &p.waiting[0];
         assert_eq!(w.job_id, 1);
         assert!(w.reserved.is_empty());
-        assert!(w.reason.ends_with("; can't reserve 4 GPUs: GPU 2 (30.0 GiB) is used outside this engine; waiting without holding GPUs"), "{}", w.reason);
+        assert!(
+            w.reason.ends_with(
+                "; can't reserve 4 GPUs: GPU 2 (30.0 GiB) is used outside this engine; waiting without holding GPUs"
+            ),
+            "{}",
+            w.reason
+        );
         // GPUs preempted for it before the outside use began are not kept for it either.
         s.config.claims = vec![(1, vec![0, 1, 2, 3])];
-        assert_eq!(placed(&plan(&s)), vec![(2, vec![0]), (3, vec![1]), (4, vec![3])], "a claim it cannot use idled 3 GPUs");
+        assert_eq!(
+            placed(&plan(&s)),
+            vec![(2, vec![0]), (3, vec![1]), (4, vec![3])],
+            "a claim it cannot use idled 3 GPUs"
+        );
         // Once the outside use ends, the claim holds again and it starts.
         s.gpus[2].external_busy = false;
         s.gpus[2].outside_used = 0;
@@ -941,12 +1541,36 @@ mod tests {
         let mut g = gpus(4, 32 * G);
         g[2].external_busy = true;
         g[2].outside_since_ms = Some(0);
-        let running = vec![run(9, &[0], None), RunningJob { expected_end_ms: Some(150_000), ..run(8, &[1], None) }];
-        let mut s = st(g, running, vec![QueuedJob { submitted_at_ms: 0, ..q(1, 4, None) }, QueuedJob { submitted_at_ms: 10, ..q(5, 2, None) }, alice(q(6, 1, None))]);
+        let running = vec![
+            run(9, &[0], None),
+            RunningJob {
+                expected_end_ms: Some(150_000),
+                ..run(8, &[1], None)
+            },
+        ];
+        let mut s = st(
+            g,
+            running,
+            vec![
+                QueuedJob {
+                    submitted_at_ms: 0,
+                    ..q(1, 4, None)
+                },
+                QueuedJob {
+                    submitted_at_ms: 10,
+                    ..q(5, 2, None)
+                },
+                alice(q(6, 1, None)),
+            ],
+        );
         s.now_ms = 100_000;
         let p = plan(&s);
         assert_eq!(placed(&p), vec![]);
-        assert_eq!(p.waiting.iter().find(|w| w.job_id == 5).unwrap().reserved, vec![1, 3], "{p:?}");
+        assert_eq!(
+            p.waiting.iter().find(|w| w.job_id == 5).unwrap().reserved,
+            vec![1, 3],
+            "{p:?}"
+        );
     }
 
     /// Found by the engine test: the GPU of a job that just ended is still listed as used (outside
@@ -957,31 +1581,79 @@ mod tests {
         let mut g = gpus(2, 24 * G);
         g[0].external_busy = true;
         g[0].outside_since_ms = Some(99_000); // 1 s ago
-        let mut s = st(g, vec![], vec![QueuedJob { submitted_at_ms: 0, ..q(1, 2, None) }, QueuedJob { submitted_at_ms: 90_000, ..q(2, 1, None) }]);
+        let mut s = st(
+            g,
+            vec![],
+            vec![
+                QueuedJob {
+                    submitted_at_ms: 0,
+                    ..q(1, 2, None)
+                },
+                QueuedJob {
+                    submitted_at_ms: 90_000,
+                    ..q(2, 1, None)
+                },
+            ],
+        );
         s.now_ms = 100_000;
         let p = plan(&s);
-        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![], vec![0, 1]), "{p:?}");
+        assert_eq!(
+            (placed(&p), p.waiting[0].reserved.clone()),
+            (vec![], vec![0, 1]),
+            "{p:?}"
+        );
         s.gpus[0].outside_since_ms = Some(0); // 100 s: someone's work
         let p = plan(&s);
-        assert_eq!((placed(&p), p.waiting[0].reserved.clone()), (vec![(2, vec![1])], vec![]), "{p:?}");
+        assert_eq!(
+            (placed(&p), p.waiting[0].reserved.clone()),
+            (vec![(2, vec![1])], vec![]),
+            "{p:?}"
+        );
     }
 
     #[test]
     fn reasons_explain_the_wait() {
-        let p = plan(&st(gpus(2, 24 * G), vec![run(7, &[0], None), run(8, &[1], None)], vec![q(1, 1, None), q(2, 3, None)]));
+        let p = plan(&st(
+            gpus(2, 24 * G),
+            vec![run(7, &[0], None), run(8, &[1], None)],
+            vec![q(1, 1, None), q(2, 3, None)],
+        ));
         assert_eq!(p.waiting[0].position, 1);
-        assert!(p.waiting[0].reason.contains("needs 1 free GPU, 0 available"), "{}", p.waiting[0].reason);
-        assert!(p.waiting[0].reason.contains("GPU 0 held by job 7; GPU 1 held by job 8"), "{}", p.waiting[0].reason);
-        assert!(p.waiting[1].reason.contains("this machine has 2"), "{}", p.waiting[1].reason);
+        assert!(
+            p.waiting[0].reason.contains("needs 1 free GPU, 0 available"),
+            "{}",
+            p.waiting[0].reason
+        );
+        assert!(
+            p.waiting[0].reason.contains("GPU 0 held by job 7; GPU 1 held by job 8"),
+            "{}",
+            p.waiting[0].reason
+        );
+        assert!(
+            p.waiting[1].reason.contains("this machine has 2"),
+            "{}",
+            p.waiting[1].reason
+        );
     }
 
     #[test]
     fn a_filtered_job_says_what_it_waits_for() {
-        let p = plan(&st(mixed(), vec![run(7, &[2], None), run(8, &[3], None)], vec![want(q(1, 1, None), Some("H100"), Some(40 * G)), want(q(2, 3, None), Some("H100"), None)]));
+        let p = plan(&st(
+            mixed(),
+            vec![run(7, &[2], None), run(8, &[3], None)],
+            vec![
+                want(q(1, 1, None), Some("H100"), Some(40 * G)),
+                want(q(2, 3, None), Some("H100"), None),
+            ],
+        ));
         assert_eq!(p.waiting[0].reason, "waits for an H100 with ≥ 40.0 GiB: GPUs 2,3 match; needs 1 free GPU, 0 available (GPU 2 held by job 7; GPU 3 held by job 8)");
         assert_eq!(p.waiting[1].reason, "waits for 3 H100s: this machine has 2 such GPUs");
         // A starving filtered job reserves only GPUs it accepts.
-        let mut s = st(mixed(), vec![run(7, &[0, 2], None)], vec![want(q(1, 2, None), Some("H100"), None), q(2, 1, None)]);
+        let mut s = st(
+            mixed(),
+            vec![run(7, &[0, 2], None)],
+            vec![want(q(1, 2, None), Some("H100"), None), q(2, 1, None)],
+        );
         s.now_ms = 60_000;
         let p = plan(&s);
         assert_eq!(p.waiting[0].reserved, vec![2, 3], "{p:?}");
@@ -991,35 +1663,126 @@ mod tests {
     #[test]
     fn the_topology_note_names_the_link() {
         use crate::gpu::Link;
-        let g = linked(gpus(4, 24 * G), &[(0, 1, Link::Nvlink), (0, 2, Link::PcieSwitch), (1, 2, Link::PcieSwitch)]);
+        let g = linked(
+            gpus(4, 24 * G),
+            &[(0, 1, Link::Nvlink), (0, 2, Link::PcieSwitch), (1, 2, Link::PcieSwitch)],
+        );
         assert_eq!(topology_note(&g, &[0, 1]).as_deref(), Some("GPUs 0,1: NVLink"));
-        assert_eq!(topology_note(&g, &[0, 1, 2]).as_deref(), Some("GPUs 0,1,2: same PCIe switch or closer"));
+        assert_eq!(
+            topology_note(&g, &[0, 1, 2]).as_deref(),
+            Some("GPUs 0,1,2: same PCIe switch or closer")
+        );
         assert_eq!(topology_note(&g, &[0]), None);
-        assert_eq!(topology_note(&gpus(2, G), &[0, 1]), None, "simulated GPUs: no topology, no note");
-        assert_eq!(GpuFilter { gpu_type: Some("A100".into()), min_memory: None }.describe(1), "an A100");
-        assert_eq!(GpuFilter { gpu_type: Some("Tesla".into()), min_memory: None }.describe(1), "a Tesla");
-        assert_eq!(GpuFilter { gpu_type: None, min_memory: Some(60 * G) }.describe(2), "2 GPUs with ≥ 60.0 GiB");
+        assert_eq!(
+            topology_note(&gpus(2, G), &[0, 1]),
+            None,
+            "simulated GPUs: no topology, no note"
+        );
+        assert_eq!(
+            GpuFilter {
+                gpu_type: Some("A100".into()),
+                min_memory: None
+            }
+            .describe(1),
+            "an A100"
+        );
+        assert_eq!(
+            GpuFilter {
+                gpu_type: Some("Tesla".into()),
+                min_memory: None
+            }
+            .describe(1),
+            "a Tesla"
+        );
+        assert_eq!(
+            GpuFilter {
+                gpu_type: None,
+                min_memory: Some(60 * G)
+            }
+            .describe(2),
+            "2 GPUs with ≥ 60.0 GiB"
+        );
     }
 
     #[test]
     fn cpu_and_ram_reasons_name_what_is_free_and_who_holds_it() {
-        let alice = |r: RunningJob| RunningJob { user: "alice".into(), ..r };
-        let running = vec![alice(holds(10, 20, run(12, &[0], None))), holds(2, 40, run(13, &[1], None))];
-        let s = host(18, 64, st(gpus(4, 24 * G), running, vec![needs(16, 1, q(1, 1, None)), needs(1, 2, q(2, 0, None)), needs(20, 1, q(3, 0, None)), QueuedJob { needs: CpuRam { cpus_milli: 500, memory: 100 * G }, ..q(4, 0, None) }]));
+        let alice = |r: RunningJob| RunningJob {
+            user: "alice".into(),
+            ..r
+        };
+        let running = vec![
+            alice(holds(10, 20, run(12, &[0], None))),
+            holds(2, 40, run(13, &[1], None)),
+        ];
+        let s = host(
+            18,
+            64,
+            st(
+                gpus(4, 24 * G),
+                running,
+                vec![
+                    needs(16, 1, q(1, 1, None)),
+                    needs(1, 2, q(2, 0, None)),
+                    needs(20, 1, q(3, 0, None)),
+                    QueuedJob {
+                        needs: CpuRam {
+                            cpus_milli: 500,
+                            memory: 100 * G,
+                        },
+                        ..q(4, 0, None)
+                    },
+                ],
+            ),
+        );
         let p = plan(&s);
-        let w = |id| p.waiting.iter().find(|w| w.job_id == id).map(|w| w.reason.clone()).unwrap_or_default();
-        assert_eq!(w(1), "needs 16 CPUs, 6 free (alice's job 12 uses 10; ada's job 13 uses 2)");
-        assert_eq!(placed(&p), vec![(2, vec![])], "the small CPU-only job starts beside them");
+        let w = |id| {
+            p.waiting
+                .iter()
+                .find(|w| w.job_id == id)
+                .map(|w| w.reason.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            w(1),
+            "needs 16 CPUs, 6 free (alice's job 12 uses 10; ada's job 13 uses 2)"
+        );
+        assert_eq!(
+            placed(&p),
+            vec![(2, vec![])],
+            "the small CPU-only job starts beside them"
+        );
         assert_eq!(w(3), "needs 20 CPUs, this machine has 18 for jobs");
         assert_eq!(w(4), "needs 100.0 GiB of memory, this machine has 64.0 GiB for jobs");
-        let s = host(18, 64, st(gpus(2, 24 * G), vec![alice(holds(1, 40, run(12, &[0], None)))], vec![needs(1, 30, q(1, 1, None))]));
-        assert_eq!(plan(&s).waiting[0].reason, "needs 30.0 GiB of memory, 24.0 GiB free (alice's job 12 uses 40.0 GiB)");
-        assert_eq!((format_cpus(500), format_cpus(333), format_cpus(16_000)), ("0.5".into(), "0.33".into(), "16".into()));
+        let s = host(
+            18,
+            64,
+            st(
+                gpus(2, 24 * G),
+                vec![alice(holds(1, 40, run(12, &[0], None)))],
+                vec![needs(1, 30, q(1, 1, None))],
+            ),
+        );
+        assert_eq!(
+            plan(&s).waiting[0].reason,
+            "needs 30.0 GiB of memory, 24.0 GiB free (alice's job 12 uses 40.0 GiB)"
+        );
+        assert_eq!(
+            (format_cpus(500), format_cpus(333), format_cpus(16_000)),
+            ("0.5".into(), "0.33".into(), "16".into())
+        );
     }
 
     #[test]
     fn a_starving_job_short_of_cpu_waits_without_draining_gpus() {
-        let mut s = host(8, 64, st(gpus(2, 24 * G), vec![holds(6, 1, run(9, &[0], None))], vec![needs(4, 1, q(1, 1, None)), needs(2, 1, q(2, 1, None))]));
+        let mut s = host(
+            8,
+            64,
+            st(
+                gpus(2, 24 * G),
+                vec![holds(6, 1, run(9, &[0], None))],
+                vec![needs(4, 1, q(1, 1, None)), needs(2, 1, q(2, 1, None))],
+            ),
+        );
         s.now_ms = 60_000;
         let p = plan(&s);
         assert_eq!(placed(&p), vec![(2, vec![1])], "{p:?}");
@@ -1029,19 +1792,35 @@ mod tests {
 
     #[test]
     fn a_capped_user_waits_with_the_reason_and_never_reserves() {
-        let mut s = capped(1, st(gpus(2, 24 * G), vec![run(9, &[0], None)], vec![q(1, 1, None), bob(q(2, 2, None))]));
+        let mut s = capped(
+            1,
+            st(
+                gpus(2, 24 * G),
+                vec![run(9, &[0], None)],
+                vec![q(1, 1, None), bob(q(2, 2, None))],
+            ),
+        );
         s.now_ms = 60_000; // both waited past the reservation threshold
         let p = plan(&s);
         assert!(p.placements.is_empty(), "{p:?}");
         let w = |id| p.waiting.iter().find(|w| w.job_id == id).unwrap();
         assert_eq!(w(1).reason, "ada already runs 1 GPU; the lab limit is 1 per user");
-        assert!(w(1).reserved.is_empty(), "a job its own cap holds back must not drain GPUs");
+        assert!(
+            w(1).reserved.is_empty(),
+            "a job its own cap holds back must not drain GPUs"
+        );
         assert_eq!(w(2).reason, "asks for 2 GPUs; the lab limit is 1 GPU per user");
     }
 
     #[test]
     fn deterministic_regardless_of_input_order() {
-        let a = st(gpus(4, 24 * G), vec![], (1..=8).map(|i| q(i, (i % 3) as u32, if i % 2 == 0 { Some(6 * G) } else { None })).collect());
+        let a = st(
+            gpus(4, 24 * G),
+            vec![],
+            (1..=8)
+                .map(|i| q(i, (i % 3) as u32, if i % 2 == 0 { Some(6 * G) } else { None }))
+                .collect(),
+        );
         let mut b = a.clone();
         b.queued.reverse();
         b.gpus.reverse();
@@ -1059,7 +1838,13 @@ mod tests {
         for _ in 0..500 {
             let n = 1 + rnd(8) as u32;
             let queued: Vec<QueuedJob> = (1..=(1 + rnd(12) as i64))
-                .map(|i| q(i, rnd(n as u64 + 1) as u32, if rnd(2) == 0 { Some((1 + rnd(24)) * G) } else { None }))
+                .map(|i| {
+                    q(
+                        i,
+                        rnd(n as u64 + 1) as u32,
+                        if rnd(2) == 0 { Some((1 + rnd(24)) * G) } else { None },
+                    )
+                })
                 .collect();
             let p = plan(&st(gpus(n, 24 * G), vec![], queued.clone()));
             let mut excl = vec![0; n as usize];

@@ -13,14 +13,21 @@ pub fn order(state: &State) -> Vec<i64> {
 
 pub(super) fn sorted(state: &State) -> Vec<&QueuedJob> {
     let runtimes = state.config.use_runtimes && state.queued.iter().any(|q| q.expected_runtime_ms.is_some());
-    let critical_from = if runtimes { backlog_per_gpu(state) as f64 * CRITICAL_FRACTION } else { f64::INFINITY };
+    let critical_from = if runtimes {
+        backlog_per_gpu(state) as f64 * CRITICAL_FRACTION
+    } else {
+        f64::INFINITY
+    };
     let key = |q: &QueuedJob| -> (bool, i128) {
         match q.expected_runtime_ms {
             Some(rt) if runtimes && state.config.hrrn => {
                 // Highest response ratio next: (wait + work) / work, largest first.
                 let work = (rt.max(1) as f64) * q.gpus.max(1) as f64;
                 let wait = (state.now_ms - q.submitted_at_ms).max(0) as f64;
-                ((rt as f64) < critical_from, -(((wait + work) / work).min(1e15) * 1e3) as i128)
+                (
+                    (rt as f64) < critical_from,
+                    -(((wait + work) / work).min(1e15) * 1e3) as i128,
+                )
             }
             Some(rt) if runtimes => ((rt as f64) < critical_from, rt as i128 * q.gpus.max(1) as i128),
             _ if runtimes => (true, i128::MAX),
@@ -34,7 +41,11 @@ pub(super) fn sorted(state: &State) -> Vec<&QueuedJob> {
             .cmp(&a.priority)
             // An overdue job goes first even past fair share, as its reservation did before aging.
             .then(aged(b).cmp(&aged(a)))
-            .then(if aged(a) && aged(b) { a.submitted_at_ms.cmp(&b.submitted_at_ms) } else { std::cmp::Ordering::Equal })
+            .then(if aged(a) && aged(b) {
+                a.submitted_at_ms.cmp(&b.submitted_at_ms)
+            } else {
+                std::cmp::Ordering::Equal
+            })
             .then(a.user_usage.total_cmp(&b.user_usage))
             .then(key(a).cmp(&key(b)))
             .then(a.submitted_at_ms.cmp(&b.submitted_at_ms))
@@ -49,11 +60,18 @@ pub(super) const CRITICAL_FRACTION: f64 = 0.25;
 
 /// Known remaining work (GPU-ms) divided by the GPU count: how long the machine is busy if packed.
 pub(super) fn backlog_per_gpu(state: &State) -> i64 {
-    let queued: i128 = state.queued.iter().filter_map(|q| q.expected_runtime_ms.map(|r| r as i128 * q.gpus as i128)).sum();
+    let queued: i128 = state
+        .queued
+        .iter()
+        .filter_map(|q| q.expected_runtime_ms.map(|r| r as i128 * q.gpus as i128))
+        .sum();
     let running: i128 = state
         .running
         .iter()
-        .filter_map(|r| r.expected_end_ms.map(|e| (e - state.now_ms).max(0) as i128 * r.gpus.len() as i128))
+        .filter_map(|r| {
+            r.expected_end_ms
+                .map(|e| (e - state.now_ms).max(0) as i128 * r.gpus.len() as i128)
+        })
         .sum();
     ((queued + running) / state.gpus.len().max(1) as i128) as i64
 }
@@ -65,7 +83,11 @@ pub(super) fn threshold(state: &State, factor: f64) -> i64 {
 
 /// Has `q` waited long enough to reserve GPUs (2+ GPUs) or, with `age_narrow`, to go first (1 GPU)?
 pub(super) fn overdue(state: &State, q: &QueuedJob) -> bool {
-    let factor = if q.gpus >= 2 { state.config.wide_reserve_factor } else { state.config.reserve_factor };
+    let factor = if q.gpus >= 2 {
+        state.config.wide_reserve_factor
+    } else {
+        state.config.reserve_factor
+    };
     q.gpus > 0 && state.now_ms - q.waiting_since_ms() >= threshold(state, factor)
 }
 
@@ -74,11 +96,18 @@ pub(super) fn overdue(state: &State, q: &QueuedJob) -> bool {
 pub(super) fn starving<'a>(state: &'a State, caps: &UserCaps) -> Option<&'a QueuedJob> {
     // A drain is paid for once: while a job holding 2+ GPUs runs, the next wide job that its GPUs
     // can serve queues for them as they free (so a burst of wide jobs shares one drain).
-    let widest_running = if state.config.share_drains { state.running.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0) } else { 0 };
+    let widest_running = if state.config.share_drains {
+        state.running.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0)
+    } else {
+        0
+    };
     state
         .queued
         .iter()
-        .filter(|q| (overdue(state, q) || (q.gpus >= 2 && q.gpus <= widest_running)) && (q.gpus >= 2 || !state.config.age_narrow))
+        .filter(|q| {
+            (overdue(state, q) || (q.gpus >= 2 && q.gpus <= widest_running))
+                && (q.gpus >= 2 || !state.config.age_narrow)
+        })
         .filter(|q| caps.over(q).is_none())
         // One that cannot start while GPUs are used outside this engine would hold a reservation
         // (and the one starving slot) for as long as that use lasts.

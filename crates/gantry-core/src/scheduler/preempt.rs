@@ -40,7 +40,13 @@ impl Default for PreemptRules {
     fn default() -> Self {
         // Fair share off: on the lab-week trace (1-2 h jobs) it cost 29-32% of the GPU-hours with
         // 30-minute checkpoints (docs/scheduling.md).
-        PreemptRules { overdue: true, priority_gap: Some(10), fair_share: false, min_run_ms: 10 * 60_000, max_per_day: 3 }
+        PreemptRules {
+            overdue: true,
+            priority_gap: Some(10),
+            fair_share: false,
+            min_run_ms: 10 * 60_000,
+            max_per_day: 3,
+        }
     }
 }
 
@@ -79,29 +85,84 @@ pub enum PreemptWhy {
     /// The waiting job waited past `reserve_after`.
     Overdue { user: String, gpus: u32, waited_ms: i64 },
     /// The waiting job's priority is at least the lab's gap above the victim's.
-    Priority { user: String, gpus: u32, priority: i32, victim_priority: i32 },
+    Priority {
+        user: String,
+        gpus: u32,
+        priority: i32,
+        victim_priority: i32,
+    },
     /// The waiting job's owner holds fewer GPUs than their share, the victim's owner more.
-    FairShare { user: String, gpus: u32, held: u32, share: u32, victim_user: String },
+    FairShare {
+        user: String,
+        gpus: u32,
+        held: u32,
+        share: u32,
+        victim_user: String,
+    },
     /// A GPU booking started on the victim's GPUs (`for_job` is 0: no job).
     Booking { user: String, booking: i64, span: String },
     /// The victim ran past its declared runtime by more than the margin, on GPUs reserved for the
     /// waiting job (its promise let the reservation's drain be planned around it, or backfilled it).
-    Overran { job: i64, past_ms: i64, declared_ms: i64, user: String, gpus: u32 },
+    Overran {
+        job: i64,
+        past_ms: i64,
+        declared_ms: i64,
+        user: String,
+        gpus: u32,
+    },
 }
 
 impl std::fmt::Display for PreemptWhy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shape = |g: &u32| if *g == 1 { "1-GPU".to_string() } else { format!("{g}-GPU") };
+        let shape = |g: &u32| {
+            if *g == 1 {
+                "1-GPU".to_string()
+            } else {
+                format!("{g}-GPU")
+            }
+        };
         match self {
-            PreemptWhy::Overdue { user, gpus, waited_ms } => write!(f, "{user}'s {} job waited {}", shape(gpus), crate::units::duration_ms(*waited_ms)),
+            PreemptWhy::Overdue { user, gpus, waited_ms } => write!(
+                f,
+                "{user}'s {} job waited {}",
+                shape(gpus),
+                crate::units::duration_ms(*waited_ms)
+            ),
             // A session's priority carries the engine's boost (`[sessions] before_batch`).
-            PreemptWhy::Priority { user, gpus, priority, .. } if *priority >= SESSION_PRIORITY / 2 => write!(f, "{user}'s {} interactive session", shape(gpus)),
-            PreemptWhy::Priority { user, gpus, priority, victim_priority } => write!(f, "{user}'s {} job has priority {priority}, this one {victim_priority}", shape(gpus)),
-            PreemptWhy::FairShare { user, gpus, held, share, victim_user } => {
-                write!(f, "{user}'s {} job: {user} holds {held} of a fair share of {share} GPUs, {victim_user} more", shape(gpus))
+            PreemptWhy::Priority {
+                user, gpus, priority, ..
+            } if *priority >= SESSION_PRIORITY / 2 => write!(f, "{user}'s {} interactive session", shape(gpus)),
+            PreemptWhy::Priority {
+                user,
+                gpus,
+                priority,
+                victim_priority,
+            } => write!(
+                f,
+                "{user}'s {} job has priority {priority}, this one {victim_priority}",
+                shape(gpus)
+            ),
+            PreemptWhy::FairShare {
+                user,
+                gpus,
+                held,
+                share,
+                victim_user,
+            } => {
+                write!(
+                    f,
+                    "{user}'s {} job: {user} holds {held} of a fair share of {share} GPUs, {victim_user} more",
+                    shape(gpus)
+                )
             }
             PreemptWhy::Booking { user, booking, span } => write!(f, "{user}'s booking {booking} ({span})"),
-            PreemptWhy::Overran { job, past_ms, declared_ms, user, gpus } => write!(
+            PreemptWhy::Overran {
+                job,
+                past_ms,
+                declared_ms,
+                user,
+                gpus,
+            } => write!(
                 f,
                 "job {job} ran {} past its declared {} runtime, on GPUs reserved for {user}'s {} job",
                 crate::units::duration_ms(*past_ms),
@@ -128,7 +189,8 @@ pub struct Preempt {
 impl QueuedJob {
     /// Since when it waits toward a reservation or a preemption: its submission, or its last preemption.
     pub fn waiting_since_ms(&self) -> i64 {
-        self.preempted_at_ms.map_or(self.submitted_at_ms, |p| p.max(self.submitted_at_ms))
+        self.preempted_at_ms
+            .map_or(self.submitted_at_ms, |p| p.max(self.submitted_at_ms))
     }
 }
 
@@ -170,7 +232,8 @@ impl<'a> Shares<'a> {
                 *held.entry(q.user.as_str()).or_default() += p.gpus.len() as u32;
             }
         }
-        let mut users: std::collections::BTreeSet<&str> = held.iter().filter(|(_, n)| **n > 0).map(|(u, _)| *u).collect();
+        let mut users: std::collections::BTreeSet<&str> =
+            held.iter().filter(|(_, n)| **n > 0).map(|(u, _)| *u).collect();
         users.extend(state.queued.iter().filter(|q| q.gpus > 0).map(|q| q.user.as_str()));
         let share = state.gpus.len() as u32 / users.len().max(1) as u32;
         Shares { held, share }
@@ -183,7 +246,15 @@ impl<'a> Shares<'a> {
 /// Decide preemptions for the jobs left waiting in `out` (in scheduling order), after this pass's
 /// placements (`slots`, `pool`). Each waiting job gets at most one set of victims; a victim serves
 /// one job. The job's GPUs stay reserved for it while its victims stop.
-pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], pool: &Pool, ctx: &Ctx, starving: Option<i64>, out: &mut Plan) {
+pub(super) fn decide(
+    state: &State,
+    rules: &PreemptRules,
+    slots: &mut [Slot],
+    pool: &Pool,
+    ctx: &Ctx,
+    starving: Option<i64>,
+    out: &mut Plan,
+) {
     let now = state.now_ms;
     let mut shares = Shares::new(state, out);
     // The overdue rule serves one job per pass: the one that has waited longest past `reserve_after`
@@ -194,17 +265,28 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             out.waiting
                 .iter()
                 .filter_map(|w| state.queued.iter().find(|q| q.job_id == w.job_id))
-                .filter(|q| q.gpus > 0 && (q.gpus >= 2 || starving == Some(q.job_id)) && q.not_before_ms.is_none_or(|nb| nb <= now))
+                .filter(|q| {
+                    q.gpus > 0
+                        && (q.gpus >= 2 || starving == Some(q.job_id))
+                        && q.not_before_ms.is_none_or(|nb| nb <= now)
+                })
                 .filter(|q| now - q.waiting_since_ms() >= state.config.reserve_after_ms)
                 .filter(|q| outside_blocks(state, q).is_none())
                 .min_by_key(|q| (q.waiting_since_ms(), q.job_id))
                 .map(|q| q.job_id)
         })
         .flatten();
-    let mut used: Vec<i64> = state.running.iter().filter(|r| r.victim.as_ref().is_some_and(|v| v.stopping_for.is_some())).map(|r| r.job_id).collect();
+    let mut used: Vec<i64> = state
+        .running
+        .iter()
+        .filter(|r| r.victim.as_ref().is_some_and(|v| v.stopping_for.is_some()))
+        .map(|r| r.job_id)
+        .collect();
     for w in 0..out.waiting.len() {
         let id = out.waiting[w].job_id;
-        let Some(job) = state.queued.iter().find(|q| q.job_id == id) else { continue };
+        let Some(job) = state.queued.iter().find(|q| q.job_id == id) else {
+            continue;
+        };
         if job.gpus == 0 || job.not_before_ms.is_some_and(|nb| nb > now) {
             continue;
         }
@@ -218,16 +300,27 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
         for s in trial.iter_mut().filter(|s| s.reserved_by.is_some_and(|r| r.0 == id)) {
             s.reserved_by = None;
         }
-        let stopping: Vec<&RunningJob> = state.running.iter().filter(|r| r.victim.as_ref().is_some_and(|v| v.stopping_for == Some(id))).collect();
+        let stopping: Vec<&RunningJob> = state
+            .running
+            .iter()
+            .filter(|r| r.victim.as_ref().is_some_and(|v| v.stopping_for == Some(id)))
+            .collect();
         for r in &stopping {
             release(&mut trial, r);
         }
         if !stopping.is_empty() && choose(&trial, job, ctx, false).is_ok() {
-            let names = stopping.iter().map(|r| r.job_id.to_string()).collect::<Vec<_>>().join(", ");
+            let names = stopping
+                .iter()
+                .map(|r| r.job_id.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
             let gpus: Vec<u32> = stopping.iter().flat_map(|r| r.gpus.iter().copied()).collect();
             hold(slots, &gpus, id);
             let plural = if stopping.len() == 1 { "" } else { "s" };
-            out.waiting[w].reason = format!("starts when job{plural} {names} {} stopped (preempted for it)", if stopping.len() == 1 { "has" } else { "have" });
+            out.waiting[w].reason = format!(
+                "starts when job{plural} {names} {} stopped (preempted for it)",
+                if stopping.len() == 1 { "has" } else { "have" }
+            );
             out.waiting[w].reserved = gpus;
             continue;
         }
@@ -258,36 +351,83 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
             tried.push((liars.clone(), overran_why(first, job, now, margin)));
         }
         if let Some(gap) = rules.priority_gap {
-            let vs: Vec<&RunningJob> = state.running.iter().filter(eligible).filter(|r| r.victim.as_ref().is_some_and(|v| v.priority.saturating_add(gap) <= job.priority)).collect();
+            let vs: Vec<&RunningJob> = state
+                .running
+                .iter()
+                .filter(eligible)
+                .filter(|r| {
+                    r.victim
+                        .as_ref()
+                        .is_some_and(|v| v.priority.saturating_add(gap) <= job.priority)
+                })
+                .collect();
             if !vs.is_empty() {
-                let vp = vs.iter().filter_map(|r| r.victim.as_ref().map(|v| v.priority)).max().unwrap_or(0);
-                tried.push((vs, PreemptWhy::Priority { user: job.user.clone(), gpus: job.gpus, priority: job.priority, victim_priority: vp }));
+                let vp = vs
+                    .iter()
+                    .filter_map(|r| r.victim.as_ref().map(|v| v.priority))
+                    .max()
+                    .unwrap_or(0);
+                tried.push((
+                    vs,
+                    PreemptWhy::Priority {
+                        user: job.user.clone(),
+                        gpus: job.gpus,
+                        priority: job.priority,
+                        victim_priority: vp,
+                    },
+                ));
             }
         }
         if overdue_pick == Some(id) {
             let vs: Vec<&RunningJob> = state.running.iter().filter(eligible).collect();
             if !vs.is_empty() {
-                tried.push((vs, PreemptWhy::Overdue { user: job.user.clone(), gpus: job.gpus, waited_ms: waited }));
+                tried.push((
+                    vs,
+                    PreemptWhy::Overdue {
+                        user: job.user.clone(),
+                        gpus: job.gpus,
+                        waited_ms: waited,
+                    },
+                ));
             }
         }
         if rules.fair_share && shares.of(&job.user) + job.gpus <= shares.share {
             // The victim's owner stays at or above the share: it cannot preempt back.
-            let vs: Vec<&RunningJob> = state.running.iter().filter(eligible).filter(|r| r.user != job.user && shares.of(&r.user) >= shares.share + r.gpus.len() as u32).collect();
+            let vs: Vec<&RunningJob> = state
+                .running
+                .iter()
+                .filter(eligible)
+                .filter(|r| r.user != job.user && shares.of(&r.user) >= shares.share + r.gpus.len() as u32)
+                .collect();
             if !vs.is_empty() {
                 let vu = vs[0].user.clone();
-                tried.push((vs, PreemptWhy::FairShare { user: job.user.clone(), gpus: job.gpus, held: shares.of(&job.user), share: shares.share, victim_user: vu }));
+                tried.push((
+                    vs,
+                    PreemptWhy::FairShare {
+                        user: job.user.clone(),
+                        gpus: job.gpus,
+                        held: shares.of(&job.user),
+                        share: shares.share,
+                        victim_user: vu,
+                    },
+                ));
             }
         }
         for (mut vs, why) in tried {
             // Cheapest first: fewest GPU-minutes this attempt, then the latest checkpoint answered.
             vs.sort_by_key(|r| {
                 let v = r.victim.as_ref().expect("eligible victims are preemptible");
-                ((now - v.started_ms).max(0) as i128 * r.gpus.len() as i128, std::cmp::Reverse(v.checkpoint_ms), r.job_id)
+                (
+                    (now - v.started_ms).max(0) as i128 * r.gpus.len() as i128,
+                    std::cmp::Reverse(v.checkpoint_ms),
+                    r.job_id,
+                )
             });
             let mut fair = shares.held.clone();
             let mut take: Vec<&RunningJob> = vec![];
             let mut t = trial.clone();
-            let fits = |t: &[Slot], take: &[&RunningJob]| choose(t, job, ctx, false).is_ok() && cpu_fits(pool, job, take);
+            let fits =
+                |t: &[Slot], take: &[&RunningJob]| choose(t, job, ctx, false).is_ok() && cpu_fits(pool, job, take);
             for r in vs {
                 if matches!(why, PreemptWhy::FairShare { .. }) {
                     // Each victim's owner must stay at or above the share after the ones taken so far.
@@ -324,19 +464,37 @@ pub(super) fn decide(state: &State, rules: &PreemptRules, slots: &mut [Slot], po
                 release(&mut after, r);
             }
             let target = choose(&after, job, ctx, false).unwrap_or_default();
-            let gpus: Vec<u32> = take.iter().flat_map(|r| r.gpus.iter().copied()).chain(stopping.iter().flat_map(|r| r.gpus.iter().copied())).chain(target).collect();
+            let gpus: Vec<u32> = take
+                .iter()
+                .flat_map(|r| r.gpus.iter().copied())
+                .chain(stopping.iter().flat_map(|r| r.gpus.iter().copied()))
+                .chain(target)
+                .collect();
             let gpus = sorted_gpus(gpus);
             hold(slots, &gpus, id);
             for r in &take {
                 used.push(r.job_id);
                 *shares.held.entry(r.user.as_str()).or_default() -= r.gpus.len() as u32;
                 // Each overrunning victim is named with its own overrun.
-                let why = if matches!(why, PreemptWhy::Overran { .. }) { overran_why(r, job, now, state.config.overrun_margin_ms) } else { why.clone() };
-                out.preempt.push(Preempt { job: r.job_id, for_job: id, why, gpus: gpus.clone() });
+                let why = if matches!(why, PreemptWhy::Overran { .. }) {
+                    overran_why(r, job, now, state.config.overrun_margin_ms)
+                } else {
+                    why.clone()
+                };
+                out.preempt.push(Preempt {
+                    job: r.job_id,
+                    for_job: id,
+                    why,
+                    gpus: gpus.clone(),
+                });
             }
             *shares.held.entry(job.user.as_str()).or_default() += job.gpus;
             let names = take.iter().map(|r| r.job_id.to_string()).collect::<Vec<_>>().join(", ");
-            out.waiting[w].reason = format!("preempting job{} {names} for it ({why}); starts when {} stopped", if take.len() == 1 { "" } else { "s" }, if take.len() == 1 { "it has" } else { "they have" });
+            out.waiting[w].reason = format!(
+                "preempting job{} {names} for it ({why}); starts when {} stopped",
+                if take.len() == 1 { "" } else { "s" },
+                if take.len() == 1 { "it has" } else { "they have" }
+            );
             out.waiting[w].reserved = sorted_gpus(gpus);
             break;
         }
@@ -383,17 +541,51 @@ mod tests {
     const H: i64 = 60 * M;
 
     fn gpus(n: u32) -> Vec<GpuView> {
-        (0..n).map(|i| GpuView { index: i, memory_total: 32 * G, ..Default::default() }).collect()
+        (0..n)
+            .map(|i| GpuView {
+                index: i,
+                memory_total: 32 * G,
+                ..Default::default()
+            })
+            .collect()
     }
     fn q(id: i64, user: &str, gpus: u32, prio: i32, at: i64) -> QueuedJob {
-        QueuedJob { job_id: id, user: user.into(), priority: prio, submitted_at_ms: at, gpus, gpu_memory: None, not_before_ms: None, expected_runtime_ms: None, user_usage: 0.0, filter: GpuFilter::default(), needs: CpuRam::default(), preempted_at_ms: None }
+        QueuedJob {
+            job_id: id,
+            user: user.into(),
+            priority: prio,
+            submitted_at_ms: at,
+            gpus,
+            gpu_memory: None,
+            not_before_ms: None,
+            expected_runtime_ms: None,
+            user_usage: 0.0,
+            filter: GpuFilter::default(),
+            needs: CpuRam::default(),
+            preempted_at_ms: None,
+        }
     }
     /// A preemptible job on `gpus` that started at `started`, priority 0.
     fn pre(id: i64, user: &str, gpus: &[u32], started: i64) -> RunningJob {
-        RunningJob { job_id: id, user: user.into(), gpus: gpus.to_vec(), gpu_memory: None, expected_end_ms: None, needs: CpuRam::default(), victim: Some(Victim { started_ms: started, ..Default::default() }), declared: None }
+        RunningJob {
+            job_id: id,
+            user: user.into(),
+            gpus: gpus.to_vec(),
+            gpu_memory: None,
+            expected_end_ms: None,
+            needs: CpuRam::default(),
+            victim: Some(Victim {
+                started_ms: started,
+                ..Default::default()
+            }),
+            declared: None,
+        }
     }
     fn fixed(id: i64, user: &str, gpus: &[u32]) -> RunningJob {
-        RunningJob { victim: None, ..pre(id, user, gpus, 0) }
+        RunningJob {
+            victim: None,
+            ..pre(id, user, gpus, 0)
+        }
     }
     fn with(r: RunningJob, f: impl FnOnce(&mut Victim)) -> RunningJob {
         let mut r = r;
@@ -401,16 +593,43 @@ mod tests {
         r
     }
     fn st(n: u32, running: Vec<RunningJob>, queued: Vec<QueuedJob>, now: i64, rules: PreemptRules) -> State {
-        State { now_ms: now, gpus: gpus(n), running, queued, config: Config { reserve_after_ms: H, preemption: Some(rules), ..Config::default() }, typical_wait_ms: None, host: None }
+        State {
+            now_ms: now,
+            gpus: gpus(n),
+            running,
+            queued,
+            config: Config {
+                reserve_after_ms: H,
+                preemption: Some(rules),
+                ..Config::default()
+            },
+            typical_wait_ms: None,
+            host: None,
+        }
     }
     fn only_overdue() -> PreemptRules {
-        PreemptRules { overdue: true, priority_gap: None, fair_share: false, ..Default::default() }
+        PreemptRules {
+            overdue: true,
+            priority_gap: None,
+            fair_share: false,
+            ..Default::default()
+        }
     }
     fn only_priority(gap: i32) -> PreemptRules {
-        PreemptRules { overdue: false, priority_gap: Some(gap), fair_share: false, ..Default::default() }
+        PreemptRules {
+            overdue: false,
+            priority_gap: Some(gap),
+            fair_share: false,
+            ..Default::default()
+        }
     }
     fn only_fair() -> PreemptRules {
-        PreemptRules { overdue: false, priority_gap: None, fair_share: true, ..Default::default() }
+        PreemptRules {
+            overdue: false,
+            priority_gap: None,
+            fair_share: true,
+            ..Default::default()
+        }
     }
     fn decisions(s: &State) -> Vec<(i64, i64)> {
         let mut v: Vec<(i64, i64)> = plan(s).preempt.iter().map(|p| (p.job, p.for_job)).collect();
@@ -469,7 +688,14 @@ mod tests {
     /// beyond it at `now`.
     fn overrunning(id: i64, user: &str, gpus: &[u32], now: i64, declared: i64, past: i64) -> RunningJob {
         let started = now - declared - past;
-        RunningJob { expected_end_ms: Some(started + declared), declared: Some(Declared { started_ms: started, runtime_ms: declared }), ..pre(id, user, gpus, started) }
+        RunningJob {
+            expected_end_ms: Some(started + declared),
+            declared: Some(Declared {
+                started_ms: started,
+                runtime_ms: declared,
+            }),
+            ..pre(id, user, gpus, started)
+        }
     }
 
     /// Issue 18 item 7: bob declared `expected_runtime: 1s` on a 53 s job to be backfilled; it ran
@@ -478,10 +704,23 @@ mod tests {
     fn a_job_that_overran_its_declared_runtime_is_preempted_for_the_reservation_it_blocks() {
         const S: i64 = 1000;
         let now = 10 * H;
-        let none = PreemptRules { overdue: false, priority_gap: None, fair_share: false, ..Default::default() };
+        let none = PreemptRules {
+            overdue: false,
+            priority_gap: None,
+            fair_share: false,
+            ..Default::default()
+        };
         // alice's 4-GPU job (job 1) has waited 10 h: GPUs 0-3 are reserved for it. GPUs 0-2 are free;
         // bob's job 12 on GPU 3 declared 1 s and has run 53 s past it.
-        let issue = |rules: PreemptRules| st(4, vec![overrunning(12, "bob", &[3], now, S, 53 * S)], vec![q(1, "alice", 4, 0, 0)], now, rules);
+        let issue = |rules: PreemptRules| {
+            st(
+                4,
+                vec![overrunning(12, "bob", &[3], now, S, 53 * S)],
+                vec![q(1, "alice", 4, 0, 0)],
+                now,
+                rules,
+            )
+        };
         struct Case {
             name: &'static str,
             state: State,
@@ -505,41 +744,94 @@ mod tests {
         }
         // What the user sees: the victim's reason and the waiting job's.
         let p = plan(&issue(only_overdue()));
-        assert_eq!(p.preempt[0].why.to_string(), "job 12 ran 53s past its declared 1s runtime, on GPUs reserved for alice's 4-GPU job");
+        assert_eq!(
+            p.preempt[0].why.to_string(),
+            "job 12 ran 53s past its declared 1s runtime, on GPUs reserved for alice's 4-GPU job"
+        );
         assert_eq!(p.waiting[0].reason, "preempting job 12 for it (job 12 ran 53s past its declared 1s runtime, on GPUs reserved for alice's 4-GPU job); starts when it has stopped");
         assert_eq!(p.waiting[0].reserved, vec![0, 1, 2, 3]);
         // Not preemptible: it runs on, and the reserved job says whom it waits for and why.
-        let s = st(4, vec![RunningJob { victim: None, ..overrunning(12, "bob", &[3], now, S, 53 * S) }], vec![q(1, "alice", 4, 0, 0), q(2, "cho", 1, 0, now)], now, none);
+        let s = st(
+            4,
+            vec![RunningJob {
+                victim: None,
+                ..overrunning(12, "bob", &[3], now, S, 53 * S)
+            }],
+            vec![q(1, "alice", 4, 0, 0), q(2, "cho", 1, 0, now)],
+            now,
+            none,
+        );
         let p = plan(&s);
-        assert_eq!(p.placements, vec![], "the reservation holds GPUs 0-2 for it; nothing backfills on a broken promise: {p:?}");
+        assert_eq!(
+            p.placements,
+            vec![],
+            "the reservation holds GPUs 0-2 for it; nothing backfills on a broken promise: {p:?}"
+        );
         let w = &p.waiting.iter().find(|w| w.job_id == 1).unwrap().reason;
         assert!(w.ends_with("; waits for job 12, which ran 53s past its declared 1s runtime (not preemptible, so it runs to its end; no job is backfilled on its promise any more)"), "{w}");
     }
 
     #[test]
     fn the_waiting_job_says_why_and_keeps_the_gpus() {
-        let s = st(2, vec![pre(7, "bob", &[0], 0), pre(8, "bob", &[1], 0), ], vec![q(1, "alice", 2, 0, 0), q(2, "cho", 1, 0, 2 * H)], 3 * H, only_overdue());
+        let s = st(
+            2,
+            vec![pre(7, "bob", &[0], 0), pre(8, "bob", &[1], 0)],
+            vec![q(1, "alice", 2, 0, 0), q(2, "cho", 1, 0, 2 * H)],
+            3 * H,
+            only_overdue(),
+        );
         let p = plan(&s);
         let w = p.waiting.iter().find(|w| w.job_id == 1).unwrap();
         assert_eq!(w.reserved, vec![0, 1]);
-        assert!(w.reason.starts_with("preempting jobs 7, 8 for it (alice's 2-GPU job waited 3h"), "{}", w.reason);
-        assert_eq!(p.preempt[0].why, PreemptWhy::Overdue { user: "alice".into(), gpus: 2, waited_ms: 3 * H });
+        assert!(
+            w.reason
+                .starts_with("preempting jobs 7, 8 for it (alice's 2-GPU job waited 3h"),
+            "{}",
+            w.reason
+        );
+        assert_eq!(
+            p.preempt[0].why,
+            PreemptWhy::Overdue {
+                user: "alice".into(),
+                gpus: 2,
+                waited_ms: 3 * H
+            }
+        );
         // Next pass, while they stop: no new decision, the GPUs stay held, and then it starts.
         let stopping = |r: RunningJob| with(r, |v| v.stopping_for = Some(1));
-        let s2 = State { running: vec![stopping(pre(7, "bob", &[0], 0)), stopping(pre(8, "bob", &[1], 0))], ..s.clone() };
+        let s2 = State {
+            running: vec![stopping(pre(7, "bob", &[0], 0)), stopping(pre(8, "bob", &[1], 0))],
+            ..s.clone()
+        };
         let p2 = plan(&s2);
         assert!(p2.preempt.is_empty(), "{p2:?}");
         let w = p2.waiting.iter().find(|w| w.job_id == 1).unwrap();
-        assert_eq!((w.reserved.clone(), w.reason.as_str()), (vec![0, 1], "starts when jobs 7, 8 have stopped (preempted for it)"));
+        assert_eq!(
+            (w.reserved.clone(), w.reason.as_str()),
+            (vec![0, 1], "starts when jobs 7, 8 have stopped (preempted for it)")
+        );
         // Once they stopped, what was freed for it is its claim: a job ahead of it in the order
         // (priority 5) may not take it.
         let mut s3 = State { running: vec![], ..s };
         s3.config.reserve_after_ms = 100 * H; // no longer the starving job that goes first
-        s3.queued.push(QueuedJob { priority: 5, ..q(3, "cho", 1, 0, 2 * H) });
+        s3.queued.push(QueuedJob {
+            priority: 5,
+            ..q(3, "cho", 1, 0, 2 * H)
+        });
         s3.config.claims = vec![(1, vec![0, 1])];
-        assert_eq!(plan(&s3).placements, vec![Placement { job_id: 1, gpus: vec![0, 1] }]);
+        assert_eq!(
+            plan(&s3).placements,
+            vec![Placement {
+                job_id: 1,
+                gpus: vec![0, 1]
+            }]
+        );
         s3.config.claims.clear();
-        assert_eq!(plan(&s3).placements[0].job_id, 3, "without the claim the job ahead takes a GPU");
+        assert_eq!(
+            plan(&s3).placements[0].job_id,
+            3,
+            "without the claim the job ahead takes a GPU"
+        );
     }
 
     /// Found by the real-Docker test: a 2-GPU job preempting a 1-GPU job on a 2-GPU machine (the
@@ -548,24 +840,64 @@ mod tests {
     #[test]
     fn the_free_gpus_a_preempting_job_needs_are_kept_for_it_too() {
         let now = 10 * H;
-        let s = st(2, vec![pre(7, "bob", &[0], 0)], vec![q(1, "ana", 2, 10, now)], now, only_priority(10));
+        let s = st(
+            2,
+            vec![pre(7, "bob", &[0], 0)],
+            vec![q(1, "ana", 2, 10, now)],
+            now,
+            only_priority(10),
+        );
         let p = plan(&s);
-        assert_eq!(p.preempt.iter().map(|d| (d.job, d.for_job, d.gpus.clone())).collect::<Vec<_>>(), [(7, 1, vec![0, 1])]);
+        assert_eq!(
+            p.preempt
+                .iter()
+                .map(|d| (d.job, d.for_job, d.gpus.clone()))
+                .collect::<Vec<_>>(),
+            [(7, 1, vec![0, 1])]
+        );
         assert!(p.placements.is_empty(), "nothing takes the free GPU meanwhile: {p:?}");
         // Next pass: the victim stopped and is queued again, but GPU 0 still shows its process (until
         // the next sample), so job 1 cannot start yet. The claim the engine records from the
         // decision keeps GPU 1 for job 1 too: the victim does not come back on it.
-        let mut s2 = st(2, vec![], vec![QueuedJob { preempted_at_ms: Some(now), ..q(7, "bob", 1, 0, 0) }, q(1, "ana", 2, 10, now)], now, only_priority(10));
+        let mut s2 = st(
+            2,
+            vec![],
+            vec![
+                QueuedJob {
+                    preempted_at_ms: Some(now),
+                    ..q(7, "bob", 1, 0, 0)
+                },
+                q(1, "ana", 2, 10, now),
+            ],
+            now,
+            only_priority(10),
+        );
         s2.gpus[0].external_busy = true;
         s2.config.claims = vec![(1, p.preempt[0].gpus.clone())];
-        assert_eq!(plan(&s2).placements, vec![], "the victim came back on a GPU kept for job 1");
+        assert_eq!(
+            plan(&s2).placements,
+            vec![],
+            "the victim came back on a GPU kept for job 1"
+        );
         // With only the victim's GPU claimed (the bug), it would have.
         s2.config.claims = vec![(1, vec![0])];
-        assert_eq!(plan(&s2).placements, vec![Placement { job_id: 7, gpus: vec![1] }]);
+        assert_eq!(
+            plan(&s2).placements,
+            vec![Placement {
+                job_id: 7,
+                gpus: vec![1]
+            }]
+        );
         // Once GPU 0 reads free, job 1 starts on both.
         s2.gpus[0].external_busy = false;
         s2.config.claims = vec![(1, p.preempt[0].gpus.clone())];
-        assert_eq!(plan(&s2).placements, vec![Placement { job_id: 1, gpus: vec![0, 1] }]);
+        assert_eq!(
+            plan(&s2).placements,
+            vec![Placement {
+                job_id: 1,
+                gpus: vec![0, 1]
+            }]
+        );
     }
 
     #[test]
@@ -573,17 +905,51 @@ mod tests {
         // A (priority 10) preempts B (0). Then B, requeued, may never preempt A: not by priority
         // (lower), not by the overdue rule (A took from it; B's wait restarted), not by fair share
         // (its owner would have to be below the share while A's above).
-        let rules = PreemptRules { overdue: true, priority_gap: Some(10), fair_share: true, ..Default::default() };
+        let rules = PreemptRules {
+            overdue: true,
+            priority_gap: Some(10),
+            fair_share: true,
+            ..Default::default()
+        };
         let now = 10 * H;
-        let s = st(1, vec![pre(2, "bob", &[0], 0)], vec![q(1, "ana", 1, 10, now)], now, rules.clone());
+        let s = st(
+            1,
+            vec![pre(2, "bob", &[0], 0)],
+            vec![q(1, "ana", 1, 10, now)],
+            now,
+            rules.clone(),
+        );
         assert_eq!(decisions(&s), vec![(2, 1)]);
         let later = now + 5 * H;
-        let a_runs = RunningJob { victim: Some(Victim { priority: 10, started_ms: now, took_from: vec![2], ..Default::default() }), ..pre(1, "ana", &[0], now) };
-        let b_waits = QueuedJob { preempted_at_ms: Some(now), ..q(2, "bob", 1, 0, 0) };
+        let a_runs = RunningJob {
+            victim: Some(Victim {
+                priority: 10,
+                started_ms: now,
+                took_from: vec![2],
+                ..Default::default()
+            }),
+            ..pre(1, "ana", &[0], now)
+        };
+        let b_waits = QueuedJob {
+            preempted_at_ms: Some(now),
+            ..q(2, "bob", 1, 0, 0)
+        };
         let s = st(1, vec![a_runs.clone()], vec![b_waits.clone()], later, rules.clone());
         assert_eq!(decisions(&s), vec![]);
         // Even at the same priority and long overdue, the job A took from cannot take it back.
-        let s = st(1, vec![RunningJob { victim: Some(Victim { priority: 0, ..a_runs.victim.clone().unwrap() }), ..a_runs }], vec![b_waits], later + 100 * H, rules);
+        let s = st(
+            1,
+            vec![RunningJob {
+                victim: Some(Victim {
+                    priority: 0,
+                    ..a_runs.victim.clone().unwrap()
+                }),
+                ..a_runs
+            }],
+            vec![b_waits],
+            later + 100 * H,
+            rules,
+        );
         assert_eq!(decisions(&s), vec![]);
     }
 }

@@ -71,20 +71,36 @@ impl Slurm {
             }
             _ => tokio::process::Command::new(program),
         };
-        c.args(args).env_clear().env("PATH", PATH).kill_on_drop(true).stdin(std::process::Stdio::null());
+        c.args(args)
+            .env_clear()
+            .env("PATH", PATH)
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
         c
     }
 
     async fn output(mut c: tokio::process::Command, what: &str) -> Result<Vec<u8>, SlurmError> {
-        let out = c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().await?;
+        let out = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .await?;
         if out.status.success() {
             return Ok(out.stdout);
         }
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if err.contains("Unable to contact slurm controller") || err.contains("Socket timed out") || err.contains("Connection refused") || err.contains("munge") {
+        if err.contains("Unable to contact slurm controller")
+            || err.contains("Socket timed out")
+            || err.contains("Connection refused")
+            || err.contains("munge")
+        {
             Err(SlurmError::Unavailable(format!("{what}: {err}")))
         } else {
-            Err(SlurmError::Rejected(if err.is_empty() { format!("{what} exited with {}", out.status) } else { err }))
+            Err(SlurmError::Rejected(if err.is_empty() {
+                format!("{what} exited with {}", out.status)
+            } else {
+                err
+            }))
         }
     }
 }
@@ -95,7 +111,9 @@ impl SlurmClient for Slurm {
     async fn submit(&self, who: &As, args: &[String], script: &str) -> Result<u64, SlurmError> {
         use tokio::io::AsyncWriteExt;
         let mut c = Self::command(Some(who), "sbatch", args);
-        c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        c.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         let mut child = c.spawn()?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(script.as_bytes()).await?;
@@ -104,14 +122,19 @@ impl SlurmClient for Slurm {
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            return Err(if err.contains("Unable to contact slurm controller") || err.contains("Socket timed out") {
-                SlurmError::Unavailable(err)
-            } else {
-                SlurmError::Rejected(err)
-            });
+            return Err(
+                if err.contains("Unable to contact slurm controller") || err.contains("Socket timed out") {
+                    SlurmError::Unavailable(err)
+                } else {
+                    SlurmError::Rejected(err)
+                },
+            );
         }
         // `--parsable`: `ID` or `ID;CLUSTER`.
-        text.split(';').next().and_then(|s| s.trim().parse().ok()).ok_or_else(|| SlurmError::Parse(format!("sbatch printed {text:?}")))
+        text.split(';')
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| SlurmError::Parse(format!("sbatch printed {text:?}")))
     }
 
     /// Every job Slurm knows (pending, running, and those that ended within `MinJobAge`).
@@ -122,28 +145,55 @@ impl SlurmClient for Slurm {
 
     /// `scancel ID` (or `ID_TASK`) as the job's owner.
     async fn cancel(&self, who: &As, target: &str) -> Result<(), SlurmError> {
-        Self::output(Self::command(Some(who), "scancel", &[target.to_string()]), "scancel").await.map(|_| ())
+        Self::output(Self::command(Some(who), "scancel", &[target.to_string()]), "scancel")
+            .await
+            .map(|_| ())
     }
 
     async fn signal(&self, who: &As, target: &str, signal: &str) -> Result<(), SlurmError> {
         let args = [format!("--signal={signal}"), "--batch".into(), target.to_string()];
-        Self::output(Self::command(Some(who), "scancel", &args), "scancel --signal").await.map(|_| ())
+        Self::output(Self::command(Some(who), "scancel", &args), "scancel --signal")
+            .await
+            .map(|_| ())
     }
 
     async fn requeue(&self, who: &As, target: &str) -> Result<(), SlurmError> {
-        Self::output(Self::command(Some(who), "scontrol", &["requeue".into(), target.to_string()]), "scontrol requeue").await.map(|_| ())
+        Self::output(
+            Self::command(Some(who), "scontrol", &["requeue".into(), target.to_string()]),
+            "scontrol requeue",
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, SlurmError> {
-        let out = Self::output(Self::command(None, "scontrol", &["show".into(), "node".into(), "-o".into()]), "scontrol show node").await?;
+        let out = Self::output(
+            Self::command(None, "scontrol", &["show".into(), "node".into(), "-o".into()]),
+            "scontrol show node",
+        )
+        .await?;
         Ok(parse_nodes(&String::from_utf8_lossy(&out)))
     }
 
     /// Where `jobcomp/filetxt` writes (`JobCompLoc`), when that is the plugin.
     async fn jobcomp_log(&self) -> Option<PathBuf> {
-        let out = Self::output(Self::command(None, "scontrol", &["show".into(), "config".into()]), "scontrol show config").await.ok()?;
+        let out = Self::output(
+            Self::command(None, "scontrol", &["show".into(), "config".into()]),
+            "scontrol show config",
+        )
+        .await
+        .ok()?;
         let text = String::from_utf8_lossy(&out);
-        let get = |key: &str| text.lines().find_map(|l| l.split_once('=').filter(|(k, _)| k.trim() == key).map(|(_, v)| v.trim().to_string()));
-        (get("JobCompType").as_deref() == Some("jobcomp/filetxt")).then(|| get("JobCompLoc")).flatten().map(PathBuf::from)
+        let get = |key: &str| {
+            text.lines().find_map(|l| {
+                l.split_once('=')
+                    .filter(|(k, _)| k.trim() == key)
+                    .map(|(_, v)| v.trim().to_string())
+            })
+        };
+        (get("JobCompType").as_deref() == Some("jobcomp/filetxt"))
+            .then(|| get("JobCompLoc"))
+            .flatten()
+            .map(PathBuf::from)
     }
 }

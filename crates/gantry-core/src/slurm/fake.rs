@@ -33,7 +33,13 @@ pub struct Script {
 
 impl Default for Script {
     fn default() -> Self {
-        Script { pending: Duration::ZERO, runtime: Duration::from_secs(1), code: 0, output: vec![], checkpoint: None }
+        Script {
+            pending: Duration::ZERO,
+            runtime: Duration::from_secs(1),
+            code: 0,
+            output: vec![],
+            checkpoint: None,
+        }
     }
 }
 
@@ -47,7 +53,10 @@ enum Phase {
     Pending,
     Running,
     /// Slurm's state and the raw wait status (`code << 8`, or the signal).
-    Ended { state: &'static str, status: i64 },
+    Ended {
+        state: &'static str,
+        status: i64,
+    },
 }
 
 struct FakeJob {
@@ -110,7 +119,20 @@ impl FakeSlurm {
     pub fn inject(&self, uid: u32, name: &str, comment: &str) -> u64 {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         let script = self.scripts.lock().unwrap().get(name).cloned().unwrap_or_default();
-        let job = FakeJob { uid, name: name.into(), comment: comment.into(), output: None, gpus: 0, script, submitted: Instant::now(), phase: Phase::Pending, start_s: None, started: None, ends: None, restarts: 0 };
+        let job = FakeJob {
+            uid,
+            name: name.into(),
+            comment: comment.into(),
+            output: None,
+            gpus: 0,
+            script,
+            submitted: Instant::now(),
+            phase: Phase::Pending,
+            start_s: None,
+            started: None,
+            ends: None,
+            restarts: 0,
+        };
         self.jobs.lock().unwrap().insert(id, job);
         id
     }
@@ -124,7 +146,9 @@ impl FakeSlurm {
 
     fn up(&self) -> Result<(), SlurmError> {
         if self.down.load(Ordering::SeqCst) {
-            return Err(SlurmError::Unavailable("squeue: error: Unable to contact slurm controller (fake Slurm is down)".into()));
+            return Err(SlurmError::Unavailable(
+                "squeue: error: Unable to contact slurm controller (fake Slurm is down)".into(),
+            ));
         }
         Ok(())
     }
@@ -159,28 +183,53 @@ impl FakeSlurm {
         let now = Instant::now();
         for j in jobs.values_mut() {
             if j.phase == Phase::Running && j.ends.is_some_and(|e| now >= e) {
-                let state = if j.script.code == 0 || j.ends != j.started.map(|s| s + j.script.runtime) { "COMPLETED" } else { "FAILED" };
+                let state = if j.script.code == 0 || j.ends != j.started.map(|s| s + j.script.runtime) {
+                    "COMPLETED"
+                } else {
+                    "FAILED"
+                };
                 let code = if state == "COMPLETED" { 0 } else { j.script.code };
-                j.phase = Phase::Ended { state, status: code << 8 };
+                j.phase = Phase::Ended {
+                    state,
+                    status: code << 8,
+                };
             }
         }
-        let mut used: u32 = jobs.values().filter(|j| j.phase == Phase::Running).map(|j| j.gpus).sum();
+        let mut used: u32 = jobs
+            .values()
+            .filter(|j| j.phase == Phase::Running)
+            .map(|j| j.gpus)
+            .sum();
         // GPUs freed last when the latest run ended (a job held back by them starts no earlier).
-        let freed = jobs.values().filter(|j| matches!(j.phase, Phase::Ended { .. })).filter_map(|j| j.ends).filter(|e| *e <= now).chain(*self.freed.lock().unwrap()).max();
+        let freed = jobs
+            .values()
+            .filter(|j| matches!(j.phase, Phase::Ended { .. }))
+            .filter_map(|j| j.ends)
+            .filter(|e| *e <= now)
+            .chain(*self.freed.lock().unwrap())
+            .max();
         for j in jobs.values_mut() {
             if j.phase != Phase::Pending || j.submitted.elapsed() < j.script.pending || used + j.gpus > FAKE_GPUS {
                 continue;
             }
             used += j.gpus;
             // It could start when its pending time passed; a job held back by GPUs starts now.
-            let at = freed.map_or(j.submitted + j.script.pending, |f| f.max(j.submitted + j.script.pending)).min(now);
+            let at = freed
+                .map_or(j.submitted + j.script.pending, |f| {
+                    f.max(j.submitted + j.script.pending)
+                })
+                .min(now);
             let since_start = now - at;
             j.start_s = Some((self.clock.now_ms() - since_start.as_millis() as i64) / 1000);
             j.started = Some(at);
             j.ends = Some(at + j.script.runtime);
             j.phase = Phase::Running;
             if let Some(p) = &j.output {
-                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(p).expect("the fake job's output file");
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .expect("the fake job's output file");
                 for l in &j.script.output {
                     writeln!(f, "{l}").expect("write the fake job's output");
                 }
@@ -188,7 +237,10 @@ impl FakeSlurm {
             // A short job may have ended already.
             if j.ends.is_some_and(|e| now >= e) {
                 let state = if j.script.code == 0 { "COMPLETED" } else { "FAILED" };
-                j.phase = Phase::Ended { state, status: j.script.code << 8 };
+                j.phase = Phase::Ended {
+                    state,
+                    status: j.script.code << 8,
+                };
             }
         }
     }
@@ -207,7 +259,11 @@ impl FakeSlurm {
             user_id: json!(j.uid),
             start_time: json!(j.start_s.unwrap_or(0)),
             nodes: running.then(|| "fake1".to_string()),
-            gres_detail: if running && j.gpus > 0 { vec![format!("gpu:{}(IDX:0-{})", j.gpus, j.gpus - 1)] } else { vec![] },
+            gres_detail: if running && j.gpus > 0 {
+                vec![format!("gpu:{}(IDX:0-{})", j.gpus, j.gpus - 1)]
+            } else {
+                vec![]
+            },
             array_job_id: Value::Null,
             array_task_id: Value::Null,
             array_task_string: String::new(),
@@ -236,7 +292,9 @@ impl SlurmClient for FakeSlurm {
             return Err(SlurmError::Rejected("the fake Slurm runs no job arrays".into()));
         }
         let name = arg(args, "--job-name=").unwrap_or("sbatch").to_string();
-        let gpus = arg(args, "--gres=gpu:").and_then(|g| g.rsplit(':').next()?.parse().ok()).unwrap_or(0);
+        let gpus = arg(args, "--gres=gpu:")
+            .and_then(|g| g.rsplit(':').next()?.parse().ok())
+            .unwrap_or(0);
         let script = self.scripts.lock().unwrap().get(&name).cloned().unwrap_or_default();
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         let job = FakeJob {
@@ -254,7 +312,10 @@ impl SlurmClient for FakeSlurm {
             restarts: 0,
         };
         self.jobs.lock().unwrap().insert(id, job);
-        self.submitted.lock().unwrap().push((who.name.clone(), id, args.to_vec()));
+        self.submitted
+            .lock()
+            .unwrap()
+            .push((who.name.clone(), id, args.to_vec()));
         Ok(id)
     }
 
@@ -267,17 +328,33 @@ impl SlurmClient for FakeSlurm {
 
     async fn cancel(&self, who: &As, target: &str) -> Result<(), SlurmError> {
         self.up()?;
-        let id: u64 = target.parse().map_err(|_| SlurmError::Rejected(format!("scancel: error: Invalid job id {target}")))?;
+        let id: u64 = target
+            .parse()
+            .map_err(|_| SlurmError::Rejected(format!("scancel: error: Invalid job id {target}")))?;
         let mut jobs = self.jobs.lock().unwrap();
         self.settle_all(&mut jobs);
-        let j = jobs.get_mut(&id).ok_or_else(|| SlurmError::Rejected(format!("scancel: error: Kill job error on job id {id}: Invalid job id specified")))?;
+        let j = jobs.get_mut(&id).ok_or_else(|| {
+            SlurmError::Rejected(format!(
+                "scancel: error: Kill job error on job id {id}: Invalid job id specified"
+            ))
+        })?;
         if j.uid != who.uid && who.uid != 0 {
-            return Err(SlurmError::Rejected(format!("scancel: error: Kill job error on job id {id}: Access/permission denied")));
+            return Err(SlurmError::Rejected(format!(
+                "scancel: error: Kill job error on job id {id}: Access/permission denied"
+            )));
         }
         match j.phase {
-            Phase::Pending => j.phase = Phase::Ended { state: "CANCELLED", status: 0 },
+            Phase::Pending => {
+                j.phase = Phase::Ended {
+                    state: "CANCELLED",
+                    status: 0,
+                }
+            }
             Phase::Running => {
-                j.phase = Phase::Ended { state: "CANCELLED", status: 15 };
+                j.phase = Phase::Ended {
+                    state: "CANCELLED",
+                    status: 15,
+                };
                 *self.freed.lock().unwrap() = Some(Instant::now());
             }
             Phase::Ended { .. } => {}
@@ -288,46 +365,74 @@ impl SlurmClient for FakeSlurm {
 
     async fn signal(&self, who: &As, target: &str, signal: &str) -> Result<(), SlurmError> {
         self.up()?;
-        let id: u64 = target.parse().map_err(|_| SlurmError::Rejected(format!("scancel: error: Invalid job id {target}")))?;
+        let id: u64 = target
+            .parse()
+            .map_err(|_| SlurmError::Rejected(format!("scancel: error: Invalid job id {target}")))?;
         let mut jobs = self.jobs.lock().unwrap();
         self.settle_all(&mut jobs);
-        let j = jobs.get_mut(&id).ok_or_else(|| SlurmError::Rejected(format!("scancel: error: Invalid job id {id}")))?;
+        let j = jobs
+            .get_mut(&id)
+            .ok_or_else(|| SlurmError::Rejected(format!("scancel: error: Invalid job id {id}")))?;
         if j.uid != who.uid && who.uid != 0 {
-            return Err(SlurmError::Rejected(format!("scancel: error: Signal job error on job id {id}: Access/permission denied")));
+            return Err(SlurmError::Rejected(format!(
+                "scancel: error: Signal job error on job id {id}: Access/permission denied"
+            )));
         }
         if j.phase != Phase::Running {
-            return Err(SlurmError::Rejected(format!("scancel: error: Signal job error on job id {id}: Job is not running")));
+            return Err(SlurmError::Rejected(format!(
+                "scancel: error: Signal job error on job id {id}: Job is not running"
+            )));
         }
         if let Some(c) = j.script.checkpoint {
             let at = Instant::now() + c;
             j.ends = Some(j.ends.map_or(at, |e| e.min(at)));
         }
-        self.signals.lock().unwrap().push((who.name.clone(), target.into(), signal.into(), Instant::now()));
+        self.signals
+            .lock()
+            .unwrap()
+            .push((who.name.clone(), target.into(), signal.into(), Instant::now()));
         Ok(())
     }
 
     async fn requeue(&self, who: &As, target: &str) -> Result<(), SlurmError> {
         self.up()?;
-        let id: u64 = target.parse().map_err(|_| SlurmError::Rejected(format!("scontrol: error: Invalid job id {target}")))?;
+        let id: u64 = target
+            .parse()
+            .map_err(|_| SlurmError::Rejected(format!("scontrol: error: Invalid job id {target}")))?;
         let mut jobs = self.jobs.lock().unwrap();
         self.settle_all(&mut jobs);
-        let j = jobs.get_mut(&id).ok_or_else(|| SlurmError::Rejected(format!("Requeue job {id} failed: Invalid job id specified")))?;
+        let j = jobs
+            .get_mut(&id)
+            .ok_or_else(|| SlurmError::Rejected(format!("Requeue job {id} failed: Invalid job id specified")))?;
         if j.uid != who.uid && who.uid != 0 {
-            return Err(SlurmError::Rejected(format!("Requeue job {id} failed: Access/permission denied")));
+            return Err(SlurmError::Rejected(format!(
+                "Requeue job {id} failed: Access/permission denied"
+            )));
         }
         // Slurm requeues a running or finished batch job, not one still pending.
         if j.phase == Phase::Pending {
-            return Err(SlurmError::Rejected(format!("Requeue job {id} failed: Job is pending execution")));
+            return Err(SlurmError::Rejected(format!(
+                "Requeue job {id} failed: Job is pending execution"
+            )));
         }
         Self::requeue_job(j);
         *self.freed.lock().unwrap() = Some(Instant::now());
-        self.requeues.lock().unwrap().push((who.name.clone(), target.into(), Instant::now()));
+        self.requeues
+            .lock()
+            .unwrap()
+            .push((who.name.clone(), target.into(), Instant::now()));
         Ok(())
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, SlurmError> {
         self.up()?;
-        Ok(vec![Node { name: "fake1".into(), state: "IDLE".into(), gpus: FAKE_GPUS, gpu_type: None, gpus_used: vec![] }])
+        Ok(vec![Node {
+            name: "fake1".into(),
+            state: "IDLE".into(),
+            gpus: FAKE_GPUS,
+            gpu_type: None,
+            gpus_used: vec![],
+        }])
     }
 
     async fn jobcomp_log(&self) -> Option<PathBuf> {

@@ -16,7 +16,10 @@ pub fn user_log_dir(log_dir: &Path, uid: u32, gid: u32) -> Result<PathBuf, Refus
     let d = log_dir.join(uid.to_string());
     match std::fs::symlink_metadata(&d) {
         Ok(m) if m.file_type().is_dir() && m.uid() == uid => Ok(d),
-        Ok(_) => Err(Refusal(format!("{} is not a folder owned by the job's owner; an admin must remove it", d.display()))),
+        Ok(_) => Err(Refusal(format!(
+            "{} is not a folder owned by the job's owner; an admin must remove it",
+            d.display()
+        ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir(&d).map_err(|e| Refusal(format!("cannot make {}: {e}", d.display())))?;
             let undo = |e: std::io::Error| {
@@ -33,7 +36,8 @@ pub fn user_log_dir(log_dir: &Path, uid: u32, gid: u32) -> Result<PathBuf, Refus
 
 fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: i32) -> std::io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let base = dir.map(|d| d.as_raw_fd()).unwrap_or(libc::AT_FDCWD);
     // SAFETY: a valid C string and directory fd; the returned fd is owned below.
     let fd = unsafe { libc::openat(base, c.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) };
@@ -54,12 +58,19 @@ pub const OUTPUT_READ: u64 = 16 << 20;
 pub fn read_output(log_dir: &Path, uid: u32, file: &str, offset: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Error, ErrorKind, Seek, SeekFrom};
     let top = open_at(None, log_dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
-    let dir = open_at(Some(&top), Path::new(&uid.to_string()), libc::O_RDONLY | libc::O_DIRECTORY)?;
+    let dir = open_at(
+        Some(&top),
+        Path::new(&uid.to_string()),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+    )?;
     let mut f = std::fs::File::from(open_at(Some(&dir), Path::new(file), libc::O_RDONLY | libc::O_NONBLOCK)?);
     let dm = std::fs::File::from(dir).metadata()?;
     let fm = f.metadata()?;
     if dm.uid() != uid || !fm.file_type().is_file() || fm.uid() != uid {
-        return Err(Error::new(ErrorKind::PermissionDenied, "the job's output is not a plain file owned by the job's owner; not read"));
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "the job's output is not a plain file owned by the job's owner; not read",
+        ));
     }
     f.seek(SeekFrom::Start(offset))?;
     let mut buf = vec![];

@@ -78,8 +78,16 @@ fn minutes(d: Duration) -> u64 {
 
 /// A name as `--job-name` takes it: printable, no spaces (they would split `jobcomp` records).
 fn job_name(name: &str) -> String {
-    let n: String = name.chars().map(|c| if c.is_whitespace() || c.is_control() { '_' } else { c }).take(100).collect();
-    if n.is_empty() { "gantry-job".into() } else { n }
+    let n: String = name
+        .chars()
+        .map(|c| if c.is_whitespace() || c.is_control() { '_' } else { c })
+        .take(100)
+        .collect();
+    if n.is_empty() {
+        "gantry-job".into()
+    } else {
+        n
+    }
 }
 
 /// The `sbatch` arguments of a job (the script comes on stdin).
@@ -94,7 +102,11 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
         format!("--chdir={}", s.home.display()),
         format!("--output={}", s.output.display()),
     ];
-    for (k, v) in [("partition", &set.partition), ("account", &set.account), ("qos", &set.qos)] {
+    for (k, v) in [
+        ("partition", &set.partition),
+        ("account", &set.account),
+        ("qos", &set.qos),
+    ] {
         if let Some(v) = v {
             a.push(format!("--{k}={v}"));
         }
@@ -102,7 +114,10 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
     // The batch script passes the image to `docker run` after its options: `--privileged` as an
     // image would be read as one.
     if job.spec.image.starts_with('-') {
-        return Err(Refusal(format!("`image` {:?} starts with '-': an image name is `repo/name:tag`", job.spec.image)));
+        return Err(Refusal(format!(
+            "`image` {:?} starts with '-': an image name is `repo/name:tag`",
+            job.spec.image
+        )));
     }
     // What needs this machine's Docker: a terminal to attach to, a port forwarded on its loopback,
     // and this machine's own folders as the job's root.
@@ -178,7 +193,6 @@ pub fn sbatch_args(s: &Submission, set: &Settings) -> Result<Vec<String>, Refusa
 /// sees a failed job); Gantry records the attempt as out of memory when the output ends with it.
 pub const OOM_LINE: &str = "gantry: the job was killed at its memory limit (out of memory)";
 
-
 /// `'…'` for sh.
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -209,7 +223,10 @@ pub fn array_script(parts: &[(u32, Submission, i64)], marker: &str, runtime: Run
 
 /// `--array=` of the given task ids.
 pub fn array_arg(tasks: &[u32]) -> String {
-    format!("--array={}", tasks.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","))
+    format!(
+        "--array={}",
+        tasks.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")
+    )
 }
 
 /// The marker of a `matrix` submitted as one array (in `--comment` of every task).
@@ -221,7 +238,17 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
     let job = s.job;
     let q = |v: &str| sh_quote(v);
     let mut env: Vec<(String, String)> = job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    env.retain(|(k, _)| !["GANTRY_JOB_ID", "GANTRY_ATTEMPT", "GANTRY_RESTART_COUNT", "GANTRY_PREEMPTIBLE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"].contains(&k.as_str()));
+    env.retain(|(k, _)| {
+        ![
+            "GANTRY_JOB_ID",
+            "GANTRY_ATTEMPT",
+            "GANTRY_RESTART_COUNT",
+            "GANTRY_PREEMPTIBLE",
+            "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES",
+        ]
+        .contains(&k.as_str())
+    });
     env.push(("GANTRY_JOB_ID".into(), job_id.to_string()));
     if s.preempt.is_some() {
         env.push(("GANTRY_PREEMPTIBLE".into(), "1".into()));
@@ -230,9 +257,15 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
     let mut out = String::new();
     out.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
     out.push_str("# Requeued (a preemption), Slurm runs this script again with SLURM_RESTART_COUNT: each run is a Gantry attempt.\n");
-    out.push_str(&format!("restarts=$(({} + ${{SLURM_RESTART_COUNT:-0}}))\nattempt=$(({attempt_n} + ${{SLURM_RESTART_COUNT:-0}}))\n", s.restarts));
+    out.push_str(&format!(
+        "restarts=$(({} + ${{SLURM_RESTART_COUNT:-0}}))\nattempt=$(({attempt_n} + ${{SLURM_RESTART_COUNT:-0}}))\n",
+        s.restarts
+    ));
     // The checkpoint signal reaches this shell (`--signal=B:`, `scancel --batch`): hand it on.
-    let ckpt = s.preempt.as_ref().map(|c| (super::slurm_signal(&c.signal).to_string(), c.grace_s()));
+    let ckpt = s
+        .preempt
+        .as_ref()
+        .map(|c| (super::slurm_signal(&c.signal).to_string(), c.grace_s()));
     out.push_str("# The GPUs Slurm allocated, as the node numbers them; inside, the job sees them as 0..N-1.\n");
     out.push_str("gpus=\"${SLURM_JOB_GPUS:-}\"\n");
     out.push_str("visible=$(echo \"$gpus\" | awk -F, 'NF{for(i=0;i<NF;i++) printf \"%s%d\", (i?\",\":\"\"), i}')\n");
@@ -256,7 +289,15 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
                 run.push(format!("--memory {m} --memory-swap {m}"));
             }
             for m in &s.mounts {
-                run.push(format!("--mount {}", q(&format!("type=bind,source={},target={}{}", m.host.display(), m.container, if m.read_only { ",readonly" } else { "" }))));
+                run.push(format!(
+                    "--mount {}",
+                    q(&format!(
+                        "type=bind,source={},target={}{}",
+                        m.host.display(),
+                        m.container,
+                        if m.read_only { ",readonly" } else { "" }
+                    ))
+                ));
             }
             if let Some(w) = &job.spec.workdir {
                 run.push(format!("-w {}", q(w)));
@@ -269,13 +310,20 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             run.extend(cmd.iter().map(|c| q(c)));
             out.push_str(&run.join(" \\\n  "));
             out.push_str(" &\npid=$!\n");
-            out.push_str("# Cancel and time limit: Slurm signals this script; stop the container, not just its client.\n");
+            out.push_str(
+                "# Cancel and time limit: Slurm signals this script; stop the container, not just its client.\n",
+            );
             match &ckpt {
                 // SIGTERM is the checkpoint signal: the container gets its grace before the kill.
-                Some((sig, g)) if sig == "TERM" => out.push_str(&format!("trap 'docker stop -t {} \"$name\" >/dev/null 2>&1' TERM INT\n", (*g).max(10))),
+                Some((sig, g)) if sig == "TERM" => out.push_str(&format!(
+                    "trap 'docker stop -t {} \"$name\" >/dev/null 2>&1' TERM INT\n",
+                    (*g).max(10)
+                )),
                 Some((sig, _)) => {
                     out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n");
-                    out.push_str(&format!("trap 'docker kill -s {sig} \"$name\" >/dev/null 2>&1' {sig}\n"));
+                    out.push_str(&format!(
+                        "trap 'docker kill -s {sig} \"$name\" >/dev/null 2>&1' {sig}\n"
+                    ));
                 }
                 None => out.push_str("trap 'docker stop -t 10 \"$name\" >/dev/null 2>&1' TERM INT\n"),
             }
@@ -296,7 +344,15 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
                 "--env GANTRY_ATTEMPT=\"$attempt\" --env GANTRY_RESTART_COUNT=\"$restarts\"".into(),
             ];
             for m in &s.mounts {
-                run.push(format!("--bind {}", q(&format!("{}:{}{}", m.host.display(), m.container, if m.read_only { ":ro" } else { "" }))));
+                run.push(format!(
+                    "--bind {}",
+                    q(&format!(
+                        "{}:{}{}",
+                        m.host.display(),
+                        m.container,
+                        if m.read_only { ":ro" } else { "" }
+                    ))
+                ));
             }
             if let Some(w) = &job.spec.workdir {
                 run.push(format!("--pwd {}", q(w)));

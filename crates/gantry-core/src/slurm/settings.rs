@@ -50,6 +50,17 @@ pub const DEFAULT_MAX_NICE: u32 = 2000;
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { partition: None, account: None, qos: None, poll: DEFAULT_POLL, log_dir: None, runtime: Runtime::Docker, shard_memory: None, max_nice: DEFAULT_MAX_NICE, jobcomp_log: None, node_samples: None }
+        Settings {
+            partition: None,
+            account: None,
+            qos: None,
+            poll: DEFAULT_POLL,
+            log_dir: None,
+            runtime: Runtime::Docker,
+            shard_memory: None,
+            max_nice: DEFAULT_MAX_NICE,
+            jobcomp_log: None,
+            node_samples: None,
+        }
     }
 }

@@ -15,7 +15,10 @@ pub fn find_job(jobs: &HashMap<u64, SqJob>, id: u64, task: Option<u32>) -> Optio
     let Some(t) = task else { return jobs.get(&id) };
     jobs.values()
         .find(|j| number(&j.array_job_id) == Some(id as i64) && number(&j.array_task_id) == Some(t as i64))
-        .or_else(|| jobs.get(&id).filter(|j| number(&j.array_task_id).is_none() && task_list(&j.array_task_string).contains(&t)))
+        .or_else(|| {
+            jobs.get(&id)
+                .filter(|j| number(&j.array_task_id).is_none() && task_list(&j.array_task_string).contains(&t))
+        })
 }
 
 /// The ids of the Slurm jobs of user `uid` whose comment is `marker` (an array's tasks: the array's
@@ -23,7 +26,12 @@ pub fn find_job(jobs: &HashMap<u64, SqJob>, id: u64, task: Option<u32>) -> Optio
 pub fn marked(jobs: &[SqJob], marker: &str, uid: u32) -> Vec<u64> {
     jobs.iter()
         .filter(|j| j.comment.as_deref() == Some(marker) && number(&j.user_id) == Some(uid as i64))
-        .map(|j| number(&j.array_job_id).filter(|a| *a > 0).map(|a| a as u64).unwrap_or(j.job_id))
+        .map(|j| {
+            number(&j.array_job_id)
+                .filter(|a| *a > 0)
+                .map(|a| a as u64)
+                .unwrap_or(j.job_id)
+        })
         .collect()
 }
 
@@ -94,13 +102,18 @@ pub fn parse_squeue(json: &[u8]) -> Result<Vec<SqJob>, SlurmError> {
     // Slurm writes job names and comments byte for byte: one user's invalid UTF-8 must not stop
     // Gantry reading everyone's jobs.
     let json = String::from_utf8_lossy(json);
-    serde_json::from_str::<SqueueOut>(&json).map(|o| o.jobs).map_err(|e| SlurmError::Parse(format!("squeue --json: {e}")))
+    serde_json::from_str::<SqueueOut>(&json)
+        .map(|o| o.jobs)
+        .map_err(|e| SlurmError::Parse(format!("squeue --json: {e}")))
 }
 
 pub fn number(v: &serde_json::Value) -> Option<i64> {
     match v {
         serde_json::Value::Number(n) => n.as_i64(),
-        serde_json::Value::Object(o) => o.get("number").and_then(|n| n.as_i64()).filter(|_| o.get("set").and_then(|s| s.as_bool()).unwrap_or(true)),
+        serde_json::Value::Object(o) => o
+            .get("number")
+            .and_then(|n| n.as_i64())
+            .filter(|_| o.get("set").and_then(|s| s.as_bool()).unwrap_or(true)),
         _ => None,
     }
 }
@@ -118,7 +131,9 @@ impl SqJob {
     pub fn exit(&self) -> Option<i64> {
         match &self.exit_code {
             serde_json::Value::Object(o) => {
-                let sig = o.get("signal").and_then(|s| number(s.get("id").unwrap_or(&serde_json::Value::Null)));
+                let sig = o
+                    .get("signal")
+                    .and_then(|s| number(s.get("id").unwrap_or(&serde_json::Value::Null)));
                 match sig.filter(|s| *s > 0) {
                     Some(s) => Some(128 + s),
                     None => o.get("return_code").and_then(number),
@@ -145,7 +160,13 @@ impl SqJob {
 
 /// `gpu:2(IDX:0-1)` → [0, 1].
 pub fn gpu_indexes(detail: &str) -> Vec<u32> {
-    let Some(rest) = detail.strip_prefix("gpu").and_then(|r| r.split_once("IDX:")).map(|(_, r)| r) else { return vec![] };
+    let Some(rest) = detail
+        .strip_prefix("gpu")
+        .and_then(|r| r.split_once("IDX:"))
+        .map(|(_, r)| r)
+    else {
+        return vec![];
+    };
     let list = rest.split(')').next().unwrap_or("");
     let mut out = vec![];
     for part in list.split(',') {
@@ -182,17 +203,43 @@ pub enum Seen {
 
 /// Slurm state + reason (+ exit code, whether it ever started) → Gantry's view. `stopped_by_gantry`
 /// says why Gantry itself cancelled it, if it did (its owner's cancel, or the timeout Gantry enforces).
-pub fn seen(state: &str, reason: &str, exit: Option<i64>, started: bool, stopped_by_gantry: Option<Stop>, timeout_ms: Option<i64>) -> Seen {
+pub fn seen(
+    state: &str,
+    reason: &str,
+    exit: Option<i64>,
+    started: bool,
+    stopped_by_gantry: Option<Stop>,
+    timeout_ms: Option<i64>,
+) -> Seen {
     let code = exit;
     match state {
-        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SPECIAL_EXIT" => Seen::Pending(why_waiting(reason)),
-        "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT" | "RESIZING" => Seen::Running,
-        "COMPLETED" => Seen::Ended(How::Exited { code: code.unwrap_or(0), oom: false }),
-        "FAILED" => Seen::Ended(How::Exited { code: code.filter(|c| *c != 0).unwrap_or(1), oom: false }),
-        "OUT_OF_MEMORY" => Seen::Ended(How::Exited { code: code.unwrap_or(137), oom: true }),
-        "TIMEOUT" => Seen::Ended(How::TimedOut { code, timeout_ms: timeout_ms.unwrap_or(0) }),
+        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SPECIAL_EXIT" => {
+            Seen::Pending(why_waiting(reason))
+        }
+        "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT" | "RESIZING" => {
+            Seen::Running
+        }
+        "COMPLETED" => Seen::Ended(How::Exited {
+            code: code.unwrap_or(0),
+            oom: false,
+        }),
+        "FAILED" => Seen::Ended(How::Exited {
+            code: code.filter(|c| *c != 0).unwrap_or(1),
+            oom: false,
+        }),
+        "OUT_OF_MEMORY" => Seen::Ended(How::Exited {
+            code: code.unwrap_or(137),
+            oom: true,
+        }),
+        "TIMEOUT" => Seen::Ended(How::TimedOut {
+            code,
+            timeout_ms: timeout_ms.unwrap_or(0),
+        }),
         "CANCELLED" => Seen::Ended(match stopped_by_gantry {
-            Some(Stop::Timeout) => How::TimedOut { code, timeout_ms: timeout_ms.unwrap_or(0) },
+            Some(Stop::Timeout) => How::TimedOut {
+                code,
+                timeout_ms: timeout_ms.unwrap_or(0),
+            },
             _ if reason.starts_with("Dependency") || reason == "DependencyNeverSatisfied" => {
                 How::Refused("a job it runs after did not succeed, so Slurm cancelled it".into())
             }
@@ -200,8 +247,18 @@ pub fn seen(state: &str, reason: &str, exit: Option<i64>, started: bool, stopped
             _ => How::Cancelled { code },
         }),
         // Slurm's own preemption (PreemptMode=CANCEL ends it so): recorded as preempted, queued again.
-        "PREEMPTED" => Seen::Ended(How::Preempted { code, by: "Slurm (the cluster's own preemption)".into() }),
-        "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "REVOKED" => Seen::Ended(How::Lost(format!("Slurm ended it: {state}{}", if reason.is_empty() || reason == "None" { String::new() } else { format!(" ({reason})") }))),
+        "PREEMPTED" => Seen::Ended(How::Preempted {
+            code,
+            by: "Slurm (the cluster's own preemption)".into(),
+        }),
+        "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "REVOKED" => Seen::Ended(How::Lost(format!(
+            "Slurm ended it: {state}{}",
+            if reason.is_empty() || reason == "None" {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        ))),
         other => Seen::Pending(format!("in Slurm state {other}")),
     }
 }
@@ -221,7 +278,12 @@ pub fn requeued(state: &str, restarts: Option<u32>, base: u32, ran: bool) -> boo
 /// new `sbatch`): Slurm requeued it (`restarts` reached `base`, the attempts that followed it before)
 /// and it has not ended since.
 pub fn adoptable(state: &str, restarts: Option<u32>, base: u32) -> bool {
-    restarts.is_none_or(|n| n >= base) && base > 0 && matches!(seen(state, "", None, false, None, None), Seen::Pending(_) | Seen::Running)
+    restarts.is_none_or(|n| n >= base)
+        && base > 0
+        && matches!(
+            seen(state, "", None, false, None, None),
+            Seen::Pending(_) | Seen::Running
+        )
 }
 
 /// Slurm's signal name for `--signal`/`scancel --signal`: `SIGUSR1` -> `USR1`.
@@ -307,8 +369,14 @@ pub fn parse_jobcomp_of(text: &str, job_id: u64, task: Option<u32>, uid: u32) ->
     let owner = format!("({uid})");
     let mut found = text.lines().filter(|l| {
         l.starts_with("JobId=")
-            && l.split(' ').nth(1).is_some_and(|u| u.starts_with("UserId=") && u.ends_with(&owner))
-            && if task.is_none() { l.starts_with(&want) } else { format!("{l} ").contains(&want) }
+            && l.split(' ')
+                .nth(1)
+                .is_some_and(|u| u.starts_with("UserId=") && u.ends_with(&owner))
+            && if task.is_none() {
+                l.starts_with(&want)
+            } else {
+                format!("{l} ").contains(&want)
+            }
     });
     let line = found.next()?;
     if found.next().is_some() {
@@ -335,13 +403,19 @@ pub fn parse_jobcomp_of(text: &str, job_id: u64, task: Option<u32>, uid: u32) ->
     let exit = kv.get("ExitCode").and_then(|e| {
         let (code, sig) = e.split_once(':').unwrap_or((e, "0"));
         let sig: i64 = sig.parse().unwrap_or(0);
-        if sig > 0 { Some(128 + sig) } else { code.parse().ok() }
+        if sig > 0 {
+            Some(128 + sig)
+        } else {
+            code.parse().ok()
+        }
     });
     Some(Completed {
         job_id,
         state: kv.get("JobState").cloned().unwrap_or_default(),
         exit,
-        started: kv.get("StartTime").is_some_and(|s| !s.is_empty() && s != "Unknown" && s != "None"),
+        started: kv
+            .get("StartTime")
+            .is_some_and(|s| !s.is_empty() && s != "Unknown" && s != "None"),
     })
 }
 
@@ -380,7 +454,10 @@ pub fn parse_nodes(text: &str) -> Vec<Node> {
                 state: kv.get("State").copied().unwrap_or("").to_string(),
                 gpus,
                 gpu_type,
-                gpus_used: kv.get("GresUsed").map(|g| g.split(',').flat_map(gpu_indexes).collect()).unwrap_or_default(),
+                gpus_used: kv
+                    .get("GresUsed")
+                    .map(|g| g.split(',').flat_map(gpu_indexes).collect())
+                    .unwrap_or_default(),
             }
         })
         .collect()
@@ -389,7 +466,16 @@ pub fn parse_nodes(text: &str) -> Vec<Node> {
 /// An exit with code 137 whose output ends with [`OOM_LINE`] was an OOM kill.
 pub fn oom_from_output(how: How, tail: &[u8]) -> How {
     match how {
-        How::Exited { code, oom: false } if code == 137 && String::from_utf8_lossy(tail).lines().rev().take(3).any(|l| l.trim() == OOM_LINE) => How::Exited { code, oom: true },
+        How::Exited { code, oom: false }
+            if code == 137
+                && String::from_utf8_lossy(tail)
+                    .lines()
+                    .rev()
+                    .take(3)
+                    .any(|l| l.trim() == OOM_LINE) =>
+        {
+            How::Exited { code, oom: true }
+        }
         other => other,
     }
 }

@@ -116,29 +116,39 @@ impl<'de> Deserialize<'de> for Command {
                         // A float's text is not kept (`1.0` reads as 1): the user must say which text they mean.
                         other => {
                             return Err(de::Error::custom(format!(
-                                "`command` item {n} is {}: each item is one argument, written as text (quote it: \"…\")",
-                                other.describe()
-                            )))
+                            "`command` item {n} is {}: each item is one argument, written as text (quote it: \"…\")",
+                            other.describe()
+                        )))
                         }
                     });
                 }
                 Ok(Command::Exec(argv))
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Command, E> {
-                Err(E::custom(format!("`command` is the boolean {v}: write the command as text (quote it: \"{v}\") or as a list")))
+                Err(E::custom(format!(
+                    "`command` is the boolean {v}: write the command as text (quote it: \"{v}\") or as a list"
+                )))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Command, E> {
-                Err(E::custom(format!("`command` is the number {v}: write the command as text (quote it) or as a list")))
+                Err(E::custom(format!(
+                    "`command` is the number {v}: write the command as text (quote it) or as a list"
+                )))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Command, E> {
-                Err(E::custom(format!("`command` is the number {v}: write the command as text (quote it) or as a list")))
+                Err(E::custom(format!(
+                    "`command` is the number {v}: write the command as text (quote it) or as a list"
+                )))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Command, E> {
-                Err(E::custom(format!("`command` is the number {v}: write the command as text (quote it) or as a list")))
+                Err(E::custom(format!(
+                    "`command` is the number {v}: write the command as text (quote it) or as a list"
+                )))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Command, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Err(de::Error::custom("`command` is a map: write it as text (`python train.py`) or a list (`[python, train.py]`)"))
+                Err(de::Error::custom(
+                    "`command` is a map: write it as text (`python train.py`) or a list (`[python, train.py]`)",
+                ))
             }
         }
         d.deserialize_any(V)
@@ -150,7 +160,10 @@ impl<'de> Deserialize<'de> for IdOrName {
         match Value::deserialize(d)? {
             Value::Int(i) => Ok(IdOrName::Id(i)),
             Value::Str(s) => Ok(IdOrName::Name(s)),
-            other => Err(de::Error::custom(format!("an `after` item is {}: write a job id (`12`) or the name of one of your jobs (`prep`)", other.describe()))),
+            other => Err(de::Error::custom(format!(
+                "an `after` item is {}: write a job id (`12`) or the name of one of your jobs (`prep`)",
+                other.describe()
+            ))),
         }
     }
 }
@@ -162,7 +175,10 @@ impl<'de> Deserialize<'de> for Scalar {
             Value::Float(x) => Ok(Scalar::Float(x)),
             Value::Bool(b) => Ok(Scalar::Bool(b)),
             Value::Str(s) => Ok(Scalar::Str(s)),
-            other => Err(de::Error::custom(format!("a `matrix` value is {}: each value is text, a number or a boolean (`lr: [0.1, 0.01]`)", other.describe()))),
+            other => Err(de::Error::custom(format!(
+                "a `matrix` value is {}: each value is text, a number or a boolean (`lr: [0.1, 0.01]`)",
+                other.describe()
+            ))),
         }
     }
 }
@@ -186,7 +202,12 @@ mod tests {
         assert!(e.contains("an `after` item is a list"), "{e}");
         let e = err("image: a\nmatrix: {lr: [{a: 1}]}\n");
         assert!(e.contains("a `matrix` value is a map"), "{e}");
-        for bad in ["image: a\ncommand: [python, 0.5]\n", "image: a\nafter: [true]\n", "image: a\nmatrix: {lr: [null]}\n", "image: a\ncommand: 5\n"] {
+        for bad in [
+            "image: a\ncommand: [python, 0.5]\n",
+            "image: a\nafter: [true]\n",
+            "image: a\nmatrix: {lr: [null]}\n",
+            "image: a\ncommand: 5\n",
+        ] {
             assert!(!err(bad).contains("untagged"), "{}", err(bad));
         }
     }
@@ -203,7 +224,10 @@ mod tests {
 
     #[test]
     fn stored_jobs_read_back_unchanged() {
-        for yaml in ["image: a\ncommand: echo hi\nafter: [3, prep]\nmatrix: {lr: [0.1, 1], x: [true, s]}\n", "image: a\ncommand: [echo, hi]\n"] {
+        for yaml in [
+            "image: a\ncommand: echo hi\nafter: [3, prep]\nmatrix: {lr: [0.1, 1], x: [true, s]}\n",
+            "image: a\ncommand: [echo, hi]\n",
+        ] {
             let s = parse(yaml, Format::Yaml).unwrap();
             let back: super::super::JobSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
             assert_eq!(back, s);

@@ -6,18 +6,18 @@ use std::time::Duration;
 
 /// 1-based line of the first `key:` / `key =` at any indentation.
 pub(super) fn locate_key(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|l| {
-        let t = l.trim_start().trim_start_matches("- ");
-        t.strip_prefix(key)
-            .map(|rest| {
-                let rest = rest.trim_start();
-                rest.starts_with(':') || rest.starts_with('=')
-            })
-            .unwrap_or(false)
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|l| {
+            let t = l.trim_start().trim_start_matches("- ");
+            t.strip_prefix(key)
+                .map(|rest| {
+                    let rest = rest.trim_start();
+                    rest.starts_with(':') || rest.starts_with('=')
+                })
+                .unwrap_or(false)
+        })
+        .map(|i| i + 1)
 }
-
 
 pub(super) fn hint_for(message: &str) -> String {
     if message.contains("unknown field") {
@@ -43,7 +43,13 @@ pub(super) fn suggest_field(message: &str) -> Option<&str> {
     let unknown = quoted.next()?;
     let (_, rest) = message.split_once("expected")?;
     let limit = 2.min(unknown.chars().count().saturating_sub(1));
-    rest.split('`').skip(1).step_by(2).map(|f| (edit_distance(unknown, f), f)).filter(|(d, _)| *d <= limit).min_by_key(|(d, _)| *d).map(|(_, f)| f)
+    rest.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|f| (edit_distance(unknown, f), f))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, f)| f)
 }
 
 /// Levenshtein distance (insertions, deletions, substitutions), by characters.
@@ -82,14 +88,30 @@ pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
         Format::Yaml => serde_yaml_ng::from_str::<JobSpec>(text).map_err(|e| {
             let msg = e.to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-            let (line, column) = e.location().map(|l| (Some(l.line()), Some(l.column()))).unwrap_or((None, None));
-            SpecError { hint: hint_for(&msg), message: msg, line, column }
+            let (line, column) = e
+                .location()
+                .map(|l| (Some(l.line()), Some(l.column())))
+                .unwrap_or((None, None));
+            SpecError {
+                hint: hint_for(&msg),
+                message: msg,
+                line,
+                column,
+            }
         }),
         Format::Toml => toml::from_str::<JobSpec>(text).map_err(|e| {
             let msg = e.message().to_string();
-            let (line, column) =
-                e.span().map(|s| line_col(text, s.start)).map(|(l, c)| (Some(l), Some(c))).unwrap_or((None, None));
-            SpecError { hint: hint_for(&msg), message: msg, line, column }
+            let (line, column) = e
+                .span()
+                .map(|s| line_col(text, s.start))
+                .map(|(l, c)| (Some(l), Some(c)))
+                .unwrap_or((None, None));
+            SpecError {
+                hint: hint_for(&msg),
+                message: msg,
+                line,
+                column,
+            }
         }),
     }
 }

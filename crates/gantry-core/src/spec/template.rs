@@ -40,6 +40,16 @@ pub fn instantiate_template(template: &JobSpec, template_dir_name: &str, host_pa
         Command::Exec(v) => Command::Exec(v.iter().map(|a| a.replace("{config}", &inside)).collect()),
     });
     let stem = file_name.rsplit_once('.').map(|(a, _)| a).unwrap_or(file_name);
-    spec.name = Some(format!("{}:{stem}", template.name.clone().unwrap_or_else(|| template_dir_name.to_string())));
-    Instance { spec, config: Mount { host: host_path.to_string(), container: inside, read_only: true } }
+    spec.name = Some(format!(
+        "{}:{stem}",
+        template.name.clone().unwrap_or_else(|| template_dir_name.to_string())
+    ));
+    Instance {
+        spec,
+        config: Mount {
+            host: host_path.to_string(),
+            container: inside,
+            read_only: true,
+        },
+    }
 }

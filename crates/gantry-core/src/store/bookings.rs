@@ -52,7 +52,8 @@ pub struct NewBooking {
     pub note: Option<String>,
 }
 
-const COLUMNS: &str = "id, uid, owner, gpus, gpu_type, start_ms, end_ms, note, created_ms, used_ms, closed, closed_ms, closed_why";
+const COLUMNS: &str =
+    "id, uid, owner, gpus, gpu_type, start_ms, end_ms, note, created_ms, used_ms, closed, closed_ms, closed_why";
 
 fn row(r: &rusqlite::Row) -> rusqlite::Result<Booking> {
     let closed: Option<String> = r.get(10)?;
@@ -77,7 +78,12 @@ impl Store {
     /// Insert `b` if `check` accepts it, given the bookings that end after `since` and were not
     /// cancelled (open ones, and released ones: a no-show still counts toward its owner's week).
     /// `Ok(Err(why))`: refused, nothing written.
-    pub fn book(&mut self, b: &NewBooking, since: i64, check: impl FnOnce(&[Booking]) -> std::result::Result<(), String>) -> Result<std::result::Result<Booking, String>> {
+    pub fn book(
+        &mut self,
+        b: &NewBooking,
+        since: i64,
+        check: impl FnOnce(&[Booking]) -> std::result::Result<(), String>,
+    ) -> Result<std::result::Result<Booking, String>> {
         let now = self.now();
         let tx = self.conn.transaction()?;
         let others: Vec<Booking> = {
@@ -99,12 +105,17 @@ impl Store {
     }
 
     pub fn booking(&self, id: i64) -> Result<Option<Booking>> {
-        Ok(self.conn.query_row(&format!("SELECT {COLUMNS} FROM bookings WHERE id = ?1"), [id], row).optional()?)
+        Ok(self
+            .conn
+            .query_row(&format!("SELECT {COLUMNS} FROM bookings WHERE id = ?1"), [id], row)
+            .optional()?)
     }
 
     /// Open bookings that have not ended at `now`, by start.
     pub fn open_bookings(&self, now: i64) -> Result<Vec<Booking>> {
-        let mut st = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM bookings WHERE closed IS NULL AND end_ms > ?1 ORDER BY start_ms, id"))?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM bookings WHERE closed IS NULL AND end_ms > ?1 ORDER BY start_ms, id"
+        ))?;
         let rows = st.query_map([now], row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
@@ -112,7 +123,9 @@ impl Store {
     /// Closed or ended bookings, newest start first (`gantry bookings --all`).
     pub fn past_bookings(&self, now: i64, limit: u32) -> Result<Vec<Booking>> {
         let mut st = self.conn.prepare_cached(&format!("SELECT {COLUMNS} FROM bookings WHERE closed IS NOT NULL OR end_ms <= ?1 ORDER BY start_ms DESC, id DESC LIMIT ?2"))?;
-        let rows = st.query_map(params![now, limit], row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let rows = st
+            .query_map(params![now, limit], row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -127,7 +140,14 @@ impl Store {
         )?;
         if n == 1 && how == BookingState::Released {
             let uid: u32 = tx.query_row("SELECT uid FROM bookings WHERE id = ?1", [id], |r| r.get(0))?;
-            notify::record_in(&tx, NotifyEvent::BookingReleased, None, Some(uid), now, Some(&format!("booking {id}: {why}")))?;
+            notify::record_in(
+                &tx,
+                NotifyEvent::BookingReleased,
+                None,
+                Some(uid),
+                now,
+                Some(&format!("booking {id}: {why}")),
+            )?;
         }
         tx.commit()?;
         Ok(n == 1)
@@ -151,7 +171,10 @@ impl Store {
     /// Record that the booking's owner used it (first time only).
     pub fn booking_used(&mut self, id: i64) -> Result<()> {
         let now = self.now();
-        self.conn.execute("UPDATE bookings SET used_ms = ?2 WHERE id = ?1 AND used_ms IS NULL", params![id, now])?;
+        self.conn.execute(
+            "UPDATE bookings SET used_ms = ?2 WHERE id = ?1 AND used_ms IS NULL",
+            params![id, now],
+        )?;
         Ok(())
     }
 }
@@ -165,29 +188,88 @@ mod tests {
         crate::clock::now_ms() + 86_400_000
     }
     fn new(uid: u32, start: i64, end: i64) -> NewBooking {
-        NewBooking { uid, owner: format!("u{uid}"), gpus: 1, gpu_type: None, start_ms: t() + start, end_ms: t() + end, note: Some("demo".into()) }
+        NewBooking {
+            uid,
+            owner: format!("u{uid}"),
+            gpus: 1,
+            gpu_type: None,
+            start_ms: t() + start,
+            end_ms: t() + end,
+            note: Some("demo".into()),
+        }
     }
 
     #[test]
     fn bookings_are_checked_inserted_closed_and_never_deleted() {
         let mut s = Store::open_in_memory().unwrap();
-        let a = s.book(&new(1000, 100, 200), 0, |o| if o.is_empty() { Ok(()) } else { Err("x".into()) }).unwrap().unwrap();
+        let a = s
+            .book(&new(1000, 100, 200), 0, |o| {
+                if o.is_empty() {
+                    Ok(())
+                } else {
+                    Err("x".into())
+                }
+            })
+            .unwrap()
+            .unwrap();
         let t0 = a.start_ms - 100;
-        assert_eq!((a.state(t0 + 50), a.state(t0 + 150), a.state(t0 + 200)), (BookingState::Booked, BookingState::Active, BookingState::Ended));
+        assert_eq!(
+            (a.state(t0 + 50), a.state(t0 + 150), a.state(t0 + 200)),
+            (BookingState::Booked, BookingState::Active, BookingState::Ended)
+        );
         // The check sees the first one and may refuse: nothing written.
-        let refused = s.book(&new(1001, 150, 250), 0, |o| if o.len() == 1 { Err("clash with 1".into()) } else { Ok(()) }).unwrap();
+        let refused = s
+            .book(&new(1001, 150, 250), 0, |o| {
+                if o.len() == 1 {
+                    Err("clash with 1".into())
+                } else {
+                    Ok(())
+                }
+            })
+            .unwrap();
         assert_eq!(refused, Err("clash with 1".into()));
         assert_eq!(s.open_bookings(0).unwrap().len(), 1);
-        assert!(s.close_booking(a.id, BookingState::Cancelled, "cancelled by u1000").unwrap());
-        assert!(!s.close_booking(a.id, BookingState::Cancelled, "again").unwrap(), "closed once");
+        assert!(s
+            .close_booking(a.id, BookingState::Cancelled, "cancelled by u1000")
+            .unwrap());
+        assert!(
+            !s.close_booking(a.id, BookingState::Cancelled, "again").unwrap(),
+            "closed once"
+        );
         assert!(s.open_bookings(0).unwrap().is_empty());
         let kept = s.booking(a.id).unwrap().unwrap();
-        assert_eq!((kept.closed, kept.closed_why.as_deref(), kept.state(t0 + 150)), (Some(BookingState::Cancelled), Some("cancelled by u1000"), BookingState::Cancelled));
+        assert_eq!(
+            (kept.closed, kept.closed_why.as_deref(), kept.state(t0 + 150)),
+            (
+                Some(BookingState::Cancelled),
+                Some("cancelled by u1000"),
+                BookingState::Cancelled
+            )
+        );
         assert_eq!(s.past_bookings(0, 10).unwrap().len(), 1);
         // A cancelled booking is not shown to later checks; a released one is (it counts toward the week).
-        let b = s.book(&new(1000, 300, 400), 0, |o| if o.is_empty() { Ok(()) } else { Err("saw a cancelled one".into()) }).unwrap().unwrap();
-        assert!(s.close_booking(b.id, BookingState::Released, "unused for 30 min").unwrap());
-        let seen = s.book(&new(1000, 500, 600), 0, |o| if o.len() == 1 && o[0].closed == Some(BookingState::Released) { Ok(()) } else { Err(format!("{o:?}")) }).unwrap();
+        let b = s
+            .book(&new(1000, 300, 400), 0, |o| {
+                if o.is_empty() {
+                    Ok(())
+                } else {
+                    Err("saw a cancelled one".into())
+                }
+            })
+            .unwrap()
+            .unwrap();
+        assert!(s
+            .close_booking(b.id, BookingState::Released, "unused for 30 min")
+            .unwrap());
+        let seen = s
+            .book(&new(1000, 500, 600), 0, |o| {
+                if o.len() == 1 && o[0].closed == Some(BookingState::Released) {
+                    Ok(())
+                } else {
+                    Err(format!("{o:?}"))
+                }
+            })
+            .unwrap();
         assert!(seen.is_ok(), "{seen:?}");
         s.booking_used(b.id).unwrap();
         assert!(s.booking(b.id).unwrap().unwrap().used_ms.is_some());

@@ -30,11 +30,17 @@ impl Store {
             add(" AND j.image = ?", i.clone().into());
         }
         if let Some(t) = Self::text_of(f) {
-            add(" AND (j.name LIKE ? ESCAPE '\\' OR j.image LIKE ? ESCAPE '\\')", like_pattern(t).into());
+            add(
+                " AND (j.name LIKE ? ESCAPE '\\' OR j.image LIKE ? ESCAPE '\\')",
+                like_pattern(t).into(),
+            );
             // The trigram index finds the candidates (a superset: it folds case beyond ASCII); LIKE
             // above decides. It knows nothing of substrings shorter than 3 characters.
             if fts && t.chars().count() >= 3 {
-                add(" AND j.id IN (SELECT rowid FROM jobs_fts WHERE jobs_fts MATCH ?)", format!("\"{}\"", t.replace('"', "\"\"")).into());
+                add(
+                    " AND j.id IN (SELECT rowid FROM jobs_fts WHERE jobs_fts MATCH ?)",
+                    format!("\"{}\"", t.replace('"', "\"\"")).into(),
+                );
             }
         }
         (sql, args)
@@ -64,11 +70,23 @@ impl Store {
         let offset = f.offset.unwrap_or(0) as i64;
         // A page past the middle is read from the other end, in reverse: no walk passes more than half.
         let reverse = offset > total / 2 && offset < total;
-        let (limit, offset) = if reverse { (limit.min(total - offset), (total - offset - limit).max(0)) } else { (limit, offset) };
-        let dir = if f.asc.unwrap_or(false) != reverse { "ASC" } else { "DESC" };
+        let (limit, offset) = if reverse {
+            (limit.min(total - offset), (total - offset - limit).max(0))
+        } else {
+            (limit, offset)
+        };
+        let dir = if f.asc.unwrap_or(false) != reverse {
+            "ASC"
+        } else {
+            "DESC"
+        };
         // For a broad filter the planner would collect every match and sort it; walking the sort key's
         // covering index and filtering on the way reads only what the page needs.
-        let hint = if broad { format!(" INDEXED BY {index}") } else { String::new() };
+        let hint = if broad {
+            format!(" INDEXED BY {index}")
+        } else {
+            String::new()
+        };
         let sql = format!(
             "SELECT j.id, j.name, j.owner, j.image, j.state, j.exit_code, a.gpus, a.gpu_uuids, j.submitted_at, j.started_at, j.finished_at, j.attempts \
              FROM (SELECT j.id AS pid FROM jobs j{hint}{wh} ORDER BY {key} {dir}, j.id {dir} LIMIT {limit} OFFSET {offset}) p \
@@ -106,13 +124,19 @@ impl Store {
     /// triggers (`history_counts`); when the cache cannot be written, counted every time.
     pub fn history_count(&mut self, f: &HistoryFilter) -> Result<i64> {
         let key = serde_json::to_string(&(&f.user, f.status, f.since, f.until, &f.image, Self::text_of(f)))?;
-        let cached = |c: &Connection| c.prepare_cached("SELECT n FROM history_counts WHERE key = ?1")?.query_row([&key], |r| r.get(0)).optional();
+        let cached = |c: &Connection| {
+            c.prepare_cached("SELECT n FROM history_counts WHERE key = ?1")?
+                .query_row([&key], |r| r.get(0))
+                .optional()
+        };
         if let Some(n) = cached(&self.conn)? {
             return Ok(n);
         }
         // Count and record in one write transaction, so no job can end between the two unseen.
         let counted = (|| -> Result<i64> {
-            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let n = match cached(&tx)? {
                 Some(n) => n,
                 None => {
@@ -143,7 +167,9 @@ impl Store {
         let fts = match Self::text_of(f).filter(|t| t.chars().count() >= 3) {
             Some(t) => {
                 let q = format!("\"{}\"", t.replace('"', "\"\""));
-                let candidates: i64 = c.prepare_cached("SELECT COUNT(*) FROM jobs_fts WHERE jobs_fts MATCH ?1")?.query_row([q], |r| r.get(0))?;
+                let candidates: i64 = c
+                    .prepare_cached("SELECT COUNT(*) FROM jobs_fts WHERE jobs_fts MATCH ?1")?
+                    .query_row([q], |r| r.get(0))?;
                 candidates <= FTS_CANDIDATES_MAX
             }
             None => false,
@@ -151,8 +177,13 @@ impl Store {
         let (wh, args) = Self::where_clause(f, fts);
         // Text tested row by row: on an index that holds every filter column (the planner may pick a
         // narrower one and read each job row).
-        let hint = if Self::text_of(f).is_some() && !fts { " INDEXED BY jobs_hs_finished" } else { "" };
-        Ok(c.prepare_cached(&format!("SELECT COUNT(*) FROM jobs j{hint}{wh}"))?.query_row(rusqlite::params_from_iter(args), |r| r.get(0))?)
+        let hint = if Self::text_of(f).is_some() && !fts {
+            " INDEXED BY jobs_hs_finished"
+        } else {
+            ""
+        };
+        Ok(c.prepare_cached(&format!("SELECT COUNT(*) FROM jobs j{hint}{wh}"))?
+            .query_row(rusqlite::params_from_iter(args), |r| r.get(0))?)
     }
 
     /// Attempts that overlapped [from, to): which runs held which GPUs.
@@ -183,7 +214,9 @@ impl Store {
         let mut st = self.conn.prepare_cached(
             "SELECT id FROM jobs WHERE finished_at < ?1 AND state IN ('succeeded','failed','cancelled','timed_out') ORDER BY id",
         )?;
-        let rows = st.query_map([cutoff], |r| r.get(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let rows = st
+            .query_map([cutoff], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -194,7 +227,11 @@ impl Store {
         let tx = self.conn.transaction()?;
         for id in ids {
             let ended: bool = tx
-                .query_row("SELECT state IN ('succeeded','failed','cancelled','timed_out') FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+                .query_row(
+                    "SELECT state IN ('succeeded','failed','cancelled','timed_out') FROM jobs WHERE id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
                 .optional()?
                 .unwrap_or(false);
             if ended {
@@ -207,5 +244,4 @@ impl Store {
         tx.commit()?;
         Ok(gone)
     }
-
 }

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::spec::ValidJob;
 // The rows the store returns to clients are wire types, defined in the protocol.
-pub use crate::protocol::{Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, QueueJob, QueueSession, TimelineRun};
+pub use crate::protocol::{
+    Attempt, EndReason, Event, HistoryFilter, HistoryRow, JobState, QueueJob, QueueSession, TimelineRun,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -67,8 +69,14 @@ impl RunRef {
     /// should it ever be found in the `container_id` column.
     fn from_text(text: &str) -> RunRef {
         let slurm = text.strip_prefix("slurm:").and_then(|t| match t.split_once('_') {
-            Some((i, k)) => Some(RunRef::Slurm { id: i.parse().ok()?, task: Some(k.parse().ok()?) }),
-            None => Some(RunRef::Slurm { id: t.parse().ok()?, task: None }),
+            Some((i, k)) => Some(RunRef::Slurm {
+                id: i.parse().ok()?,
+                task: Some(k.parse().ok()?),
+            }),
+            None => Some(RunRef::Slurm {
+                id: t.parse().ok()?,
+                task: None,
+            }),
         });
         slurm.unwrap_or_else(|| RunRef::Container(text.to_string()))
     }
@@ -90,7 +98,10 @@ impl Attempt {
     /// What runs this attempt, once recorded: `None` while it is being created or submitted.
     pub fn run_ref(&self) -> Option<RunRef> {
         match (self.slurm_job_id, &self.container_id) {
-            (Some(id), _) => Some(RunRef::Slurm { id, task: self.slurm_array_task }),
+            (Some(id), _) => Some(RunRef::Slurm {
+                id,
+                task: self.slurm_array_task,
+            }),
             (None, Some(c)) => Some(RunRef::from_text(c)),
             (None, None) => None,
         }
@@ -134,10 +145,17 @@ impl Job {
 impl QueuedRow {
     /// A queued job's estimator key, as the engine knows it.
     pub fn key(&self) -> crate::estimate::JobKey {
-        crate::estimate::JobKey { user: self.owner.clone(), name: self.name.clone(), image: self.image.clone(), gpus: self.gpus, gpu_memory: self.gpu_memory, cpus_milli: self.cpus_milli.unwrap_or(0), memory: self.memory.unwrap_or(0) }
+        crate::estimate::JobKey {
+            user: self.owner.clone(),
+            name: self.name.clone(),
+            image: self.image.clone(),
+            gpus: self.gpus,
+            gpu_memory: self.gpu_memory,
+            cpus_milli: self.cpus_milli.unwrap_or(0),
+            memory: self.memory.unwrap_or(0),
+        }
     }
 }
-
 
 pub(super) const JOB_COLS: &str = "id, name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
     spec_json, state, source, submitted_at, not_before, started_at, finished_at, exit_code, attempts, cancel_requested, message";
@@ -148,8 +166,23 @@ pub(super) fn like_pattern(t: &str) -> String {
 }
 
 pub(super) fn after_json(j: &ValidJob) -> Result<Option<String>> {
-    let ids: Vec<i64> = j.spec.after.iter().filter_map(|a| if let crate::spec::IdOrName::Id(i) = a { Some(*i) } else { None }).collect();
-    Ok(if ids.is_empty() { None } else { Some(serde_json::to_string(&ids)?) })
+    let ids: Vec<i64> = j
+        .spec
+        .after
+        .iter()
+        .filter_map(|a| {
+            if let crate::spec::IdOrName::Id(i) = a {
+                Some(*i)
+            } else {
+                None
+            }
+        })
+        .collect();
+    Ok(if ids.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_string(&ids)?)
+    })
 }
 
 /// What the scheduler needs of a queued job, without parsing its spec.
@@ -186,28 +219,28 @@ pub(super) fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
     let job = serde_json::from_str(&spec_json)
         .map_err(|e| rusqlite::Error::FromSqlConversionFailure(11, rusqlite::types::Type::Text, Box::new(e)))?;
     Ok(Job {
-            id: r.get(0)?,
-            name: r.get(1)?,
-            owner_uid: r.get(2)?,
-            owner_gid: r.get(3)?,
-            owner: r.get(4)?,
-            image: r.get(5)?,
-            gpus: r.get(6)?,
-            gpu_memory: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
-            priority: r.get(8)?,
-            retries: r.get(9)?,
-            timeout_ms: r.get(10)?,
-            job,
-            state: JobState::parse(&state).unwrap_or(JobState::Failed),
-            source: r.get(13)?,
-            submitted_at: r.get(14)?,
-            not_before: r.get(15)?,
-            started_at: r.get(16)?,
-            finished_at: r.get(17)?,
-            exit_code: r.get(18)?,
-            attempts: r.get(19)?,
-            cancel_requested: r.get::<_, i64>(20)? != 0,
-            message: r.get(21)?,
+        id: r.get(0)?,
+        name: r.get(1)?,
+        owner_uid: r.get(2)?,
+        owner_gid: r.get(3)?,
+        owner: r.get(4)?,
+        image: r.get(5)?,
+        gpus: r.get(6)?,
+        gpu_memory: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+        priority: r.get(8)?,
+        retries: r.get(9)?,
+        timeout_ms: r.get(10)?,
+        job,
+        state: JobState::parse(&state).unwrap_or(JobState::Failed),
+        source: r.get(13)?,
+        submitted_at: r.get(14)?,
+        not_before: r.get(15)?,
+        started_at: r.get(16)?,
+        finished_at: r.get(17)?,
+        exit_code: r.get(18)?,
+        attempts: r.get(19)?,
+        cancel_requested: r.get::<_, i64>(20)? != 0,
+        message: r.get(21)?,
     })
 }
 
@@ -253,7 +286,10 @@ pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
         expected_runtime_ms: r.get(9)?,
         after: after.and_then(|a| serde_json::from_str(&a).ok()).unwrap_or_default(),
         held: r.get(11)?,
-        gpu_filter: crate::spec::gpu_filter(r.get::<_, Option<String>>(12)?.as_deref(), r.get::<_, Option<String>>(13)?.as_deref()),
+        gpu_filter: crate::spec::gpu_filter(
+            r.get::<_, Option<String>>(12)?.as_deref(),
+            r.get::<_, Option<String>>(13)?.as_deref(),
+        ),
         cpus_milli: r.get::<_, Option<i64>>(14)?.map(|v| v as u64),
         memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
         started_at: r.get(17)?,
@@ -283,10 +319,16 @@ pub(super) fn started_from_row(r: &Row) -> rusqlite::Result<QueueJob> {
         submitted_at: r.get(9)?,
         started_at: r.get(10)?,
         // A session: it ends at its (last) attempt's start plus its length, as its terminal says.
-        session: r.get::<_, bool>(11)?.then(|| -> rusqlite::Result<QueueSession> {
-            let ports: Option<String> = r.get(13)?;
-            Ok(QueueSession { ends_at: r.get(12)?, ports: ports.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default() })
-        }).transpose()?,
+        session: r
+            .get::<_, bool>(11)?
+            .then(|| -> rusqlite::Result<QueueSession> {
+                let ports: Option<String> = r.get(13)?;
+                Ok(QueueSession {
+                    ends_at: r.get(12)?,
+                    ports: ports.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default(),
+                })
+            })
+            .transpose()?,
     })
 }
 

@@ -22,11 +22,21 @@ pub fn event_of_state(to: JobState) -> Option<NotifyEvent> {
 /// Called by [`Store::event`] inside every state change's transaction: the notification is
 /// committed with the change or not at all. Written only while the job's owner or the lab has a
 /// subscription (one indexed look-up otherwise).
-pub(super) fn on_transition(tx: &Connection, job_id: i64, at: i64, from: Option<JobState>, to: JobState, msg: Option<&str>) -> Result<()> {
+pub(super) fn on_transition(
+    tx: &Connection,
+    job_id: i64,
+    at: i64,
+    from: Option<JobState>,
+    to: JobState,
+    msg: Option<&str>,
+) -> Result<()> {
     match event_of_state(to) {
         Some(kind) => record_job_event(tx, kind, job_id, at, msg),
         // A running job queued again because its last attempt ended by preemption (not a retry).
-        None if to == JobState::Queued && matches!(from, Some(JobState::Running | JobState::Starting)) && last_attempt_preempted(tx, job_id)? => {
+        None if to == JobState::Queued
+            && matches!(from, Some(JobState::Running | JobState::Starting))
+            && last_attempt_preempted(tx, job_id)? =>
+        {
             record_job_event(tx, NotifyEvent::Preempted, job_id, at, msg)
         }
         None => Ok(()),
@@ -46,8 +56,16 @@ fn last_attempt_preempted(tx: &Connection, job_id: i64) -> Result<bool> {
 /// paths that change a job (preemption, sessions) call this with their own kind.
 /// An event not about a job state change, inside the caller's transaction (committed with the
 /// change it reports).
-pub fn record_in(tx: &Connection, kind: NotifyEvent, job_id: Option<i64>, uid: Option<u32>, at: i64, text: Option<&str>) -> Result<()> {
-    tx.prepare_cached("INSERT INTO notify_events (kind, job_id, uid, at, text) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![kind.as_str(), job_id, uid, at, text])?;
+pub fn record_in(
+    tx: &Connection,
+    kind: NotifyEvent,
+    job_id: Option<i64>,
+    uid: Option<u32>,
+    at: i64,
+    text: Option<&str>,
+) -> Result<()> {
+    tx.prepare_cached("INSERT INTO notify_events (kind, job_id, uid, at, text) VALUES (?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![kind.as_str(), job_id, uid, at, text])?;
     Ok(())
 }
 
@@ -93,7 +111,11 @@ fn target_of(kind: &str, target: String) -> NotifyTarget {
 }
 
 fn events_of(json: &str) -> Vec<NotifyEvent> {
-    serde_json::from_str::<Vec<String>>(json).unwrap_or_default().iter().filter_map(|s| NotifyEvent::parse(s)).collect()
+    serde_json::from_str::<Vec<String>>(json)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| NotifyEvent::parse(s))
+        .collect()
 }
 
 fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
@@ -138,7 +160,15 @@ pub fn wants(sub: &Subscription, sub_uid: Option<u32>, ev: &NewEvent) -> bool {
 
 impl Store {
     /// Subscribe `uid`; refused (`Ok(None)`) when they have `max` already.
-    pub fn notify_subscribe(&mut self, uid: u32, owner: &str, target: &NotifyTarget, on: &[NotifyEvent], job: Option<i64>, max: usize) -> Result<Option<Subscription>> {
+    pub fn notify_subscribe(
+        &mut self,
+        uid: u32,
+        owner: &str,
+        target: &NotifyTarget,
+        on: &[NotifyEvent],
+        job: Option<i64>,
+        max: usize,
+    ) -> Result<Option<Subscription>> {
         let now = self.now();
         let tx = self.conn.transaction()?;
         let have: i64 = tx.query_row("SELECT COUNT(*) FROM notify_subs WHERE uid = ?1", [uid], |r| r.get(0))?;
@@ -151,21 +181,32 @@ impl Store {
             params![uid, owner, target.kind(), target.address(), serde_json::to_string(&names)?, job, now],
         )?;
         let id = tx.last_insert_rowid();
-        let s = tx.query_row(&format!("SELECT {SUB_COLS} FROM notify_subs WHERE id = ?1"), [id], sub_from_row)?;
+        let s = tx.query_row(
+            &format!("SELECT {SUB_COLS} FROM notify_subs WHERE id = ?1"),
+            [id],
+            sub_from_row,
+        )?;
         tx.commit()?;
         Ok(Some(s))
     }
 
     /// `uid`'s subscriptions, then the lab's webhooks.
     pub fn notify_subscriptions(&self, uid: u32) -> Result<Vec<Subscription>> {
-        let mut st = self.conn.prepare_cached(&format!("SELECT {SUB_COLS} FROM notify_subs WHERE uid = ?1 OR uid IS NULL ORDER BY uid IS NULL, id"))?;
-        let rows = st.query_map([uid], sub_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {SUB_COLS} FROM notify_subs WHERE uid = ?1 OR uid IS NULL ORDER BY uid IS NULL, id"
+        ))?;
+        let rows = st
+            .query_map([uid], sub_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
     /// Remove one of `uid`'s own subscriptions (never another's, never the lab's).
     pub fn notify_unsubscribe(&mut self, uid: u32, id: i64) -> Result<bool> {
-        Ok(self.conn.execute("DELETE FROM notify_subs WHERE id = ?1 AND uid = ?2", params![id, uid])? == 1)
+        Ok(self
+            .conn
+            .execute("DELETE FROM notify_subs WHERE id = ?1 AND uid = ?2", params![id, uid])?
+            == 1)
     }
 
     /// Make the lab's webhooks those of the lab config (on start and on every reload).
@@ -174,12 +215,19 @@ impl Store {
         let tx = self.conn.transaction()?;
         let have: Vec<(String, String)> = {
             let mut st = tx.prepare("SELECT target, events FROM notify_subs WHERE uid IS NULL ORDER BY id")?;
-            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let rows = st
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             rows
         };
         let want: Vec<(String, String)> = hooks
             .iter()
-            .map(|(u, on)| Ok((u.clone(), serde_json::to_string(&on.iter().map(|e| e.as_str()).collect::<Vec<_>>())?)))
+            .map(|(u, on)| {
+                Ok((
+                    u.clone(),
+                    serde_json::to_string(&on.iter().map(|e| e.as_str()).collect::<Vec<_>>())?,
+                ))
+            })
             .collect::<Result<_>>()?;
         if have == want {
             return Ok(());
@@ -193,9 +241,18 @@ impl Store {
     }
 
     /// An event not about a job state change (a test, a booking, a session), for `uid` or the lab.
-    pub fn notify_record(&mut self, kind: NotifyEvent, job_id: Option<i64>, uid: Option<u32>, text: Option<&str>) -> Result<i64> {
+    pub fn notify_record(
+        &mut self,
+        kind: NotifyEvent,
+        job_id: Option<i64>,
+        uid: Option<u32>,
+        text: Option<&str>,
+    ) -> Result<i64> {
         let now = self.now();
-        self.conn.execute("INSERT INTO notify_events (kind, job_id, uid, at, text) VALUES (?1, ?2, ?3, ?4, ?5)", params![kind.as_str(), job_id, uid, now, text])?;
+        self.conn.execute(
+            "INSERT INTO notify_events (kind, job_id, uid, at, text) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![kind.as_str(), job_id, uid, now, text],
+        )?;
         Ok(self.conn.last_insert_rowid())
     }
 
@@ -212,9 +269,17 @@ impl Store {
     ) -> Result<usize> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let events: Vec<(i64, String, Option<i64>, Option<u32>, i64, Option<String>)> = {
-            let mut st = tx.prepare_cached("SELECT id, kind, job_id, uid, at, text FROM notify_events WHERE expanded = 0 ORDER BY id LIMIT ?1")?;
-            let rows = st.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+        // (id, kind, job id, uid, at, text) of each event not yet expanded into deliveries.
+        type EventRow = (i64, String, Option<i64>, Option<u32>, i64, Option<String>);
+        let events: Vec<EventRow> = {
+            let mut st = tx.prepare_cached(
+                "SELECT id, kind, job_id, uid, at, text FROM notify_events WHERE expanded = 0 ORDER BY id LIMIT ?1",
+            )?;
+            let rows = st
+                .query_map([limit as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             rows
         };
         if events.is_empty() {
@@ -227,7 +292,17 @@ impl Store {
                     let uid: Option<u32> = r.get(0)?;
                     let kind: String = r.get(3)?;
                     let events: String = r.get(5)?;
-                    Ok((uid, Subscription { id: r.get(1)?, owner: r.get(2)?, target: target_of(&kind, r.get(4)?), on: events_of(&events), job: r.get(6)?, created_at: r.get(7)? }))
+                    Ok((
+                        uid,
+                        Subscription {
+                            id: r.get(1)?,
+                            owner: r.get(2)?,
+                            target: target_of(&kind, r.get(4)?),
+                            on: events_of(&events),
+                            job: r.get(6)?,
+                            created_at: r.get(7)?,
+                        },
+                    ))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             rows
@@ -235,18 +310,38 @@ impl Store {
         let mut made = 0;
         for (id, kind, job_id, uid, at, text) in events {
             tx.execute("UPDATE notify_events SET expanded = 1 WHERE id = ?1", [id])?;
-            let Some(kind) = NotifyEvent::parse(&kind) else { continue };
+            let Some(kind) = NotifyEvent::parse(&kind) else {
+                continue;
+            };
             let job = match job_id {
-                Some(j) => tx.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?.query_row([j], job_from_row).optional()?,
+                Some(j) => tx
+                    .prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?
+                    .query_row([j], job_from_row)
+                    .optional()?,
                 None => None,
             };
-            let ev = NewEvent { id, kind, job, uid, at, text };
+            let ev = NewEvent {
+                id,
+                kind,
+                job,
+                uid,
+                at,
+                text,
+            };
             for (sub_uid, sub) in subs.iter().filter(|(u, s)| wants(s, *u, &ev)) {
                 let did = id_of(ev.id, sub.id);
                 let body = payload(&ev, sub, *sub_uid, &did);
                 let waiting: i64 = match sub_uid {
-                    Some(u) => tx.query_row("SELECT COUNT(*) FROM notify_deliveries WHERE uid = ?1 AND state = 'pending'", [u], |r| r.get(0))?,
-                    None => tx.query_row("SELECT COUNT(*) FROM notify_deliveries WHERE uid IS NULL AND state = 'pending'", [], |r| r.get(0))?,
+                    Some(u) => tx.query_row(
+                        "SELECT COUNT(*) FROM notify_deliveries WHERE uid = ?1 AND state = 'pending'",
+                        [u],
+                        |r| r.get(0),
+                    )?,
+                    None => tx.query_row(
+                        "SELECT COUNT(*) FROM notify_deliveries WHERE uid IS NULL AND state = 'pending'",
+                        [],
+                        |r| r.get(0),
+                    )?,
                 };
                 let (state, err, done) = if waiting as usize >= max_pending {
                     ("dropped", Some(format!("{waiting} notifications were already waiting to be sent (the lab's `[notify] max_pending`); this one was not sent")), Some(now))
@@ -275,7 +370,16 @@ impl Store {
             .query_map(params![now, limit as i64], |r| {
                 let kind: String = r.get(2)?;
                 let ev: String = r.get(6)?;
-                Ok(Due { id: r.get(0)?, event_id: r.get(7)?, sub_id: r.get(8)?, uid: r.get(1)?, target: target_of(&kind, r.get(3)?), payload: r.get(4)?, tries: r.get(5)?, event: NotifyEvent::parse(&ev).unwrap_or(NotifyEvent::Test) })
+                Ok(Due {
+                    id: r.get(0)?,
+                    event_id: r.get(7)?,
+                    sub_id: r.get(8)?,
+                    uid: r.get(1)?,
+                    target: target_of(&kind, r.get(3)?),
+                    payload: r.get(4)?,
+                    tries: r.get(5)?,
+                    event: NotifyEvent::parse(&ev).unwrap_or(NotifyEvent::Test),
+                })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
@@ -283,7 +387,11 @@ impl Store {
 
     /// The earliest next try of a pending delivery.
     pub fn notify_next_due(&self) -> Result<Option<i64>> {
-        Ok(self.conn.query_row("SELECT MIN(next_at) FROM notify_deliveries WHERE state = 'pending'", [], |r| r.get(0))?)
+        Ok(self.conn.query_row(
+            "SELECT MIN(next_at) FROM notify_deliveries WHERE state = 'pending'",
+            [],
+            |r| r.get(0),
+        )?)
     }
 
     /// The send went through.
@@ -307,7 +415,12 @@ impl Store {
     }
 
     /// `uid`'s deliveries (`None`: the lab's), newest first.
-    pub fn notify_log(&self, uid: Option<u32>, limit: usize, id_of: impl Fn(i64, i64) -> String) -> Result<Vec<NotifyDelivery>> {
+    pub fn notify_log(
+        &self,
+        uid: Option<u32>,
+        limit: usize,
+        id_of: impl Fn(i64, i64) -> String,
+    ) -> Result<Vec<NotifyDelivery>> {
         let mut st = self.conn.prepare_cached(
             "SELECT d.event_id, d.sub_id, e.kind, e.job_id, d.kind, d.target, d.state, d.tries, e.at, d.next_at, d.done_at, d.last_error \
              FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id WHERE d.uid IS ?1 ORDER BY d.id DESC LIMIT ?2",
@@ -338,7 +451,10 @@ impl Store {
     /// Forget deliveries done before `before`, and expanded events none refers to any more.
     pub fn notify_prune(&mut self, before: i64) -> Result<usize> {
         let tx = self.conn.transaction()?;
-        let n = tx.execute("DELETE FROM notify_deliveries WHERE state != 'pending' AND done_at < ?1", [before])?;
+        let n = tx.execute(
+            "DELETE FROM notify_deliveries WHERE state != 'pending' AND done_at < ?1",
+            [before],
+        )?;
         tx.execute("DELETE FROM notify_events WHERE expanded = 1 AND at < ?1 AND id NOT IN (SELECT event_id FROM notify_deliveries)", [before])?;
         tx.commit()?;
         Ok(n)
@@ -353,7 +469,11 @@ mod tests {
         let mut s = Store::open_in_memory().unwrap();
         let mut v = crate::spec::validate_text("image: a\n", crate::spec::Format::Yaml, &Default::default()).unwrap();
         v.spec.notify = notify;
-        let owner = Owner { uid: owner_uid, gid: owner_uid, name: format!("u{owner_uid}") };
+        let owner = Owner {
+            uid: owner_uid,
+            gid: owner_uid,
+            name: format!("u{owner_uid}"),
+        };
         let id = s.insert_job(&v, &owner, "test", None, |_, _| None).unwrap();
         (s, id)
     }
@@ -363,7 +483,13 @@ mod tests {
     }
 
     fn expand(s: &mut Store) -> usize {
-        s.notify_expand(100, 3, |e, d| format!("{e}-{d}"), |ev, _, _, id| format!("{}:{id}", ev.kind.as_str())).unwrap()
+        s.notify_expand(
+            100,
+            3,
+            |e, d| format!("{e}-{d}"),
+            |ev, _, _, id| format!("{}:{id}", ev.kind.as_str()),
+        )
+        .unwrap()
     }
 
     /// Who hears of what: the owner's targets by their `--on`, the job's `notify:` over it, a
@@ -371,46 +497,121 @@ mod tests {
     #[test]
     fn events_reach_the_owners_matching_targets_and_the_labs() {
         let (mut s, job) = store_with_job(1000, None);
-        let all = s.notify_subscribe(1000, "u1000", &hook("http://a/all"), &NotifyEvent::ALL, None, 10).unwrap().unwrap();
-        let fail = s.notify_subscribe(1000, "u1000", &hook("http://a/fail"), &[NotifyEvent::Failed], None, 10).unwrap().unwrap();
-        let other = s.notify_subscribe(1000, "u1000", &hook("http://a/other-job"), &NotifyEvent::ALL, Some(job + 1), 10).unwrap().unwrap();
-        let bob = s.notify_subscribe(1001, "u1001", &hook("http://b/all"), &NotifyEvent::ALL, None, 10).unwrap().unwrap();
-        s.notify_sync_lab(&[("http://lab/finished".into(), vec![NotifyEvent::Finished])]).unwrap();
-        let lab = s.notify_subscriptions(1000).unwrap().into_iter().find(|x| x.owner.is_none()).unwrap();
+        let all = s
+            .notify_subscribe(1000, "u1000", &hook("http://a/all"), &NotifyEvent::ALL, None, 10)
+            .unwrap()
+            .unwrap();
+        let fail = s
+            .notify_subscribe(1000, "u1000", &hook("http://a/fail"), &[NotifyEvent::Failed], None, 10)
+            .unwrap()
+            .unwrap();
+        let other = s
+            .notify_subscribe(
+                1000,
+                "u1000",
+                &hook("http://a/other-job"),
+                &NotifyEvent::ALL,
+                Some(job + 1),
+                10,
+            )
+            .unwrap()
+            .unwrap();
+        let bob = s
+            .notify_subscribe(1001, "u1001", &hook("http://b/all"), &NotifyEvent::ALL, None, 10)
+            .unwrap()
+            .unwrap();
+        s.notify_sync_lab(&[("http://lab/finished".into(), vec![NotifyEvent::Finished])])
+            .unwrap();
+        let lab = s
+            .notify_subscriptions(1000)
+            .unwrap()
+            .into_iter()
+            .find(|x| x.owner.is_none())
+            .unwrap();
         let a = s.begin_attempt(job, &[], &[]).unwrap().unwrap();
         s.set_running(job).unwrap();
-        let end = Ending { next: JobState::Succeeded, exit_code: Some(0), reason: crate::protocol::EndReason::Exited, message: None, not_before: None };
+        let end = Ending {
+            next: JobState::Succeeded,
+            exit_code: Some(0),
+            reason: crate::protocol::EndReason::Exited,
+            message: None,
+            not_before: None,
+        };
         s.end_attempt(job, a.id, &end).unwrap();
         assert_eq!(expand(&mut s), 3, "started and finished to `all`, finished to the lab");
         let log = s.notify_log(Some(1000), 10, |e, d| format!("{e}-{d}")).unwrap();
-        let got: Vec<(NotifyEvent, String)> = log.iter().rev().map(|d| (d.event, d.target.address().to_string())).collect();
-        assert_eq!(got, [(NotifyEvent::Started, "http://a/all".to_string()), (NotifyEvent::Finished, "http://a/all".to_string())]);
-        assert!(log.iter().all(|d| !d.id.ends_with(&format!("-{}", fail.id)) && !d.id.ends_with(&format!("-{}", other.id))));
-        assert!(s.notify_log(Some(1001), 10, |e, d| format!("{e}-{d}")).unwrap().is_empty(), "bob ({}) hears nothing of u1000's job", bob.id);
+        let got: Vec<(NotifyEvent, String)> = log
+            .iter()
+            .rev()
+            .map(|d| (d.event, d.target.address().to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (NotifyEvent::Started, "http://a/all".to_string()),
+                (NotifyEvent::Finished, "http://a/all".to_string())
+            ]
+        );
+        assert!(log
+            .iter()
+            .all(|d| !d.id.ends_with(&format!("-{}", fail.id)) && !d.id.ends_with(&format!("-{}", other.id))));
+        assert!(
+            s.notify_log(Some(1001), 10, |e, d| format!("{e}-{d}"))
+                .unwrap()
+                .is_empty(),
+            "bob ({}) hears nothing of u1000's job",
+            bob.id
+        );
         let lab_log = s.notify_log(None, 10, |e, d| format!("{e}-{d}")).unwrap();
         assert_eq!(lab_log.len(), 1);
         assert!(lab_log[0].id.ends_with(&format!("-{}", lab.id)));
         assert_eq!(expand(&mut s), 0, "each event is expanded once");
-        assert_eq!(s.notify_subscribe(1000, "u1000", &hook("http://a/x"), &[], None, 3).unwrap(), None, "the per-user cap");
-        assert!(!s.notify_unsubscribe(1001, all.id).unwrap(), "bob cannot remove alice's subscription");
+        assert_eq!(
+            s.notify_subscribe(1000, "u1000", &hook("http://a/x"), &[], None, 3)
+                .unwrap(),
+            None,
+            "the per-user cap"
+        );
+        assert!(
+            !s.notify_unsubscribe(1001, all.id).unwrap(),
+            "bob cannot remove alice's subscription"
+        );
         assert!(s.notify_unsubscribe(1000, all.id).unwrap());
     }
 
     #[test]
     fn the_jobs_own_list_wins_and_a_full_outbox_drops_with_a_reason() {
         let (mut s, job) = store_with_job(1000, Some(vec![NotifyEvent::Started]));
-        s.notify_subscribe(1000, "u1000", &hook("http://a/fail"), &[NotifyEvent::Failed], None, 10).unwrap().unwrap();
+        s.notify_subscribe(1000, "u1000", &hook("http://a/fail"), &[NotifyEvent::Failed], None, 10)
+            .unwrap()
+            .unwrap();
         s.begin_attempt(job, &[], &[]).unwrap().unwrap();
         s.set_running(job).unwrap();
-        assert_eq!(expand(&mut s), 1, "`notify: [started]` in the spec reaches a target that listed only `failed`");
+        assert_eq!(
+            expand(&mut s),
+            1,
+            "`notify: [started]` in the spec reaches a target that listed only `failed`"
+        );
         for _ in 0..3 {
             s.notify_record(NotifyEvent::Test, None, Some(1000), None).unwrap();
         }
         expand(&mut s);
         let log = s.notify_log(Some(1000), 10, |e, d| format!("{e}-{d}")).unwrap();
         let states: Vec<DeliveryState> = log.iter().rev().map(|d| d.state).collect();
-        assert_eq!(states, [DeliveryState::Pending, DeliveryState::Pending, DeliveryState::Pending, DeliveryState::Dropped]);
-        assert!(log[0].last_error.as_deref().unwrap().contains("max_pending"), "{:?}", log[0]);
+        assert_eq!(
+            states,
+            [
+                DeliveryState::Pending,
+                DeliveryState::Pending,
+                DeliveryState::Pending,
+                DeliveryState::Dropped
+            ]
+        );
+        assert!(
+            log[0].last_error.as_deref().unwrap().contains("max_pending"),
+            "{:?}",
+            log[0]
+        );
         let due = s.notify_due(i64::MAX, 10).unwrap();
         assert_eq!(due.len(), 3);
         s.notify_failed(due[0].id, "refused", Some(i64::MAX)).unwrap();
@@ -419,8 +620,19 @@ mod tests {
         s.notify_delivered(due[2].id).unwrap();
         let log = s.notify_log(Some(1000), 10, |e, d| format!("{e}-{d}")).unwrap();
         let by_state = |st| log.iter().filter(|d| d.state == st).count();
-        assert_eq!((by_state(DeliveryState::Pending), by_state(DeliveryState::Failed), by_state(DeliveryState::Delivered)), (1, 1, 1));
-        assert_eq!(log.iter().find(|d| d.state == DeliveryState::Delivered).unwrap().tries, 1, "marked delivered once");
+        assert_eq!(
+            (
+                by_state(DeliveryState::Pending),
+                by_state(DeliveryState::Failed),
+                by_state(DeliveryState::Delivered)
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            log.iter().find(|d| d.state == DeliveryState::Delivered).unwrap().tries,
+            1,
+            "marked delivered once"
+        );
     }
 
     /// The kinds other paths emit (preemption in its own transaction; sessions and bookings for a
@@ -428,21 +640,55 @@ mod tests {
     #[test]
     fn preemption_session_and_booking_events_reach_who_asked_for_them() {
         let (mut s, job) = store_with_job(1000, None);
-        s.notify_subscribe(1000, "u1000", &hook("http://a/p"), &[NotifyEvent::Preempted, NotifyEvent::SessionIdle], None, 10).unwrap().unwrap();
-        s.notify_subscribe(1000, "u1000", &hook("http://a/b"), &[NotifyEvent::BookingStarting], None, 10).unwrap().unwrap();
-        s.notify_subscribe(1001, "u1001", &hook("http://b/all"), &NotifyEvent::ALL, None, 10).unwrap().unwrap();
+        s.notify_subscribe(
+            1000,
+            "u1000",
+            &hook("http://a/p"),
+            &[NotifyEvent::Preempted, NotifyEvent::SessionIdle],
+            None,
+            10,
+        )
+        .unwrap()
+        .unwrap();
+        s.notify_subscribe(
+            1000,
+            "u1000",
+            &hook("http://a/b"),
+            &[NotifyEvent::BookingStarting],
+            None,
+            10,
+        )
+        .unwrap()
+        .unwrap();
+        s.notify_subscribe(1001, "u1001", &hook("http://b/all"), &NotifyEvent::ALL, None, 10)
+            .unwrap()
+            .unwrap();
         {
             let tx = s.conn.transaction().unwrap();
             record_job_event(&tx, NotifyEvent::Preempted, job, 5, Some("made room for job 9")).unwrap();
             tx.commit().unwrap();
         }
-        s.notify_record(NotifyEvent::SessionIdle, None, Some(1000), Some("idle 50 min")).unwrap();
-        s.notify_record(NotifyEvent::BookingStarting, None, Some(1000), Some("GPU 0 at 14:00")).unwrap();
+        s.notify_record(NotifyEvent::SessionIdle, None, Some(1000), Some("idle 50 min"))
+            .unwrap();
+        s.notify_record(NotifyEvent::BookingStarting, None, Some(1000), Some("GPU 0 at 14:00"))
+            .unwrap();
         assert_eq!(expand(&mut s), 3);
         let log = s.notify_log(Some(1000), 10, |e, d| format!("{e}-{d}")).unwrap();
         let got: Vec<(NotifyEvent, &str)> = log.iter().rev().map(|d| (d.event, d.target.address())).collect();
-        assert_eq!(got, [(NotifyEvent::Preempted, "http://a/p"), (NotifyEvent::SessionIdle, "http://a/p"), (NotifyEvent::BookingStarting, "http://a/b")]);
+        assert_eq!(
+            got,
+            [
+                (NotifyEvent::Preempted, "http://a/p"),
+                (NotifyEvent::SessionIdle, "http://a/p"),
+                (NotifyEvent::BookingStarting, "http://a/b")
+            ]
+        );
         assert_eq!(log.last().unwrap().job_id, Some(job));
-        assert!(s.notify_log(Some(1001), 10, |e, d| format!("{e}-{d}")).unwrap().is_empty(), "another user's events never reach u1001");
+        assert!(
+            s.notify_log(Some(1001), 10, |e, d| format!("{e}-{d}"))
+                .unwrap()
+                .is_empty(),
+            "another user's events never reach u1001"
+        );
     }
 }

@@ -42,7 +42,9 @@ impl QueueMirror {
     }
     /// Does a queued job's retry backoff end in `(since, now]`? (Then a pass must plan again.)
     pub fn retry_due(&self, since: i64, now: i64) -> bool {
-        self.rows.values().any(|r| r.not_before.is_some_and(|t| t > since && t <= now))
+        self.rows
+            .values()
+            .any(|r| r.not_before.is_some_and(|t| t > since && t <= now))
     }
     /// Changes so far (see the field).
     pub fn version(&self) -> u64 {
@@ -64,8 +66,6 @@ impl QueueMirror {
         }
     }
 }
-
-
 
 /// A submit's idempotency key, scoped by the submitter's uid: the same key from another uid is
 /// another key.
@@ -136,9 +136,19 @@ impl Store {
         ])?;
         let id = tx.last_insert_rowid();
         if let Some(j) = finalize(id, job) {
-            tx.execute("UPDATE jobs SET spec_json = ?2, name = ?3, after_ids = ?4 WHERE id = ?1", params![id, serde_json::to_string(&j)?, j.name, after_json(&j)?])?;
+            tx.execute(
+                "UPDATE jobs SET spec_json = ?2, name = ?3, after_ids = ?4 WHERE id = ?1",
+                params![id, serde_json::to_string(&j)?, j.name, after_json(&j)?],
+            )?;
         }
-        Self::event(&tx, id, now, None, JobState::Queued, Some(&format!("submitted from {source}")))?;
+        Self::event(
+            &tx,
+            id,
+            now,
+            None,
+            JobState::Queued,
+            Some(&format!("submitted from {source}")),
+        )?;
         if let Some((k, earlier)) = key {
             if earlier.is_empty() {
                 Self::forget_keys(&tx, k.uid, now)?;
@@ -157,11 +167,16 @@ impl Store {
         let since = self.now() - crate::defaults::SUBMIT_KEY_TTL.as_millis() as i64;
         let row: Option<(String, String)> = self
             .conn
-            .prepare_cached("SELECT job_ids, fingerprint FROM submit_keys WHERE uid = ?1 AND key = ?2 AND created_at > ?3")?
+            .prepare_cached(
+                "SELECT job_ids, fingerprint FROM submit_keys WHERE uid = ?1 AND key = ?2 AND created_at > ?3",
+            )?
             .query_row(params![uid, key, since], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
         Ok(match row {
-            Some((ids, fingerprint)) => Some(KeyedSubmit { job_ids: serde_json::from_str(&ids)?, fingerprint }),
+            Some((ids, fingerprint)) => Some(KeyedSubmit {
+                job_ids: serde_json::from_str(&ids)?,
+                fingerprint,
+            }),
             None => None,
         })
     }
@@ -170,7 +185,8 @@ impl Store {
     /// there is room for one more under `SUBMIT_KEYS_PER_USER`.
     fn forget_keys(tx: &Connection, uid: u32, now: i64) -> Result<()> {
         let expired = now - crate::defaults::SUBMIT_KEY_TTL.as_millis() as i64;
-        tx.prepare_cached("DELETE FROM submit_keys WHERE created_at <= ?1")?.execute([expired])?;
+        tx.prepare_cached("DELETE FROM submit_keys WHERE created_at <= ?1")?
+            .execute([expired])?;
         tx.prepare_cached(
             "DELETE FROM submit_keys WHERE rowid IN (SELECT rowid FROM submit_keys WHERE uid = ?1 ORDER BY created_at, rowid \
              LIMIT max(0, (SELECT COUNT(*) FROM submit_keys WHERE uid = ?1) - ?2 + 1))",
@@ -187,7 +203,10 @@ impl Store {
                 return Ok(q.count_of(owner_uid));
             }
         }
-        let n: i64 = self.conn.prepare_cached("SELECT COUNT(*) FROM jobs WHERE owner_uid = ?1 AND state = 'queued'")?.query_row([owner_uid], |r| r.get(0))?;
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM jobs WHERE owner_uid = ?1 AND state = 'queued'")?
+            .query_row([owner_uid], |r| r.get(0))?;
         Ok(n as usize)
     }
 
@@ -223,12 +242,17 @@ impl Store {
     /// After a committed change to job `id`: its queued row (if it is still queued) into the queue in memory.
     pub(super) fn requeue_check(&self, id: i64) {
         let Some(q) = &self.queue else { return };
-        let row = self.conn.prepare_cached(&format!("{QUEUED_SELECT} AND id = ?1")).and_then(|mut st| st.query_row([id], queued_from_row).optional());
+        let row = self
+            .conn
+            .prepare_cached(&format!("{QUEUED_SELECT} AND id = ?1"))
+            .and_then(|mut st| st.query_row([id], queued_from_row).optional());
         let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
         match row {
             Ok(row) => q.set(id, row),
             Err(e) => {
-                tracing::warn!("cannot read job {id} back into the queue in memory ({e}); it is rebuilt from the database");
+                tracing::warn!(
+                    "cannot read job {id} back into the queue in memory ({e}); it is rebuilt from the database"
+                );
                 q.stale = true;
             }
         }
@@ -238,7 +262,9 @@ impl Store {
     pub fn open_attempts(&self) -> Result<Vec<(Job, Attempt)>> {
         let mut out = vec![];
         // Not `active_jobs`: that would parse every queued job's spec (a restart with 100k queued).
-        let mut st = self.conn.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE state IN ('starting','running') ORDER BY id"))?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {JOB_COLS} FROM jobs WHERE state IN ('starting','running') ORDER BY id"
+        ))?;
         let started = st.query_map([], job_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         for j in started {
             if let Some(a) = self.open_attempt(j.id)? {
@@ -252,30 +278,45 @@ impl Store {
     pub fn attempt_with_container(&self, job_id: i64, container_id: &str) -> Result<Option<Attempt>> {
         Ok(self
             .conn
-            .prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND container_id = ?2"))?
+            .prepare_cached(&format!(
+                "SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND container_id = ?2"
+            ))?
             .query_row(params![job_id, container_id], attempt_from_row)
             .optional()?)
     }
 
     pub fn job_by_source_key(&self, key: &str) -> Result<Option<i64>> {
-        Ok(self.conn.query_row("SELECT id FROM jobs WHERE source_key = ?1", [key], |r| r.get(0)).optional()?)
+        Ok(self
+            .conn
+            .query_row("SELECT id FROM jobs WHERE source_key = ?1", [key], |r| r.get(0))
+            .optional()?)
     }
 
     pub fn job(&self, id: i64) -> Result<Option<Job>> {
-        Ok(self.conn.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?.query_row([id], job_from_row).optional()?)
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"))?
+            .query_row([id], job_from_row)
+            .optional()?)
     }
 
     /// Queued jobs, light rows for the scheduler (no spec parsing).
     pub fn queued_rows(&self) -> Result<Vec<QueuedRow>> {
-        let mut st = self.conn.prepare_cached(&format!("{QUEUED_SELECT} ORDER BY priority DESC, submitted_at, id"))?;
-        let rows = st.query_map([], queued_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut st = self
+            .conn
+            .prepare_cached(&format!("{QUEUED_SELECT} ORDER BY priority DESC, submitted_at, id"))?;
+        let rows = st
+            .query_map([], queued_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
     /// Jobs starting or running, as the queue shows them (no spec parsing), by id.
     pub fn started_rows(&self) -> Result<Vec<QueueJob>> {
         let mut st = self.conn.prepare_cached(STARTED_SELECT)?;
-        let rows = st.query_map([], started_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let rows = st
+            .query_map([], started_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -289,8 +330,12 @@ impl Store {
     }
 
     pub fn attempts(&self, job_id: i64) -> Result<Vec<Attempt>> {
-        let mut st = self.conn.prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 ORDER BY n"))?;
-        let rows = st.query_map([job_id], attempt_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 ORDER BY n"
+        ))?;
+        let rows = st
+            .query_map([job_id], attempt_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -298,15 +343,27 @@ impl Store {
     pub fn open_attempt(&self, job_id: i64) -> Result<Option<Attempt>> {
         Ok(self
             .conn
-            .prepare_cached(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND ended_at IS NULL"))?
+            .prepare_cached(&format!(
+                "SELECT {ATTEMPT_COLS} FROM attempts WHERE job_id = ?1 AND ended_at IS NULL"
+            ))?
             .query_row([job_id], attempt_from_row)
             .optional()?)
     }
 
     pub fn events(&self, job_id: i64) -> Result<Vec<Event>> {
-        let mut st = self.conn.prepare_cached("SELECT job_id, at, from_state, to_state, message FROM events WHERE job_id = ?1 ORDER BY id")?;
+        let mut st = self.conn.prepare_cached(
+            "SELECT job_id, at, from_state, to_state, message FROM events WHERE job_id = ?1 ORDER BY id",
+        )?;
         let rows = st
-            .query_map([job_id], |r| Ok(Event { job_id: r.get(0)?, at: r.get(1)?, from: r.get(2)?, to: r.get(3)?, message: r.get(4)? }))?
+            .query_map([job_id], |r| {
+                Ok(Event {
+                    job_id: r.get(0)?,
+                    at: r.get(1)?,
+                    from: r.get(2)?,
+                    to: r.get(3)?,
+                    message: r.get(4)?,
+                })
+            })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
@@ -318,7 +375,13 @@ impl Store {
     }
 
     /// [`Store::begin_attempt`], with a note on the placement in its event ("GPUs 0,1: NVLink").
-    pub fn begin_attempt_noted(&mut self, job_id: i64, gpus: &[u32], uuids: &[String], note: Option<&str>) -> Result<Option<Attempt>> {
+    pub fn begin_attempt_noted(
+        &mut self,
+        job_id: i64,
+        gpus: &[u32],
+        uuids: &[String],
+        note: Option<&str>,
+    ) -> Result<Option<Attempt>> {
         let now = self.now();
         let tx = self.conn.transaction()?;
         let changed = tx.execute(
@@ -332,13 +395,37 @@ impl Store {
         let n: u32 = tx.query_row("SELECT attempts FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))?;
         tx.execute(
             "INSERT INTO attempts (job_id, n, gpus, gpu_uuids, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![job_id, n, serde_json::to_string(gpus)?, serde_json::to_string(uuids)?, now],
+            params![
+                job_id,
+                n,
+                serde_json::to_string(gpus)?,
+                serde_json::to_string(uuids)?,
+                now
+            ],
         )?;
         let aid = tx.last_insert_rowid();
-        let gl = if gpus.is_empty() { "no GPU".to_string() } else { format!("GPU {}", gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")) };
+        let gl = if gpus.is_empty() {
+            "no GPU".to_string()
+        } else {
+            format!(
+                "GPU {}",
+                gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")
+            )
+        };
         let note = note.map(|n| format!(" ({n})")).unwrap_or_default();
-        Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Starting, Some(&format!("attempt {n} on {gl}{note}")))?;
-        let a = tx.query_row(&format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = ?1"), [aid], attempt_from_row)?;
+        Self::event(
+            &tx,
+            job_id,
+            now,
+            Some(JobState::Queued),
+            JobState::Starting,
+            Some(&format!("attempt {n} on {gl}{note}")),
+        )?;
+        let a = tx.query_row(
+            &format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = ?1"),
+            [aid],
+            attempt_from_row,
+        )?;
         tx.commit()?;
         self.requeue_check(job_id);
         Ok(Some(a))
@@ -348,10 +435,14 @@ impl Store {
     /// `sbatch` answers). The other form's columns stay empty. Read back by [`Attempt::run_ref`].
     pub fn set_run(&mut self, attempt_id: i64, run: &RunRef) -> Result<()> {
         match run {
-            RunRef::Container(c) => self.conn.execute("UPDATE attempts SET container_id = ?2 WHERE id = ?1", params![attempt_id, c])?,
-            RunRef::Slurm { id, task } => {
-                self.conn.execute("UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1", params![attempt_id, *id as i64, task])?
-            }
+            RunRef::Container(c) => self.conn.execute(
+                "UPDATE attempts SET container_id = ?2 WHERE id = ?1",
+                params![attempt_id, c],
+            )?,
+            RunRef::Slurm { id, task } => self.conn.execute(
+                "UPDATE attempts SET slurm_job_id = ?2, slurm_array_task = ?3 WHERE id = ?1",
+                params![attempt_id, *id as i64, task],
+            )?,
         };
         Ok(())
     }
@@ -359,7 +450,10 @@ impl Store {
     /// Record, before the attempt is signalled, that it is being preempted: for which job, and the
     /// reason its end will show. False: the attempt has already ended.
     pub fn mark_preempting(&mut self, attempt_id: i64, for_job: i64, why: &str) -> Result<bool> {
-        Ok(self.conn.execute("UPDATE attempts SET preempt_for = ?2, preempt_why = ?3 WHERE id = ?1 AND ended_at IS NULL", params![attempt_id, for_job, why])? == 1)
+        Ok(self.conn.execute(
+            "UPDATE attempts SET preempt_for = ?2, preempt_why = ?3 WHERE id = ?1 AND ended_at IS NULL",
+            params![attempt_id, for_job, why],
+        )? == 1)
     }
 
     /// The preemption recorded for an attempt (for which job, why), if any.
@@ -367,7 +461,9 @@ impl Store {
         Ok(self
             .conn
             .prepare_cached("SELECT preempt_for, preempt_why FROM attempts WHERE id = ?1 AND preempt_for IS NOT NULL")?
-            .query_row([attempt_id], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))
+            .query_row([attempt_id], |r| {
+                Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default()))
+            })
             .optional()?)
     }
 
@@ -381,21 +477,32 @@ impl Store {
 
     /// The jobs a job's attempts were preempted for (no loop: they may not preempt it now).
     pub fn preempted_for(&self, job_id: i64) -> Result<Vec<i64>> {
-        let mut st = self.conn.prepare_cached("SELECT DISTINCT preempt_for FROM attempts WHERE job_id = ?1 AND preempt_for IS NOT NULL")?;
-        let v = st.query_map([job_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+        let mut st = self.conn.prepare_cached(
+            "SELECT DISTINCT preempt_for FROM attempts WHERE job_id = ?1 AND preempt_for IS NOT NULL",
+        )?;
+        let v = st
+            .query_map([job_id], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<i64>>>()?;
         Ok(v)
     }
 
     /// The jobs preempted so that this one could start (no loop: they may not preempt it).
     pub fn took_from(&self, job_id: i64) -> Result<Vec<i64>> {
-        let mut st = self.conn.prepare_cached("SELECT DISTINCT job_id FROM attempts WHERE preempt_for = ?1")?;
-        let v = st.query_map([job_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT DISTINCT job_id FROM attempts WHERE preempt_for = ?1")?;
+        let v = st
+            .query_map([job_id], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<i64>>>()?;
         Ok(v)
     }
 
     /// The GPUs Slurm gave a running attempt (indexes on its node), for `gantry ls` and the GPUs view.
     pub fn set_attempt_gpus(&mut self, attempt_id: i64, gpus: &[u32]) -> Result<()> {
-        self.conn.execute("UPDATE attempts SET gpus = ?2 WHERE id = ?1", params![attempt_id, serde_json::to_string(gpus)?])?;
+        self.conn.execute(
+            "UPDATE attempts SET gpus = ?2 WHERE id = ?1",
+            params![attempt_id, serde_json::to_string(gpus)?],
+        )?;
         Ok(())
     }
 
@@ -403,8 +510,14 @@ impl Store {
     /// The job's start moves too while this is its first attempt, so history and waits count Slurm's queue as waiting.
     pub fn set_attempt_started(&mut self, job_id: i64, attempt_id: i64, at: i64) -> Result<()> {
         let tx = self.conn.transaction()?;
-        tx.execute("UPDATE attempts SET started_at = ?2 WHERE id = ?1", params![attempt_id, at])?;
-        tx.execute("UPDATE jobs SET started_at = ?2 WHERE id = ?1 AND attempts = 1", params![job_id, at])?;
+        tx.execute(
+            "UPDATE attempts SET started_at = ?2 WHERE id = ?1",
+            params![attempt_id, at],
+        )?;
+        tx.execute(
+            "UPDATE jobs SET started_at = ?2 WHERE id = ?1 AND attempts = 1",
+            params![job_id, at],
+        )?;
         tx.commit()?;
         Ok(())
     }
@@ -413,7 +526,10 @@ impl Store {
     pub fn set_running(&mut self, job_id: i64) -> Result<bool> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let n = tx.execute("UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'starting'", [job_id])?;
+        let n = tx.execute(
+            "UPDATE jobs SET state = 'running' WHERE id = ?1 AND state = 'starting'",
+            [job_id],
+        )?;
         if n == 1 {
             Self::event(&tx, job_id, now, Some(JobState::Starting), JobState::Running, None)?;
         }
@@ -437,7 +553,14 @@ impl Store {
         tx.execute(
             "UPDATE jobs SET state = ?2, exit_code = ?3, finished_at = ?4, not_before = ?5, message = ?6, \
              duration_ms = ?4 - started_at, gpu_ms = (?4 - started_at) * gpus WHERE id = ?1",
-            params![job_id, end.next.as_str(), end.exit_code, finished, end.not_before, end.message],
+            params![
+                job_id,
+                end.next.as_str(),
+                end.exit_code,
+                finished,
+                end.not_before,
+                end.message
+            ],
         )?;
         let msg = match (&end.message, end.exit_code) {
             (Some(m), _) => m.clone(),
@@ -454,7 +577,9 @@ impl Store {
     pub fn note_event(&mut self, job_id: i64, msg: &str) -> Result<()> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
+        let st: Option<String> = tx
+            .query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))
+            .optional()?;
         if let Some(st) = st.and_then(|s| JobState::parse(&s)) {
             Self::event(&tx, job_id, now, Some(st), st, Some(msg))?;
         }
@@ -467,12 +592,26 @@ impl Store {
     pub fn request_cancel(&mut self, job_id: i64) -> Result<Option<JobState>> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let st: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0)).optional()?;
-        let Some(st) = st.and_then(|s| JobState::parse(&s)) else { return Ok(None) };
+        let st: Option<String> = tx
+            .query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| r.get(0))
+            .optional()?;
+        let Some(st) = st.and_then(|s| JobState::parse(&s)) else {
+            return Ok(None);
+        };
         match st {
             JobState::Queued => {
-                tx.execute("UPDATE jobs SET state = 'cancelled', cancel_requested = 1, finished_at = ?2 WHERE id = ?1", params![job_id, now])?;
-                Self::event(&tx, job_id, now, Some(st), JobState::Cancelled, Some("cancelled while queued"))?;
+                tx.execute(
+                    "UPDATE jobs SET state = 'cancelled', cancel_requested = 1, finished_at = ?2 WHERE id = ?1",
+                    params![job_id, now],
+                )?;
+                Self::event(
+                    &tx,
+                    job_id,
+                    now,
+                    Some(st),
+                    JobState::Cancelled,
+                    Some("cancelled while queued"),
+                )?;
             }
             JobState::Starting | JobState::Running => {
                 tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", [job_id])?;
@@ -485,7 +624,10 @@ impl Store {
     }
 
     pub fn set_priority(&mut self, job_id: i64, priority: i32) -> Result<bool> {
-        let changed = self.conn.execute("UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'", params![job_id, priority])? == 1;
+        let changed = self.conn.execute(
+            "UPDATE jobs SET priority = ?2 WHERE id = ?1 AND state = 'queued'",
+            params![job_id, priority],
+        )? == 1;
         self.requeue_check(job_id);
         Ok(changed)
     }
@@ -495,9 +637,16 @@ impl Store {
     pub fn set_held(&mut self, job_id: i64, held: bool, by: &str) -> Result<bool> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let n = tx.execute("UPDATE jobs SET held = ?2 WHERE id = ?1 AND state = 'queued' AND held != ?2", params![job_id, held])?;
+        let n = tx.execute(
+            "UPDATE jobs SET held = ?2 WHERE id = ?1 AND state = 'queued' AND held != ?2",
+            params![job_id, held],
+        )?;
         if n == 1 {
-            let msg = if held { format!("held by {by}") } else { format!("released by {by}") };
+            let msg = if held {
+                format!("held by {by}")
+            } else {
+                format!("released by {by}")
+            };
             Self::event(&tx, job_id, now, Some(JobState::Queued), JobState::Queued, Some(&msg))?;
         }
         tx.commit()?;
@@ -515,7 +664,11 @@ impl Store {
     }
 
     pub fn state_of(&self, id: i64) -> Result<Option<JobState>> {
-        let s: Option<String> = self.conn.prepare_cached("SELECT state FROM jobs WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
+        let s: Option<String> = self
+            .conn
+            .prepare_cached("SELECT state FROM jobs WHERE id = ?1")?
+            .query_row([id], |r| r.get(0))
+            .optional()?;
         Ok(s.and_then(|s| JobState::parse(&s)))
     }
 
@@ -523,7 +676,10 @@ impl Store {
     pub fn fail_queued(&mut self, id: i64, message: &str) -> Result<bool> {
         let now = self.now();
         let tx = self.conn.transaction()?;
-        let n = tx.execute("UPDATE jobs SET state = 'failed', finished_at = ?2, message = ?3 WHERE id = ?1 AND state = 'queued'", params![id, now, message])?;
+        let n = tx.execute(
+            "UPDATE jobs SET state = 'failed', finished_at = ?2, message = ?3 WHERE id = ?1 AND state = 'queued'",
+            params![id, now, message],
+        )?;
         if n == 1 {
             Self::event(&tx, id, now, Some(JobState::Queued), JobState::Failed, Some(message))?;
         }
@@ -531,7 +687,6 @@ impl Store {
         self.requeue_check(id);
         Ok(n == 1)
     }
-
 }
 
 #[cfg(test)]
@@ -552,13 +707,24 @@ mod key_tests {
 
     fn keyed(s: &mut Store, uid: u32, key: &str, earlier: &[i64]) -> i64 {
         let job = validate_text("image: a\n", Format::Yaml, &Origin::default()).unwrap();
-        let owner = Owner { uid, gid: uid, name: format!("u{uid}") };
-        let k = SubmitKey { uid, key: key.into(), fingerprint: "f".into() };
-        s.insert_job_keyed(&job, &owner, "api", None, Some((&k, earlier)), |_, _| None).unwrap()
+        let owner = Owner {
+            uid,
+            gid: uid,
+            name: format!("u{uid}"),
+        };
+        let k = SubmitKey {
+            uid,
+            key: key.into(),
+            fingerprint: "f".into(),
+        };
+        s.insert_job_keyed(&job, &owner, "api", None, Some((&k, earlier)), |_, _| None)
+            .unwrap()
     }
 
     fn keys_of(s: &Store, uid: u32) -> i64 {
-        s.conn.query_row("SELECT COUNT(*) FROM submit_keys WHERE uid = ?1", [uid], |r| r.get(0)).unwrap()
+        s.conn
+            .query_row("SELECT COUNT(*) FROM submit_keys WHERE uid = ?1", [uid], |r| r.get(0))
+            .unwrap()
     }
 
     /// A key is found by its own uid only, lists every job of its submit, is forgotten after a day,
@@ -570,8 +736,18 @@ mod key_tests {
         s.set_clock(clock.clone());
         let a = keyed(&mut s, 1000, "k1", &[]);
         let b = keyed(&mut s, 1000, "k1", &[a]); // the second job of a matrix
-        assert_eq!(s.keyed_submit(1000, "k1").unwrap(), Some(KeyedSubmit { job_ids: vec![a, b], fingerprint: "f".into() }));
-        assert_eq!(s.keyed_submit(1001, "k1").unwrap(), None, "another uid's same key is another key");
+        assert_eq!(
+            s.keyed_submit(1000, "k1").unwrap(),
+            Some(KeyedSubmit {
+                job_ids: vec![a, b],
+                fingerprint: "f".into()
+            })
+        );
+        assert_eq!(
+            s.keyed_submit(1001, "k1").unwrap(),
+            None,
+            "another uid's same key is another key"
+        );
 
         clock.0.fetch_add(SUBMIT_KEY_TTL.as_millis() as i64, Ordering::SeqCst);
         assert_eq!(s.keyed_submit(1000, "k1").unwrap(), None, "forgotten after a day");
@@ -590,9 +766,15 @@ mod key_tests {
         keyed(&mut s, 1002, "other", &[]);
         let newest = keyed(&mut s, 1000, "newest", &[]);
         assert_eq!(keys_of(&s, 1000), SUBMIT_KEYS_PER_USER, "bounded");
-        assert!(s.keyed_submit(1000, "old-1").unwrap().is_none(), "the oldest went first");
+        assert!(
+            s.keyed_submit(1000, "old-1").unwrap().is_none(),
+            "the oldest went first"
+        );
         assert!(s.keyed_submit(1000, "old-2").unwrap().is_some());
         assert_eq!(s.keyed_submit(1000, "newest").unwrap().unwrap().job_ids, [newest]);
-        assert!(s.keyed_submit(1002, "other").unwrap().is_some() && s.keyed_submit(1001, "fresh").unwrap().is_some(), "other users' keys stay");
+        assert!(
+            s.keyed_submit(1002, "other").unwrap().is_some() && s.keyed_submit(1001, "fresh").unwrap().is_some(),
+            "other users' keys stay"
+        );
     }
 }

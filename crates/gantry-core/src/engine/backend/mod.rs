@@ -61,6 +61,7 @@ pub(crate) struct Placed {
 }
 
 /// What a pass starts.
+#[allow(clippy::large_enum_variant)] // a few per pass, moved once into the launch: a box buys nothing
 pub(crate) enum Dispatch {
     One(Start),
     /// Launched as one ([`Backend::launch_together`]: a `matrix` as one Slurm job array); each
@@ -154,10 +155,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch>;
 
     /// Hand a claimed attempt to the backend (it then runs, or waits in the backend's own queue).
-    async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched;
+    async fn launch(
+        &self,
+        e: &Arc<Engine>,
+        job: &Job,
+        attempt: &Attempt,
+        placed: &Placed,
+        cancel: &CancellationToken,
+    ) -> Launched;
 
     /// Several claimed attempts as one launch; by default one after the other.
-    async fn launch_together(&self, e: &Arc<Engine>, parts: &[(Job, Attempt, CancellationToken)], placed: &Placed) -> Vec<Launched> {
+    async fn launch_together(
+        &self,
+        e: &Arc<Engine>,
+        parts: &[(Job, Attempt, CancellationToken)],
+        placed: &Placed,
+    ) -> Vec<Launched> {
         let mut out = vec![];
         for (job, attempt, cancel) in parts {
             out.push(self.launch(e, job, attempt, placed, cancel).await);
@@ -189,7 +202,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// An interactive session's terminal (`gantry attach`).
     async fn terminal(&self, _run: &RunRef) -> Result<crate::executor::Terminal, EngineError> {
-        Err(EngineError::Refused(format!("interactive sessions run on this machine's Docker; the {} backend has no terminal to attach to", self.name())))
+        Err(EngineError::Refused(format!(
+            "interactive sessions run on this machine's Docker; the {} backend has no terminal to attach to",
+            self.name()
+        )))
     }
 
     /// Set the size of a session's terminal.
@@ -199,6 +215,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// A connection to `port` inside the job's container (`gantry open`).
     async fn connect_port(&self, _run: &RunRef, _port: u16) -> Result<tokio::net::TcpStream, EngineError> {
-        Err(EngineError::Refused(format!("the {} backend cannot reach a job's ports", self.name())))
+        Err(EngineError::Refused(format!(
+            "the {} backend cannot reach a job's ports",
+            self.name()
+        )))
     }
 }

@@ -16,12 +16,27 @@ impl DockerBackend {
     /// GPUs as the scheduler sees them: processes outside our containers, running containers we do not
     /// know (orphans from a lost database), and other engines' or anyone's GPU containers make a GPU busy.
     pub(super) fn gpu_views(&self, e: &Engine) -> Vec<GpuView> {
-        let ours: Vec<String> = e.running.lock().unwrap().values().filter_map(|h| h.run.as_ref()?.container().map(String::from)).collect();
-        let orphaned: Vec<u32> = e.health.read().unwrap().orphans.iter().filter(|o| o.running).flat_map(|o| o.gpus.clone()).collect();
+        let ours: Vec<String> = e
+            .running
+            .lock()
+            .unwrap()
+            .values()
+            .filter_map(|h| h.run.as_ref()?.container().map(String::from))
+            .collect();
+        let orphaned: Vec<u32> = e
+            .health
+            .read()
+            .unwrap()
+            .orphans
+            .iter()
+            .filter(|o| o.running)
+            .flat_map(|o| o.gpus.clone())
+            .collect();
         let foreign = self.foreign.read().unwrap();
         let now = e.now();
         let mut since = self.outside_since.lock().unwrap();
-        let views: Vec<GpuView> = e.latest
+        let views: Vec<GpuView> = e
+            .latest
             .read()
             .unwrap()
             .iter()
@@ -57,36 +72,82 @@ impl DockerBackend {
 
     pub(super) fn status(&self, e: &Engine) -> GpuStatus {
         // (job, GPUs, container) of every running job: a snapshot, so no lock is held across the store.
-        let running: Vec<(i64, Vec<u32>, Option<String>)> =
-            e.running.lock().unwrap().iter().map(|(id, h)| (*id, h.gpus.clone(), h.run.as_ref().and_then(|r| r.container().map(String::from)))).collect();
+        let running: Vec<(i64, Vec<u32>, Option<String>)> = e
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, h)| {
+                (
+                    *id,
+                    h.gpus.clone(),
+                    h.run.as_ref().and_then(|r| r.container().map(String::from)),
+                )
+            })
+            .collect();
         let mut holders: HashMap<u32, Vec<i64>> = HashMap::new();
         for (id, gpus, _) in &running {
             for g in gpus {
                 holders.entry(*g).or_default().push(*id);
             }
         }
-        let mut holders: Vec<(u32, Vec<i64>)> = holders.into_iter().map(|(g, mut v)| { v.sort(); (g, v) }).collect();
+        let mut holders: Vec<(u32, Vec<i64>)> = holders
+            .into_iter()
+            .map(|(g, mut v)| {
+                v.sort();
+                (g, v)
+            })
+            .collect();
         holders.sort();
         let gpus = e.latest.read().unwrap().clone();
         let users = self.gpu_users(e, &gpus, &running);
-        GpuStatus { backend: e.backend_kind, note: e.backend_note.clone(), gpus, holders, users, library: e.backend_library.clone(), reserved: e.reserved_gpus() }
+        GpuStatus {
+            backend: e.backend_kind,
+            note: e.backend_note.clone(),
+            gpus,
+            holders,
+            users,
+            library: e.backend_library.clone(),
+            reserved: e.reserved_gpus(),
+        }
     }
 
     /// Who is on each GPU: this engine's jobs (by their containers), then every other process, then
     /// containers outside this engine that hold a GPU but run nothing on it yet.
     fn gpu_users(&self, e: &Engine, gpus: &[GpuSample], running: &[(i64, Vec<u32>, Option<String>)]) -> Vec<GpuUser> {
         // Names of containers outside this engine: other engines' jobs, `docker run --gpus`, orphans.
-        let mut names: HashMap<String, String> = self.foreign.read().unwrap().iter().map(|f| (f.container_id.clone(), f.name.clone())).collect();
-        names.extend(e.health.read().unwrap().orphans.iter().map(|o| (o.container_id.clone(), o.name.clone())));
+        let mut names: HashMap<String, String> = self
+            .foreign
+            .read()
+            .unwrap()
+            .iter()
+            .map(|f| (f.container_id.clone(), f.name.clone()))
+            .collect();
+        names.extend(
+            e.health
+                .read()
+                .unwrap()
+                .orphans
+                .iter()
+                .map(|o| (o.container_id.clone(), o.name.clone())),
+        );
         let foreign = self.foreign.read().unwrap().clone();
         let mut jobs: HashMap<i64, Option<Job>> = HashMap::new();
         let mut out = vec![];
         for g in gpus {
             for (id, _, cid) in running.iter().filter(|(_, on, _)| on.contains(&g.index)) {
                 let job = jobs.entry(*id).or_insert_with(|| e.reader().job(*id).ok().flatten());
-                let mine: Vec<_> = g.processes.iter().filter(|p| p.container_id.is_some() && p.container_id == *cid).collect();
+                let mine: Vec<_> = g
+                    .processes
+                    .iter()
+                    .filter(|p| p.container_id.is_some() && p.container_id == *cid)
+                    .collect();
                 // Known only when NVML lists the job's processes, each with its memory.
-                let used_memory = if mine.is_empty() { None } else { mine.iter().try_fold(0, |acc, p| p.used_memory.map(|m| acc + m)) };
+                let used_memory = if mine.is_empty() {
+                    None
+                } else {
+                    mine.iter().try_fold(0, |acc, p| p.used_memory.map(|m| acc + m))
+                };
                 out.push(GpuUser {
                     gpu: g.index,
                     job_id: Some(*id),
@@ -110,15 +171,35 @@ impl DockerBackend {
                     user: p.uid.map(crate::access::user_name),
                     pid: Some(p.pid),
                     command: p.command.clone(),
-                    container: p.container_id.as_ref().map(|c| names.get(c).cloned().unwrap_or_else(|| c[..12.min(c.len())].to_string())),
+                    container: p.container_id.as_ref().map(|c| {
+                        names
+                            .get(c)
+                            .cloned()
+                            .unwrap_or_else(|| c[..12.min(c.len())].to_string())
+                    }),
                     used_memory: p.used_memory,
                     since: None,
                     idle_since,
                 });
             }
             for f in foreign.iter().filter(|f| held_by(&f.gpus, g)) {
-                if !g.processes.iter().any(|p| p.container_id.as_deref() == Some(f.container_id.as_str())) {
-                    out.push(GpuUser { gpu: g.index, job_id: None, job_name: None, user: None, pid: None, command: None, container: Some(f.name.clone()), used_memory: None, since: None, idle_since });
+                if !g
+                    .processes
+                    .iter()
+                    .any(|p| p.container_id.as_deref() == Some(f.container_id.as_str()))
+                {
+                    out.push(GpuUser {
+                        gpu: g.index,
+                        job_id: None,
+                        job_name: None,
+                        user: None,
+                        pid: None,
+                        command: None,
+                        container: Some(f.name.clone()),
+                        used_memory: None,
+                        since: None,
+                        idle_since,
+                    });
                 }
             }
         }
@@ -128,37 +209,76 @@ impl DockerBackend {
 
 /// Reject jobs this machine can never run: more GPUs, or bigger ones, than Gantry may use here.
 pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
-    let gpus: Vec<GpuSample> = e.latest.read().unwrap().iter().filter(|g| e.usable(g)).cloned().collect();
+    let gpus: Vec<GpuSample> = e
+        .latest
+        .read()
+        .unwrap()
+        .iter()
+        .filter(|g| e.usable(g))
+        .cloned()
+        .collect();
     let filter = job.gpu_filter();
     if job.gpus > 0 && !filter.is_any() {
         let fit = gpus.iter().filter(|g| filter.eligible(&g.name, g.memory_total)).count();
         if fit < job.gpus as usize {
-            let listed = gpus.iter().map(|g| format!("GPU {} {} ({})", g.index, g.name, spec::format_bytes(g.memory_total))).collect::<Vec<_>>().join("; ");
+            let listed = gpus
+                .iter()
+                .map(|g| format!("GPU {} {} ({})", g.index, g.name, spec::format_bytes(g.memory_total)))
+                .collect::<Vec<_>>()
+                .join("; ");
             return Err(SpecError::new(
-                format!("the job asks for {}, this machine has {fit} such GPU{} for Gantry jobs: {listed}", filter.describe(job.gpus), if fit == 1 { "" } else { "s" }),
+                format!(
+                    "the job asks for {}, this machine has {fit} such GPU{} for Gantry jobs: {listed}",
+                    filter.describe(job.gpus),
+                    if fit == 1 { "" } else { "s" }
+                ),
                 "change `gpu_type` (part of a name above, any case) or `min_gpu_memory`, or ask for fewer GPUs",
             ));
         }
     }
     if job.gpus as usize > gpus.len() {
         let kept = e.reserved_gpus();
-        let why = if kept.is_empty() { String::new() } else { format!(" (GPU {} kept for interactive use{})", kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","), e.set_in("gpus")) };
+        let why = if kept.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (GPU {} kept for interactive use{})",
+                kept.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+                e.set_in("gpus")
+            )
+        };
         return Err(SpecError::new(
-            format!("the job asks for {} GPUs, this machine has {} for Gantry jobs{why}", job.gpus, gpus.len()),
+            format!(
+                "the job asks for {} GPUs, this machine has {} for Gantry jobs{why}",
+                job.gpus,
+                gpus.len()
+            ),
             format!("ask for at most {} GPUs", gpus.len()),
         ));
     }
     // CPUs and RAM this machine can never give: refused now, like GPUs, instead of waiting forever.
     let cap = e.machine.for_jobs(&e.policy().containers);
-    never_fits_cpu_ram(job.limits.cpus_milli, job.limits.memory, cap, e.machine.total, &e.set_in("containers.reserve_cpus"))?;
+    never_fits_cpu_ram(
+        job.limits.cpus_milli,
+        job.limits.memory,
+        cap,
+        e.machine.total,
+        &e.set_in("containers.reserve_cpus"),
+    )?;
     // No job may hold so much CPU or RAM that the other GPUs cannot run (the per-GPU share is the
     // default and, for the other GPUs, kept free).
-    e.policy().containers.check_share(job, cap, gpus.len(), &|k| e.set_in(k))?;
+    e.policy()
+        .containers
+        .check_share(job, cap, gpus.len(), &|k| e.set_in(k))?;
     if let Some(m) = job.gpu_memory {
         let max = gpus.iter().map(|g| g.memory_total).max().unwrap_or(0);
         if m > max {
             return Err(SpecError::new(
-                format!("the job asks for {} per GPU, the largest GPU here has {}", spec::format_bytes(m), spec::format_bytes(max)),
+                format!(
+                    "the job asks for {} per GPU, the largest GPU here has {}",
+                    spec::format_bytes(m),
+                    spec::format_bytes(max)
+                ),
                 "lower `gpu_memory`, or leave it out to get whole GPUs",
             ));
         }
@@ -178,7 +298,10 @@ fn held_by(set: &crate::executor::GpuSet, g: &GpuSample) -> bool {
 /// Measured memory that this engine's jobs do not use. Unknown (0: the scheduler then falls back to
 /// the measured total) when one of our processes does not report its memory.
 fn outside_used(g: &GpuSample, ours: &[String]) -> u64 {
-    let mine = g.processes.iter().filter(|p| p.container_id.as_ref().is_some_and(|c| ours.contains(c)));
+    let mine = g
+        .processes
+        .iter()
+        .filter(|p| p.container_id.as_ref().is_some_and(|c| ours.contains(c)));
     match mine.map(|p| p.used_memory).sum::<Option<u64>>() {
         Some(m) => g.memory_used.saturating_sub(m),
         None => 0,
@@ -187,17 +310,35 @@ fn outside_used(g: &GpuSample, ours: &[String]) -> u64 {
 
 /// A job's `cpus`/`memory` beyond what this machine has for jobs (`cap`, of `total`): refused, saying
 /// both figures ("1 CPU", never "1 CPUs"). `set_in` says where the lab's reserve is set.
-fn never_fits_cpu_ram(cpus_milli: Option<u64>, memory: Option<u64>, cap: crate::scheduler::CpuRam, total: crate::scheduler::CpuRam, set_in: &str) -> Result<(), SpecError> {
-    let reserve = format!("the machine's {} and {}, less the lab's reserve for the OS and Docker{set_in}", units::cpus_count(total.cpus_milli), units::format_bytes(total.memory));
+fn never_fits_cpu_ram(
+    cpus_milli: Option<u64>,
+    memory: Option<u64>,
+    cap: crate::scheduler::CpuRam,
+    total: crate::scheduler::CpuRam,
+    set_in: &str,
+) -> Result<(), SpecError> {
+    let reserve = format!(
+        "the machine's {} and {}, less the lab's reserve for the OS and Docker{set_in}",
+        units::cpus_count(total.cpus_milli),
+        units::format_bytes(total.memory)
+    );
     if let Some(c) = cpus_milli.filter(|c| *c > cap.cpus_milli) {
         return Err(SpecError::new(
-            format!("the job asks for {}, this machine has {} for jobs ({reserve})", units::cpus_count(c), units::format_cpus(cap.cpus_milli)),
+            format!(
+                "the job asks for {}, this machine has {} for jobs ({reserve})",
+                units::cpus_count(c),
+                units::format_cpus(cap.cpus_milli)
+            ),
             format!("ask for at most `cpus: {}`", units::format_cpus(cap.cpus_milli)),
         ));
     }
     if let Some(m) = memory.filter(|m| *m > cap.memory) {
         return Err(SpecError::new(
-            format!("the job asks for {} of memory, this machine has {} for jobs ({reserve})", units::format_bytes(m), units::format_bytes(cap.memory)),
+            format!(
+                "the job asks for {} of memory, this machine has {} for jobs ({reserve})",
+                units::format_bytes(m),
+                units::format_bytes(cap.memory)
+            ),
             format!("ask for at most `memory: {}`", units::format_bytes(cap.memory)),
         ));
     }
@@ -213,16 +354,46 @@ mod tests {
     #[test]
     fn cpu_counts_in_a_refusal_say_1_cpu() {
         const G: u64 = 1 << 30;
-        let one = CpuRam { cpus_milli: 1000, memory: 2 * G };
-        let half = CpuRam { cpus_milli: 500, memory: G };
+        let one = CpuRam {
+            cpus_milli: 1000,
+            memory: 2 * G,
+        };
+        let half = CpuRam {
+            cpus_milli: 500,
+            memory: G,
+        };
+        #[allow(clippy::type_complexity)] // a table test: one tuple per case reads as the table
         let table: [(Option<u64>, Option<u64>, CpuRam, CpuRam, Option<&str>); 4] = [
-            (Some(1000), None, half, one, Some("the job asks for 1 CPU, this machine has 0.5 for jobs (the machine's 1 CPU and 2.0 GiB, less")),
-            (Some(3000), None, one, CpuRam { cpus_milli: 2000, memory: 4 * G }, Some("the job asks for 3 CPUs, this machine has 1 for jobs (the machine's 2 CPUs and 4.0 GiB, less")),
-            (None, Some(2 * G), half, one, Some("the job asks for 2.0 GiB of memory, this machine has 1.0 GiB for jobs (the machine's 1 CPU and")),
+            (
+                Some(1000),
+                None,
+                half,
+                one,
+                Some("the job asks for 1 CPU, this machine has 0.5 for jobs (the machine's 1 CPU and 2.0 GiB, less"),
+            ),
+            (
+                Some(3000),
+                None,
+                one,
+                CpuRam {
+                    cpus_milli: 2000,
+                    memory: 4 * G,
+                },
+                Some("the job asks for 3 CPUs, this machine has 1 for jobs (the machine's 2 CPUs and 4.0 GiB, less"),
+            ),
+            (
+                None,
+                Some(2 * G),
+                half,
+                one,
+                Some("the job asks for 2.0 GiB of memory, this machine has 1.0 GiB for jobs (the machine's 1 CPU and"),
+            ),
             (Some(500), Some(G), half, one, None),
         ];
         for (cpus, memory, cap, total, want) in table {
-            let got = never_fits_cpu_ram(cpus, memory, cap, total, "").err().map(|e| e.message);
+            let got = never_fits_cpu_ram(cpus, memory, cap, total, "")
+                .err()
+                .map(|e| e.message);
             match (want, &got) {
                 (Some(w), Some(g)) => assert!(g.starts_with(w), "{g}"),
                 (None, None) => {}

@@ -49,12 +49,25 @@ pub(super) struct DockerWatch {
 }
 
 impl DockerWatch {
-    pub fn new(exec: Arc<dyn Executor>, e: Arc<Engine>, job: &Job, attempt: &Attempt, cid: &str, since: Since) -> DockerWatch {
+    pub fn new(
+        exec: Arc<dyn Executor>,
+        e: Arc<Engine>,
+        job: &Job,
+        attempt: &Attempt,
+        cid: &str,
+        since: Since,
+    ) -> DockerWatch {
         let log = e.log_of(job.id);
         let away = since == Since::EndedWhileAway;
         let log_stop = CancellationToken::new();
         let logs = (!away).then(|| {
-            let (exec, cid, path, cap, stop) = (exec.clone(), cid.to_string(), log.clone(), e.policy().log_cap, log_stop.clone());
+            let (exec, cid, path, cap, stop) = (
+                exec.clone(),
+                cid.to_string(),
+                log.clone(),
+                e.policy().log_cap,
+                log_stop.clone(),
+            );
             tokio::spawn(async move {
                 if let Err(err) = follow_logs(exec, &cid, &path, cap, stop).await {
                     warn!("log copy for {cid}: {err}");
@@ -85,11 +98,15 @@ impl Watch for DockerWatch {
         if self.away {
             // It exited while the engine was away: copy the output we missed, then record its real exit code.
             let cap = self.e.policy().log_cap;
-            if let Err(err) = follow_logs(self.exec.clone(), &self.cid, &self.log, cap, CancellationToken::new()).await {
+            if let Err(err) = follow_logs(self.exec.clone(), &self.cid, &self.log, cap, CancellationToken::new()).await
+            {
                 warn!(job = self.job_id, "could not copy the output of {}: {err}", self.cid);
             }
             let how = match self.exec.exit_of(&self.cid).await {
-                Ok(Some(x)) => How::ExitedWhileAway { code: x.code, oom: x.oom_killed },
+                Ok(Some(x)) => How::ExitedWhileAway {
+                    code: x.code,
+                    oom: x.oom_killed,
+                },
                 Ok(None) => How::Lost("its container claims to run but was listed as exited".into()),
                 Err(err) => How::Lost(format!("its container state is unreadable: {err}")),
             };
@@ -103,7 +120,10 @@ impl Watch for DockerWatch {
             let result = loop {
                 match self.exec.wait(&self.cid).await {
                     Err(ExecError::DockerUnavailable(m)) => {
-                        warn!(job = self.job_id, "lost contact with Docker while waiting ({m}); retrying");
+                        warn!(
+                            job = self.job_id,
+                            "lost contact with Docker while waiting ({m}); retrying"
+                        );
                         tokio::time::sleep(DOCKER_RETRY).await;
                     }
                     r => break r,
@@ -111,11 +131,20 @@ impl Watch for DockerWatch {
             };
             let code = result.as_ref().ok().map(|x| x.code);
             self.ended = Some(match (self.stop, result) {
-                (Some(Stop::Timeout), _) => How::TimedOut { code, timeout_ms: self.timeout_ms.unwrap_or(0) },
+                (Some(Stop::Timeout), _) => How::TimedOut {
+                    code,
+                    timeout_ms: self.timeout_ms.unwrap_or(0),
+                },
                 // The supervisor words a GPU memory stop (it knows why).
                 (Some(Stop::Cancel | Stop::GpuMemory), _) => How::Cancelled { code },
-                (Some(Stop::Preempt), _) => How::Preempted { code, by: String::new() },
-                (None, Ok(x)) => How::Exited { code: x.code, oom: x.oom_killed },
+                (Some(Stop::Preempt), _) => How::Preempted {
+                    code,
+                    by: String::new(),
+                },
+                (None, Ok(x)) => How::Exited {
+                    code: x.code,
+                    oom: x.oom_killed,
+                },
                 (None, Err(err)) => How::Lost(format!("container vanished: {err}")),
             });
         }
@@ -134,7 +163,10 @@ impl Watch for DockerWatch {
         // Recorded first: the stop below returns only once the container exited.
         self.stop = Some(why);
         let done = if why == Stop::Preempt {
-            let (signal, grace) = (&self.checkpoint.0, self.checkpoint.1.unwrap_or(self.e.policy().stop_grace));
+            let (signal, grace) = (
+                &self.checkpoint.0,
+                self.checkpoint.1.unwrap_or(self.e.policy().stop_grace),
+            );
             self.exec.stop_signal(&self.cid, signal, grace).await
         } else {
             self.exec.stop(&self.cid, self.e.policy().stop_grace).await
@@ -166,7 +198,13 @@ fn line_ts(line: &[u8]) -> Option<i128> {
 /// Open a job's log to append more output: drop a partial last line (an engine killed mid-write) and
 /// return the timestamp of the last Docker line, where to resume.
 fn open_for_resume(path: &Path) -> std::io::Result<(std::fs::File, Option<i128>)> {
-    let mut f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).mode(0o600).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
     let len = f.metadata()?.len();
     let from = len.saturating_sub(1 << 20);
     f.seek(SeekFrom::Start(from))?;
@@ -262,7 +300,12 @@ struct Live {
 
 /// Follows `attach` for as long as it is open, keeping only each stream's current line state
 /// (bounded), so Docker is never held up by it.
-fn attach_live(exec: Arc<dyn Executor>, cid: &str, live: Arc<std::sync::Mutex<Live>>, changed: Arc<Notify>) -> JoinHandle<()> {
+fn attach_live(
+    exec: Arc<dyn Executor>,
+    cid: &str,
+    live: Arc<std::sync::Mutex<Live>>,
+    changed: Arc<Notify>,
+) -> JoinHandle<()> {
     let mut s = exec.attach(cid);
     tokio::spawn(async move {
         while let Some(Ok(f)) = s.next().await {
@@ -292,9 +335,20 @@ impl Drop for AbortOnDrop {
 /// cut as [`Lines`] says. While it runs, the current state of a line not ended yet (a progress bar) is
 /// written every [`PROGRESS_EVERY`](crate::defaults::PROGRESS_EVERY) at most, from what `attach` shows
 /// (Docker's own log holds such a line back until 16 KiB of it have come).
-pub(super) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path, cap: u64, stop: CancellationToken) -> std::io::Result<()> {
+pub(super) async fn follow_logs(
+    exec: Arc<dyn Executor>,
+    cid: &str,
+    path: &Path,
+    cap: u64,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
     let (f, last) = open_for_resume(path)?;
-    let mut copy = Copy { log: CappedLog::new(f, cap)?, last, lines: Default::default(), shown: Default::default() };
+    let mut copy = Copy {
+        log: CappedLog::new(f, cap)?,
+        last,
+        lines: Default::default(),
+        shown: Default::default(),
+    };
     let live = Arc::new(std::sync::Mutex::new(Live::default()));
     let changed = Arc::new(Notify::new());
     let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone()));
@@ -304,7 +358,11 @@ pub(super) async fn follow_logs(exec: Arc<dyn Executor>, cid: &str, path: &Path,
     loop {
         let mut s = exec.logs(cid, since(copy.last), true);
         let broken = loop {
-            let due = if dirty { next_progress } else { tokio::time::Instant::now() + Duration::from_secs(86_400) };
+            let due = if dirty {
+                next_progress
+            } else {
+                tokio::time::Instant::now() + Duration::from_secs(86_400)
+            };
             let item = tokio::select! {
                 i = s.next() => i,
                 _ = changed.notified() => {
@@ -373,7 +431,12 @@ mod tests {
 
     fn copy_to(path: &Path) -> Copy {
         let (f, last) = open_for_resume(path).unwrap();
-        Copy { log: CappedLog::new(f, 1 << 30).unwrap(), last, lines: Default::default(), shown: Default::default() }
+        Copy {
+            log: CappedLog::new(f, 1 << 30).unwrap(),
+            last,
+            lines: Default::default(),
+            shown: Default::default(),
+        }
     }
 
     fn frame(stderr: bool, ts: u32, text: &[u8]) -> Frame {
@@ -412,7 +475,10 @@ mod tests {
         let mut want = b"before\n".to_vec();
         want.extend_from_slice(&long);
         want.extend_from_slice(b"\n100%\nafter\n");
-        assert_eq!(String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(), String::from_utf8(want).unwrap());
+        assert_eq!(
+            String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(),
+            String::from_utf8(want).unwrap()
+        );
     }
 
     #[test]
@@ -426,7 +492,11 @@ mod tests {
         let mut live: [Lines; 2] = Default::default();
         live[1].feed(b"\r 10%\r 30%", |_, _| Ok(())).unwrap();
         c.progress(Some(&live)).unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap().matches('\r').count(), 2, "each state once");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap().matches('\r').count(),
+            2,
+            "each state once"
+        );
         assert_eq!(strip_stamps(&std::fs::read(&p).unwrap()), b" 30%\n");
         c.frame(&frame(true, 2, b"\r 30%\r100%\n")).unwrap();
         assert_eq!(strip_stamps(&std::fs::read(&p).unwrap()), b"100%\n");

@@ -25,7 +25,6 @@ use crate::resources::{ContainerSettings, FALLBACK_HOME};
 use crate::spec::{SpecError, ValidJob};
 use crate::store::{Attempt, Job, JobState, RunRef};
 
-
 pub(crate) struct DockerBackend {
     exec: Arc<dyn Executor>,
     /// Running containers of other engines (or anyone's `docker run --gpus`) and the GPUs they hold.
@@ -116,10 +115,14 @@ fn free_space(path: &str) -> Option<(u64, u64)> {
 fn mount_options(path: &str) -> Option<String> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
     let under = |m: &str| m == "/" || path == m || path.starts_with(&format!("{m}/"));
-    mounts.lines().filter_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() >= 4 && under(f[1])).then(|| (f[1].len(), f[3].to_string()))
-    }).max_by_key(|(n, _)| *n).map(|(_, o)| o)
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() >= 4 && under(f[1])).then(|| (f[1].len(), f[3].to_string()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, o)| o)
 }
 
 impl DockerBackend {
@@ -129,7 +132,8 @@ impl DockerBackend {
             return Some(s);
         }
         let s = self.exec.storage().await.ok().flatten()?;
-        let ok = crate::policy::layer_bound(&s.driver, s.backing.as_deref(), mount_options(&s.root_dir).as_deref()).is_ok();
+        let ok =
+            crate::policy::layer_bound(&s.driver, s.backing.as_deref(), mount_options(&s.root_dir).as_deref()).is_ok();
         self.layer_ok.store(ok, Ordering::Relaxed);
         *self.storage.write().unwrap() = Some(s.clone());
         Some(s)
@@ -146,7 +150,11 @@ impl DockerBackend {
         self.disk_at.store(now, Ordering::Relaxed);
         let st = self.storage().await?;
         let policy = e.policy();
-        let driver = format!("{}{}", st.driver, st.backing.as_deref().map(|b| format!(" on {b}")).unwrap_or_default());
+        let driver = format!(
+            "{}{}",
+            st.driver,
+            st.backing.as_deref().map(|b| format!(" on {b}")).unwrap_or_default()
+        );
         let note = match (policy.disk.layer_size, crate::policy::layer_bound(&st.driver, st.backing.as_deref(), mount_options(&st.root_dir).as_deref())) {
             (Some(b), Ok(())) => format!("each job's writable layer is bounded to {} (disk.layer_size; {driver})", crate::units::format_bytes(b)),
             (None, _) => "jobs' writable layers are not bounded (disk.layer_size = \"none\")".to_string(),
@@ -158,7 +166,14 @@ impl DockerBackend {
                     warn!("cannot measure containers' writable layers: {err}");
                     vec![]
                 });
-                crate::policy::low_disk(&st.root_dir, free, total, policy.disk.min_free, &e.set_in("disk.min_free"), &writers)
+                crate::policy::low_disk(
+                    &st.root_dir,
+                    free,
+                    total,
+                    policy.disk.min_free,
+                    &e.set_in("disk.min_free"),
+                    &writers,
+                )
             }
             _ => None,
         };
@@ -182,10 +197,29 @@ impl DockerBackend {
     /// ([`crate::passwd`]), written by the engine into its state dir (`staging`) and mounted read-only;
     /// and the owner's name. `None` when the owner has no usable name here. A spec mount at `/etc` or
     /// at one of the files keeps its place.
-    async fn identity(&self, e: &Engine, job: &Job, name: &str, home: &str, groups: &[u32]) -> Result<Option<(Vec<access::ResolvedMount>, String)>, EngineError> {
+    async fn identity(
+        &self,
+        e: &Engine,
+        job: &Job,
+        name: &str,
+        home: &str,
+        groups: &[u32],
+    ) -> Result<Option<(Vec<access::ResolvedMount>, String)>, EngineError> {
         use crate::passwd::{is_safe_field, Account};
-        let Some(user) = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().filter(|u| is_safe_field(&u.name)) else { return Ok(None) };
-        let group_name = |gid: u32| nix::unistd::Group::from_gid(gid.into()).ok().flatten().map(|g| g.name).filter(|n| is_safe_field(n));
+        let Some(user) = nix::unistd::User::from_uid(job.owner_uid.into())
+            .ok()
+            .flatten()
+            .filter(|u| is_safe_field(&u.name))
+        else {
+            return Ok(None);
+        };
+        let group_name = |gid: u32| {
+            nix::unistd::Group::from_gid(gid.into())
+                .ok()
+                .flatten()
+                .map(|g| g.name)
+                .filter(|n| is_safe_field(n))
+        };
         let mut named = vec![];
         for gid in std::iter::once(job.owner_gid).chain(groups.iter().copied().filter(|g| *g != job.owner_gid)) {
             if let Some(n) = group_name(gid) {
@@ -196,27 +230,54 @@ impl DockerBackend {
             name: user.name.clone(),
             uid: job.owner_uid,
             gid: job.owner_gid,
-            home: if is_safe_field(home) { home.to_string() } else { FALLBACK_HOME.to_string() },
+            home: if is_safe_field(home) {
+                home.to_string()
+            } else {
+                FALLBACK_HOME.to_string()
+            },
             groups: named,
         };
-        let taken = |target: &str| job.job.mounts.iter().any(|m| matches!(m.container.trim_end_matches('/'), "/etc" | "") || m.container.trim_end_matches('/') == target);
-        let wanted: Vec<(&str, &str)> = IDENTITY_FILES.into_iter().filter(|(_, target)| !taken(target)).collect();
+        let taken = |target: &str| {
+            job.job.mounts.iter().any(|m| {
+                matches!(m.container.trim_end_matches('/'), "/etc" | "") || m.container.trim_end_matches('/') == target
+            })
+        };
+        let wanted: Vec<(&str, &str)> = IDENTITY_FILES
+            .into_iter()
+            .filter(|(_, target)| !taken(target))
+            .collect();
         if wanted.is_empty() {
             return Ok(None);
         }
         let paths: Vec<&str> = wanted.iter().map(|w| w.1).collect();
-        let image = match self.exec.image_files(&job.image, &paths, crate::passwd::IMAGE_FILE_MAX).await {
+        let image = match self
+            .exec
+            .image_files(&job.image, &paths, crate::passwd::IMAGE_FILE_MAX)
+            .await
+        {
             Ok(f) => f,
             Err(err) => {
-                warn!(job = job.id, "cannot read /etc/passwd and /etc/group of {}: {err}; the job gets the owner's entries only", job.image);
+                warn!(
+                    job = job.id,
+                    "cannot read /etc/passwd and /etc/group of {}: {err}; the job gets the owner's entries only",
+                    job.image
+                );
                 vec![None; paths.len()]
             }
         };
         let mut mounts = vec![];
         for ((file, target), from_image) in wanted.into_iter().zip(image) {
-            let text = if file == "passwd" { crate::passwd::passwd(from_image.as_deref(), &account) } else { crate::passwd::group(from_image.as_deref(), &account) };
+            let text = if file == "passwd" {
+                crate::passwd::passwd(from_image.as_deref(), &account)
+            } else {
+                crate::passwd::group(from_image.as_deref(), &account)
+            };
             let host = e.staging().write_generated(name, file, text.as_bytes())?;
-            mounts.push(access::ResolvedMount { host, container: target.to_string(), read_only: true });
+            mounts.push(access::ResolvedMount {
+                host,
+                container: target.to_string(),
+                read_only: true,
+            });
         }
         Ok(Some((mounts, user.name)))
     }
@@ -227,7 +288,10 @@ fn session_command(job: &Job) -> Option<Vec<String>> {
     if !job.job.spec.interactive || job.job.spec.command.is_some() {
         return None;
     }
-    let shell = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.shell.to_string_lossy().into_owned());
+    let shell = nix::unistd::User::from_uid(job.owner_uid.into())
+        .ok()
+        .flatten()
+        .map(|u| u.shell.to_string_lossy().into_owned());
     Some(crate::executor::session_argv(shell.as_deref()))
 }
 
@@ -253,7 +317,10 @@ impl Backend for DockerBackend {
     async fn find(&self, _e: &Arc<Engine>, _job: &Job, _attempt: &Attempt) -> Option<Resumed> {
         // The table decides every Docker attempt from the containers found (by name when no id is
         // recorded): one it did not find never started.
-        Some(Resumed::End { how: How::NeverStarted, run: None })
+        Some(Resumed::End {
+            how: How::NeverStarted,
+            run: None,
+        })
     }
 
     async fn place(&self, e: &Arc<Engine>) -> Vec<Dispatch> {
@@ -281,22 +348,44 @@ impl Backend for DockerBackend {
             down = self.watch_disk(e).await;
         }
         // Missing images are pulled first: their jobs wait out of the plan, holding nothing.
-        let pulling = if down.is_none() { self.pulls.before_pass(e, &self.exec).await } else { vec![] };
+        let pulling = if down.is_none() {
+            self.pulls.before_pass(e, &self.exec).await
+        } else {
+            vec![]
+        };
         let gpus = self.gpu_views(e);
         e.plan_local(gpus, down, pulling).await
     }
 
-    async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
+    async fn launch(
+        &self,
+        e: &Arc<Engine>,
+        job: &Job,
+        attempt: &Attempt,
+        placed: &Placed,
+        cancel: &CancellationToken,
+    ) -> Launched {
         let log = e.log_of(job.id);
-        append_log(&log, &format!("attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)));
-        let binding = if e.backend_kind == BackendKind::Nvml { GpuBinding::Nvidia } else { GpuBinding::EnvOnly };
+        append_log(
+            &log,
+            &format!("attempt {} of job {} on {}", attempt.n, job.id, gpu_list(&attempt.gpus)),
+        );
+        let binding = if e.backend_kind == BackendKind::Nvml {
+            GpuBinding::Nvidia
+        } else {
+            GpuBinding::EnvOnly
+        };
         let mut created: Option<String> = None;
         let started = async {
             // The lab may have changed since the submit: `ipc: host`, `home: mount` and `image: host` are checked again.
             let policy = e.policy();
             policy.containers.check(&job.job, &|k| e.set_in(k))?;
             // `image: host`: an empty root with this machine's system folders mounted read-only on it.
-            let host_root = job.job.spec.is_host_image().then(crate::executor::HostRoot::of_this_machine);
+            let host_root = job
+                .job
+                .spec
+                .is_host_image()
+                .then(crate::executor::HostRoot::of_this_machine);
             let image = match &host_root {
                 Some(root) => Some(self.exec.ensure_host_root(root).await?),
                 None => {
@@ -313,7 +402,8 @@ impl Backend for DockerBackend {
             mounts.extend(policy.containers.home_mount(&job.job, home.as_deref()));
             // Paths change while a job waits: check the mounts as the owner again, right before create.
             let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-            let checked = access::check_mounts_async(cred.clone(), mounts, job.job.spec.workdir.clone(), e.forbidden()).await?;
+            let checked =
+                access::check_mounts_async(cred.clone(), mounts, job.job.spec.workdir.clone(), e.forbidden()).await?;
             // Docker gets paths the owner cannot swap: the checked files, pinned (released in `release`).
             let name = e.container_name(job.id, attempt.n);
             let mut mounts = e.staging().stage(&name, checked)?;
@@ -322,7 +412,9 @@ impl Backend for DockerBackend {
                 log_file_size: Some(policy.log_cap / 2),
                 // Its writable layer, where the storage driver can bound it (`gantry status` says).
                 layer_size: policy.disk.layer_size.filter(|_| self.layer_ok.load(Ordering::Relaxed)),
-                ..policy.containers.settings(&job.job, placed.needs, &e.machine, home.as_deref())
+                ..policy
+                    .containers
+                    .settings(&job.job, placed.needs, &e.machine, home.as_deref())
             };
             // A whole-CPU share: pinned CPUs (near its GPUs), so the job sees as many as it may use.
             if container.nano_cpus.is_some() {
@@ -340,9 +432,25 @@ impl Backend for DockerBackend {
             // /etc has them already.
             if let Some(root) = &host_root {
                 // System folders only root can change: nothing for the owner to swap, nothing to pin.
-                mounts.extend(root.binds.iter().map(|b| access::ResolvedMount { host: b.into(), container: b.clone(), read_only: true }));
-                container.user = nix::unistd::User::from_uid(job.owner_uid.into()).ok().flatten().map(|u| u.name);
-            } else if let Some((files, user)) = self.identity(e, job, &name, container.home.as_deref().unwrap_or(FALLBACK_HOME), &cred.groups).await? {
+                mounts.extend(root.binds.iter().map(|b| access::ResolvedMount {
+                    host: b.into(),
+                    container: b.clone(),
+                    read_only: true,
+                }));
+                container.user = nix::unistd::User::from_uid(job.owner_uid.into())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name);
+            } else if let Some((files, user)) = self
+                .identity(
+                    e,
+                    job,
+                    &name,
+                    container.home.as_deref().unwrap_or(FALLBACK_HOME),
+                    &cred.groups,
+                )
+                .await?
+            {
                 mounts.extend(files);
                 container.user = Some(user);
             }
@@ -381,7 +489,12 @@ impl Backend for DockerBackend {
             if let Some(h) = e.running.lock().unwrap().get_mut(&job.id) {
                 h.run = Some(run);
             }
-            let claim: Vec<(u32, String)> = attempt.gpus.iter().copied().zip(attempt.gpu_uuids.iter().cloned()).collect();
+            let claim: Vec<(u32, String)> = attempt
+                .gpus
+                .iter()
+                .copied()
+                .zip(attempt.gpu_uuids.iter().cloned())
+                .collect();
             if let Some(other) = self.exec.gpu_taken(&cid, &e.engine_id, &claim).await? {
                 return Err(EngineError::Exec(ExecError::GpuTaken(format!(
                     "{} was taken at the same moment by container {other}, outside this engine; trying again shortly",
@@ -405,30 +518,55 @@ impl Backend for DockerBackend {
                 }
                 e.notify_job(job.id, JobState::Running);
                 info!(job = job.id, container = %&cid[..12.min(cid.len())], "job running");
-                Launched::Started { run: RunRef::Container(cid), at: e.now() }
+                Launched::Started {
+                    run: RunRef::Container(cid),
+                    at: e.now(),
+                }
             }
-            Ok((cid, false)) => Launched::Ended { how: How::CancelledBeforeStart, run: Some(RunRef::Container(cid)) },
+            Ok((cid, false)) => Launched::Ended {
+                how: How::CancelledBeforeStart,
+                run: Some(RunRef::Container(cid)),
+            },
             Err(err) => {
                 append_log(&log, &format!("could not start: {err}"));
                 warn!(job = job.id, "could not start: {err}");
                 let how = match &err {
                     EngineError::Spec(s) => How::Refused(s.to_string()),
-                    EngineError::Exec(x) => How::StartFailed { message: err.to_string(), transient: x.is_transient() },
-                    _ => How::StartFailed { message: err.to_string(), transient: false },
+                    EngineError::Exec(x) => How::StartFailed {
+                        message: err.to_string(),
+                        transient: x.is_transient(),
+                    },
+                    _ => How::StartFailed {
+                        message: err.to_string(),
+                        transient: false,
+                    },
                 };
-                Launched::Ended { how, run: created.map(RunRef::Container) }
+                Launched::Ended {
+                    how,
+                    run: created.map(RunRef::Container),
+                }
             }
         }
     }
 
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
-        Box::new(logs::DockerWatch::new(self.exec.clone(), e.clone(), job, attempt, run.container().unwrap_or_default(), since))
+        Box::new(logs::DockerWatch::new(
+            self.exec.clone(),
+            e.clone(),
+            job,
+            attempt,
+            run.container().unwrap_or_default(),
+            since,
+        ))
     }
 
     async fn abort(&self, e: &Engine, job: &Job, run: &RunRef) {
         let Some(cid) = run.container() else { return };
         if let Err(err) = self.exec.stop(cid, e.policy().stop_grace).await {
-            warn!(job = job.id, "could not stop the container of a crashed supervisor: {err}");
+            warn!(
+                job = job.id,
+                "could not stop the container of a crashed supervisor: {err}"
+            );
         }
     }
 
@@ -463,12 +601,16 @@ impl Backend for DockerBackend {
     }
 
     async fn terminal(&self, run: &RunRef) -> Result<crate::executor::Terminal, EngineError> {
-        let cid = run.container().ok_or_else(|| EngineError::Refused("this session has no container".into()))?;
+        let cid = run
+            .container()
+            .ok_or_else(|| EngineError::Refused("this session has no container".into()))?;
         Ok(self.exec.terminal(cid).await?)
     }
 
     async fn connect_port(&self, run: &RunRef, port: u16) -> Result<tokio::net::TcpStream, EngineError> {
-        let cid = run.container().ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
+        let cid = run
+            .container()
+            .ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
         Ok(self.exec.connect_port(cid, port).await?)
     }
 

@@ -67,7 +67,10 @@ impl Pulls {
         let mut fail: Vec<(i64, String)> = vec![];
         for (image, ids) in wanted {
             if let Err(why) = policy.images.check(&image, &|k| e.set_in(k)) {
-                fail.extend(ids.iter().map(|id| (*id, format!("{why} (the lab config changed since it was queued)"))));
+                fail.extend(
+                    ids.iter()
+                        .map(|id| (*id, format!("{why} (the lab config changed since it was queued)"))),
+                );
                 continue;
             }
             let now = e.now();
@@ -95,7 +98,13 @@ impl Pulls {
                 }
                 Ok(false) => {
                     waiting.extend(ids.iter().map(|id| (*id, pulling(&image))));
-                    self.start(e, exec, &image, policy.images.pull_timeout, e.set_in("images.pull_timeout"));
+                    self.start(
+                        e,
+                        exec,
+                        &image,
+                        policy.images.pull_timeout,
+                        e.set_in("images.pull_timeout"),
+                    );
                 }
                 // Docker away: the pass says so (every job's reason).
                 Err(err) => warn!("cannot look for image {image}: {err}"),
@@ -114,10 +123,23 @@ impl Pulls {
         waiting
     }
 
-    fn start(&self, e: &Arc<Engine>, exec: &Arc<dyn Executor>, image: &str, timeout: std::time::Duration, set_in: String) {
+    fn start(
+        &self,
+        e: &Arc<Engine>,
+        exec: &Arc<dyn Executor>,
+        image: &str,
+        timeout: std::time::Duration,
+        set_in: String,
+    ) {
         let cancel = CancellationToken::new();
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.images.lock().unwrap().insert(image.to_string(), Pull::Pulling { cancel: cancel.clone(), n });
+        self.images.lock().unwrap().insert(
+            image.to_string(),
+            Pull::Pulling {
+                cancel: cancel.clone(),
+                n,
+            },
+        );
         info!("pulling {image} before placing the jobs that need it");
         let (images, exec, e2, image) = (self.images.clone(), exec.clone(), e.clone(), image.to_string());
         e.tasks.spawn(async move {

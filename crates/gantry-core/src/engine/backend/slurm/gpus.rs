@@ -9,7 +9,10 @@ use crate::protocol::GpuUser;
 use crate::slurm::{self as sl, SqJob};
 use crate::store::RunRef;
 
-pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> (Vec<GpuSample>, Vec<(u32, Vec<i64>)>, Vec<GpuUser>) {
+/// The cluster's GPUs, the job ids on each GPU (by index), and who uses them.
+type ClusterGpus = (Vec<GpuSample>, Vec<(u32, Vec<i64>)>, Vec<GpuUser>);
+
+pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> ClusterGpus {
     let nodes = s.nodes.read().unwrap().clone();
     let snap = s.snapshot.borrow().clone();
     let mut gpus = vec![];
@@ -27,9 +30,18 @@ pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> (Vec<GpuSample>, Vec<(u32,
     let mut index = 0u32;
     let now = e.now();
     for n in &nodes {
-        let live = s.settings.node_samples.as_deref().and_then(|d| crate::node_agent::read(d, &n.name, now));
+        let live = s
+            .settings
+            .node_samples
+            .as_deref()
+            .and_then(|d| crate::node_agent::read(d, &n.name, now));
         for g in 0..n.gpus {
-            let name = format!("{} GPU {g}{} (Slurm node, {})", n.name, n.gpu_type.as_deref().map(|t| format!(" {t}")).unwrap_or_default(), n.state.to_lowercase());
+            let name = format!(
+                "{} GPU {g}{} (Slurm node, {})",
+                n.name,
+                n.gpu_type.as_deref().map(|t| format!(" {t}")).unwrap_or_default(),
+                n.state.to_lowercase()
+            );
             let mut s = GpuSample {
                 index,
                 uuid: format!("slurm:{}:{g}", n.name),
@@ -45,7 +57,12 @@ pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> (Vec<GpuSample>, Vec<(u32,
             };
             // Live figures from the node's agent, when it runs one.
             if let Some(x) = live.as_ref().and_then(|l| l.gpus.iter().find(|x| x.index == g)) {
-                s.name = format!("{} GPU {g}: {} (Slurm node, {})", n.name, x.name, n.state.to_lowercase());
+                s.name = format!(
+                    "{} GPU {g}: {} (Slurm node, {})",
+                    n.name,
+                    x.name,
+                    n.state.to_lowercase()
+                );
                 s.memory_total = x.memory_total;
                 s.memory_used = x.memory_used;
                 s.utilization = x.utilization;
@@ -53,9 +70,24 @@ pub(super) fn cluster_gpus(e: &Engine, s: &Shared) -> (Vec<GpuSample>, Vec<(u32,
                 s.power_w = x.power_w;
                 s.uuid = x.uuid.clone();
             }
-            let mine: Vec<i64> = ours.iter().filter(|(_, j)| j.nodes.as_deref() == Some(n.name.as_str()) && j.gpu_indexes().contains(&g)).map(|(id, _)| *id).collect();
+            let mine: Vec<i64> = ours
+                .iter()
+                .filter(|(_, j)| j.nodes.as_deref() == Some(n.name.as_str()) && j.gpu_indexes().contains(&g))
+                .map(|(id, _)| *id)
+                .collect();
             if n.gpus_used.contains(&g) && mine.is_empty() {
-                users.push(GpuUser { gpu: index, job_id: None, job_name: None, user: None, pid: None, command: Some("allocated by Slurm to another job".into()), container: None, used_memory: None, since: None, idle_since: None });
+                users.push(GpuUser {
+                    gpu: index,
+                    job_id: None,
+                    job_name: None,
+                    user: None,
+                    pid: None,
+                    command: Some("allocated by Slurm to another job".into()),
+                    container: None,
+                    used_memory: None,
+                    since: None,
+                    idle_since: None,
+                });
             }
             if !mine.is_empty() {
                 holders.push((index, mine));

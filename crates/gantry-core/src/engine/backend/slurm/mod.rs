@@ -58,13 +58,25 @@ pub(crate) struct SlurmBackend {
 impl SlurmBackend {
     pub fn new(client: Arc<dyn SlurmClient>, settings: Settings) -> SlurmBackend {
         let (snapshot, _) = channel::channel(Arc::new(Snapshot::default()));
-        SlurmBackend { s: Arc::new(Shared { client, settings, snapshot, refresh: Notify::new(), nodes: RwLock::new(vec![]), jobcomp: RwLock::new(None) }) }
+        SlurmBackend {
+            s: Arc::new(Shared {
+                client,
+                settings,
+                snapshot,
+                refresh: Notify::new(),
+                nodes: RwLock::new(vec![]),
+                jobcomp: RwLock::new(None),
+            }),
+        }
     }
 }
 
 /// Who a job's Slurm commands run as: its owner.
 fn owner(job: &Job) -> As {
-    As { name: job.owner.clone(), uid: job.owner_uid }
+    As {
+        name: job.owner.clone(),
+        uid: job.owner_uid,
+    }
 }
 
 /// Read `squeue --json` every poll (or when asked) and publish this engine's jobs; a Slurm that does
@@ -81,7 +93,11 @@ async fn tracker(e: Arc<Engine>, s: Arc<Shared>) {
         let at = e.now();
         match s.client.queue().await {
             Ok(jobs) => {
-                let jobs = jobs.into_iter().filter(|j| j.comment.as_deref().is_some_and(|c| c.starts_with(&prefix))).map(|j| (j.job_id, j)).collect();
+                let jobs = jobs
+                    .into_iter()
+                    .filter(|j| j.comment.as_deref().is_some_and(|c| c.starts_with(&prefix)))
+                    .map(|j| (j.job_id, j))
+                    .collect();
                 s.snapshot.send_replace(Arc::new(Snapshot { at, ok: true, jobs }));
                 let mut h = e.health.write().unwrap();
                 if h.backend_problem.take().is_some() {
@@ -118,7 +134,9 @@ impl SlurmBackend {
     /// ([`scheduler::preempt_pending`]); carried out like the workstation's (recorded on the
     /// attempt first, then its supervisor stops it: checkpoint signal, grace, `scontrol requeue`).
     fn preempt_for_pending(&self, e: &Arc<Engine>) {
-        let Some(rules) = e.policy().preemption.rules() else { return };
+        let Some(rules) = e.policy().preemption.rules() else {
+            return;
+        };
         if e.health.read().unwrap().store_problem.is_some() {
             return;
         }
@@ -129,8 +147,12 @@ impl SlurmBackend {
         let mut waiting = vec![];
         let mut running = vec![];
         for (id, h) in e.running.lock().unwrap().iter() {
-            let Some(RunRef::Slurm { id: sid, task }) = &h.run else { continue };
-            let Some(j) = sl::find_job(&snap.jobs, *sid, *task) else { continue };
+            let Some(RunRef::Slurm { id: sid, task }) = &h.run else {
+                continue;
+            };
+            let Some(j) = sl::find_job(&snap.jobs, *sid, *task) else {
+                continue;
+            };
             match j.state().as_str() {
                 "PENDING" if matches!(j.state_reason.as_str(), "Resources" | "Priority") => waiting.push(*id),
                 "RUNNING" if h.victim.is_some() => running.push(scheduler::RunningJob {
@@ -152,7 +174,12 @@ impl SlurmBackend {
         let mut pending = vec![];
         for id in waiting {
             match e.reader().job(id) {
-                Ok(Some(j)) => pending.push(scheduler::PendingJob { job_id: j.id, user: j.owner.clone(), priority: j.priority, gpus: j.gpus }),
+                Ok(Some(j)) => pending.push(scheduler::PendingJob {
+                    job_id: j.id,
+                    user: j.owner.clone(),
+                    priority: j.priority,
+                    gpus: j.gpus,
+                }),
                 Ok(None) => {}
                 Err(err) => {
                     warn!("cannot read job {id} to decide preemptions: {err}");
@@ -176,7 +203,11 @@ impl Backend for SlurmBackend {
     }
 
     async fn start(&self, e: &Arc<Engine>) -> Vec<JoinHandle<()>> {
-        info!("backend: Slurm (partition {}), squeue every {:?}", self.s.settings.partition.as_deref().unwrap_or("default"), self.s.settings.poll);
+        info!(
+            "backend: Slurm (partition {}), squeue every {:?}",
+            self.s.settings.partition.as_deref().unwrap_or("default"),
+            self.s.settings.poll
+        );
         vec![tokio::spawn(tracker(e.clone(), self.s.clone()))]
     }
 
@@ -206,7 +237,12 @@ impl Backend for SlurmBackend {
         let mut task = attempt.slurm_array_task;
         let marker = sl::marker(&e.db_uid, job.id, attempt.n);
         // A matrix's first attempts may have gone as one array: its tasks carry the array's marker.
-        let array = job.job.matrix_part.as_ref().filter(|_| attempt.n == 1).map(|p| (sl::array_marker(&e.db_uid, &p.group), p.index));
+        let array = job
+            .job
+            .matrix_part
+            .as_ref()
+            .filter(|_| attempt.n == 1)
+            .map(|p| (sl::array_marker(&e.db_uid, &p.group), p.index));
         let found = loop {
             match self.s.client.queue().await {
                 Ok(jobs) => {
@@ -233,15 +269,29 @@ impl Backend for SlurmBackend {
         };
         match sl::resume(None, &found) {
             Resume::Follow(id) | Resume::Adopt(id) => {
-                info!(job = job.id, slurm = id, "found in Slurm by its marker after a restart: not submitted again");
+                info!(
+                    job = job.id,
+                    slurm = id,
+                    "found in Slurm by its marker after a restart: not submitted again"
+                );
                 let run = RunRef::Slurm { id, task };
                 if !submit::record_run(e, job.id, attempt, &run).await {
                     return None;
                 }
-                append_log(&e.log_of(job.id), &format!("found as Slurm job {run} after an engine restart (not submitted again)"));
+                append_log(
+                    &e.log_of(job.id),
+                    &format!("found as Slurm job {run} after an engine restart (not submitted again)"),
+                );
                 Some(Resumed::Follow(run))
             }
-            Resume::NeverSubmitted => Some(Resumed::End { how: if job.cancel_requested { How::CancelledBeforeStart } else { How::NeverStarted }, run: None }),
+            Resume::NeverSubmitted => Some(Resumed::End {
+                how: if job.cancel_requested {
+                    How::CancelledBeforeStart
+                } else {
+                    How::NeverStarted
+                },
+                run: None,
+            }),
         }
     }
 
@@ -274,7 +324,15 @@ impl Backend for SlurmBackend {
             let mut w = e.waiting.write().unwrap();
             w.retain(|id, _| running.contains_key(id));
             for (i, (id, reason)) in blocked.into_iter().enumerate() {
-                w.insert(id, Waiting { job_id: id, position: i + 1, reason, reserved: vec![] });
+                w.insert(
+                    id,
+                    Waiting {
+                        job_id: id,
+                        position: i + 1,
+                        reason,
+                        reserved: vec![],
+                    },
+                );
             }
         }
         let start = |job: Job, after: Vec<RunRef>, note: &str| Start {
@@ -283,7 +341,10 @@ impl Backend for SlurmBackend {
             gpu_uuids: vec![],
             note: Some(note.into()),
             runtime: None,
-            placed: Placed { after, ..Default::default() },
+            placed: Placed {
+                after,
+                ..Default::default()
+            },
         };
         let mut singles: Vec<(Job, Vec<RunRef>)> = vec![];
         let mut groups: HashMap<String, Vec<(Job, Vec<RunRef>)>> = HashMap::new();
@@ -306,32 +367,62 @@ impl Backend for SlurmBackend {
             let count = g[0].0.job.matrix_part.as_ref().map(|p| p.count as usize).unwrap_or(0);
             if g.len() == count && g.iter().all(|(_, a)| *a == g[0].1) {
                 g.sort_by_key(|(j, _)| j.job.matrix_part.as_ref().map(|p| p.index));
-                out.push(Dispatch::Together(g.into_iter().map(|(j, a)| start(j, a, "submitting to Slurm with its matrix as one job array")).collect()));
+                out.push(Dispatch::Together(
+                    g.into_iter()
+                        .map(|(j, a)| start(j, a, "submitting to Slurm with its matrix as one job array"))
+                        .collect(),
+                ));
             } else if g.iter().all(|(j, _)| now - j.submitted_at < 3_000) {
                 continue; // its siblings may still be arriving: next pass
             } else {
                 singles.extend(g);
             }
         }
-        out.extend(singles.into_iter().map(|(j, a)| Dispatch::One(start(j, a, "submitting to Slurm"))));
+        out.extend(
+            singles
+                .into_iter()
+                .map(|(j, a)| Dispatch::One(start(j, a, "submitting to Slurm"))),
+        );
         out
     }
 
-    async fn launch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
+    async fn launch(
+        &self,
+        e: &Arc<Engine>,
+        job: &Job,
+        attempt: &Attempt,
+        placed: &Placed,
+        cancel: &CancellationToken,
+    ) -> Launched {
         submit::launch_one(e, &self.s, job, attempt, placed, cancel).await
     }
 
-    async fn launch_together(&self, e: &Arc<Engine>, parts: &[(Job, Attempt, CancellationToken)], placed: &Placed) -> Vec<Launched> {
+    async fn launch_together(
+        &self,
+        e: &Arc<Engine>,
+        parts: &[(Job, Attempt, CancellationToken)],
+        placed: &Placed,
+    ) -> Vec<Launched> {
         submit::launch_array(e, &self.s, parts, placed).await
     }
 
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
-        Box::new(watch::SlurmWatch::new(e.clone(), self.s.clone(), job, attempt, run, since))
+        Box::new(watch::SlurmWatch::new(
+            e.clone(),
+            self.s.clone(),
+            job,
+            attempt,
+            run,
+            since,
+        ))
     }
 
     async fn abort(&self, _e: &Engine, job: &Job, run: &RunRef) {
         if let Err(err) = self.s.client.cancel(&owner(job), &run.to_string()).await {
-            warn!(job = job.id, "could not scancel Slurm job {run} of a crashed supervisor: {err}");
+            warn!(
+                job = job.id,
+                "could not scancel Slurm job {run} of a crashed supervisor: {err}"
+            );
         }
         self.s.refresh.notify_one();
     }
@@ -346,8 +437,19 @@ impl Backend for SlurmBackend {
 
     fn gpu_status(&self, e: &Engine) -> GpuStatus {
         let (gpus, holders, users) = gpus::cluster_gpus(e, &self.s);
-        let note = Some(format!("Slurm cluster: {} GPUs on its nodes (scontrol show node); allocated ones are listed as in use", gpus.len()));
-        GpuStatus { backend: e.backend_kind, note, gpus, holders, users, library: None, reserved: vec![] }
+        let note = Some(format!(
+            "Slurm cluster: {} GPUs on its nodes (scontrol show node); allocated ones are listed as in use",
+            gpus.len()
+        ));
+        GpuStatus {
+            backend: e.backend_kind,
+            note,
+            gpus,
+            holders,
+            users,
+            library: None,
+            reserved: vec![],
+        }
     }
 
     /// Slurm knows the cluster; what it cannot do at all is refused now, with the reason.
@@ -365,7 +467,9 @@ impl Backend for SlurmBackend {
             preempt: None,
             restarts: 0,
         };
-        sl::sbatch_args(&sub, &self.s.settings).map(|_| ()).map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""))
+        sl::sbatch_args(&sub, &self.s.settings)
+            .map(|_| ())
+            .map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""))
     }
 
     fn left_running(&self) -> &'static str {

@@ -34,7 +34,10 @@ impl From<sl::Refusal> for SubmitError {
 }
 impl From<sl::SlurmError> for SubmitError {
     fn from(e: sl::SlurmError) -> Self {
-        SubmitError::Failed { transient: e.is_transient(), message: e.to_string() }
+        SubmitError::Failed {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -71,7 +74,11 @@ pub(super) fn after(e: &Engine, j: &QueuedRow) -> Result<Vec<RunRef>, String> {
                 // In Slurm on its last attempt: Slurm holds this one until it succeeds. A dependency
                 // that may still be retried gets a new Slurm id, so this job waits in Gantry.
                 let open = e.reader().open_attempt(dep.id).ok().flatten();
-                match open.filter(|a| a.n > dep.retries).and_then(|a| a.run_ref()).filter(|r| matches!(r, RunRef::Slurm { .. })) {
+                match open
+                    .filter(|a| a.n > dep.retries)
+                    .and_then(|a| a.run_ref())
+                    .filter(|r| matches!(r, RunRef::Slurm { .. }))
+                {
                     Some(run) => runs.push(run),
                     None => return Err(format!("waiting for job {d} to succeed (it is {})", dep.state.as_str())),
                 }
@@ -86,8 +93,17 @@ pub(super) fn after(e: &Engine, j: &QueuedRow) -> Result<Vec<RunRef>, String> {
 /// What the attempts of a job before `attempt` did with Slurm job `run`: how many followed it (each
 /// ended when Slurm requeued it), and the number of the one that submitted it (its output file).
 pub(super) fn followed(e: &Engine, job_id: i64, attempt: &Attempt, run: &RunRef) -> (u32, u32) {
-    let before: Vec<Attempt> = e.reader().attempts(job_id).unwrap_or_default().into_iter().filter(|a| a.n < attempt.n && a.run_ref().as_ref() == Some(run)).collect();
-    (before.len() as u32, before.iter().map(|a| a.n).min().unwrap_or(attempt.n))
+    let before: Vec<Attempt> = e
+        .reader()
+        .attempts(job_id)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.n < attempt.n && a.run_ref().as_ref() == Some(run))
+        .collect();
+    (
+        before.len() as u32,
+        before.iter().map(|a| a.n).min().unwrap_or(attempt.n),
+    )
 }
 
 /// The Slurm job this job's last preempted attempt followed, when Slurm requeued it and still has it
@@ -95,16 +111,43 @@ pub(super) fn followed(e: &Engine, job_id: i64, attempt: &Attempt, run: &RunRef)
 /// over. `Err`: Slurm or the database cannot say now (the attempt is tried again shortly, so a
 /// requeued job is never submitted twice).
 async fn requeued_run(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt) -> Result<Option<RunRef>, String> {
-    let attempts = e.reader().attempts(job.id).map_err(|err| format!("cannot read job {}'s attempts: {err}", job.id))?;
-    let last = attempts.iter().filter(|a| a.n < attempt.n).filter_map(|a| a.run_ref().map(|r| (a, r))).max_by_key(|(a, _)| a.n);
-    let Some((prev, run)) = last.filter(|(a, r)| a.reason == Some(crate::store::EndReason::Preempted) && matches!(r, RunRef::Slurm { .. })) else { return Ok(None) };
-    let RunRef::Slurm { id, task } = run else { return Ok(None) };
-    let base = attempts.iter().filter(|a| a.n <= prev.n && a.run_ref().as_ref() == Some(&run)).count() as u32;
-    let jobs = s.client.queue().await.map_err(|err| format!("cannot ask Slurm whether job {run} was requeued: {err}"))?;
+    let attempts = e
+        .reader()
+        .attempts(job.id)
+        .map_err(|err| format!("cannot read job {}'s attempts: {err}", job.id))?;
+    let last = attempts
+        .iter()
+        .filter(|a| a.n < attempt.n)
+        .filter_map(|a| a.run_ref().map(|r| (a, r)))
+        .max_by_key(|(a, _)| a.n);
+    let Some((prev, run)) =
+        last.filter(|(a, r)| a.reason == Some(crate::store::EndReason::Preempted) && matches!(r, RunRef::Slurm { .. }))
+    else {
+        return Ok(None);
+    };
+    let RunRef::Slurm { id, task } = run else {
+        return Ok(None);
+    };
+    let base = attempts
+        .iter()
+        .filter(|a| a.n <= prev.n && a.run_ref().as_ref() == Some(&run))
+        .count() as u32;
+    let jobs = s
+        .client
+        .queue()
+        .await
+        .map_err(|err| format!("cannot ask Slurm whether job {run} was requeued: {err}"))?;
     let jobs: std::collections::HashMap<u64, sl::SqJob> = jobs.into_iter().map(|j| (j.job_id, j)).collect();
     let prefix = format!("gantry:{}:{}:", e.db_uid, job.id);
-    let mine = sl::find_job(&jobs, id, task).filter(|j| sl::number(&j.user_id) == Some(job.owner_uid as i64) && j.comment.as_deref().is_some_and(|c| c.starts_with(&prefix) || c.starts_with(&format!("gantry:{}:array:", e.db_uid))));
-    Ok(mine.filter(|j| sl::adoptable(&j.state(), j.restarts(), base)).map(|_| run.clone()))
+    let mine = sl::find_job(&jobs, id, task).filter(|j| {
+        sl::number(&j.user_id) == Some(job.owner_uid as i64)
+            && j.comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with(&prefix) || c.starts_with(&format!("gantry:{}:array:", e.db_uid)))
+    });
+    Ok(mine
+        .filter(|j| sl::adoptable(&j.state(), j.restarts(), base))
+        .map(|_| run.clone()))
 }
 
 /// Record the Slurm id, retrying until the write succeeds (nothing new starts meanwhile). False on
@@ -132,7 +175,14 @@ pub(super) async fn record_run(e: &Engine, job_id: i64, attempt: &Attempt, run: 
 }
 
 /// Check the job as its owner, submit it to Slurm as them, record the Slurm id.
-pub(super) async fn launch_one(e: &Arc<Engine>, s: &Shared, job: &Job, attempt: &Attempt, placed: &Placed, cancel: &CancellationToken) -> Launched {
+pub(super) async fn launch_one(
+    e: &Arc<Engine>,
+    s: &Shared,
+    job: &Job,
+    attempt: &Attempt,
+    placed: &Placed,
+    cancel: &CancellationToken,
+) -> Launched {
     let log = e.log_of(job.id);
     // Preempted by a requeue: the same Slurm job runs again (Slurm's queue has it), not a new one.
     match requeued_run(e, s, job, attempt).await {
@@ -140,20 +190,42 @@ pub(super) async fn launch_one(e: &Arc<Engine>, s: &Shared, job: &Job, attempt: 
             if !record_run(e, job.id, attempt, &run).await {
                 return Launched::Shutdown;
             }
-            append_log(&log, &format!("attempt {}: Slurm job {run} was requeued; it runs again as this attempt (not submitted again)", attempt.n));
+            append_log(
+                &log,
+                &format!(
+                    "attempt {}: Slurm job {run} was requeued; it runs again as this attempt (not submitted again)",
+                    attempt.n
+                ),
+            );
             info!(job = job.id, slurm = %run, "following the requeued Slurm job");
             s.refresh.notify_one();
             return Launched::Started { run, at: e.now() };
         }
         Ok(None) => {}
-        Err(err) => return Launched::Ended { how: How::StartFailed { message: err, transient: true }, run: None },
+        Err(err) => {
+            return Launched::Ended {
+                how: How::StartFailed {
+                    message: err,
+                    transient: true,
+                },
+                run: None,
+            }
+        }
     }
-    append_log(&log, &format!("attempt {} of job {}: submitting to Slurm", attempt.n, job.id));
+    append_log(
+        &log,
+        &format!("attempt {} of job {}: submitting to Slurm", attempt.n, job.id),
+    );
     let after = placed.after.iter().map(RunRef::to_string).collect();
     let submitted = submit_one(e, s, job, attempt, after, cancel).await;
     let id = match submitted {
         Ok(Some(id)) => id,
-        Ok(None) => return Launched::Ended { how: How::CancelledBeforeStart, run: None },
+        Ok(None) => {
+            return Launched::Ended {
+                how: How::CancelledBeforeStart,
+                run: None,
+            }
+        }
         Err(err) => {
             let how = how_of(err);
             if let How::Refused(m) | How::StartFailed { message: m, .. } = &how {
@@ -178,17 +250,34 @@ pub(super) async fn launch_one(e: &Arc<Engine>, s: &Shared, job: &Job, attempt: 
 /// grace); `None` when preemption is off or the job is not preemptible.
 pub(super) fn checkpoint(e: &Engine, job: &Job) -> Option<sl::Checkpoint> {
     let policy = e.policy();
-    (policy.preemption.enabled && policy.preemption.preemptible(&job.job.spec))
-        .then(|| sl::Checkpoint { signal: job.job.spec.checkpoint_signal(), grace: job.job.spec.checkpoint_grace().unwrap_or(policy.stop_grace) })
+    (policy.preemption.enabled && policy.preemption.preemptible(&job.job.spec)).then(|| sl::Checkpoint {
+        signal: job.job.spec.checkpoint_signal(),
+        grace: job.job.spec.checkpoint_grace().unwrap_or(policy.stop_grace),
+    })
 }
 
-async fn submit_one(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt, after: Vec<String>, cancel: &CancellationToken) -> Result<Option<u64>, SubmitError> {
+async fn submit_one(
+    e: &Engine,
+    s: &Shared,
+    job: &Job,
+    attempt: &Attempt,
+    after: Vec<String>,
+    cancel: &CancellationToken,
+) -> Result<Option<u64>, SubmitError> {
     let policy = e.policy();
     policy.containers.check(&job.job, &|k| e.set_in(k))?;
-    let home = Engine::home_of(job.owner_uid).map(PathBuf::from).ok_or_else(|| SubmitError::Refused(format!("user {} has no home folder to run the job from", job.owner)))?;
+    let home = Engine::home_of(job.owner_uid)
+        .map(PathBuf::from)
+        .ok_or_else(|| SubmitError::Refused(format!("user {} has no home folder to run the job from", job.owner)))?;
     // The same mount checks as the local backend, as the owner, right before submitting.
     let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-    let checked = access::check_mounts_async(cred, job.job.mounts.clone(), job.job.spec.workdir.clone(), e.forbidden()).await?;
+    let checked = access::check_mounts_async(
+        cred,
+        job.job.mounts.clone(),
+        job.job.spec.workdir.clone(),
+        e.forbidden(),
+    )
+    .await?;
     let mounts = checked.into_iter().map(|c| c.mount).collect();
     let file = output_name(e, job.id, attempt.n);
     let output = match &s.settings.log_dir {
@@ -210,7 +299,14 @@ async fn submit_one(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt, after:
         after,
         mounts,
         preempt: checkpoint(e, job),
-        restarts: e.reader().preemptions(job.id, 0).map_err(|err| SubmitError::Failed { message: format!("cannot read job {}'s attempts: {err}", job.id), transient: true })?.0,
+        restarts: e
+            .reader()
+            .preemptions(job.id, 0)
+            .map_err(|err| SubmitError::Failed {
+                message: format!("cannot read job {}'s attempts: {err}", job.id),
+                transient: true,
+            })?
+            .0,
     };
     let args = sl::sbatch_args(&sub, &s.settings)?;
     let script = sl::batch_script(&sub, job.id, attempt.n, s.settings.runtime);
@@ -222,9 +318,20 @@ async fn submit_one(e: &Engine, s: &Shared, job: &Job, attempt: &Attempt, after:
 }
 
 /// A matrix's first attempts as one job array; each task's id recorded.
-pub(super) async fn launch_array(e: &Arc<Engine>, s: &Shared, parts: &[(Job, Attempt, CancellationToken)], placed: &Placed) -> Vec<Launched> {
+pub(super) async fn launch_array(
+    e: &Arc<Engine>,
+    s: &Shared,
+    parts: &[(Job, Attempt, CancellationToken)],
+    placed: &Placed,
+) -> Vec<Launched> {
     for (job, attempt, _) in parts {
-        append_log(&e.log_of(job.id), &format!("attempt {} of job {}: submitting to Slurm with its matrix as one job array", attempt.n, job.id));
+        append_log(
+            &e.log_of(job.id),
+            &format!(
+                "attempt {} of job {}: submitting to Slurm with its matrix as one job array",
+                attempt.n, job.id
+            ),
+        );
     }
     let after = placed.after.iter().map(RunRef::to_string).collect();
     let submitted = submit_array(e, s, parts, after).await;
@@ -237,14 +344,27 @@ pub(super) async fn launch_array(e: &Arc<Engine>, s: &Shared, parts: &[(Job, Att
                     append_log(&e.log_of(job.id), &format!("not submitted: {m}"));
                 }
             }
-            return parts.iter().map(|_| Launched::Ended { how: how.clone(), run: None }).collect();
+            return parts
+                .iter()
+                .map(|_| Launched::Ended {
+                    how: how.clone(),
+                    run: None,
+                })
+                .collect();
         }
     };
     let at = e.now();
-    info!(slurm = master, "submitted {} jobs to Slurm as one job array", parts.len());
+    info!(
+        slurm = master,
+        "submitted {} jobs to Slurm as one job array",
+        parts.len()
+    );
     let mut out = vec![];
     for (job, attempt, _) in parts {
-        let run = RunRef::Slurm { id: master, task: job.job.matrix_part.as_ref().map(|p| p.index) };
+        let run = RunRef::Slurm {
+            id: master,
+            task: job.job.matrix_part.as_ref().map(|p| p.index),
+        };
         if !record_run(e, job.id, attempt, &run).await {
             return parts.iter().map(|_| Launched::Shutdown).collect();
         }
@@ -256,11 +376,23 @@ pub(super) async fn launch_array(e: &Arc<Engine>, s: &Shared, parts: &[(Job, Att
 }
 
 /// Checks each job as its owner, then one `sbatch --array` whose script runs each task's job.
-async fn submit_array(e: &Engine, s: &Shared, parts: &[(Job, Attempt, CancellationToken)], after: Vec<String>) -> Result<u64, SubmitError> {
+async fn submit_array(
+    e: &Engine,
+    s: &Shared,
+    parts: &[(Job, Attempt, CancellationToken)],
+    after: Vec<String>,
+) -> Result<u64, SubmitError> {
     let policy = e.policy();
     let first = &parts[0].0;
-    let group = first.job.matrix_part.as_ref().map(|p| p.group.clone()).unwrap_or_default();
-    let home = Engine::home_of(first.owner_uid).map(PathBuf::from).ok_or_else(|| SubmitError::Refused(format!("user {} has no home folder to run the job from", first.owner)))?;
+    let group = first
+        .job
+        .matrix_part
+        .as_ref()
+        .map(|p| p.group.clone())
+        .unwrap_or_default();
+    let home = Engine::home_of(first.owner_uid)
+        .map(PathBuf::from)
+        .ok_or_else(|| SubmitError::Refused(format!("user {} has no home folder to run the job from", first.owner)))?;
     let pattern = format!("{}-arr{group}-%a.out", e.db_uid);
     let output = match &s.settings.log_dir {
         Some(d) => sl::user_log_dir(d, first.owner_uid, first.owner_gid)?.join(&pattern),
@@ -271,7 +403,13 @@ async fn submit_array(e: &Engine, s: &Shared, parts: &[(Job, Attempt, Cancellati
     for (job, _, _) in parts {
         policy.containers.check(&job.job, &|k| e.set_in(k))?;
         let cred = Cred::of_user(job.owner_uid, job.owner_gid);
-        let checked = access::check_mounts_async(cred, job.job.mounts.clone(), job.job.spec.workdir.clone(), e.forbidden()).await?;
+        let checked = access::check_mounts_async(
+            cred,
+            job.job.mounts.clone(),
+            job.job.spec.workdir.clone(),
+            e.forbidden(),
+        )
+        .await?;
         let sub = Submission {
             job: &job.job,
             marker: marker.clone(),

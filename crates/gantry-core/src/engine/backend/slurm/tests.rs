@@ -19,7 +19,11 @@ fn cfg(dir: &std::path::Path) -> Config {
     c.lab.backend = BackendChoice::Slurm;
     let logs = dir.join("slurm-logs");
     std::fs::create_dir_all(&logs).unwrap();
-    c.lab.slurm = Settings { poll: Duration::from_secs(1), log_dir: Some(logs), ..Default::default() };
+    c.lab.slurm = Settings {
+        poll: Duration::from_secs(1),
+        log_dir: Some(logs),
+        ..Default::default()
+    };
     c
 }
 
@@ -27,8 +31,14 @@ fn cfg(dir: &std::path::Path) -> Config {
 /// hand files to someone else.
 fn me() -> Owner {
     let uid = nix::unistd::geteuid();
-    let user = nix::unistd::User::from_uid(uid).unwrap().expect("the test's user has a passwd entry");
-    Owner { uid: uid.as_raw(), gid: nix::unistd::getegid().as_raw(), name: user.name }
+    let user = nix::unistd::User::from_uid(uid)
+        .unwrap()
+        .expect("the test's user has a passwd entry");
+    Owner {
+        uid: uid.as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+        name: user.name,
+    }
 }
 
 struct Cluster {
@@ -40,7 +50,11 @@ struct Cluster {
 impl Cluster {
     fn new() -> Cluster {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
-        Cluster { dir: tempfile::tempdir().unwrap(), slurm: FakeSlurm::new(clock.clone()), clock }
+        Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            slurm: FakeSlurm::new(clock.clone()),
+            clock,
+        }
     }
 
     fn open_with(&self, c: Config) -> Arc<Engine> {
@@ -58,8 +72,19 @@ fn run(e: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
 }
 
 fn submit(e: &Engine, yaml: &str) -> i64 {
-    let spec = crate::engine::submit::Spec::File { text: yaml, file_name: "test.yaml", base_dir: None };
-    e.submit(crate::engine::submit::Submission { spec, owner: &me(), source: "test".into(), source_key: None, idempotency_key: None }).unwrap()[0]
+    let spec = crate::engine::submit::Spec::File {
+        text: yaml,
+        file_name: "test.yaml",
+        base_dir: None,
+    };
+    e.submit(crate::engine::submit::Submission {
+        spec,
+        owner: &me(),
+        source: "test".into(),
+        source_key: None,
+        idempotency_key: None,
+    })
+    .unwrap()[0]
 }
 
 async fn wait_for(e: &Engine, id: i64, want: impl Fn(JobState) -> bool) -> JobState {
@@ -87,8 +112,20 @@ fn slurm_id(e: &Engine, id: i64, n: usize) -> Option<u64> {
 #[tokio::test(start_paused = true)]
 async fn a_restart_follows_recorded_ids_and_finds_the_others_by_the_owners_marker_only() {
     let c = Cluster::new();
-    c.slurm.script("train", Script { runtime: Duration::from_secs(60), ..Default::default() });
-    c.slurm.script("adopted", Script { runtime: Duration::from_secs(30), ..Default::default() });
+    c.slurm.script(
+        "train",
+        Script {
+            runtime: Duration::from_secs(60),
+            ..Default::default()
+        },
+    );
+    c.slurm.script(
+        "adopted",
+        Script {
+            runtime: Duration::from_secs(30),
+            ..Default::default()
+        },
+    );
     let e = c.open();
     let h = run(&e);
     let followed = submit(&e, "name: train\nimage: a\n");
@@ -102,7 +139,10 @@ async fn a_restart_follows_recorded_ids_and_finds_the_others_by_the_owners_marke
     let adopted = submit(&e, "name: adopted\nimage: a\n");
     let forged = submit(&e, "name: forged\nimage: a\n");
     for id in [adopted, forged] {
-        e.store().begin_attempt_noted(id, &[], &[], Some("submitting to Slurm")).unwrap().unwrap();
+        e.store()
+            .begin_attempt_noted(id, &[], &[], Some("submitting to Slurm"))
+            .unwrap()
+            .unwrap();
     }
     let mine = c.slurm.inject(me().uid, "adopted", &marker(&e.db_uid, adopted, 1));
     // Anyone may put any comment on their own Slurm job: another user's job with the marker.
@@ -113,24 +153,61 @@ async fn a_restart_follows_recorded_ids_and_finds_the_others_by_the_owners_marke
     assert_eq!(final_state(&e, followed).await, JobState::Succeeded);
     assert_eq!(final_state(&e, adopted).await, JobState::Succeeded);
     assert_eq!(final_state(&e, forged).await, JobState::Succeeded);
-    assert_eq!(e.job_detail(followed).unwrap().attempts.len(), 1, "followed again, not run again");
+    assert_eq!(
+        e.job_detail(followed).unwrap().attempts.len(),
+        1,
+        "followed again, not run again"
+    );
     let a = e.job_detail(adopted).unwrap();
-    assert_eq!((a.attempts.len(), a.attempts[0].slurm_job_id), (1, Some(mine)), "adopted: its own Slurm job, recorded");
+    assert_eq!(
+        (a.attempts.len(), a.attempts[0].slurm_job_id),
+        (1, Some(mine)),
+        "adopted: its own Slurm job, recorded"
+    );
     let f = e.job_detail(forged).unwrap();
-    assert_eq!(f.attempts.len(), 2, "the first attempt never reached Slurm; the job is submitted again");
+    assert_eq!(
+        f.attempts.len(),
+        2,
+        "the first attempt never reached Slurm; the job is submitted again"
+    );
     assert_eq!(f.attempts[0].reason, Some(EndReason::Lost));
-    assert_ne!(slurm_id(&e, forged, 1), Some(theirs), "another user's job is never adopted");
-    let submitted: Vec<u64> = c.slurm.submitted.lock().unwrap()[before..].iter().map(|s| s.1).collect();
-    assert_eq!(submitted, vec![slurm_id(&e, forged, 1).unwrap()], "after the restart only the forged one's job went to Slurm, once");
-    assert!(std::fs::read_to_string(e.log_of(adopted)).unwrap().contains(&format!("found as Slurm job {mine} after an engine restart (not submitted again)")));
+    assert_ne!(
+        slurm_id(&e, forged, 1),
+        Some(theirs),
+        "another user's job is never adopted"
+    );
+    let submitted: Vec<u64> = c.slurm.submitted.lock().unwrap()[before..]
+        .iter()
+        .map(|s| s.1)
+        .collect();
+    assert_eq!(
+        submitted,
+        vec![slurm_id(&e, forged, 1).unwrap()],
+        "after the restart only the forged one's job went to Slurm, once"
+    );
+    assert!(std::fs::read_to_string(e.log_of(adopted)).unwrap().contains(&format!(
+        "found as Slurm job {mine} after an engine restart (not submitted again)"
+    )));
 }
 
 /// Cancel is `scancel` as the job's owner, running or still pending in Slurm.
 #[tokio::test(start_paused = true)]
 async fn cancel_scancels_as_the_owner_whether_it_runs_or_pends() {
     let c = Cluster::new();
-    c.slurm.script("long", Script { runtime: Duration::from_secs(3600), ..Default::default() });
-    c.slurm.script("waits", Script { pending: Duration::from_secs(3600), ..Default::default() });
+    c.slurm.script(
+        "long",
+        Script {
+            runtime: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
+    c.slurm.script(
+        "waits",
+        Script {
+            pending: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
     let e = c.open();
     let _h = run(&e);
     let running = submit(&e, "name: long\nimage: a\n");
@@ -140,8 +217,17 @@ async fn cancel_scancels_as_the_owner_whether_it_runs_or_pends() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let why = e.queue().unwrap().into_iter().find(|q| q.job.id == pending).and_then(|q| q.reason).unwrap_or_default();
-    assert!(why.contains("waiting for GPUs, CPUs or memory to free up in Slurm (Resources)"), "{why}");
+    let why = e
+        .queue()
+        .unwrap()
+        .into_iter()
+        .find(|q| q.job.id == pending)
+        .and_then(|q| q.reason)
+        .unwrap_or_default();
+    assert!(
+        why.contains("waiting for GPUs, CPUs or memory to free up in Slurm (Resources)"),
+        "{why}"
+    );
     e.cancel(running, me().uid).unwrap();
     e.cancel(pending, me().uid).unwrap();
     assert_eq!(final_state(&e, running).await, JobState::Cancelled);
@@ -149,10 +235,17 @@ async fn cancel_scancels_as_the_owner_whether_it_runs_or_pends() {
     let r = &e.job_detail(running).unwrap().attempts[0];
     assert_eq!((r.reason, r.exit_code), (Some(EndReason::Cancelled), Some(143)));
     let p = &e.job_detail(pending).unwrap().attempts[0];
-    assert!(p.message.as_deref().unwrap_or("").contains("before it started"), "{:?}", p.message);
+    assert!(
+        p.message.as_deref().unwrap_or("").contains("before it started"),
+        "{:?}",
+        p.message
+    );
     let mut cancels = c.slurm.cancels.lock().unwrap().clone();
     cancels.sort();
-    let mut want = vec![(me().name, slurm_id(&e, running, 0).unwrap().to_string()), (me().name, slurm_id(&e, pending, 0).unwrap().to_string())];
+    let mut want = vec![
+        (me().name, slurm_id(&e, running, 0).unwrap().to_string()),
+        (me().name, slurm_id(&e, pending, 0).unwrap().to_string()),
+    ];
     want.sort();
     assert_eq!(cancels, want);
 }
@@ -162,7 +255,14 @@ async fn cancel_scancels_as_the_owner_whether_it_runs_or_pends() {
 #[tokio::test(start_paused = true)]
 async fn the_timeout_counts_from_slurms_start_and_is_never_retried() {
     let c = Cluster::new();
-    c.slurm.script("slow", Script { pending: Duration::from_secs(20), runtime: Duration::from_secs(3600), ..Default::default() });
+    c.slurm.script(
+        "slow",
+        Script {
+            pending: Duration::from_secs(20),
+            runtime: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
     let e = c.open();
     let _h = run(&e);
     let id = submit(&e, "name: slow\nimage: a\ntimeout: 5s\nretries: 2\n");
@@ -174,7 +274,11 @@ async fn the_timeout_counts_from_slurms_start_and_is_never_retried() {
     let ran = a.ended_at.unwrap() - a.started_at;
     // Slurm reports its start in whole seconds; the end is seen at the next `squeue` after `scancel`.
     assert!((5_000..8_000).contains(&ran), "it ran {ran} ms for a 5 s timeout");
-    assert!(a.started_at - d.job.submitted_at >= 19_000, "started {} ms after the submit: the 20 s pending is not counted", a.started_at - d.job.submitted_at);
+    assert!(
+        a.started_at - d.job.submitted_at >= 19_000,
+        "started {} ms after the submit: the 20 s pending is not counted",
+        a.started_at - d.job.submitted_at
+    );
     assert_eq!(c.slurm.cancels.lock().unwrap().len(), 1);
     let log = std::fs::read_to_string(e.log_of(id)).unwrap();
     assert!(log.contains("stopping: the 5s timeout passed"), "{log}");
@@ -186,7 +290,14 @@ async fn the_timeout_counts_from_slurms_start_and_is_never_retried() {
 async fn output_is_copied_once_and_a_capped_log_says_it_was_truncated() {
     let c = Cluster::new();
     let lines: Vec<String> = (1..=100).map(|i| format!("line {i:03}")).collect();
-    c.slurm.script("talks", Script { runtime: Duration::from_secs(5), output: lines.clone(), ..Default::default() });
+    c.slurm.script(
+        "talks",
+        Script {
+            runtime: Duration::from_secs(5),
+            output: lines.clone(),
+            ..Default::default()
+        },
+    );
     let e = c.open();
     let h = run(&e);
     let id = submit(&e, "name: talks\nimage: a\n");
@@ -206,11 +317,22 @@ async fn output_is_copied_once_and_a_capped_log_says_it_was_truncated() {
     let id = submit(&e, "name: talks\nimage: a\n");
     assert_eq!(final_state(&e, id).await, JobState::Succeeded);
     let log = std::fs::read_to_string(e.log_of(id)).unwrap();
-    assert_eq!(log.matches("[gantry] log truncated: the job wrote more than 1000 bytes").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("[gantry] log truncated: the job wrote more than 1000 bytes")
+            .count(),
+        1,
+        "{log}"
+    );
     let copied: Vec<&str> = log.lines().filter(|l| l.starts_with("line ")).collect();
-    assert!(!copied.is_empty() && copied.len() < 100 && copied[..] == lines[..copied.len()], "the start of the output, then the note:\n{log}");
+    assert!(
+        !copied.is_empty() && copied.len() < 100 && copied[..] == lines[..copied.len()],
+        "the start of the output, then the note:\n{log}"
+    );
     let note = log.find("log truncated").unwrap();
-    assert!(!log[note..].contains("line "), "nothing of the output after the note:\n{log}");
+    assert!(
+        !log[note..].contains("line "),
+        "nothing of the output after the note:\n{log}"
+    );
 }
 
 /// Slurm's output goes through the same line cutting as Docker's: a progress bar's line is its last
@@ -218,8 +340,19 @@ async fn output_is_copied_once_and_a_capped_log_says_it_was_truncated() {
 #[tokio::test(start_paused = true)]
 async fn slurm_output_lines_are_their_last_state_and_long_ones_are_cut_with_a_note() {
     let c = Cluster::new();
-    let output = vec!["\r 10%|#  |\r 50%|## |\r100%|###|".to_string(), "z".repeat(100_000), "after".to_string()];
-    c.slurm.script("bars", Script { runtime: Duration::from_secs(5), output, ..Default::default() });
+    let output = vec![
+        "\r 10%|#  |\r 50%|## |\r100%|###|".to_string(),
+        "z".repeat(100_000),
+        "after".to_string(),
+    ];
+    c.slurm.script(
+        "bars",
+        Script {
+            runtime: Duration::from_secs(5),
+            output,
+            ..Default::default()
+        },
+    );
     let e = c.open();
     let _h = run(&e);
     let id = submit(&e, "name: bars\nimage: a\n");
@@ -227,7 +360,10 @@ async fn slurm_output_lines_are_their_last_state_and_long_ones_are_cut_with_a_no
     let shown = String::from_utf8(crate::engine::strip_stamps(&std::fs::read(e.log_of(id)).unwrap())).unwrap();
     let out: Vec<&str> = shown.lines().filter(|l| !l.starts_with("[gantry ")).collect();
     let kept = "z".repeat(64 << 10);
-    let note = format!("[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out", 100_000 - (64 << 10));
+    let note = format!(
+        "[gantry] the line above was cut at 64.0 KiB: {} more bytes of it (without a newline) are left out",
+        100_000 - (64 << 10)
+    );
     assert_eq!(out, vec!["100%|###|", kept.as_str(), note.as_str(), "after"]);
 }
 
@@ -235,7 +371,13 @@ async fn slurm_output_lines_are_their_last_state_and_long_ones_are_cut_with_a_no
 fn preempting(dir: &std::path::Path) -> Config {
     let mut c = cfg(dir);
     c.lab.policy.preemption.enabled = true;
-    c.lab.policy.preemption.rules = crate::scheduler::PreemptRules { overdue: false, priority_gap: Some(10), fair_share: false, min_run_ms: 600_000, max_per_day: 3 };
+    c.lab.policy.preemption.rules = crate::scheduler::PreemptRules {
+        overdue: false,
+        priority_gap: Some(10),
+        fair_share: false,
+        min_run_ms: 600_000,
+        max_per_day: 3,
+    };
     c
 }
 
@@ -246,49 +388,114 @@ fn preempting(dir: &std::path::Path) -> Config {
 /// runs on the freed GPUs, and the job's next attempt is the SAME Slurm job run again (restart
 /// count 1), not a second `sbatch`.
 #[tokio::test(start_paused = true)]
-async fn a_preempted_slurm_job_gets_its_signal_then_its_grace_then_scontrol_requeue_and_runs_again_as_the_same_slurm_job() {
+async fn a_preempted_slurm_job_gets_its_signal_then_its_grace_then_scontrol_requeue_and_runs_again_as_the_same_slurm_job(
+) {
     let c = Cluster::new();
-    c.slurm.script("train", Script { runtime: Duration::from_secs(3600), ..Default::default() });
-    c.slurm.script("urgent", Script { runtime: Duration::from_secs(60), ..Default::default() });
+    c.slurm.script(
+        "train",
+        Script {
+            runtime: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
+    c.slurm.script(
+        "urgent",
+        Script {
+            runtime: Duration::from_secs(60),
+            ..Default::default()
+        },
+    );
     let e = c.open_with(preempting(c.dir.path()));
     let _h = run(&e);
-    let train = submit(&e, "name: train\nimage: a\ngpus: 4\npreemptible: true\nretries: 0\ncheckpoint: {signal: SIGUSR1, grace: 2m}\n");
+    let train = submit(
+        &e,
+        "name: train\nimage: a\ngpus: 4\npreemptible: true\nretries: 0\ncheckpoint: {signal: SIGUSR1, grace: 2m}\n",
+    );
     wait_for(&e, train, |s| s == JobState::Running).await;
     let sid = slurm_id(&e, train, 0).unwrap();
     let args = c.slurm.submitted.lock().unwrap()[0].2.clone();
-    assert!(args.contains(&"--requeue".to_string()) && args.contains(&"--signal=B:USR1@120".to_string()), "{args:?}");
+    assert!(
+        args.contains(&"--requeue".to_string()) && args.contains(&"--signal=B:USR1@120".to_string()),
+        "{args:?}"
+    );
     let urgent = submit(&e, "name: urgent\nimage: a\ngpus: 4\npriority: 10\n");
     // Not before min_run (10 min): nothing is signalled yet.
     tokio::time::sleep(Duration::from_secs(300)).await;
     assert!(c.slurm.signals.lock().unwrap().is_empty(), "signalled before min_run");
-    let why = e.queue().unwrap().into_iter().find(|q| q.job.id == urgent).and_then(|q| q.reason).unwrap_or_default();
+    let why = e
+        .queue()
+        .unwrap()
+        .into_iter()
+        .find(|q| q.job.id == urgent)
+        .and_then(|q| q.reason)
+        .unwrap_or_default();
     assert!(why.contains("(Resources)"), "{why}");
     assert_eq!(final_state(&e, urgent).await, JobState::Succeeded);
     let signals = c.slurm.signals.lock().unwrap().clone();
     let requeues = c.slurm.requeues.lock().unwrap().clone();
-    assert_eq!(signals.iter().map(|s| (s.0.clone(), s.1.clone(), s.2.clone())).collect::<Vec<_>>(), vec![(me().name, sid.to_string(), "USR1".to_string())]);
-    assert_eq!(requeues.iter().map(|r| (r.0.clone(), r.1.clone())).collect::<Vec<_>>(), vec![(me().name, sid.to_string())], "requeued once, as its owner");
+    assert_eq!(
+        signals
+            .iter()
+            .map(|s| (s.0.clone(), s.1.clone(), s.2.clone()))
+            .collect::<Vec<_>>(),
+        vec![(me().name, sid.to_string(), "USR1".to_string())]
+    );
+    assert_eq!(
+        requeues.iter().map(|r| (r.0.clone(), r.1.clone())).collect::<Vec<_>>(),
+        vec![(me().name, sid.to_string())],
+        "requeued once, as its owner"
+    );
     let grace = requeues[0].2 - signals[0].3;
-    assert!(grace >= Duration::from_secs(120) && grace <= Duration::from_secs(125), "requeued {grace:?} after the signal: the 2m grace, within a poll");
+    assert!(
+        grace >= Duration::from_secs(120) && grace <= Duration::from_secs(125),
+        "requeued {grace:?} after the signal: the 2m grace, within a poll"
+    );
     assert_eq!(final_state(&e, train).await, JobState::Succeeded);
     let d = e.job_detail(train).unwrap();
     assert_eq!(d.attempts.len(), 2, "{:?}", d.attempts);
     assert_eq!(d.attempts[0].reason, Some(EndReason::Preempted));
     let msg = d.attempts[0].message.clone().unwrap_or_default();
-    assert!(msg.starts_with(&format!("preempted by job {urgent} ({}'s 4-GPU job has priority 10, this one 0) after ", me().name)) && msg.contains("GPU-minutes · resumes when GPUs free"), "{msg}");
-    assert_eq!((slurm_id(&e, train, 0), slurm_id(&e, train, 1)), (Some(sid), Some(sid)), "the requeued Slurm job ran again as the next attempt");
+    assert!(
+        msg.starts_with(&format!(
+            "preempted by job {urgent} ({}'s 4-GPU job has priority 10, this one 0) after ",
+            me().name
+        )) && msg.contains("GPU-minutes · resumes when GPUs free"),
+        "{msg}"
+    );
+    assert_eq!(
+        (slurm_id(&e, train, 0), slurm_id(&e, train, 1)),
+        (Some(sid), Some(sid)),
+        "the requeued Slurm job ran again as the next attempt"
+    );
     assert_eq!(c.slurm.restarts(sid), 1);
-    let trains = c.slurm.submitted.lock().unwrap().iter().filter(|s| s.2.contains(&"--job-name=train".to_string())).count();
+    let trains = c
+        .slurm
+        .submitted
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.2.contains(&"--job-name=train".to_string()))
+        .count();
     assert_eq!(trains, 1, "one sbatch for train, never a second");
     // The urgent job ran on the GPUs the preemption freed, before train came back.
     let u = e.job_detail(urgent).unwrap();
     // (Slurm's start is in whole seconds; Gantry records the preempted attempt's end at the next
     // `squeue` after the requeue.)
     let (u0, t0) = (u.attempts[0].started_at, &d.attempts[0]);
-    assert!(u0 >= t0.started_at + 720_000 - 1_000 && u0 + 2_000 >= t0.ended_at.unwrap(), "urgent started at the requeue (10 min min_run + the 2m grace), not beside train: {u0} vs {t0:?}");
-    assert!(d.attempts[1].started_at >= u.attempts[0].started_at, "train came back before urgent started");
+    assert!(
+        u0 >= t0.started_at + 720_000 - 1_000 && u0 + 2_000 >= t0.ended_at.unwrap(),
+        "urgent started at the requeue (10 min min_run + the 2m grace), not beside train: {u0} vs {t0:?}"
+    );
+    assert!(
+        d.attempts[1].started_at >= u.attempts[0].started_at,
+        "train came back before urgent started"
+    );
     let log = std::fs::read_to_string(e.log_of(train)).unwrap();
-    assert!(log.contains(&format!("requeued Slurm job {sid} (scontrol requeue)")) && log.contains("runs again as this attempt (not submitted again)"), "{log}");
+    assert!(
+        log.contains(&format!("requeued Slurm job {sid} (scontrol requeue)"))
+            && log.contains("runs again as this attempt (not submitted again)"),
+        "{log}"
+    );
 }
 
 /// A job that saves on its signal and exits within its grace is requeued then, not at the end of
@@ -296,21 +503,46 @@ async fn a_preempted_slurm_job_gets_its_signal_then_its_grace_then_scontrol_requ
 #[tokio::test(start_paused = true)]
 async fn a_slurm_job_that_exits_on_its_checkpoint_signal_is_requeued_at_once() {
     let c = Cluster::new();
-    c.slurm.script("train", Script { runtime: Duration::from_secs(3600), checkpoint: Some(Duration::from_secs(20)), ..Default::default() });
-    c.slurm.script("urgent", Script { runtime: Duration::from_secs(60), ..Default::default() });
+    c.slurm.script(
+        "train",
+        Script {
+            runtime: Duration::from_secs(3600),
+            checkpoint: Some(Duration::from_secs(20)),
+            ..Default::default()
+        },
+    );
+    c.slurm.script(
+        "urgent",
+        Script {
+            runtime: Duration::from_secs(60),
+            ..Default::default()
+        },
+    );
     let e = c.open_with(preempting(c.dir.path()));
     let _h = run(&e);
-    let train = submit(&e, "name: train\nimage: a\ngpus: 4\npreemptible: true\ncheckpoint: {signal: SIGUSR1, grace: 10m}\n");
+    let train = submit(
+        &e,
+        "name: train\nimage: a\ngpus: 4\npreemptible: true\ncheckpoint: {signal: SIGUSR1, grace: 10m}\n",
+    );
     wait_for(&e, train, |s| s == JobState::Running).await;
     let urgent = submit(&e, "name: urgent\nimage: a\ngpus: 4\npriority: 10\n");
     assert_eq!(final_state(&e, urgent).await, JobState::Succeeded);
     assert_eq!(final_state(&e, train).await, JobState::Succeeded);
-    let (signals, requeues) = (c.slurm.signals.lock().unwrap().clone(), c.slurm.requeues.lock().unwrap().clone());
+    let (signals, requeues) = (
+        c.slurm.signals.lock().unwrap().clone(),
+        c.slurm.requeues.lock().unwrap().clone(),
+    );
     assert_eq!((signals.len(), requeues.len()), (1, 1));
     let after = requeues[0].2 - signals[0].3;
-    assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(25), "requeued {after:?} after the signal: once it exited, not after the 10m grace");
+    assert!(
+        after >= Duration::from_secs(20) && after <= Duration::from_secs(25),
+        "requeued {after:?} after the signal: once it exited, not after the 10m grace"
+    );
     let d = e.job_detail(train).unwrap();
-    assert_eq!(d.attempts.iter().map(|a| a.reason).collect::<Vec<_>>(), vec![Some(EndReason::Preempted), Some(EndReason::Exited)]);
+    assert_eq!(
+        d.attempts.iter().map(|a| a.reason).collect::<Vec<_>>(),
+        vec![Some(EndReason::Preempted), Some(EndReason::Exited)]
+    );
     assert_eq!(d.attempts[0].slurm_job_id, d.attempts[1].slurm_job_id);
 }
 
@@ -321,7 +553,13 @@ async fn a_slurm_job_that_exits_on_its_checkpoint_signal_is_requeued_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_same_slurm_job_is_followed() {
     let c = Cluster::new();
-    c.slurm.script("train", Script { runtime: Duration::from_secs(600), ..Default::default() });
+    c.slurm.script(
+        "train",
+        Script {
+            runtime: Duration::from_secs(600),
+            ..Default::default()
+        },
+    );
     let e = c.open_with(preempting(c.dir.path()));
     let _h = run(&e);
     let train = submit(&e, "name: train\nimage: a\ngpus: 2\npreemptible: true\nretries: 0\n");
@@ -338,10 +576,16 @@ async fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_same_slurm_
     assert!(msg.starts_with("preempted by Slurm (it requeued the job: the cluster's own preemption, or a node failure) after 4 GPU-minutes"), "{msg}");
     assert_eq!(d.attempts[1].slurm_job_id, Some(sid));
     assert_eq!(d.attempts[1].reason, Some(EndReason::Exited));
-    assert!(c.slurm.signals.lock().unwrap().is_empty() && c.slurm.requeues.lock().unwrap().is_empty(), "Gantry neither signalled nor requeued it");
+    assert!(
+        c.slurm.signals.lock().unwrap().is_empty() && c.slurm.requeues.lock().unwrap().is_empty(),
+        "Gantry neither signalled nor requeued it"
+    );
     assert_eq!(c.slurm.submitted.lock().unwrap().len(), 1, "submitted once");
     // Its usage counts the preempted attempt's GPU-hours.
     let u = e.usage(0).unwrap();
     let mine = u.users.iter().find(|u| u.user == me().name).unwrap();
-    assert!((mine.gpu_hours_preempted - 2.0 * 120.0 / 3600.0).abs() < 0.01, "{mine:?}");
+    assert!(
+        (mine.gpu_hours_preempted - 2.0 * 120.0 / 3600.0).abs() < 0.01,
+        "{mine:?}"
+    );
 }

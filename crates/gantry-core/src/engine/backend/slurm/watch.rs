@@ -120,7 +120,15 @@ impl SlurmWatch {
             Ok(_) => e.store_ok(),
             Err(err) => e.store_failed(&format!("marking job {} running", job.id), &err),
         }
-        append_log(&e.log_of(job.id), &format!("running as Slurm job {} on {} ({})", self.shown, j.nodes.as_deref().unwrap_or("?"), gpu_list(&gpus)));
+        append_log(
+            &e.log_of(job.id),
+            &format!(
+                "running as Slurm job {} on {} ({})",
+                self.shown,
+                j.nodes.as_deref().unwrap_or("?"),
+                gpu_list(&gpus)
+            ),
+        );
         e.notify_job(job.id, JobState::Running);
     }
 
@@ -137,18 +145,29 @@ impl SlurmWatch {
     /// reads on from there. The file is read as root from the user's folder, so it is opened without
     /// following links (see [`sl::read_output`]); a refusal is written to the log once and copying stops.
     async fn copy_output(&mut self, last: bool) {
-        let Some(dir) = self.s.settings.log_dir.clone() else { return };
+        let Some(dir) = self.s.settings.log_dir.clone() else {
+            return;
+        };
         if self.copied == u64::MAX {
             return;
         }
         loop {
-            let (job_id, uid, name, from, dir) = (self.job.id, self.job.owner_uid, self.file.clone(), self.copied, dir.clone());
+            let (job_id, uid, name, from, dir) = (
+                self.job.id,
+                self.job.owner_uid,
+                self.file.clone(),
+                self.copied,
+                dir.clone(),
+            );
             let read = tokio::task::spawn_blocking(move || sl::read_output(&dir, uid, &name, from)).await;
             let data = match read {
                 Ok(Ok(d)) => d,
                 Ok(Err(err)) if err.kind() == std::io::ErrorKind::NotFound => return,
                 Ok(Err(err)) => {
-                    append_log(&self.e.log_of(job_id), &format!("the job's output cannot be read safely ({err}); not copied"));
+                    append_log(
+                        &self.e.log_of(job_id),
+                        &format!("the job's output cannot be read safely ({err}); not copied"),
+                    );
                     warn!(job = job_id, "not copying Slurm output: {err}");
                     self.copied = u64::MAX;
                     return;
@@ -184,7 +203,11 @@ impl SlurmWatch {
                     }
                 }
                 if !data.is_empty() {
-                    log.mark(&format!("{} {}", self.file, from + data.len() as u64 - self.lines.pending()))?;
+                    log.mark(&format!(
+                        "{} {}",
+                        self.file,
+                        from + data.len() as u64 - self.lines.pending()
+                    ))?;
                 }
                 Ok::<_, std::io::Error>(())
             })();
@@ -223,21 +246,39 @@ impl Watch for SlurmWatch {
                         // Slurm job when it runs again.
                         self.copy_output(true).await;
                         self.e.waiting.write().unwrap().remove(&self.job.id);
-                        let by = if self.preempting.is_some() { String::new() } else { "Slurm (it requeued the job: the cluster's own preemption, or a node failure)".into() };
+                        let by = if self.preempting.is_some() {
+                            String::new()
+                        } else {
+                            "Slurm (it requeued the job: the cluster's own preemption, or a node failure)".into()
+                        };
                         return Some(Seen::Ended(How::Preempted { code: None, by }));
                     }
                     Some(j) => {
                         self.missing = 0;
-                        let seen = match sl::seen(&j.state(), &j.state_reason, j.exit(), self.running_since.is_some(), stop, timeout_ms) {
+                        let seen = match sl::seen(
+                            &j.state(),
+                            &j.state_reason,
+                            j.exit(),
+                            self.running_since.is_some(),
+                            stop,
+                            timeout_ms,
+                        ) {
                             // Not started by this attempt yet: a requeued job's last run still
                             // finishing on its node is not this attempt's start.
-                            sl::Seen::Running if j.state() == "COMPLETING" && self.running_since.is_none() => sl::Seen::Pending(format!("its last run is finishing on {} (COMPLETING)", j.nodes.as_deref().unwrap_or("its node"))),
+                            sl::Seen::Running if j.state() == "COMPLETING" && self.running_since.is_none() => {
+                                sl::Seen::Pending(format!(
+                                    "its last run is finishing on {} (COMPLETING)",
+                                    j.nodes.as_deref().unwrap_or("its node")
+                                ))
+                            }
                             other => other,
                         };
                         // It ran, also when it started and ended between two polls: record when.
                         let ran = match &seen {
                             sl::Seen::Running => true,
-                            sl::Seen::Ended(h) => j.started_at_s().is_some() && matches!(h, How::Exited { .. } | How::TimedOut { .. }),
+                            sl::Seen::Ended(h) => {
+                                j.started_at_s().is_some() && matches!(h, How::Exited { .. } | How::TimedOut { .. })
+                            }
                             sl::Seen::Pending(_) => false,
                         };
                         if ran && self.running_since.is_none() {
@@ -252,10 +293,22 @@ impl Watch for SlurmWatch {
                         // Gone from squeue (it ended longer ago than MinJobAge): jobcomp has its end.
                         let done = self.jobcomp_record().await;
                         match done {
-                            Some(c) => Some(sl::seen(&c.state, "", c.exit, self.running_since.is_some() || c.started, stop, timeout_ms)),
+                            Some(c) => Some(sl::seen(
+                                &c.state,
+                                "",
+                                c.exit,
+                                self.running_since.is_some() || c.started,
+                                stop,
+                                timeout_ms,
+                            )),
                             None => {
                                 self.missing += 1;
-                                (self.missing >= 3).then(|| sl::Seen::Ended(How::Lost(format!("Slurm no longer knows job {}, and its end is not in the jobcomp log", self.shown))))
+                                (self.missing >= 3).then(|| {
+                                    sl::Seen::Ended(How::Lost(format!(
+                                        "Slurm no longer knows job {}, and its end is not in the jobcomp log",
+                                        self.shown
+                                    )))
+                                })
                             }
                         }
                     }
@@ -269,7 +322,10 @@ impl Watch for SlurmWatch {
                         match self.s.client.requeue(&self.who, &self.shown).await {
                             Ok(()) => {
                                 self.preempting = Some((at, true));
-                                append_log(&self.e.log_of(self.job.id), &format!("requeued Slurm job {} (scontrol requeue)", self.shown));
+                                append_log(
+                                    &self.e.log_of(self.job.id),
+                                    &format!("requeued Slurm job {} (scontrol requeue)", self.shown),
+                                );
                                 self.since = self.e.now();
                                 self.s.refresh.notify_one();
                                 if self.rx.changed().await.is_err() {
@@ -279,15 +335,29 @@ impl Watch for SlurmWatch {
                             }
                             // It ended and cannot be requeued: its end is recorded (preempted), and the
                             // job's next attempt is a new Slurm job.
-                            Err(err) if ended => warn!(job = self.job.id, "scontrol requeue {} failed: {err}; it is submitted again", self.shown),
-                            Err(err) => warn!(job = self.job.id, "scontrol requeue {} failed: {err}; trying again", self.shown),
+                            Err(err) if ended => warn!(
+                                job = self.job.id,
+                                "scontrol requeue {} failed: {err}; it is submitted again", self.shown
+                            ),
+                            Err(err) => warn!(
+                                job = self.job.id,
+                                "scontrol requeue {} failed: {err}; trying again", self.shown
+                            ),
                         }
                     }
                 }
                 match seen {
                     Some(sl::Seen::Pending(why)) => {
                         let mut w = self.e.waiting.write().unwrap();
-                        w.insert(self.job.id, Waiting { job_id: self.job.id, position: 0, reason: format!("Slurm job {}: {why}", self.shown), reserved: vec![] });
+                        w.insert(
+                            self.job.id,
+                            Waiting {
+                                job_id: self.job.id,
+                                position: 0,
+                                reason: format!("Slurm job {}: {why}", self.shown),
+                                reserved: vec![],
+                            },
+                        );
                     }
                     Some(sl::Seen::Ended(how)) => {
                         self.copy_output(true).await;
@@ -315,19 +385,33 @@ impl Watch for SlurmWatch {
         if why == Stop::Preempt {
             // The checkpoint signal to the batch shell (its trap hands it to the container); `next`
             // requeues the job once it exited or its grace passed.
-            let c = self.checkpoint.clone().unwrap_or(sl::Checkpoint { signal: "SIGTERM".into(), grace: self.e.policy().stop_grace });
+            let c = self.checkpoint.clone().unwrap_or(sl::Checkpoint {
+                signal: "SIGTERM".into(),
+                grace: self.e.policy().stop_grace,
+            });
             let now = self.e.now();
-            let at = match self.s.client.signal(&self.who, &self.shown, sl::slurm_signal(&c.signal)).await {
+            let at = match self
+                .s
+                .client
+                .signal(&self.who, &self.shown, sl::slurm_signal(&c.signal))
+                .await
+            {
                 Ok(()) => {
                     append_log(&self.e.log_of(self.job.id), &format!("sent {} to Slurm job {} (scancel --signal --batch); requeued once it exits, at most {} later", c.signal, self.shown, crate::units::duration_ms(c.grace.as_millis() as i64)));
                     now + c.grace.as_millis() as i64
                 }
                 Err(err) if err.is_transient() => {
-                    warn!(job = self.job.id, "scancel --signal {} failed: {err}; trying again", self.shown);
+                    warn!(
+                        job = self.job.id,
+                        "scancel --signal {} failed: {err}; trying again", self.shown
+                    );
                     return false;
                 }
                 Err(err) => {
-                    warn!(job = self.job.id, "scancel --signal {} failed: {err}; requeued at once", self.shown);
+                    warn!(
+                        job = self.job.id,
+                        "scancel --signal {} failed: {err}; requeued at once", self.shown
+                    );
                     now
                 }
             };
@@ -339,7 +423,13 @@ impl Watch for SlurmWatch {
         // A cancel or timeout during a preemption ends the job; it is not requeued.
         self.preempting = None;
         if why == Stop::Timeout {
-            append_log(&self.e.log_of(self.job.id), &format!("stopping: the {} timeout passed", crate::units::duration_ms(self.job.timeout_ms.unwrap_or(0))));
+            append_log(
+                &self.e.log_of(self.job.id),
+                &format!(
+                    "stopping: the {} timeout passed",
+                    crate::units::duration_ms(self.job.timeout_ms.unwrap_or(0))
+                ),
+            );
         }
         let done = match self.s.client.cancel(&self.who, &self.shown).await {
             Ok(()) => {
@@ -347,7 +437,10 @@ impl Watch for SlurmWatch {
                 true
             }
             Err(err) => {
-                warn!(job = self.job.id, "scancel {} as {} failed: {err}; trying again", self.shown, self.job.owner);
+                warn!(
+                    job = self.job.id,
+                    "scancel {} as {} failed: {err}; trying again", self.shown, self.job.owner
+                );
                 false
             }
         };
@@ -381,6 +474,10 @@ fn copied(e: &Engine, job_id: i64, file: &str) -> u64 {
     match (marked, any) {
         (Some(n), _) => n,
         (None, true) => 0,
-        (None, false) => data.split_inclusive(|c| *c == b'\n').filter(|l| !is_gantrys(l) && !is_progress(l)).map(|l| l.len() as u64).sum(),
+        (None, false) => data
+            .split_inclusive(|c| *c == b'\n')
+            .filter(|l| !is_gantrys(l) && !is_progress(l))
+            .map(|l| l.len() as u64)
+            .sum(),
     }
 }
