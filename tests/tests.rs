@@ -41,7 +41,6 @@ mod usual_env;
 
 use helpers::*;
 use serde_json::Value;
-use std::time::Duration;
 
 #[test]
 fn cli_submit_and_drop_folder_both_run_to_success() {
@@ -296,10 +295,15 @@ fn engine_killed_mid_job_records_each_job_once_with_its_real_exit_code() {
         "long",
         &format!("image: {IMAGE}\ncommand: 'echo before; sleep 8; echo after'\ngpus: 1\n"),
     );
-    e.wait_state(short, "running");
+    let short_container = dl_defaults::container_of(&e, short);
     e.wait_state(long, "running");
     e.kill9();
-    std::thread::sleep(Duration::from_secs(4)); // `short` ends while no engine runs
+    // `short` ends while no engine runs (its exit is what the restarted engine must find and record).
+    let waited = std::process::Command::new("docker")
+        .args(["wait", &short_container])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&waited.stdout).trim(), "7");
     e.restart();
     let s = e.wait_final(short);
     assert_eq!(
@@ -325,10 +329,10 @@ fn engine_killed_mid_job_records_each_job_once_with_its_real_exit_code() {
             .count();
         assert_eq!(finals, 1, "recorded once: {j}");
     }
-    assert!(
-        e.our_containers().is_empty(),
-        "containers are cleaned up after recording"
-    );
+    // A container is removed only after its end is committed, so `wait_final` can see the end first.
+    e.wait_until("the containers to be removed once their ends are recorded", || {
+        e.our_containers().is_empty()
+    });
 }
 
 #[test]

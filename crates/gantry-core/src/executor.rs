@@ -549,7 +549,8 @@ pub trait Executor: Send + Sync + 'static {
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
-    fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+    /// Connected when this returns, so attaching before `start` misses nothing the job writes.
+    async fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         futures_util::stream::empty().boxed()
     }
 }
@@ -1478,29 +1479,26 @@ impl Executor for DockerExecutor {
         self.docker.resize_container_tty(id, opts).await.map_err(classify)
     }
 
-    fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
-        let (docker, id) = (self.docker.clone(), id.to_string());
+    async fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         let opts = qp::AttachContainerOptions {
             stream: true,
             stdout: true,
             stderr: true,
             ..Default::default()
         };
-        futures_util::stream::once(async move { docker.attach_container(&id, Some(opts)).await })
-            .flat_map(|r| match r {
-                // The input half is kept with the output: dropping it could end the attachment.
-                Ok(a) => {
-                    let input = a.input;
-                    a.output
-                        .map(move |o| {
-                            let _ = &input;
-                            o.map(Frame::of).map_err(classify)
-                        })
-                        .boxed()
-                }
-                Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
-            })
-            .boxed()
+        match self.docker.attach_container(id, Some(opts)).await {
+            // The input half is kept with the output: dropping it could end the attachment.
+            Ok(a) => {
+                let input = a.input;
+                a.output
+                    .map(move |o| {
+                        let _ = &input;
+                        o.map(Frame::of).map_err(classify)
+                    })
+                    .boxed()
+            }
+            Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -48,6 +49,10 @@ pub(super) struct DockerWatch {
     ended: Option<How>,
 }
 
+/// A container's output attached before it started ([`Executor::attach`]): what its job writes before
+/// the log copy begins (a progress bar drawn at once) is not lost.
+pub(super) type Attached = BoxStream<'static, Result<Frame, ExecError>>;
+
 impl DockerWatch {
     pub fn new(
         exec: Arc<dyn Executor>,
@@ -56,6 +61,7 @@ impl DockerWatch {
         attempt: &Attempt,
         cid: &str,
         since: Since,
+        attached: Option<Attached>,
     ) -> DockerWatch {
         let log = e.log_of(job.id);
         let away = since == Since::EndedWhileAway;
@@ -69,7 +75,7 @@ impl DockerWatch {
                 log_stop.clone(),
             );
             tokio::spawn(async move {
-                if let Err(err) = follow_logs(exec, &cid, &path, cap, stop).await {
+                if let Err(err) = follow_logs(exec, &cid, &path, cap, stop, attached).await {
                     warn!("log copy for {cid}: {err}");
                 }
             })
@@ -98,7 +104,15 @@ impl Watch for DockerWatch {
         if self.away {
             // It exited while the engine was away: copy the output we missed, then record its real exit code.
             let cap = self.e.policy().log_cap;
-            if let Err(err) = follow_logs(self.exec.clone(), &self.cid, &self.log, cap, CancellationToken::new()).await
+            if let Err(err) = follow_logs(
+                self.exec.clone(),
+                &self.cid,
+                &self.log,
+                cap,
+                CancellationToken::new(),
+                None,
+            )
+            .await
             {
                 warn!(job = self.job_id, "could not copy the output of {}: {err}", self.cid);
             }
@@ -298,16 +312,21 @@ struct Live {
     attached: bool,
 }
 
-/// Follows `attach` for as long as it is open, keeping only each stream's current line state
-/// (bounded), so Docker is never held up by it.
+/// Follows `attach` (`attached` before the container started, else from now) for as long as it is
+/// open, keeping only each stream's current line state (bounded), so Docker is never held up by it.
 fn attach_live(
     exec: Arc<dyn Executor>,
     cid: &str,
     live: Arc<std::sync::Mutex<Live>>,
     changed: Arc<Notify>,
+    attached: Option<Attached>,
 ) -> JoinHandle<()> {
-    let mut s = exec.attach(cid);
+    let cid = cid.to_string();
     tokio::spawn(async move {
+        let mut s = match attached {
+            Some(s) => s,
+            None => exec.attach(&cid).await,
+        };
         while let Some(Ok(f)) = s.next().await {
             let mut l = live.lock().unwrap();
             l.attached = true;
@@ -341,6 +360,7 @@ pub(super) async fn follow_logs(
     path: &Path,
     cap: u64,
     stop: CancellationToken,
+    attached: Option<Attached>,
 ) -> std::io::Result<()> {
     let (f, last) = open_for_resume(path)?;
     let mut copy = Copy {
@@ -351,7 +371,7 @@ pub(super) async fn follow_logs(
     };
     let live = Arc::new(std::sync::Mutex::new(Live::default()));
     let changed = Arc::new(Notify::new());
-    let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone()));
+    let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone(), attached));
     let mut dirty = false;
     let mut next_progress = tokio::time::Instant::now();
     let since = |last: Option<i128>| last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);

@@ -41,6 +41,8 @@ pub(crate) struct DockerBackend {
     disk_at: AtomicI64,
     /// Since when each GPU has been used outside this engine without a break (`GpuView::outside_since_ms`).
     outside_since: std::sync::Mutex<std::collections::HashMap<u32, i64>>,
+    /// Containers' output attached before their start, until their watch takes it (by container id).
+    attached: std::sync::Mutex<std::collections::HashMap<String, logs::Attached>>,
 }
 
 impl DockerBackend {
@@ -54,6 +56,7 @@ impl DockerBackend {
             layer_ok: Default::default(),
             disk_at: AtomicI64::new(i64::MIN / 2),
             outside_since: Default::default(),
+            attached: Default::default(),
         }
     }
 
@@ -505,6 +508,10 @@ impl Backend for DockerBackend {
             if cancel.is_cancelled() || cancel_requested {
                 return Ok((cid, false));
             }
+            // Attached before it starts: what the job writes at once (a progress bar it then leaves
+            // standing) is seen, however late the log copy begins under load.
+            let attached = self.exec.attach(&cid).await;
+            self.attached.lock().unwrap().insert(cid.clone(), attached);
             self.exec.start(&cid).await?;
             Ok::<_, EngineError>((cid, true))
         }
@@ -528,6 +535,9 @@ impl Backend for DockerBackend {
                 run: Some(RunRef::Container(cid)),
             },
             Err(err) => {
+                if let Some(cid) = &created {
+                    self.attached.lock().unwrap().remove(cid);
+                }
                 append_log(&log, &format!("could not start: {err}"));
                 warn!(job = job.id, "could not start: {err}");
                 let how = match &err {
@@ -550,6 +560,7 @@ impl Backend for DockerBackend {
     }
 
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
+        let attached = run.container().and_then(|c| self.attached.lock().unwrap().remove(c));
         Box::new(logs::DockerWatch::new(
             self.exec.clone(),
             e.clone(),
@@ -557,6 +568,7 @@ impl Backend for DockerBackend {
             attempt,
             run.container().unwrap_or_default(),
             since,
+            attached,
         ))
     }
 
