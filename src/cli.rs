@@ -154,9 +154,15 @@ pub enum Cmd {
     Status,
     /// Join stdin/stdout to this machine's engine: what `gantry --host` and the app run through ssh.
     Proxy,
-    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
+    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh);
+    /// with --reference, the guide's reference pages (docs/book/src/reference).
     #[command(hide = true)]
-    Generate { dir: PathBuf },
+    Generate {
+        dir: PathBuf,
+        /// The guide's reference pages (commands, job spec, lab config keys) instead.
+        #[arg(long)]
+        reference: bool,
+    },
     /// Your drop folder: where it is, whether the engine watches it, and the lab's templates.
     Inbox {
         #[command(subcommand)]

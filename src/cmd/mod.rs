@@ -9,6 +9,7 @@ mod history;
 mod inbox;
 mod jobs;
 mod notify;
+mod reference;
 mod session;
 mod sim;
 mod status;
@@ -65,7 +66,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Open { id, port } => return session::open(&ctx, *id, *port).await,
         Cmd::Daemon(args) => daemon::daemon(cli.state_dir.clone(), args).await?,
         Cmd::Proxy => gantry_core::client::proxy(&ctx.socket).await?,
-        Cmd::Generate { dir } => generate::generate(dir)?,
+        Cmd::Generate { dir, reference: false } => generate::generate(dir)?,
+        Cmd::Generate { dir, reference: true } => reference::write(dir)?,
         Cmd::Schema => generate::schema()?,
         Cmd::Run(args) => submit::run(&ctx, args).await?,
         Cmd::Rerun { id } => submit::rerun(&ctx, *id).await?,
