@@ -516,12 +516,14 @@ fn kill_9_of_the_engine_while_jobs_pend_and_run_then_restart_submits_nothing_twi
         "run",
         &format!("name: run\nimage: {IMAGE}\ncommand: 'sleep 4; exit 2'\ngpus: 2\ntimeout: 5m\n"),
     );
+    // `pend` goes to Slurm only once `run` runs there: submitted together, their `sbatch`es race, and
+    // Slurm (FIFO) may start the 4-GPU job first and finish it before the kill.
+    l.e.wait_state(run, "running");
     let pend = l.submit(
         &l.ann,
         "pend",
         &format!("name: pend\nimage: {IMAGE}\ncommand: 'echo pend ran'\ngpus: 4\ntimeout: 5m\n"),
     );
-    l.e.wait_state(run, "running");
     let (srun, spend) = (l.slurm_id(run), l.slurm_id(pend));
     l.e.kill9();
     // The crash window between `sbatch` and recording its id: the database has the intent, no id.
