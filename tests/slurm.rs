@@ -94,6 +94,8 @@ struct Lab {
     bob: User,
     _cleanup: Cleanup,
     _guard: std::sync::MutexGuard<'static, ()>,
+    /// Its jobs' containers name the node's GPUs by index, which NVML engines count as in use.
+    _gpus: std::sync::MutexGuard<'static, ()>,
 }
 
 fn lab() -> Lab {
@@ -103,6 +105,7 @@ fn lab() -> Lab {
 /// [`lab`] with more `[slurm]` settings.
 fn lab_with(slurm: &str) -> Lab {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let gpus = this_machines_gpus();
     require_slurm();
     let (ann, bob) = (slurm_user("gslurm-ann"), slurm_user("gslurm-bob"));
     let cleanup = Cleanup(vec![ann.name.clone(), bob.name.clone()]);
@@ -129,6 +132,7 @@ fn lab_with(slurm: &str) -> Lab {
         bob,
         _cleanup: cleanup,
         _guard: guard,
+        _gpus: gpus,
     }
 }
 

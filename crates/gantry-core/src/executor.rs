@@ -75,6 +75,15 @@ impl GpuSet {
             GpuSet::Ids(ids) => ids.iter().any(|i| i == uuid || *i == index.to_string()),
         }
     }
+
+    /// [`GpuSet::holds`] for a GPU known by its UUID alone (`index` `None`: a simulated GPU, which no
+    /// index or `--gpus all` of the real machine names).
+    pub fn holds_claim(&self, index: Option<u32>, uuid: &str) -> bool {
+        match index {
+            Some(index) => self.holds(index, uuid),
+            None => matches!(self, GpuSet::Ids(ids) if ids.iter().any(|i| i == uuid)),
+        }
+    }
 }
 
 /// A running container outside this engine that holds GPUs (another Gantry engine's job, or anyone's
@@ -500,7 +509,12 @@ pub trait Executor: Send + Sync + 'static {
     /// container that is not this engine's and runs on one of `gpus`, or that was created for one of
     /// them at the same moment and wins the tie (see the Docker implementation); the caller then
     /// removes its own and tries again later.
-    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
+    async fn gpu_taken(
+        &self,
+        id: &str,
+        engine_id: &str,
+        gpus: &[(Option<u32>, String)],
+    ) -> Result<Option<String>, ExecError>;
     /// Stored output from `since_s` (Unix seconds), one [`Frame`] per message of Docker's log: its RFC
     /// 3339 timestamp, a space, and a line with its `\n`, or without one where Docker cut a long line
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
@@ -1310,7 +1324,12 @@ impl Executor for DockerExecutor {
         Ok(out)
     }
 
-    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError> {
+    async fn gpu_taken(
+        &self,
+        id: &str,
+        engine_id: &str,
+        gpus: &[(Option<u32>, String)],
+    ) -> Result<Option<String>, ExecError> {
         if gpus.is_empty() {
             return Ok(None);
         }
@@ -1341,7 +1360,7 @@ impl Executor for DockerExecutor {
                 let Some(theirs) = self.gpus_of_listed(&c).await else {
                     continue;
                 };
-                if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
+                if !gpus.iter().any(|(i, u)| theirs.holds_claim(*i, u)) {
                     continue;
                 }
                 let created_only = c

@@ -492,10 +492,12 @@ impl Backend for DockerBackend {
             if let Some(h) = e.running.lock().unwrap().get_mut(&job.id) {
                 h.run = Some(run);
             }
-            let claim: Vec<(u32, String)> = attempt
+            // Simulated GPUs are known by their UUIDs alone (indexes are the real machine's).
+            let simulated = e.backend_kind() == crate::protocol::BackendKind::Simulated;
+            let claim: Vec<(Option<u32>, String)> = attempt
                 .gpus
                 .iter()
-                .copied()
+                .map(|i| (!simulated).then_some(*i))
                 .zip(attempt.gpu_uuids.iter().cloned())
                 .collect();
             if let Some(other) = self.exec.gpu_taken(&cid, &e.engine_id, &claim).await? {
