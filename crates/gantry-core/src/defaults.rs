@@ -87,6 +87,13 @@ pub const SESSION_IDLE_AFTER: Duration = Duration::from_secs(3600);
 /// `[bookings] max_ahead`: two weeks: a demo or a deadline is planned about that far ahead, and no
 /// one books the machine for the whole term.
 pub const BOOKING_MAX_AHEAD: Duration = Duration::from_secs(14 * 24 * 3600);
+/// `[bookings] max_length`: a day: a demo, a deadline's run or a course's lab session fits in one;
+/// longer work is queued as jobs, which share the machine as they go.
+pub const BOOKING_MAX_LENGTH: Duration = Duration::from_secs(24 * 3600);
+/// `[bookings] max_gpu_hours_per_week`: 48 GPU-hours per user per week (2 GPUs for a day, or 4 GPUs
+/// for an afternoon a day): a fraction of even a small box's 672 (4 GPUs × 168 h), so a few users'
+/// bookings cannot take the machine from the queue.
+pub const BOOKING_MAX_GPU_HOURS_PER_WEEK: u32 = 48;
 /// `[bookings] slot`: half-hours, as in a calendar.
 pub const BOOKING_SLOT: Duration = Duration::from_secs(30 * 60);
 /// `[bookings] release_after`: a booking nobody used for half an hour after its start is a no-show.

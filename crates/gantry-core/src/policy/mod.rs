@@ -265,6 +265,7 @@ impl Policy {
             ("bookings.enabled", b.enabled.to_string()),
             ("bookings.max_gpu_hours_per_week", none(b.max_gpu_hours_per_week)),
             ("bookings.max_ahead", d(Some(b.max_ahead))),
+            ("bookings.max_length", d(Some(b.max_length))),
             ("bookings.slot", d(Some(b.slot))),
             ("bookings.release_after", d(Some(b.release_after))),
             ("bookings.max_gpus", none(b.max_gpus)),
@@ -327,10 +328,13 @@ impl Default for Sessions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bookings {
     pub enabled: bool,
-    /// GPU-hours one user may book in a week (Monday 00:00 UTC to the next, by start); `None`: no limit.
+    /// GPU-hours one user may book in a week (Monday 00:00 UTC to the next, by start); `None`: no
+    /// limit (only where the lab config says `max_gpu_hours_per_week = 0`).
     pub max_gpu_hours_per_week: Option<u32>,
     /// How far ahead a booking may start.
     pub max_ahead: Duration,
+    /// The longest a booking may be.
+    pub max_length: Duration,
     /// Starts and lengths are multiples of this (from midnight UTC): whole minutes dividing a day.
     pub slot: Duration,
     /// A booking none of its owner's jobs or sessions used this long after its start is released.
@@ -343,8 +347,9 @@ impl Default for Bookings {
     fn default() -> Self {
         Bookings {
             enabled: true,
-            max_gpu_hours_per_week: None,
+            max_gpu_hours_per_week: Some(config::BOOKING_MAX_GPU_HOURS_PER_WEEK),
             max_ahead: config::BOOKING_MAX_AHEAD,
+            max_length: config::BOOKING_MAX_LENGTH,
             slot: config::BOOKING_SLOT,
             release_after: config::BOOKING_RELEASE_AFTER,
             max_gpus: None,
@@ -891,7 +896,7 @@ max_watches = 32
 
     #[test]
     fn bookings_table_parses_and_explains_its_mistakes() {
-        let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
+        let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nmax_length = \"8h\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
         let h = |n: u64| Duration::from_secs(n * 3600);
         assert_eq!(
             b,
@@ -899,22 +904,28 @@ max_watches = 32
                 enabled: false,
                 max_gpu_hours_per_week: Some(40),
                 max_ahead: h(7 * 24),
+                max_length: h(8),
                 slot: h(1),
                 release_after: Duration::from_secs(900),
                 max_gpus: Some(2)
             }
         );
+        // A fresh machine is bounded: a day per booking, 48 GPU-hours a week per user, two weeks ahead.
         let d = parse("").unwrap().policy.bookings;
         assert_eq!(
-            (d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus),
+            (d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus, d.max_length, d.max_gpu_hours_per_week),
             (
                 true,
                 Duration::from_secs(1800),
                 Duration::from_secs(1800),
                 h(14 * 24),
-                None
+                None,
+                h(24),
+                Some(48)
             )
         );
+        // 0 turns the weekly limit off.
+        assert_eq!(parse("[bookings]\nmax_gpu_hours_per_week = 0\n").unwrap().policy.bookings.max_gpu_hours_per_week, None);
         let cases: &[(&str, &str)] = &[
             (
                 "[bookings]\nslots = \"30m\"\n",
@@ -928,6 +939,10 @@ max_watches = 32
             (
                 "[bookings]\nmax_ahead = \"2y\"\n",
                 "`max_ahead` = \"2y\" is longer than",
+            ),
+            (
+                "[bookings]\nmax_length = \"8760h\"\n",
+                "`max_length` = \"8760h\" is longer than 31days",
             ),
             (
                 "[bookings]\nrelease_after = \"later\"\n",

@@ -229,6 +229,7 @@ pub(super) struct RawBookings {
     enabled: S<bool>,
     max_gpu_hours_per_week: S<i64>,
     max_ahead: S<String>,
+    max_length: S<String>,
     slot: S<String>,
     release_after: S<String>,
     max_gpus: S<i64>,
@@ -744,9 +745,12 @@ impl Check<'_> {
         if let Some(e) = &raw.enabled {
             b.enabled = *e.get_ref();
         }
-        b.max_gpu_hours_per_week = self
-            .count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000)
-            .map(|n| n as u32);
+        // 0 turns the weekly limit off (the built-in default is a limit: a fresh machine is bounded).
+        if raw.max_gpu_hours_per_week.as_ref().is_some_and(|v| *v.get_ref() == 0) {
+            b.max_gpu_hours_per_week = None;
+        } else if let Some(n) = self.count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000) {
+            b.max_gpu_hours_per_week = Some(n as u32);
+        }
         b.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
         let year = Duration::from_secs(366 * 24 * 3600);
         let day = Duration::from_secs(24 * 3600);
@@ -755,6 +759,10 @@ impl Check<'_> {
         }
         if let Some(d) = self.duration("release_after", &raw.release_after, day) {
             b.release_after = d;
+        }
+        let month = Duration::from_secs(31 * 24 * 3600);
+        if let Some(d) = self.duration("max_length", &raw.max_length, month) {
+            b.max_length = d;
         }
         if let (Some(v), Some(d)) = (&raw.slot, self.duration("slot", &raw.slot, day)) {
             let secs = d.as_secs();
