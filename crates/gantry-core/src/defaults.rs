@@ -81,6 +81,10 @@ pub const PIDS_LIMIT: i64 = 4096;
 pub const SESSION_LENGTH: Duration = Duration::from_secs(4 * 3600);
 /// The longest session the lab allows unless `[sessions] max_length` says otherwise: a working day.
 pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
+/// `[sessions] max_gpus`: GPUs one user's sessions may ask for together. A session jumps the queue
+/// and is never preempted (someone is at its terminal); two GPUs are enough to try a multi-GPU step,
+/// and bigger work is a batch job, which shares the machine as it goes.
+pub const SESSION_MAX_GPUS: u32 = 2;
 /// `[sessions] idle_after`: how long a session's GPUs may sit at 0 % before it is warned (then ended a
 /// quarter of that later).
 pub const SESSION_IDLE_AFTER: Duration = Duration::from_secs(3600);
@@ -121,6 +125,10 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 pub const FAIR_SHARE_REACH: i64 = 5;
 /// Priorities a plain user may set: enough to order one's own work, too little to jump everyone.
 pub const USER_PRIORITY: (i32, i32) = (-10, 10);
+/// `[preemption] priority_gap`: one more than a user's highest priority, so a user's own top
+/// priority never preempts another's priority-0 job by priority alone (only an admin's, or a job whose
+/// owner lowered it below 0).
+pub const PRIORITY_GAP: i32 = USER_PRIORITY.1 + 1;
 /// Root (the admin) may go further, still bounded so ordering stays meaningful.
 pub const ADMIN_PRIORITY: (i32, i32) = (-1000, 1000);
 /// Queued jobs per user: a week of a busy lab's work; a runaway script hits it long before the database hurts.
@@ -228,6 +236,12 @@ pub const NOTIFY_BACKOFF_MAX: Duration = Duration::from_secs(3600);
 pub const NOTIFY_MAX_PENDING: usize = 100;
 /// Targets per user (`gantry notify add`): a few emails and chat channels; each is one send per event.
 pub const NOTIFY_MAX_TARGETS: usize = 10;
+/// `[notify] max_tests_per_hour`: `gantry notify test` checks a target just added; a few an hour is
+/// plenty, and each goes to every target, so a user's test mail stays under 60 an hour.
+pub const NOTIFY_MAX_TESTS_PER_HOUR: usize = 6;
+/// A job's name as it appears in a notification's line (an email's subject): long enough to tell
+/// jobs apart, too short to carry a message of its own.
+pub const NOTIFY_NAME_CHARS: usize = 40;
 /// One send (connect, TLS, request, answer) may take this long before it counts as failed.
 pub const NOTIFY_SEND_TIMEOUT: Duration = Duration::from_secs(20);
 /// Sends in flight at once (a slow target does not hold up the others).

@@ -160,6 +160,59 @@ pub fn email(addr: &str) -> Result<(), String> {
     }
 }
 
+/// `[notify] email_to`: whose addresses a user may subscribe to their notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmailTo {
+    /// `<their login name>@<a listed domain>`: a user cannot send the lab's mail to someone else.
+    #[default]
+    Own,
+    /// Any address at a listed domain (labs whose mailboxes are not login names).
+    Domains,
+}
+
+/// Whether `address` is one `user` may have the lab's mail sent to: at one of `domains`, and (with
+/// [`EmailTo::Own`], unless an admin adds it) their own mailbox, `<user>@domain`.
+pub fn email_allowed(
+    address: &str,
+    user: &str,
+    admin: bool,
+    domains: &[String],
+    to: EmailTo,
+) -> Result<(), String> {
+    let (local, domain) = address.rsplit_once('@').unwrap_or((address, ""));
+    let domain = domain.to_ascii_lowercase();
+    let first = domains.first().map(String::as_str).unwrap_or("lab.org");
+    if !domains.contains(&domain) {
+        return Err(format!(
+            "the lab sends email only to addresses at {} (`[notify] email_domains`), not at {domain}; use your address there, e.g. {user}@{first}",
+            if domains.is_empty() { "no domain".to_string() } else { domains.join(", ") }
+        ));
+    }
+    if to == EmailTo::Own && !admin && local != user {
+        return Err(format!(
+            "you may add only your own address, {user}@{domain}: the lab's mail goes to each user's own mailbox (`[notify] email_to = \"own\"`); to reach another address, forward it from there"
+        ));
+    }
+    Ok(())
+}
+
+/// A job's name as a notification's line shows it (an email's subject): no control or direction
+/// characters, spaces collapsed, at most [`crate::defaults::NOTIFY_NAME_CHARS`] characters.
+pub fn shown_name(name: &str) -> String {
+    let max = crate::defaults::NOTIFY_NAME_CHARS;
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .filter(|c| !matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'))
+        .collect();
+    let clean = clean.split_whitespace().collect::<Vec<_>>().join(" ");
+    if clean.chars().count() > max {
+        format!("{}…", clean.chars().take(max - 1).collect::<String>())
+    } else {
+        clean
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +301,20 @@ mod tests {
         assert!(addresses_allowed(&allowed, "127.0.0.1", &a("127.0.0.1:9000")).is_ok());
         assert!(addresses_allowed(&allowed, "127.0.0.1", &a("127.0.0.1:9001")).is_err());
         assert!(addresses_allowed(&allowed, "x", &[]).is_err());
+    }
+
+    #[test]
+    fn email_targets_are_the_users_own_at_the_labs_domains() {
+        use super::EmailTo::{Domains, Own};
+        let lab = vec!["lab.org".to_string()];
+        assert!(email_allowed("ada@lab.org", "ada", false, &lab, Own).is_ok());
+        assert!(email_allowed("ada@LAB.org", "ada", false, &lab, Own).is_ok());
+        let e = email_allowed("bob@lab.org", "ada", false, &lab, Own).unwrap_err();
+        assert!(e.contains("you may add only your own address, ada@lab.org"), "{e}");
+        assert!(email_allowed("bob@lab.org", "ada", true, &lab, Own).is_ok(), "an admin may");
+        assert!(email_allowed("bob@lab.org", "ada", false, &lab, Domains).is_ok());
+        let e = email_allowed("ada@gmail.com", "ada", false, &lab, Domains).unwrap_err();
+        assert!(e.contains("only to addresses at lab.org") && e.contains("e.g. ada@lab.org"), "{e}");
     }
 
     #[test]

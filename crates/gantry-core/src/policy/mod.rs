@@ -22,6 +22,8 @@ pub use disk::{layer_bound, low_disk, Disk, MinFree, Writer};
 pub use images::{is_local_registry, registry_of, Images};
 pub use parse::*;
 
+pub use crate::notify::check::EmailTo;
+
 /// The system engine's lab config.
 pub const SYSTEM_CONFIG: &str = "/etc/gantry/config.toml";
 /// A lab config is a page of settings; anything this large is not one.
@@ -287,8 +289,8 @@ impl Policy {
 /// `[sessions]`: what interactive sessions (`gantry shell`) may hold, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sessions {
-    /// GPUs one user's sessions (queued and running together) may ask for; `None`: no limit beyond
-    /// `[limits] max_running_gpus`.
+    /// GPUs one user's sessions (queued and running together) may ask for; `None` (`max_gpus = 0`
+    /// in the lab config): no limit beyond `[limits] max_running_gpus`.
     pub max_gpus: Option<u32>,
     /// A session's length when `gantry shell` has no `--for` (its `timeout`).
     pub default_length: Duration,
@@ -312,7 +314,7 @@ pub struct Sessions {
 impl Default for Sessions {
     fn default() -> Self {
         Sessions {
-            max_gpus: None,
+            max_gpus: Some(config::SESSION_MAX_GPUS),
             default_length: config::SESSION_LENGTH,
             max_length: config::SESSION_MAX_LENGTH,
             before_batch: true,
@@ -464,6 +466,13 @@ pub struct NotifySettings {
     pub max_pending: usize,
     /// Targets (`gantry notify add`) per user.
     pub max_targets: usize,
+    /// `gantry notify test` calls per user per hour.
+    pub max_tests_per_hour: usize,
+    /// Domains email targets may be at (`None`: the domain of `smtp_from`).
+    pub email_domains: Option<Vec<String>>,
+    /// Which addresses at those domains a user may add: only their own (`<login name>@domain`,
+    /// the default) or any.
+    pub email_to: EmailTo,
 }
 
 impl Default for NotifySettings {
@@ -476,6 +485,9 @@ impl Default for NotifySettings {
             retry_backoff: config::NOTIFY_BACKOFF,
             max_pending: config::NOTIFY_MAX_PENDING,
             max_targets: config::NOTIFY_MAX_TARGETS,
+            max_tests_per_hour: config::NOTIFY_MAX_TESTS_PER_HOUR,
+            email_domains: None,
+            email_to: EmailTo::Own,
         }
     }
 }
@@ -875,9 +887,12 @@ max_watches = 32
         assert_eq!((off.idle_after, off.keep_free), (None, 0));
         assert_eq!(Sessions::default().idle_after, Some(Duration::from_secs(3600)));
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
+        // A fresh machine bounds what sessions (which jump the queue, never preempted) may claim; 0 lifts it.
+        assert_eq!(Sessions::default().max_gpus, Some(2));
+        assert_eq!(parse("[sessions]\nmax_gpus = 0\n").unwrap().policy.sessions.max_gpus, None);
         let cases: &[(&str, &str)] = &[
             ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
-            ("[sessions]\nmax_gpus = 0\n", "config.toml:2:12: `max_gpus` = 0 is out of range"),
+            ("[sessions]\nmax_gpus = -1\n", "config.toml:2:12: `max_gpus` = -1 is out of range"),
             ("[sessions]\nmax_length = \"forever\"\n", "config.toml:2:14: `max_length` = \"forever\" is not a duration"),
             ("[sessions]\nmax_length = \"30d\"\n", "`max_length` = \"30d\" is longer than 7d"),
             ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
@@ -1048,8 +1063,10 @@ max_watches = 32
         );
         assert_eq!(
             (p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap),
-            (10 * 60_000, 3, Some(10))
+            (10 * 60_000, 3, Some(11))
         );
+        // A user's highest priority does not preempt a priority-0 job by priority alone.
+        assert!(Policy::default().user_priority.1 < p.rules.priority_gap.unwrap());
         let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = true\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
         let want = crate::scheduler::PreemptRules {
             overdue: false,

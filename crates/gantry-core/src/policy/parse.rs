@@ -249,6 +249,9 @@ pub(super) struct RawNotify {
     retry_backoff: S<String>,
     max_pending: S<i64>,
     max_targets: S<i64>,
+    max_tests_per_hour: S<i64>,
+    email_domains: S<Vec<Spanned<String>>>,
+    email_to: S<String>,
 }
 
 #[derive(Deserialize)]
@@ -783,10 +786,13 @@ impl Check<'_> {
     }
 
     pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
-        let mut s = Sessions {
-            max_gpus: self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32),
-            ..Sessions::default()
-        };
+        let mut s = Sessions::default();
+        // 0 turns the limit off (the built-in default is a limit: a session jumps the queue).
+        if raw.max_gpus.as_ref().is_some_and(|v| *v.get_ref() == 0) {
+            s.max_gpus = None;
+        } else if let Some(n) = self.count("max_gpus", &raw.max_gpus, 1024) {
+            s.max_gpus = Some(n as u32);
+        }
         let week = Duration::from_secs(7 * 24 * 3600);
         if let Some(d) = self.duration("max_length", &raw.max_length, week) {
             s.max_length = d;
@@ -894,6 +900,26 @@ impl Check<'_> {
         }
         if let Some(m) = self.count("max_targets", &raw.max_targets, 1000) {
             n.max_targets = m as usize;
+        }
+        if let Some(m) = self.count("max_tests_per_hour", &raw.max_tests_per_hour, 1000) {
+            n.max_tests_per_hour = m as usize;
+        }
+        if let Some(list) = &raw.email_domains {
+            let mut domains = vec![];
+            for d in list.get_ref() {
+                let v = d.get_ref().trim().trim_start_matches('@').to_ascii_lowercase();
+                if crate::notify::check::email(&format!("x@{v}")).is_err() {
+                    self.fail(d.span(), format!("`email_domains` lists {:?}, which is not a mail domain", d.get_ref()), "write e.g. \"lab.org\"");
+                } else {
+                    domains.push(v);
+                }
+            }
+            n.email_domains = Some(domains);
+        }
+        match raw.email_to.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+            None | Some(("own", _)) => n.email_to = super::EmailTo::Own,
+            Some(("domains", _)) => n.email_to = super::EmailTo::Domains,
+            Some((other, span)) => self.fail(span, format!("`email_to` = {other:?} is not a choice"), "write \"own\" (a user adds only <login name>@ a listed domain) or \"domains\" (any address at a listed domain)"),
         }
         let starttls = raw.smtp_starttls.as_ref().map(|b| *b.get_ref()).unwrap_or(true);
         let port = match &raw.smtp_port {
