@@ -29,6 +29,7 @@ mod security_mounts;
 mod security_mounts_race;
 mod security_network;
 mod security_redteam;
+mod security_rules;
 mod security_state;
 mod sessions;
 mod shares;

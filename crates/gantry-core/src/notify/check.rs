@@ -207,7 +207,8 @@ pub fn shown_name(name: &str) -> String {
         .collect();
     let clean = clean.split_whitespace().collect::<Vec<_>>().join(" ");
     if clean.chars().count() > max {
-        format!("{}…", clean.chars().take(max - 1).collect::<String>())
+        // ASCII, so a subject of ASCII stays readable as it is (no RFC 2047 encoding).
+        format!("{}...", clean.chars().take(max - 3).collect::<String>())
     } else {
         clean
     }

@@ -637,7 +637,7 @@ mod tests {
         let t = text_of(NotifyEvent::Finished, Some(&sly), None, "box");
         assert_eq!(
             t,
-            "job 7 (x) Subject: ACTION REQUIRED: your lab account exp…) of ada finished on box"
+            "job 7 (x) Subject: ACTION REQUIRED: your lab...) of ada finished on box"
         );
         for k in NotifyEvent::ALL {
             assert!(!text_of(k, Some(&job), None, "box").is_empty());

@@ -957,7 +957,7 @@ max_watches = 32
             ),
             (
                 "[bookings]\nmax_length = \"8760h\"\n",
-                "`max_length` = \"8760h\" is longer than 31days",
+                "`max_length` = \"8760h\" is longer than 31d",
             ),
             (
                 "[bookings]\nrelease_after = \"later\"\n",

@@ -484,6 +484,64 @@ mod tests {
     }
 
     #[test]
+    fn a_bookings_start_obeys_min_run_and_max_per_day() {
+        let start = 10 * H;
+        const M: i64 = 60_000;
+        // bob's preemptible job started 1 minute before alice's booking; carol's was preempted 3
+        // times today. Neither is preempted at the start (min_run 10 min, max_per_day 3): the
+        // booking waits for them.
+        let mut young = run(1, "bob", 0, None, true);
+        young.victim.as_mut().unwrap().started_ms = start - M;
+        let mut tired = run(2, "carol", 1, None, true);
+        tired.victim.as_mut().unwrap().preempted_today = 3;
+        let s = st(start, 2, vec![young.clone(), tired], vec![], vec![alice(7, 2, start)], vec![]);
+        assert!(plan(&s).preempt.is_empty(), "{:?}", plan(&s).preempt);
+        assert_eq!(assign(&s)[0].waiting_for, vec![1, 2]);
+        // Once bob's job has run its 10 minutes, it is preempted; carol's still is not.
+        let later = st(start + 9 * M, 2, s.running.clone(), vec![], vec![alice(7, 2, start)], vec![]);
+        let p = plan(&later);
+        assert_eq!(p.preempt.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1]);
+        // The lab's own guard rails count: with min_run 1 minute, bob's job goes at once.
+        let mut lab = s.clone();
+        lab.config.preemption = Some(PreemptRules {
+            min_run_ms: M,
+            ..PreemptRules::default()
+        });
+        assert_eq!(plan(&lab).preempt.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn before_the_start_a_preemptible_job_must_fit_min_run_and_a_runtime_must_be_its_own() {
+        let start = 10 * H;
+        const M: i64 = 60_000;
+        // 5 minutes before the start, a preemptible job would run only 5 of its 10 minutes.
+        let p = plan(&st(start - 5 * M, 1, vec![], vec![q(1, "bob", None)], vec![alice(7, 1, start)], vec![1]));
+        assert!(placed(&p).is_empty());
+        assert!(
+            reason(&p, 1).contains("this preemptible job could not run the lab's `min_run` before then"),
+            "{}",
+            reason(&p, 1)
+        );
+        // 20 minutes before, it may.
+        let p = plan(&st(start - 20 * M, 1, vec![], vec![q(1, "bob", None)], vec![alice(7, 1, start)], vec![1]));
+        assert_eq!(placed(&p), vec![(1, vec![0])]);
+        // A learned median of 1 hour from other jobs' runs is no promise to end by the start.
+        let mut s = st(0, 1, vec![], vec![q(1, "bob", Some(H))], vec![alice(7, 1, start)], vec![]);
+        s.config.unproven_runtimes = vec![1];
+        let p = plan(&s);
+        assert!(placed(&p).is_empty());
+        assert!(
+            reason(&p, 1).contains("GPU 0 booked by alice from 14:00 (this job's runtime is not its own"),
+            "{}",
+            reason(&p, 1)
+        );
+        // Learned from its owner's own runs (cautious p95): trusted.
+        s.config.unproven_runtimes = vec![];
+        s.config.cautious_runtimes = vec![(1, 2 * H)];
+        assert_eq!(placed(&plan(&s)), vec![(1, vec![0])]);
+    }
+
+    #[test]
     fn assignment_prefers_what_frees_in_time_and_never_counts_busy_outside_gpus() {
         let start = 10 * H;
         // GPU 0 runs bob's long job, GPU 1 a job ending before the start, GPU 2 busy outside Gantry.
