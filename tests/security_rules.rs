@@ -103,23 +103,24 @@ fn bookings_are_bounded_by_default_and_their_weekly_sum_cannot_overflow() {
     );
 
     // A booking cancelled right after its start (its start preempts) still counts: at least a slot.
-    // alice books this slot (started already) for 4 GPUs x 10 h = 40 GPU-hours and cancels it.
+    // alice books this slot (started already) for 4 GPUs x 12 h = 48 GPU-hours, the week's limit,
+    // and cancels it.
     let now = gantry_core::store::now_ms();
     let slot = 30 * 60_000;
     let this_slot = local(now - now.rem_euclid(slot));
-    let b = e.json_as(&alice, &["book", "--gpus", "4", "--at", &this_slot, "--for", "10h"]);
+    let b = e.json_as(&alice, &["book", "--gpus", "4", "--at", &this_slot, "--for", "12h"]);
     assert_eq!(b["state"], "active", "{b}");
     ok(
         &e.gantry_user(&alice, &["book", "cancel", &b["id"].to_string()]),
         "cancelling after the start",
     );
-    // Booking the same 40 GPU-hours again in the same week passes the limit by the slot used.
+    // Booking the same 48 GPU-hours again in the same week passes the limit by the slot used.
     let err = refused(
-        &e.gantry_user(&alice, &["book", "--gpus", "4", "--at", &this_slot, "--for", "10h"]),
+        &e.gantry_user(&alice, &["book", "--gpus", "4", "--at", &this_slot, "--for", "12h"]),
         "the same hours again after a cancel past the start",
     );
     assert!(
-        err.contains("this booking is 40 GPU-hours and you have ")
+        err.contains("this booking is 48 GPU-hours and you have ")
             && !err.contains("you have 0 booked")
             && err.contains("a booking cancelled after its start counts until then"),
         "{err}"
