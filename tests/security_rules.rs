@@ -87,7 +87,7 @@ fn bookings_are_bounded_by_default_and_their_weekly_sum_cannot_overflow() {
     // The table states the bounds.
     let table = ok(&e.gantry_user(&bob, &["bookings"]), "bookings");
     assert!(
-        table.contains("for at most 1d") && table.contains("48 GPU-hours per user per week"),
+        table.contains("up to 14d ahead, at most 1d long") && table.contains("48 GPU-hours per user per week"),
         "{table}"
     );
 

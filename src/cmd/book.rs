@@ -154,7 +154,7 @@ fn rules_line(r: &BookingRules) -> String {
         .map(|h| format!(", {h} GPU-hours per user per week"))
         .unwrap_or_default();
     let long = if r.max_length_ms > 0 {
-        format!(" for at most {}", d(r.max_length_ms))
+        format!(", at most {} long", d(r.max_length_ms))
     } else {
         String::new()
     };
