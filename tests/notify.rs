@@ -246,7 +246,14 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     assert_eq!(add["owner"], alice.name.as_str(), "{add}");
     e.json_as(
         &alice,
-        &["notify", "add", "email", &format!("{}@lab.test", alice.name), "--on", "failed,timed_out"],
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed,timed_out",
+        ],
     );
     e.json_as(&bob, &["notify", "add", "webhook", &http.url("/bob"), "--on", all]);
 
@@ -719,13 +726,25 @@ fn the_labs_mail_relay_sends_only_a_users_own_mail_and_tests_are_bounded() {
     let out = e.gantry_user(&bob, &["notify", "test"]);
     assert!(
         !out.status.success()
-            && out_text(&out).contains("you sent 6 test notifications in the last hour, the lab's limit (`[notify] max_tests_per_hour`)"),
+            && out_text(&out).contains(
+                "you sent 6 test notifications in the last hour, the lab's limit (`[notify] max_tests_per_hour`)"
+            ),
         "{}",
         out_text(&out)
     );
     e.wait_until("bob's six test mails", || smtp.mails().len() >= 6);
     // A job named like the lab's notice: the subject has its id, owner and at most 40 characters of it.
-    e.json_as(&alice, &["notify", "add", "email", &format!("{}@lab.test", alice.name), "--on", "failed"]);
+    e.json_as(
+        &alice,
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed",
+        ],
+    );
     let sly = "ACTION REQUIRED: your lab account expires today, log in at https://evil.example/ to keep it";
     let id = submit_as(
         &e,
@@ -733,7 +752,9 @@ fn the_labs_mail_relay_sends_only_a_users_own_mail_and_tests_are_bounded() {
         "sly",
         &format!("name: \"{sly}\"\nimage: {IMAGE}\ncommand: 'false'\ngpus: 0\n"),
     );
-    e.wait_until("alice's mail", || smtp.mails().iter().any(|m| m.data.contains(&format!("job {id} ("))));
+    e.wait_until("alice's mail", || {
+        smtp.mails().iter().any(|m| m.data.contains(&format!("job {id} (")))
+    });
     let mail = smtp
         .mails()
         .into_iter()
@@ -747,7 +768,10 @@ fn the_labs_mail_relay_sends_only_a_users_own_mail_and_tests_are_bounded() {
         .unwrap()
         .to_string();
     assert!(
-        subject.contains(&format!("[gantry] job {id} (ACTION REQUIRED: your lab account exp...) of {}", alice.name)),
+        subject.contains(&format!(
+            "[gantry] job {id} (ACTION REQUIRED: your lab account exp...) of {}",
+            alice.name
+        )),
         "{subject}"
     );
     assert!(!subject.contains("evil.example"), "{subject}");

@@ -66,17 +66,29 @@ fn bookings_are_bounded_by_default_and_their_weekly_sum_cannot_overflow() {
     );
     // The booking ending in the year 148305323: refused, and nothing overflows on the way.
     let err = refused(
-        &e.gantry_user(&bob, &["book", "--gpus", "4", "--at", "+20m", "--for", "1299229000000h"]),
+        &e.gantry_user(
+            &bob,
+            &["book", "--gpus", "4", "--at", "+20m", "--for", "1299229000000h"],
+        ),
         "the year-148305323 booking",
     );
     assert!(err.contains("the lab allows bookings of at most 1d"), "{err}");
     // The week is bounded by default (48 GPU-hours per user): two bookings of next week within it,
     // a third over it refused with the sums right.
     let monday = next_monday(gantry_core::store::now_ms());
-    e.json_as(&bob, &["book", "--gpus", "2", "--at", &local(monday + H), "--for", "12h"]);
-    e.json_as(&bob, &["book", "--gpus", "1", "--at", &local(monday + DAY), "--for", "20h"]);
+    e.json_as(
+        &bob,
+        &["book", "--gpus", "2", "--at", &local(monday + H), "--for", "12h"],
+    );
+    e.json_as(
+        &bob,
+        &["book", "--gpus", "1", "--at", &local(monday + DAY), "--for", "20h"],
+    );
     let err = refused(
-        &e.gantry_user(&bob, &["book", "--gpus", "1", "--at", &local(monday + 2 * DAY), "--for", "5h"]),
+        &e.gantry_user(
+            &bob,
+            &["book", "--gpus", "1", "--at", &local(monday + 2 * DAY), "--for", "5h"],
+        ),
         "a booking over the default weekly limit",
     );
     assert!(
@@ -92,9 +104,15 @@ fn bookings_are_bounded_by_default_and_their_weekly_sum_cannot_overflow() {
     );
 
     // The same slot booked twice by the same user: refused, naming the first.
-    let first = e.json_as(&alice, &["book", "--gpus", "1", "--at", &local(monday + 3 * DAY), "--for", "2h"]);
+    let first = e.json_as(
+        &alice,
+        &["book", "--gpus", "1", "--at", &local(monday + 3 * DAY), "--for", "2h"],
+    );
     let err = refused(
-        &e.gantry_user(&alice, &["book", "--gpus", "1", "--at", &local(monday + 3 * DAY), "--for", "2h"]),
+        &e.gantry_user(
+            &alice,
+            &["book", "--gpus", "1", "--at", &local(monday + 3 * DAY), "--for", "2h"],
+        ),
         "a duplicate booking",
     );
     assert!(
@@ -151,7 +169,15 @@ fn a_bookings_start_preempts_only_past_min_run() {
     let now = gantry_core::store::now_ms();
     let b = e.json_as(
         &bob,
-        &["book", "--gpus", "1", "--at", &local(now - now.rem_euclid(60_000)), "--for", "5m"],
+        &[
+            "book",
+            "--gpus",
+            "1",
+            "--at",
+            &local(now - now.rem_euclid(60_000)),
+            "--for",
+            "5m",
+        ],
     );
     assert_eq!(b["state"], "active", "{b}");
     let id = b["id"].as_i64().unwrap();
@@ -209,7 +235,10 @@ fn a_cancel_during_a_preemptions_grace_stops_the_job() {
             .is_some_and(|r| r.contains("preempted for it"))
     });
     let t = std::time::Instant::now();
-    ok(&e.gantry_user(&alice, &["cancel", &stubborn.to_string()]), "alice's cancel");
+    ok(
+        &e.gantry_user(&alice, &["cancel", &stubborn.to_string()]),
+        "alice's cancel",
+    );
     let done = e.wait_final(stubborn);
     assert_eq!(done["job"]["state"], "cancelled", "{done}");
     assert!(

@@ -577,15 +577,12 @@ impl Engine {
             let why = if b.used_ms.is_some() {
                 // Used, then left: released once unused for `release_after` since its owner's last
                 // use, whatever its owner has queued (a booking is GPUs in use, not a queue's claim).
-                let last = *self
-                    .book_cache
-                    .lock()
-                    .unwrap()
-                    .last_use
-                    .entry(b.id)
-                    .or_insert(now);
+                let last = *self.book_cache.lock().unwrap().last_use.entry(b.id).or_insert(now);
                 (now >= last + release_after).then(|| {
-                    format!("released: unused for {} since its owner's last job on it", idle_for(release_after))
+                    format!(
+                        "released: unused for {} since its owner's last job on it",
+                        idle_for(release_after)
+                    )
                 })
             } else {
                 // Not a no-show while it waits for a job to leave its GPUs, or while its owner has a
@@ -611,7 +608,8 @@ impl Engine {
             }
         }
         let mut c = self.book_cache.lock().unwrap();
-        c.last_use.retain(|id, _| open.iter().any(|b| b.id == *id && b.end_ms > now));
+        c.last_use
+            .retain(|id, _| open.iter().any(|b| b.id == *id && b.end_ms > now));
         c.assigned = assigned;
         if changed {
             c.open = None;

@@ -171,7 +171,9 @@ impl Engine {
         let how = match (stop, how) {
             // Cancelled while its preemption ran: the cancel wins (it is not queued again).
             (_, How::Preempted { code, .. }) if cancel.is_cancelled() => How::Cancelled { code },
-            (Some(Stop::Preempt), How::Exited { code, .. }) if cancel.is_cancelled() => How::Cancelled { code: Some(code) },
+            (Some(Stop::Preempt), How::Exited { code, .. }) if cancel.is_cancelled() => {
+                How::Cancelled { code: Some(code) }
+            }
             (Some(Stop::GpuMemory), How::Cancelled { code }) => How::GpuMemoryExceeded {
                 code,
                 message: self

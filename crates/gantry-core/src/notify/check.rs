@@ -172,13 +172,7 @@ pub enum EmailTo {
 
 /// Whether `address` is one `user` may have the lab's mail sent to: at one of `domains`, and (with
 /// [`EmailTo::Own`], unless an admin adds it) their own mailbox, `<user>@domain`.
-pub fn email_allowed(
-    address: &str,
-    user: &str,
-    admin: bool,
-    domains: &[String],
-    to: EmailTo,
-) -> Result<(), String> {
+pub fn email_allowed(address: &str, user: &str, admin: bool, domains: &[String], to: EmailTo) -> Result<(), String> {
     let (local, domain) = address.rsplit_once('@').unwrap_or((address, ""));
     let domain = domain.to_ascii_lowercase();
     let first = domains.first().map(String::as_str).unwrap_or("lab.org");
@@ -203,7 +197,9 @@ pub fn shown_name(name: &str) -> String {
     let clean: String = name
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .filter(|c| !matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'))
+        .filter(
+            |c| !matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'),
+        )
         .collect();
     let clean = clean.split_whitespace().collect::<Vec<_>>().join(" ");
     if clean.chars().count() > max {
@@ -312,10 +308,16 @@ mod tests {
         assert!(email_allowed("ada@LAB.org", "ada", false, &lab, Own).is_ok());
         let e = email_allowed("bob@lab.org", "ada", false, &lab, Own).unwrap_err();
         assert!(e.contains("you may add only your own address, ada@lab.org"), "{e}");
-        assert!(email_allowed("bob@lab.org", "ada", true, &lab, Own).is_ok(), "an admin may");
+        assert!(
+            email_allowed("bob@lab.org", "ada", true, &lab, Own).is_ok(),
+            "an admin may"
+        );
         assert!(email_allowed("bob@lab.org", "ada", false, &lab, Domains).is_ok());
         let e = email_allowed("ada@gmail.com", "ada", false, &lab, Domains).unwrap_err();
-        assert!(e.contains("only to addresses at lab.org") && e.contains("e.g. ada@lab.org"), "{e}");
+        assert!(
+            e.contains("only to addresses at lab.org") && e.contains("e.g. ada@lab.org"),
+            "{e}"
+        );
     }
 
     #[test]

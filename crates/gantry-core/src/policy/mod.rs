@@ -889,7 +889,10 @@ max_watches = 32
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
         // A fresh machine bounds what sessions (which jump the queue, never preempted) may claim; 0 lifts it.
         assert_eq!(Sessions::default().max_gpus, Some(2));
-        assert_eq!(parse("[sessions]\nmax_gpus = 0\n").unwrap().policy.sessions.max_gpus, None);
+        assert_eq!(
+            parse("[sessions]\nmax_gpus = 0\n").unwrap().policy.sessions.max_gpus,
+            None
+        );
         let cases: &[(&str, &str)] = &[
             ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
             ("[sessions]\nmax_gpus = -1\n", "config.toml:2:12: `max_gpus` = -1 is out of range"),
@@ -928,7 +931,15 @@ max_watches = 32
         // A fresh machine is bounded: a day per booking, 48 GPU-hours a week per user, two weeks ahead.
         let d = parse("").unwrap().policy.bookings;
         assert_eq!(
-            (d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus, d.max_length, d.max_gpu_hours_per_week),
+            (
+                d.enabled,
+                d.slot,
+                d.release_after,
+                d.max_ahead,
+                d.max_gpus,
+                d.max_length,
+                d.max_gpu_hours_per_week
+            ),
             (
                 true,
                 Duration::from_secs(1800),
@@ -940,7 +951,14 @@ max_watches = 32
             )
         );
         // 0 turns the weekly limit off.
-        assert_eq!(parse("[bookings]\nmax_gpu_hours_per_week = 0\n").unwrap().policy.bookings.max_gpu_hours_per_week, None);
+        assert_eq!(
+            parse("[bookings]\nmax_gpu_hours_per_week = 0\n")
+                .unwrap()
+                .policy
+                .bookings
+                .max_gpu_hours_per_week,
+            None
+        );
         let cases: &[(&str, &str)] = &[
             (
                 "[bookings]\nslots = \"30m\"\n",

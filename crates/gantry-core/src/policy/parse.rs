@@ -909,7 +909,11 @@ impl Check<'_> {
             for d in list.get_ref() {
                 let v = d.get_ref().trim().trim_start_matches('@').to_ascii_lowercase();
                 if crate::notify::check::email(&format!("x@{v}")).is_err() {
-                    self.fail(d.span(), format!("`email_domains` lists {:?}, which is not a mail domain", d.get_ref()), "write e.g. \"lab.org\"");
+                    self.fail(
+                        d.span(),
+                        format!("`email_domains` lists {:?}, which is not a mail domain", d.get_ref()),
+                        "write e.g. \"lab.org\"",
+                    );
                 } else {
                     domains.push(v);
                 }

@@ -196,7 +196,10 @@ pub(super) fn refuses(slot: &Slot, job: &QueuedJob, ctx: &Ctx) -> Option<String>
             } else {
                 "this job is not expected to end by then"
             };
-            return Some(format!("GPU {} booked by {} from {} ({why})", slot.index, h.user, h.from));
+            return Some(format!(
+                "GPU {} booked by {} from {} ({why})",
+                slot.index, h.user, h.from
+            ));
         }
     }
     None
@@ -494,11 +497,25 @@ mod tests {
         young.victim.as_mut().unwrap().started_ms = start - M;
         let mut tired = run(2, "carol", 1, None, true);
         tired.victim.as_mut().unwrap().preempted_today = 3;
-        let s = st(start, 2, vec![young.clone(), tired], vec![], vec![alice(7, 2, start)], vec![]);
+        let s = st(
+            start,
+            2,
+            vec![young.clone(), tired],
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
         assert!(plan(&s).preempt.is_empty(), "{:?}", plan(&s).preempt);
         assert_eq!(assign(&s)[0].waiting_for, vec![1, 2]);
         // Once bob's job has run its 10 minutes, it is preempted; carol's still is not.
-        let later = st(start + 9 * M, 2, s.running.clone(), vec![], vec![alice(7, 2, start)], vec![]);
+        let later = st(
+            start + 9 * M,
+            2,
+            s.running.clone(),
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
         let p = plan(&later);
         assert_eq!(p.preempt.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1]);
         // The lab's own guard rails count: with min_run 1 minute, bob's job goes at once.
@@ -515,7 +532,14 @@ mod tests {
         let start = 10 * H;
         const M: i64 = 60_000;
         // 5 minutes before the start, a preemptible job would run only 5 of its 10 minutes.
-        let p = plan(&st(start - 5 * M, 1, vec![], vec![q(1, "bob", None)], vec![alice(7, 1, start)], vec![1]));
+        let p = plan(&st(
+            start - 5 * M,
+            1,
+            vec![],
+            vec![q(1, "bob", None)],
+            vec![alice(7, 1, start)],
+            vec![1],
+        ));
         assert!(placed(&p).is_empty());
         assert!(
             reason(&p, 1).contains("this preemptible job could not run the lab's `min_run` before then"),
@@ -523,10 +547,24 @@ mod tests {
             reason(&p, 1)
         );
         // 20 minutes before, it may.
-        let p = plan(&st(start - 20 * M, 1, vec![], vec![q(1, "bob", None)], vec![alice(7, 1, start)], vec![1]));
+        let p = plan(&st(
+            start - 20 * M,
+            1,
+            vec![],
+            vec![q(1, "bob", None)],
+            vec![alice(7, 1, start)],
+            vec![1],
+        ));
         assert_eq!(placed(&p), vec![(1, vec![0])]);
         // A learned median of 1 hour from other jobs' runs is no promise to end by the start.
-        let mut s = st(0, 1, vec![], vec![q(1, "bob", Some(H))], vec![alice(7, 1, start)], vec![]);
+        let mut s = st(
+            0,
+            1,
+            vec![],
+            vec![q(1, "bob", Some(H))],
+            vec![alice(7, 1, start)],
+            vec![],
+        );
         s.config.unproven_runtimes = vec![1];
         let p = plan(&s);
         assert!(placed(&p).is_empty());

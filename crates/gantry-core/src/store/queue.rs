@@ -462,11 +462,18 @@ impl Store {
         let now = self.now();
         let tx = self.conn.transaction()?;
         let before: Option<i64> = tx
-            .query_row("SELECT preempt_signalled_ms FROM attempts WHERE id = ?1", [attempt_id], |r| r.get(0))
+            .query_row(
+                "SELECT preempt_signalled_ms FROM attempts WHERE id = ?1",
+                [attempt_id],
+                |r| r.get(0),
+            )
             .optional()?
             .flatten();
         if before.is_none() {
-            tx.execute("UPDATE attempts SET preempt_signalled_ms = ?2 WHERE id = ?1", params![attempt_id, now])?;
+            tx.execute(
+                "UPDATE attempts SET preempt_signalled_ms = ?2 WHERE id = ?1",
+                params![attempt_id, now],
+            )?;
         }
         tx.commit()?;
         Ok(before)
