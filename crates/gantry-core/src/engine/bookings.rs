@@ -261,20 +261,6 @@ impl Engine {
             theirs.iter().any(|g| gpus.contains(g))
         };
         let made = self.store().book(&new, week.min(now), |others| {
-            // The same user's open booking of the same GPUs at the same time: a duplicate (a second
-            // `gantry book` of the same slot), or a wish for more GPUs that is one booking.
-            if let Some(d) = others.iter().find(|b| {
-                b.uid == new.uid && b.closed.is_none() && b.gpu_type == new.gpu_type && b.start_ms < new.end_ms && new.start_ms < b.end_ms
-            }) {
-                return Err(format!(
-                    "you already have booking {} ({} GPU{}, {}) at that time; to hold more GPUs or longer, cancel it (`gantry book cancel {}`) and book once with the GPUs and time you need",
-                    d.id,
-                    d.gpus,
-                    if d.gpus == 1 { "" } else { "s" },
-                    span(d.start_ms, d.end_ms),
-                    d.id
-                ));
-            }
             // Clashes: the most GPUs booked at once during the new booking, among those that may
             // hold the same GPUs.
             let clash: Vec<&Booking> = others.iter().filter(|b| b.closed.is_none() && b.start_ms < new.end_ms && new.start_ms < b.end_ms && shared(b)).collect();
@@ -311,6 +297,20 @@ impl Engine {
                         &local_datetime(week)[..10]
                     ));
                 }
+            }
+            // The same user's open booking of the same GPUs at the same time: a duplicate (a second
+            // `gantry book` of the same slot), or a wish for more GPUs that is one booking.
+            if let Some(d) = others.iter().find(|b| {
+                b.uid == new.uid && b.closed.is_none() && b.gpu_type == new.gpu_type && b.start_ms < new.end_ms && new.start_ms < b.end_ms
+            }) {
+                return Err(format!(
+                    "you already have booking {} ({} GPU{}, {}) at that time; to hold more GPUs or longer, cancel it (`gantry book cancel {}`) and book once with the GPUs and time you need",
+                    d.id,
+                    d.gpus,
+                    if d.gpus == 1 { "" } else { "s" },
+                    span(d.start_ms, d.end_ms),
+                    d.id
+                ));
             }
             Ok(())
         });
