@@ -28,6 +28,7 @@ mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
 mod security_network;
+mod security_pins;
 mod security_redteam;
 mod security_state;
 mod sessions;

@@ -258,6 +258,7 @@ impl Policy {
             ("sessions.idle_after", d(s.idle_after)),
             ("sessions.idle_batch", s.idle_batch.to_string()),
             ("sessions.keep_free", s.keep_free.to_string()),
+            ("sessions.forward_port", s.forward_port.to_string()),
         ]);
         let b = &self.bookings;
         let none = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_else(|| "none".into());
@@ -306,6 +307,9 @@ pub struct Sessions {
     /// GPUs kept free of batch jobs for sessions: a batch job may not take the last `keep_free`
     /// free GPUs; a session may (see [`crate::scheduler::keep_free`]).
     pub keep_free: u32,
+    /// The port (below 1024: only root binds it) of `gantry open` forwards, each on a loopback
+    /// address of its own; see [`crate::engine::ports`].
+    pub forward_port: u16,
 }
 
 impl Default for Sessions {
@@ -319,6 +323,7 @@ impl Default for Sessions {
             idle_after: Some(config::SESSION_IDLE_AFTER),
             idle_batch: false,
             keep_free: 0,
+            forward_port: config::FORWARD_PORT,
         }
     }
 }
@@ -489,12 +494,27 @@ pub struct SmtpSettings {
 }
 
 /// `[metrics]` of the lab config.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricsSettings {
     /// Where `/metrics` is served (`None`: off).
     pub listen: Option<std::net::SocketAddr>,
     /// Let `listen` be a non-loopback address (anyone who can reach it sees GPU use per user).
     pub allow_remote: bool,
+    /// Scrape connections open at once; more are closed as they come.
+    pub max_connections: usize,
+    /// A connection without a whole request head this long (after it opened or its last answer) is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: None,
+            allow_remote: false,
+            max_connections: config::METRICS_MAX_CONNECTIONS,
+            idle_timeout: config::METRICS_IDLE_TIMEOUT,
+        }
+    }
 }
 
 #[cfg(test)]
