@@ -24,6 +24,7 @@ mod preemption;
 mod remote;
 mod run_and_hold;
 mod security_api;
+mod security_forwards;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
