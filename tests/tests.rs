@@ -25,6 +25,7 @@ mod remote;
 mod run_and_hold;
 mod security_api;
 mod security_forwards;
+mod security_hooks;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
