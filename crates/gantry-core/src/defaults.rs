@@ -221,6 +221,24 @@ pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
 /// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
 pub const START_SETTLE: Duration = Duration::from_secs(5);
 
+// Forwards and listeners (issue 29).
+/// `[sessions] forward_port`: the port of every `gantry open` forward (each job's on an address of its
+/// own in 127.0.0.0/8). Below 1024, so only root can bind it: when the engine is not listening (a
+/// restart, the job's end, a preemption) no other user can answer an owner's old URL. 1021 is RFC 3692's
+/// port for experiments: no service uses it, and browsers do not block it.
+pub const FORWARD_PORT: u16 = 1021;
+/// A forward's refused connections (another user's) are logged once per uid, then summed up at most
+/// this often: a connect flood costs a line a minute, not a line a connection.
+pub const FORWARD_REFUSED_LOG_EVERY: Duration = Duration::from_secs(60);
+/// `[metrics] max_connections`: open scrape connections at once. Prometheus keeps one per scraper; 64
+/// covers a lab's few scrapers and a curl or two, while a flood of idle connections costs the engine at
+/// most this many file descriptors (its API and jobs keep the rest). Beyond it a connection is closed at once.
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
+/// `[metrics] idle_timeout`: a connection that has not sent a whole request head this long after it
+/// opened (or after its last answer) is closed. A scrape sends its request at once; 10 s is far
+/// above a loaded machine's delay and far below what lets idle connections pile up.
+pub const METRICS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Queued jobs `gantry ls` shows by default: the next 100 to start and the caller's first 100 (a
 /// terminal shows a few dozen lines; `--all` lists a queue of 100,000, which is 25 MB of JSON).
 pub const LS_QUEUED_SHOWN: usize = 100;

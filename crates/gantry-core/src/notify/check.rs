@@ -118,10 +118,17 @@ fn special(ip: IpAddr) -> bool {
     }
 }
 
-/// Check each address `host` resolved to: one of [`special`]'s may only be used when the lab lists
-/// that address (or `localhost`, for loopback). Returns the addresses to connect to (the request
-/// goes to these, never to a second look-up's answer).
-pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]) -> Result<Vec<SocketAddr>, String> {
+/// Check each address `host` resolved to: one of [`special`]'s, or any address of this machine
+/// (`is_local`: docker0's gateway, the LAN address; each reaches the services listening on 0.0.0.0
+/// as loopback does), may only be used when the lab lists that address (or `localhost`, for
+/// loopback). Returns the addresses to connect to (the request goes to these, never to a second
+/// look-up's answer).
+pub fn addresses_allowed(
+    allowed: &[String],
+    host: &str,
+    resolved: &[SocketAddr],
+    is_local: impl Fn(IpAddr) -> bool,
+) -> Result<Vec<SocketAddr>, String> {
     if resolved.is_empty() {
         return Err(format!("{host} has no address"));
     }
@@ -130,11 +137,18 @@ pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
             ip => ip,
         };
-        if !special(ip) {
+        let local = !special(ip) && is_local(ip);
+        if !special(ip) && !local {
             continue;
         }
         let listed = host_allowed(allowed, &ip.to_string(), a.port())
             || (ip.is_loopback() && host == "localhost" && host_allowed(allowed, "localhost", a.port()));
+        if !listed && local {
+            return Err(format!(
+                "{host} resolves to {ip}, an address of this machine, which webhooks may not reach (it leads to the \
+                 services listening on every address) unless the lab lists that address in `[notify] webhook_hosts`"
+            ));
+        }
         if !listed {
             return Err(format!(
                 "{host} resolves to {ip}, a loopback, link-local or otherwise special address that webhooks may not reach unless the lab lists that address in `[notify] webhook_hosts`"
@@ -278,11 +292,25 @@ mod tests {
 
     #[test]
     fn special_addresses_need_the_address_itself_listed() {
-        let allowed: Vec<String> = vec!["chat.lab.org".into(), "127.0.0.1:9000".into()];
+        let allowed: Vec<String> = vec!["chat.lab.org".into(), "127.0.0.1:9000".into(), "172.17.0.1:9000".into()];
         let a = |s: &str| vec![s.parse::<SocketAddr>().unwrap()];
+        let addresses_allowed = |allowed: &[String], host: &str, resolved: &[SocketAddr]| {
+            addresses_allowed(allowed, host, resolved, |ip| {
+                ip == "172.17.0.1".parse::<IpAddr>().unwrap()
+            })
+        };
         assert!(
             addresses_allowed(&allowed, "chat.lab.org", &a("10.1.2.3:443")).is_ok(),
             "a private address of a listed host is the lab's own"
+        );
+        let e = addresses_allowed(&allowed, "chat.lab.org", &a("172.17.0.1:443")).unwrap_err();
+        assert!(
+            e.contains("an address of this machine"),
+            "docker0's address by a listed name: {e}"
+        );
+        assert!(
+            addresses_allowed(&allowed, "172.17.0.1", &a("172.17.0.1:9000")).is_ok(),
+            "the lab listed that address itself"
         );
         for rebound in [
             "127.0.0.1:443",

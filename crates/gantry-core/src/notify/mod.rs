@@ -191,7 +191,7 @@ impl Notifier {
                 Ok(Err(e)) => return Err(format!("cannot resolve {}: {e}", u.host)),
                 Err(_) => return Err(format!("resolving {} took too long", u.host)),
             };
-        let addrs = check::addresses_allowed(&self.settings.webhook_hosts, &u.host, &resolved)?;
+        let addrs = check::addresses_allowed(&self.settings.webhook_hosts, &u.host, &resolved, is_this_machine)?;
         Ok((u, addrs))
     }
 
@@ -521,6 +521,12 @@ impl Notifier {
             .collect();
         Ok((u, addrs))
     }
+}
+
+/// Whether `ip` is an address of this machine (any interface's: docker0, the LAN's): a socket
+/// binds to it only then (for loopback, every 127.x address).
+fn is_this_machine(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 /// A user-given address in the engine's log: quoted and escaped (no forged lines).

@@ -260,6 +260,7 @@ impl Policy {
             ("sessions.idle_after", d(s.idle_after)),
             ("sessions.idle_batch", s.idle_batch.to_string()),
             ("sessions.keep_free", s.keep_free.to_string()),
+            ("sessions.forward_port", s.forward_port.to_string()),
         ]);
         let b = &self.bookings;
         let none = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_else(|| "none".into());
@@ -309,6 +310,9 @@ pub struct Sessions {
     /// GPUs kept free of batch jobs for sessions: a batch job may not take the last `keep_free`
     /// free GPUs; a session may (see [`crate::scheduler::keep_free`]).
     pub keep_free: u32,
+    /// The port (below 1024: only root binds it) of `gantry open` forwards, each on a loopback
+    /// address of its own; see [`crate::engine::ports`].
+    pub forward_port: u16,
 }
 
 impl Default for Sessions {
@@ -322,6 +326,7 @@ impl Default for Sessions {
             idle_after: Some(config::SESSION_IDLE_AFTER),
             idle_batch: false,
             keep_free: 0,
+            forward_port: config::FORWARD_PORT,
         }
     }
 }
@@ -506,12 +511,27 @@ pub struct SmtpSettings {
 }
 
 /// `[metrics]` of the lab config.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricsSettings {
     /// Where `/metrics` is served (`None`: off).
     pub listen: Option<std::net::SocketAddr>,
     /// Let `listen` be a non-loopback address (anyone who can reach it sees GPU use per user).
     pub allow_remote: bool,
+    /// Scrape connections open at once; more are closed as they come.
+    pub max_connections: usize,
+    /// A connection without a whole request head this long (after it opened or its last answer) is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: None,
+            allow_remote: false,
+            max_connections: config::METRICS_MAX_CONNECTIONS,
+            idle_timeout: config::METRICS_IDLE_TIMEOUT,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -901,6 +921,8 @@ max_watches = 32
             ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
             ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
             ("[sessions]\nidle_after = \"soon\"\n", "config.toml:2:14: `idle_after` = \"soon\" is not a duration"),
+            ("[sessions]\nforward_port = 8888\n", "config.toml:2:16: sessions `forward_port` = 8888 is not a port below 1024; only root may bind"),
+            ("[sessions]\nforward_port = 0\n", "`forward_port` = 0 is not a port below 1024"),
             ("[sessions]\nkeep_free = -1\n", "config.toml:2:13: `keep_free` = -1 is out of range"),
             ("[sessions]\nidle_batch = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
             ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
@@ -1023,6 +1045,30 @@ max_watches = 32
             (3, Some(9464))
         );
         assert_eq!(parse("").unwrap().metrics.listen, None, "metrics are off by default");
+        let bounded = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\nmax_connections = 8\nidle_timeout = \"3s\"\n")
+            .unwrap()
+            .metrics;
+        assert_eq!(
+            (bounded.max_connections, bounded.idle_timeout),
+            (8, Duration::from_secs(3))
+        );
+        assert_eq!(
+            (
+                parse("").unwrap().metrics.max_connections,
+                parse("").unwrap().metrics.idle_timeout
+            ),
+            (64, Duration::from_secs(10)),
+            "bounded by default"
+        );
+        assert_eq!(parse("").unwrap().policy.sessions.forward_port, 1021);
+        assert_eq!(
+            parse("[sessions]\nforward_port = 999\n")
+                .unwrap()
+                .policy
+                .sessions
+                .forward_port,
+            999
+        );
         assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n")
             .unwrap()
             .metrics
@@ -1034,6 +1080,14 @@ max_watches = 32
                 "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address",
             ),
             ("[metrics]\nlisten = \"localhost\"\n", "is not an address and port"),
+            (
+                "[metrics]\nmax_connections = 0\n",
+                "config.toml:2:19: `max_connections` = 0 is out of range",
+            ),
+            (
+                "[metrics]\nidle_timeout = \"never\"\n",
+                "`idle_timeout` = \"never\" is not a duration",
+            ),
             (
                 "[notify]\nsmtp_host = \"smtp.lab.org\"\n",
                 "config.toml:2:13: `smtp_host` is set but `smtp_from` is not",

@@ -221,6 +221,7 @@ pub(super) struct RawSessions {
     idle_after: S<String>,
     idle_batch: S<bool>,
     keep_free: S<i64>,
+    forward_port: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -267,6 +268,8 @@ pub(super) struct RawLabHook {
 pub(super) struct RawMetrics {
     listen: S<String>,
     allow_remote: S<bool>,
+    max_connections: S<i64>,
+    idle_timeout: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -849,6 +852,17 @@ impl Check<'_> {
                 s.keep_free = n as u32;
             }
         }
+        if let Some(v) = &raw.forward_port {
+            match u16::try_from(*v.get_ref()) {
+                Ok(p) if (1..1024).contains(&p) => s.forward_port = p,
+                _ => self.fail(
+                    v.span(),
+                    format!("sessions `forward_port` = {} is not a port below 1024", v.get_ref()),
+                    "only root may bind a port below 1024, so no other user can answer a forward's URL: use one \
+                     no service here listens on, e.g. 1021",
+                ),
+            }
+        }
         s
     }
 
@@ -1007,9 +1021,15 @@ impl Check<'_> {
 
     pub(super) fn metrics(&mut self, raw: &RawMetrics) -> MetricsSettings {
         let mut m = MetricsSettings {
-            listen: None,
             allow_remote: raw.allow_remote.as_ref().map(|b| *b.get_ref()).unwrap_or(false),
+            ..MetricsSettings::default()
         };
+        if let Some(n) = self.count("max_connections", &raw.max_connections, 100_000) {
+            m.max_connections = n as usize;
+        }
+        if let Some(d) = self.duration("idle_timeout", &raw.idle_timeout, Duration::from_secs(3600)) {
+            m.idle_timeout = d;
+        }
         if let Some(l) = &raw.listen {
             match l.get_ref().parse::<std::net::SocketAddr>() {
                 Ok(a) if !a.ip().is_loopback() && !m.allow_remote => self.fail(
