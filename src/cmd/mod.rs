@@ -8,6 +8,7 @@ mod gpus;
 mod history;
 mod inbox;
 mod jobs;
+mod mcp;
 mod notify;
 mod session;
 mod sim;
@@ -54,7 +55,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     };
     match &cli.cmd {
         // These decide their exit status.
-        Cmd::Submit { files } => return submit::submit(&ctx, files).await,
+        Cmd::Submit { files, dry_run: true } => return submit::dry_run(&ctx, files).await,
+        Cmd::Submit { files, dry_run: false } => return submit::submit(&ctx, files).await,
+        Cmd::Mcp => return mcp::serve(ctx).await,
         Cmd::Config {
             cmd: ConfigCmd::Check { file },
         } => return config::check(file.clone(), ctx.json),

@@ -683,6 +683,12 @@ impl Client {
         self.post(routes::VALIDATE, req).await
     }
 
+    /// A dry run of [`Client::submit`]: every check the submit makes, as the caller, and where and
+    /// when its jobs would start; nothing queued.
+    pub async fn preview(&self, req: &SubmitRequest) -> Result<crate::protocol::SubmitPreview, ClientError> {
+        self.post(routes::PREVIEW, req).await
+    }
+
     /// Check one spec file without queueing it.
     pub async fn preview_file(&self, path: &Path) -> Result<Preview, ClientError> {
         let file_name = path
