@@ -231,6 +231,3 @@ pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 /// and "when the deadline crunch is over"; a waiting job still counts against the user's queued
 /// jobs, so further ahead it mostly sits there forgotten (a booking is the way to plan further).
 pub const MAX_BEGIN: Duration = Duration::from_secs(7 * 86_400);
-/// What a dry run (`gantry submit --dry-run`, the MCP `preview_submit`) says of when a job would
-/// start: the start estimates look this far ahead (ms), as the queue's do.
-pub const PREVIEW_HORIZON_MS: i64 = 3_600_000;

@@ -187,8 +187,8 @@ pub struct Engine {
     eta_at: std::sync::atomic::AtomicI64,
     /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
     last_pass: Mutex<Option<(u64, i64)>>,
-    /// The last plan's input (Docker backend): a dry run plans the previewed jobs against it.
-    last_state: RwLock<Option<Arc<crate::scheduler::State>>>,
+    /// The GPUs as the last pass saw them (Docker backend): what a dry run plans on.
+    last_gpus: RwLock<Option<Vec<crate::scheduler::GpuView>>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     /// When each job was last preempted (its wait toward the overdue rule counts from then), and
@@ -431,7 +431,7 @@ impl Engine {
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),
-            last_state: RwLock::new(None),
+            last_gpus: RwLock::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),

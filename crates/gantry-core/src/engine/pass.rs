@@ -223,23 +223,7 @@ impl Engine {
         let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let now = self.now();
-        let history = self.stats.lock().unwrap().history.clone();
-        let running: Vec<RunningJob> = self
-            .running
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(id, h)| RunningJob {
-                job_id: *id,
-                user: h.owner.clone(),
-                gpus: h.gpus.clone(),
-                gpu_memory: h.gpu_memory,
-                expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)),
-                needs: h.needs,
-                victim: h.victim.clone(),
-                declared: h.declared,
-            })
-            .collect();
+        let running = self.running_jobs(now);
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
         // or FULL_PASS_EVERY passed (reservations and backfill windows move with time, in minutes).
@@ -494,11 +478,29 @@ impl Engine {
                 q.and_then(|q| q.expected_runtime_ms),
             )
         });
-        let placements: Vec<_> = placements.collect();
-        let gpus = state.gpus.clone();
-        // What a dry run plans against (`Engine::preview`).
-        *self.last_state.write().unwrap() = Some(Arc::new(state));
-        (placements, gpus, std::mem::take(&mut plan.preempt))
+        // What a dry run plans on (`Engine::preview`).
+        *self.last_gpus.write().unwrap() = Some(state.gpus.clone());
+        (placements.collect(), state.gpus, std::mem::take(&mut plan.preempt))
+    }
+
+    /// The running jobs as the scheduler sees them: what they hold and when they should end.
+    pub(super) fn running_jobs(&self, now: i64) -> Vec<RunningJob> {
+        let history = self.stats.lock().unwrap().history.clone();
+        self.running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, h)| RunningJob {
+                job_id: *id,
+                user: h.owner.clone(),
+                gpus: h.gpus.clone(),
+                gpu_memory: h.gpu_memory,
+                expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)),
+                needs: h.needs,
+                victim: h.victim.clone(),
+                declared: h.declared,
+            })
+            .collect()
     }
 
     /// A queued job as the scheduler sees it (not yet preempted).

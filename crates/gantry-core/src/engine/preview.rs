@@ -115,31 +115,63 @@ impl Engine {
         Ok(out)
     }
 
-    /// For each job: the GPUs it would get now, or why it would wait, and its estimated start;
-    /// the last pass's state with these jobs added, planned once (pure; nothing is claimed).
+    /// For each job: the GPUs it would get now, or why it would wait, and its estimated start: the
+    /// queue and running jobs as they are, on the GPUs as the last pass saw them, with these jobs
+    /// added, planned once (pure; nothing is claimed). Held jobs and jobs waiting for others are
+    /// left out, as a pass leaves them out.
     fn plan_preview(&self, jobs: &[ValidJob], owner: &Owner, policy: &Policy) -> Vec<Planned> {
-        let Some(last) = self.last_state.read().unwrap().clone() else {
+        let gpus = self.last_gpus.read().unwrap().clone();
+        let Some(gpus) = gpus else {
             let why = if self.backend.name() == "Slurm" {
                 "this engine runs jobs through Slurm: Slurm decides where and when it starts"
             } else {
-                "the engine has not planned yet (it just started); try again in a few seconds"
+                "the engine has not looked at its GPUs yet (it just started); try again in a few seconds"
             };
             return jobs.iter().map(|_| (vec![], Some(why.to_string()), None)).collect();
         };
         let now = self.now();
-        let mut state = (*last).clone();
-        state.now_ms = now;
-        let (usage, history, overruns) = {
+        let (usage, history, overruns, typical_wait, shapes) = {
             let s = self.stats.lock().unwrap();
-            (s.usage.clone(), s.history.clone(), s.overruns.clone())
+            (
+                s.usage.clone(),
+                s.history.clone(),
+                s.overruns.clone(),
+                s.typical_wait,
+                s.shapes.clone(),
+            )
         };
+        let host = self.host_capacity(policy);
         let inputs = JobInputs {
             policy,
-            host: self.host_capacity(policy),
-            gpu_count: state.gpus.len(),
+            host,
+            gpu_count: gpus.len(),
             usage: &usage,
             history: &history,
             overruns: &overruns,
+        };
+        let rows = self.queue.lock().unwrap().rows();
+        let mut queued: Vec<_> = rows
+            .iter()
+            .filter(|r| !r.held && r.after.is_empty())
+            .map(|r| self.scheduled(r, &inputs))
+            .collect();
+        let mut state = scheduler::State {
+            now_ms: now,
+            gpus,
+            running: self.running_jobs(now),
+            queued: vec![],
+            config: scheduler::Config {
+                reserve_after_ms: policy.reserve_after.as_millis() as i64,
+                overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
+                max_running_gpus_per_user: policy.max_running_gpus,
+                gpu_share: Some(policy.containers.needs(1, None, None, host, inputs.gpu_count)),
+                preemption: policy.preemption.rules(),
+                shapes,
+                bookings: self.booking_holds(now),
+                ..self.cfg.scheduler.clone()
+            },
+            typical_wait_ms: typical_wait,
+            host: Some(host),
         };
         // Ids no real job has: after every queued job, in the order they would be queued.
         let ids: Vec<i64> = (0..jobs.len() as i64)
@@ -147,10 +179,15 @@ impl Engine {
             .collect();
         for (j, id) in jobs.iter().zip(&ids) {
             let row = preview_row(j, *id, owner, now);
-            state.queued.push(self.scheduled(&row, &inputs));
+            queued.push(self.scheduled(&row, &inputs));
         }
+        state.queued = queued;
         let plan = scheduler::plan(&state);
-        let eta = scheduler::estimate_starts(&state, 3_600_000, crate::config::ETA_MAX_QUEUE);
+        let eta = if state.queued.len() <= crate::config::ETA_MAX_QUEUE {
+            scheduler::estimate_starts(&state, 3_600_000, crate::config::ETA_MAX_QUEUE)
+        } else {
+            Default::default()
+        };
         jobs.iter()
             .zip(&ids)
             .map(|(j, id)| {
@@ -167,11 +204,7 @@ impl Engine {
                         .map(|w| w.why())
                         .unwrap_or_else(|| "it would wait for GPUs".into()),
                 };
-                let start = eta
-                    .get(id)
-                    .copied()
-                    .filter(|t| *t <= now + crate::config::PREVIEW_HORIZON_MS);
-                (vec![], Some(reason), start)
+                (vec![], Some(reason), eta.get(id).copied())
             })
             .collect()
     }
