@@ -211,7 +211,14 @@ impl Gantry {
     )]
     async fn show_job(&self, Parameters(p): Parameters<JobId>) -> Result<Json<JobOut>, String> {
         let d = self.detail(p.id).await?;
-        let raw = serde_json::to_value(&d).map_err(|e| e.to_string())?;
+        let mut raw = serde_json::to_value(&d).map_err(|e| e.to_string())?;
+        // Its run results (summaries: last and best per metric, params, tags) where the engine records
+        // them and the caller may read them (owner, admins); else none.
+        if let Ok(r) = self.client.job_results(p.id, Some(0)).await {
+            if let Some(o) = raw.as_object_mut() {
+                o.insert("results".into(), serde_json::to_value(&r).unwrap_or_default());
+            }
+        }
         Ok(Json(JobOut {
             id: d.job.id,
             end_reason: end_reason(&d),

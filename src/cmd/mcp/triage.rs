@@ -258,6 +258,14 @@ pub async fn compare(client: &Client, ids: &[i64]) -> Result<CompareOut, String>
     for id in ids {
         details.push(client.job(*id).await.map_err(err)?);
     }
+    // The engine's comparison of their run results (params, last and best per metric), where it has one.
+    let results = client
+        .compare(&gantry_core::protocol::CompareQuery {
+            ids: Some(ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")),
+            ..Default::default()
+        })
+        .await
+        .ok();
     let specs: Vec<_> = details.iter().map(spec_fields).collect();
     let mut keys: Vec<&String> = specs.iter().flat_map(|s| s.keys()).collect();
     keys.sort();
@@ -275,7 +283,9 @@ pub async fn compare(client: &Client, ids: &[i64]) -> Result<CompareOut, String>
                 .iter()
                 .map(|k| (k.clone(), s.get(k).cloned().unwrap_or(Value::Null)))
                 .collect();
-            let whole = serde_json::to_value(d).unwrap_or_default();
+            let row = results
+                .as_ref()
+                .and_then(|c| c.rows.iter().find(|r| r.job_id == d.job.id && !r.hidden));
             CompareItem {
                 id: d.job.id,
                 name: d.job.name.clone(),
@@ -283,7 +293,7 @@ pub async fn compare(client: &Client, ids: &[i64]) -> Result<CompareOut, String>
                 exit_code: d.job.exit_code,
                 runtime_s: runtime_s(d.job.started_at, d.job.finished_at),
                 fields: fields.into(),
-                results: whole.get("results").cloned().filter(|r| !r.is_null()),
+                results: row.and_then(|r| serde_json::to_value(r).ok()),
             }
         })
         .collect();
