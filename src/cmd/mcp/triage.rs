@@ -153,7 +153,7 @@ fn advice(d: &JobDetailView, reason: Option<EndReason>, lines: &[String]) -> Vec
             "it reached its timeout ({}): raise `timeout:` (the lab's maximum applies), or save checkpoints and \
              resume from them; set `expected_runtime` so the scheduler plans for it",
             j.timeout_ms
-                .map(|t| gantry_core::units::duration_ms(t))
+                .map(gantry_core::units::duration_ms)
                 .unwrap_or_else(|| "unset".into())
         )),
         (_, Some(EndReason::Lost)) => out.push(
