@@ -42,6 +42,10 @@ pub enum Cmd {
         /// which GPUs its jobs would get now, or why they would wait and until about when.
         #[arg(long)]
         dry_run: bool,
+        /// Start no earlier than this, in place of the files' `begin:` ("22:00", "tomorrow 08:00", "+2h";
+        /// the workstation's local time). Until then the jobs wait and hold nothing.
+        #[arg(long, value_name = "TIME")]
+        begin: Option<String>,
     },
     /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
     Run(RunArgs),

@@ -55,6 +55,10 @@ fn a_dry_run_queues_nothing_and_names_the_gpus_or_the_wait() {
     assert!(text.contains("ok: priority 0 is within your range"), "{text}");
     let p = e.json(&["submit", "--dry-run", spec.to_str().unwrap()]);
     assert_eq!(p[0]["preview"]["jobs"][0]["starts_now"], false, "{p}");
+    let p = e.json(&["submit", "--dry-run", "--begin", "+2h", spec.to_str().unwrap()]);
+    let j = &p[0]["preview"]["jobs"][0];
+    assert!(j["reason"].as_str().unwrap_or("").starts_with("starts at "), "{p}");
+    assert!(j["job"]["begin_ms"].as_i64().is_some(), "{p}");
     let bad = e.write_spec("bad.yaml", &format!("image: {IMAGE}\npriority: 99999\n"));
     let out = e.gantry(&["submit", "--dry-run", bad.to_str().unwrap()]);
     assert!(!out.status.success());

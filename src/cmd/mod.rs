@@ -55,8 +55,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     };
     match &cli.cmd {
         // These decide their exit status.
-        Cmd::Submit { files, dry_run: true } => return submit::dry_run(&ctx, files).await,
-        Cmd::Submit { files, dry_run: false } => return submit::submit(&ctx, files).await,
+        Cmd::Submit {
+            files,
+            dry_run: true,
+            begin,
+        } => return submit::dry_run(&ctx, files, begin.as_deref()).await,
+        Cmd::Submit {
+            files,
+            dry_run: false,
+            begin,
+        } => return submit::submit(&ctx, files, begin.as_deref()).await,
         Cmd::Mcp => return mcp::serve(ctx).await,
         Cmd::Config {
             cmd: ConfigCmd::Check { file },

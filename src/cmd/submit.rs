@@ -12,11 +12,21 @@ use crate::cli::RunArgs;
 use crate::print::print_json;
 use crate::term::{esc, escape, outln};
 
-pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
+pub async fn submit(ctx: &Ctx, files: &[PathBuf], begin: Option<&str>) -> Result<ExitCode> {
     let mut failed = false;
     let mut ids = vec![];
     for f in files {
-        match ctx.client.submit_file(f).await.map_err(anyhow::Error::from) {
+        let queued = match ctx.client.spec_request(f) {
+            Ok(req) => {
+                let req = SubmitRequest {
+                    begin: begin.map(String::from),
+                    ..req
+                };
+                ctx.client.submit(&req).await.map(|s| s.job_ids)
+            }
+            Err(e) => Err(e),
+        };
+        match queued.map_err(anyhow::Error::from) {
             Ok(new) => {
                 ids.push(serde_json::json!({"file": f, "job_id": new[0], "job_ids": new}));
                 if !ctx.json {
@@ -51,13 +61,19 @@ pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
 
 /// `gantry submit --dry-run`: each file checked as a submit would check it, and where and when its
 /// jobs would start; nothing queued. Fails (exit 1) when a file would be refused.
-pub async fn dry_run(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
+pub async fn dry_run(ctx: &Ctx, files: &[PathBuf], begin: Option<&str>) -> Result<ExitCode> {
     let mut failed = false;
     let mut out = vec![];
     for f in files {
         let name = f.display().to_string();
         let got = match ctx.client.spec_request(f) {
-            Ok(req) => ctx.client.preview(&req).await,
+            Ok(req) => {
+                let req = SubmitRequest {
+                    begin: begin.map(String::from),
+                    ..req
+                };
+                ctx.client.preview(&req).await
+            }
             Err(e) => Err(e),
         };
         match got {
@@ -138,6 +154,7 @@ pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
         base_dir,
         idempotency_key: None,
         origin: SpecOrigin::RunFlags,
+        begin: None,
     };
     if args.dry_run {
         let p = ctx.client.preview(&req).await.map_err(run_error)?;

@@ -296,6 +296,7 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
             text: &r.text,
             file_name: &r.file_name,
             base_dir: r.base_dir.clone(),
+            begin: r.begin.as_deref(),
         };
         e.submit(Submission {
             spec,
@@ -535,9 +536,11 @@ async fn preview(
 ) -> Res<crate::protocol::SubmitPreview> {
     let owner = owner_of(&p);
     // Mounts are checked by helper processes, as in `submit`: off the async workers.
-    let out = tokio::task::spawn_blocking(move || e.preview(&r.text, &r.file_name, r.base_dir.clone(), &owner))
-        .await
-        .map_err(|err| EngineError::Fatal(format!("the dry run crashed: {err}")))??;
+    let out = tokio::task::spawn_blocking(move || {
+        e.preview(&r.text, &r.file_name, r.base_dir.clone(), r.begin.as_deref(), &owner)
+    })
+    .await
+    .map_err(|err| EngineError::Fatal(format!("the dry run crashed: {err}")))??;
     Ok(Json(out))
 }
 

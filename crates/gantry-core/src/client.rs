@@ -77,6 +77,7 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
         base_dir: abs.parent().map(Path::to_path_buf),
         idempotency_key: None,
         origin: Default::default(),
+        begin: None,
     })
 }
 
@@ -674,6 +675,7 @@ impl Client {
             base_dir: None,
             idempotency_key: None,
             origin: crate::protocol::SpecOrigin::RunFlags,
+            begin: None,
         })
         .await
     }
@@ -1174,6 +1176,7 @@ mod tests {
             base_dir: None,
             idempotency_key: None,
             origin: Default::default(),
+            begin: None,
         }
     }
 

@@ -97,6 +97,7 @@ impl Gantry {
                     base_dir,
                     idempotency_key: None,
                     origin: SpecOrigin::File,
+                    begin: None,
                 })
             }
             _ => Err("give either `path` (a spec file) or `spec` (its text), not both and not neither".into()),

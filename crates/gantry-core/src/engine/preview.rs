@@ -22,6 +22,7 @@ impl Engine {
         text: &str,
         file_name: &str,
         base_dir: Option<PathBuf>,
+        begin: Option<&str>,
         owner: &Owner,
     ) -> Result<SubmitPreview, EngineError> {
         let job = spec::validate_text(
@@ -32,6 +33,7 @@ impl Engine {
                 base_dir,
             },
         )?;
+        let job = super::submit::with_begin(job, begin)?;
         self.check_mounts(&job, owner, None)?;
         let policy = self.policy();
         let jobs = self.checked_jobs(&job, owner, &policy)?;

@@ -27,6 +27,8 @@ pub enum Spec<'a> {
         text: &'a str,
         file_name: &'a str,
         base_dir: Option<PathBuf>,
+        /// `gantry submit --begin`: in place of the spec's `begin`.
+        begin: Option<&'a str>,
     },
     /// A config file dropped into a template folder: the template's job, with the config mounted from
     /// `accepted_dir/<first job id>-<file_name>` (where the drop folder moves it once queued).
@@ -110,6 +112,16 @@ fn replay(st: &Store, key: &SubmitKey) -> Result<Option<Vec<i64>>, EngineError> 
     Ok(Some(first.job_ids))
 }
 
+/// `--begin` in place of the spec's `begin` (its form checked; the moment is fixed when queued).
+pub(super) fn with_begin(mut job: ValidJob, begin: Option<&str>) -> Result<ValidJob, SpecError> {
+    if let Some(b) = begin {
+        crate::units::parse_when(b, 0, 0, "--begin")
+            .map_err(|m| SpecError::new(m, "or leave --begin out to start as soon as GPUs are free"))?;
+        job.spec.begin = Some(b.to_string());
+    }
+    Ok(job)
+}
+
 /// The format of a spec file, from its name.
 pub fn format_of(file_name: &str) -> Result<Format, SpecError> {
     Format::from_name(file_name).ok_or_else(|| {
@@ -128,6 +140,7 @@ impl Engine {
                 text,
                 file_name,
                 base_dir,
+                begin,
             } => {
                 let key = match s.idempotency_key {
                     Some(k) => {
@@ -135,7 +148,11 @@ impl Engine {
                         Some(SubmitKey {
                             uid: s.owner.uid,
                             key: k.to_string(),
-                            fingerprint: fingerprint(text, file_name, base_dir.as_deref()),
+                            fingerprint: fingerprint(
+                                &format!("{text}\0{}", begin.unwrap_or("")),
+                                file_name,
+                                base_dir.as_deref(),
+                            ),
                         })
                     }
                     None => None,
@@ -152,6 +169,7 @@ impl Engine {
                         base_dir,
                     },
                 )?;
+                let job = with_begin(job, begin)?;
                 self.check_mounts(&job, s.owner, None)?;
                 self.queue_job(
                     &job,

@@ -33,6 +33,7 @@ fn file<'a>(yaml: &'a str, owner: &'a Owner) -> Submission<'a> {
             text: yaml,
             file_name: "test.yaml",
             base_dir: None,
+            begin: None,
         },
         owner,
         source: "test".into(),
@@ -1515,7 +1516,9 @@ async fn a_dry_run_queues_nothing_and_says_where_or_why() {
     );
     let (e, _h) = start(dir.path(), &fake);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let p = e.preview("name: try\nimage: a\n", "try.yaml", None, &alice()).unwrap();
+    let p = e
+        .preview("name: try\nimage: a\n", "try.yaml", None, None, &alice())
+        .unwrap();
     assert_eq!(p.jobs.len(), 1);
     assert!(p.jobs[0].starts_now && p.jobs[0].gpus == vec![0], "{:?}", p.jobs[0]);
     assert!(p.checks.iter().any(|c| c.starts_with("priority 0")), "{:?}", p.checks);
@@ -1523,7 +1526,9 @@ async fn a_dry_run_queues_nothing_and_says_where_or_why() {
     let busy = submit(&e, "name: busy\nimage: a\nexpected_runtime: 1h\n");
     wait_state(&e, busy, |s| s == JobState::Running).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let p = e.preview("name: try\nimage: a\n", "try.yaml", None, &alice()).unwrap();
+    let p = e
+        .preview("name: try\nimage: a\n", "try.yaml", None, None, &alice())
+        .unwrap();
     let j = &p.jobs[0];
     assert!(!j.starts_now && j.gpus.is_empty(), "{j:?}");
     assert!(j.reason.as_deref().is_some_and(|r| !r.is_empty()), "{j:?}");
@@ -1533,12 +1538,13 @@ async fn a_dry_run_queues_nothing_and_says_where_or_why() {
             "name: sweep\nimage: a\nmatrix: {lr: [1, 2]}\n",
             "s.yaml",
             None,
+            None,
             &alice(),
         )
         .unwrap();
     assert_eq!(p.jobs.len(), 2, "a matrix previews each job");
     let err = e
-        .preview("image: a\npriority: 5000\n", "p.yaml", None, &alice())
+        .preview("image: a\npriority: 5000\n", "p.yaml", None, None, &alice())
         .unwrap_err();
     assert!(err.to_string().contains("outside the range"), "{err}");
     assert_eq!(e.queue().unwrap().len(), 1, "only the real submit is queued");

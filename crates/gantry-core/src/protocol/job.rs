@@ -264,6 +264,10 @@ pub struct SubmitRequest {
     /// What wrote the text, for the job's source (`gantry show`: "from ..."). Absent: a file.
     #[serde(default, skip_serializing_if = "SpecOrigin::is_file")]
     pub origin: SpecOrigin,
+    /// `gantry submit --begin`: in place of the spec's `begin` (`22:00`, `tomorrow 08:00`, `+2h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub begin: Option<String>,
 }
 
 /// Where a submitted spec's text comes from.
