@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # CAs with it. prometheus (19 MB download): its promtool checks the engine's /metrics (tests/metrics.rs);
 # no service is started.
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
-  openssh-server openssh-client dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver \
+  openssh-server openssh-client python3-venv dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver \
   openssl prometheus
 STARTED_DOCKERD=0
 # GPU DeviceRequests without a GPU (tests/nvml.rs): dockerd registers its "nvidia" device driver only if
@@ -20,6 +20,9 @@ tests/fake-nvml/install-hook.sh
 scripts/slurm-up.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
+
+# The MCP Python SDK for tests/mcp.rs (made once per machine, outside the checkout).
+echo "==> MCP Python SDK: $(scripts/mcp-venv.sh)"
 
 echo "==> UI: npm ci, type check, build, unit tests"
 npm --prefix ui ci --no-audit --no-fund

@@ -8,6 +8,7 @@ mod gpus;
 mod history;
 mod inbox;
 mod jobs;
+mod mcp;
 mod notify;
 mod reference;
 mod session;
@@ -55,7 +56,17 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     };
     match &cli.cmd {
         // These decide their exit status.
-        Cmd::Submit { files } => return submit::submit(&ctx, files).await,
+        Cmd::Submit {
+            files,
+            dry_run: true,
+            begin,
+        } => return submit::dry_run(&ctx, files, begin.as_deref()).await,
+        Cmd::Submit {
+            files,
+            dry_run: false,
+            begin,
+        } => return submit::submit(&ctx, files, begin.as_deref()).await,
+        Cmd::Mcp => return mcp::serve(ctx).await,
         Cmd::Config {
             cmd: ConfigCmd::Check { file },
         } => return config::check(file.clone(), ctx.json),

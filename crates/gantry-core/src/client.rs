@@ -77,6 +77,7 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
         base_dir: abs.parent().map(Path::to_path_buf),
         idempotency_key: None,
         origin: Default::default(),
+        begin: None,
     })
 }
 
@@ -674,6 +675,7 @@ impl Client {
             base_dir: None,
             idempotency_key: None,
             origin: crate::protocol::SpecOrigin::RunFlags,
+            begin: None,
         })
         .await
     }
@@ -681,6 +683,12 @@ impl Client {
     /// Check a spec without queueing it.
     pub async fn validate(&self, req: &SubmitRequest) -> Result<ValidJob, ClientError> {
         self.post(routes::VALIDATE, req).await
+    }
+
+    /// A dry run of [`Client::submit`]: every check the submit makes, as the caller, and where and
+    /// when its jobs would start; nothing queued.
+    pub async fn preview(&self, req: &SubmitRequest) -> Result<crate::protocol::SubmitPreview, ClientError> {
+        self.post(routes::PREVIEW, req).await
     }
 
     /// Check one spec file without queueing it.
@@ -754,6 +762,25 @@ impl Client {
         q: &crate::protocol::UsageChartsQuery,
     ) -> Result<crate::protocol::UsageCharts, ClientError> {
         self.get(&with_query(routes::USAGE_CHARTS, q)?).await
+    }
+
+    /// What job `id` logged: its metric series (at most `max_points` points each: `Some(0)` for the
+    /// summaries alone, `None` for every stored point), params and tags. Owner and admins only.
+    pub async fn job_results(
+        &self,
+        id: i64,
+        max_points: Option<u32>,
+    ) -> Result<crate::protocol::JobResults, ClientError> {
+        self.get(&with_query(
+            &fill(routes::RESULTS, id),
+            &crate::protocol::ResultsQuery { max_points },
+        )?)
+        .await
+    }
+
+    /// Runs side by side (by ids or by name), best first by `q.sort`.
+    pub async fn compare(&self, q: &crate::protocol::CompareQuery) -> Result<crate::protocol::Comparison, ClientError> {
+        self.get(&with_query(routes::COMPARE, q)?).await
     }
 
     /// The caller's notification targets, then the lab's webhooks.
@@ -1149,6 +1176,7 @@ mod tests {
             base_dir: None,
             idempotency_key: None,
             origin: Default::default(),
+            begin: None,
         }
     }
 

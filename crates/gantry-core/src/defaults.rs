@@ -266,3 +266,7 @@ pub const NOTIFY_SEND_TIMEOUT: Duration = Duration::from_secs(20);
 pub const NOTIFY_PARALLEL: usize = 8;
 /// Delivered, failed and dropped notifications are listed (`gantry notify log`) this long, then forgotten.
 pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How far ahead a job's `begin` may be (`[limits] max_begin`): a week covers "after the weekend"
+/// and "when the deadline crunch is over"; a waiting job still counts against the user's queued
+/// jobs, so further ahead it mostly sits there forgotten (a booking is the way to plan further).
+pub const MAX_BEGIN: Duration = Duration::from_secs(7 * 86_400);

@@ -28,6 +28,7 @@ mod limits;
 mod ops;
 mod pass;
 pub mod ports;
+mod preview;
 mod reconcile;
 mod sampler;
 pub mod session;
@@ -186,6 +187,8 @@ pub struct Engine {
     eta_at: std::sync::atomic::AtomicI64,
     /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
     last_pass: Mutex<Option<(u64, i64)>>,
+    /// The GPUs as the last pass saw them (Docker backend): what a dry run plans on.
+    last_gpus: RwLock<Option<Vec<crate::scheduler::GpuView>>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     /// When each job was last preempted (its wait toward the overdue rule counts from then), and
@@ -428,6 +431,7 @@ impl Engine {
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),
+            last_gpus: RwLock::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),

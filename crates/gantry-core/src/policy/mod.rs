@@ -67,6 +67,8 @@ pub struct Policy {
     /// Given to jobs that set no `timeout`.
     pub default_timeout: Option<Duration>,
     pub max_timeout: Option<Duration>,
+    /// How far ahead a job's `begin` may be (`[limits] max_begin`).
+    pub max_begin: Duration,
     pub fair_share_half_life: Duration,
     pub stop_grace: Duration,
     pub retry_backoff: Duration,
@@ -116,6 +118,7 @@ impl Default for Policy {
             max_running_gpus: None,
             default_timeout: None,
             max_timeout: None,
+            max_begin: config::MAX_BEGIN,
             fair_share_half_life: config::FAIR_SHARE_HALF_LIFE,
             stop_grace: config::STOP_GRACE,
             retry_backoff: config::RETRY_BACKOFF,
@@ -193,6 +196,7 @@ impl Policy {
             ),
             ("limits.default_timeout", d(self.default_timeout)),
             ("limits.max_timeout", d(self.max_timeout)),
+            ("limits.max_begin", d(Some(self.max_begin))),
             ("fair_share.half_life", d(Some(self.fair_share_half_life))),
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),

@@ -325,6 +325,7 @@ pub(super) struct RawLimits {
     max_running_gpus: S<i64>,
     default_timeout: S<String>,
     max_timeout: S<String>,
+    max_begin: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -547,6 +548,9 @@ impl Check<'_> {
             crate::spec::MAX_DURATION,
         );
         p.max_timeout = self.duration("max_timeout", &raw.limits.max_timeout, crate::spec::MAX_DURATION);
+        if let Some(d) = self.duration("max_begin", &raw.limits.max_begin, crate::spec::MAX_DURATION) {
+            p.max_begin = d;
+        }
         if let (Some(d), Some(m), Some(at)) = (p.default_timeout, p.max_timeout, &raw.limits.default_timeout) {
             if d > m {
                 self.fail(

@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod history;
 pub mod job;
 pub mod notify;
+pub mod results;
 pub mod routes;
 pub mod status;
 pub mod terminal;
@@ -27,11 +28,15 @@ pub use history::{
 };
 pub use job::{
     ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview,
-    PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery, QueueSession, SpecOrigin, SubmitRequest,
-    Submitted,
+    PreviewJob, PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery, QueueSession, SpecOrigin,
+    SubmitPreview, SubmitRequest, Submitted,
 };
 pub use notify::{
     DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget,
     Subscription,
+};
+pub use results::{
+    CompareMetric, CompareQuery, CompareRow, Comparison, Goal, IngestReport, JobResults, MetricPoint, MetricSeries,
+    MetricSource, Num, ResultsQuery,
 };
 pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};

@@ -36,6 +36,9 @@ pub const ATTACH: &str = "/v1/jobs/{id}/attach";
 pub const OPEN: &str = "/v1/jobs/{id}/open";
 /// `POST` a [`super::SubmitRequest`]: the [`crate::spec::ValidJob`] it would queue, nothing queued.
 pub const VALIDATE: &str = "/v1/validate";
+/// `POST` a [`super::SubmitRequest`]: [`super::SubmitPreview`], a dry run of `POST` [`JOBS`] as the
+/// caller (every check, and where and when it would start), nothing queued.
+pub const PREVIEW: &str = "/v1/jobs/preview";
 /// `GET`: [`super::GpuStatus`].
 pub const GPUS: &str = "/v1/gpus";
 /// `GET` with [`super::Since`]: the last hour's [`super::RecentSample`]s.
@@ -68,6 +71,12 @@ pub const USAGE_CHARTS: &str = "/v1/usage/charts";
 
 /// `GET` with [`super::BookingsQuery`]: [`super::Bookings`]; `POST` a [`super::BookRequest`]: the new [`super::BookingView`].
 pub const BOOKINGS: &str = "/v1/bookings";
+/// `GET` with [`super::ResultsQuery`]: [`super::JobResults`], the job's metrics, params and tags (owner
+/// and admins only, like logs).
+pub const RESULTS: &str = "/v1/jobs/{id}/results";
+/// `GET` with [`super::CompareQuery`]: [`super::Comparison`], runs side by side, best first.
+pub const COMPARE: &str = "/v1/compare";
+
 /// `POST`: cancel a booking (its owner or root): the [`super::BookingView`] as it is now.
 pub const BOOKING_CANCEL: &str = "/v1/bookings/{id}/cancel";
 

@@ -88,7 +88,9 @@ pub fn typescript() -> String {
         .decl::<Mount>()
         .decl::<ValidJob>()
         .decl::<SpecError>()
-        .decl::<Preview>();
+        .decl::<Preview>()
+        .decl::<PreviewJob>()
+        .decl::<SubmitPreview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
     o.line(&format!(
         "export type SubmitResult = {};",
@@ -112,6 +114,19 @@ pub fn typescript() -> String {
         .decl::<GpuUser>()
         .decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
+    o.decl::<results::NonFinite>()
+        .decl::<results::NumTs>()
+        .decl::<Goal>()
+        .decl::<MetricSource>()
+        .decl::<MetricPoint>()
+        .decl::<MetricSeries>()
+        .decl::<IngestReport>()
+        .decl::<JobResults>()
+        .decl::<ResultsQuery>()
+        .decl::<CompareQuery>()
+        .decl::<CompareMetric>()
+        .decl::<CompareRow>()
+        .decl::<Comparison>();
     o.decl::<HistoryRow>()
         .decl::<HistoryFilter>()
         .decl::<TimelineRun>()

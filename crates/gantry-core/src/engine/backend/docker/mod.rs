@@ -339,8 +339,11 @@ impl Backend for DockerBackend {
                 self.list_foreign(e, true).await;
             }
             self.watch_disk(e).await;
-            // No plan, but active bookings are still watched (a no-show is released).
-            e.bookings_without_a_pass(self.gpu_views(e));
+            // No plan, but active bookings are still watched (a no-show is released), and a dry
+            // run plans on these GPUs.
+            let views = self.gpu_views(e);
+            *e.last_gpus.write().unwrap() = Some(views.clone());
+            e.bookings_without_a_pass(views);
             return vec![];
         }
         e.refresh_stats();
