@@ -188,6 +188,10 @@ pub struct Engine {
     last_pass: Mutex<Option<(u64, i64)>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
+    /// Containers of attempts that ended (id -> when): while GPU samples still list them, their GPU
+    /// processes are this engine's, not outside use, so a preemption frees what it should and the
+    /// next pass picks no second victim for a GPU whose job just stopped (`sampler` forgets them).
+    leaving: Mutex<HashMap<String, i64>>,
     /// When each job was last preempted (its wait toward the overdue rule counts from then), and
     /// by what (its reason in the queue until it runs again).
     preempted_at: Mutex<HashMap<i64, (i64, String)>>,
@@ -430,6 +434,7 @@ impl Engine {
             last_pass: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
+            leaving: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),
             claims: Mutex::new(BTreeMap::new()),
             learned_gpu_memory: Mutex::new(HashMap::new()),
