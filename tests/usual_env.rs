@@ -179,4 +179,6 @@ fn a_shell_without_an_image_carries_her_active_venv_as_gantry_run_does() {
     let at = p.wait_for(&format!("[venv {}]\r\n", venv.display()), at);
     p.wait_for(&format!("[python {}/bin/python]\r\n", venv.display()), at);
     assert!(p.wait_exit().success(), "{}", p.text());
+    // Issue 28 (smaller): a session says it is one, not "from gantry run".
+    assert_eq!(e.show(1)["job"]["source"], "session");
 }

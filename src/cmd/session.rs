@@ -245,7 +245,7 @@ async fn queue_session(ctx: &Ctx, spec: &gantry_core::spec::JobSpec) -> Result<i
         file_name: "shell.yaml".into(),
         base_dir: None,
         idempotency_key: None,
-        origin: SpecOrigin::RunFlags,
+        origin: SpecOrigin::Session,
     };
     let id = ctx
         .client

@@ -199,8 +199,17 @@ impl RunArgs {
             interactive: false,
             ports: self.ports.clone(),
             notify: None,
-            preemptible: None,
-            checkpoint: None,
+            preemptible: self.preemptible,
+            checkpoint: self.checkpoint.as_ref().map(|c| {
+                let (signal, grace) = match c.split_once(':') {
+                    Some((s, g)) => (s, Some(g.to_string())),
+                    None => (c.as_str(), None),
+                };
+                gantry_core::spec::Checkpoint {
+                    signal: Some(signal.to_string()),
+                    grace,
+                }
+            }),
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

@@ -361,7 +361,7 @@ impl Engine {
             backend: mut gpu,
             note,
             library,
-        } = crate::gpu::open(cfg.gpus.as_deref())?;
+        } = crate::gpu::open(own_sim_machine(cfg.gpus.as_deref(), &engine_id).as_deref())?;
         let kind = gpu.kind();
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
@@ -585,6 +585,19 @@ impl Engine {
         info!("engine stopped; {}", self.backend.left_running());
         Ok(())
     }
+}
+
+/// Unnamed simulated GPUs (`sim:2x24GiB`, no `@machine`) are this engine's own machine, as its
+/// machine lock already says (`machine_lock::lock_name`): their UUIDs are its own (stable across its
+/// restarts), so two such engines on one Docker never read each other's jobs as outside use of the
+/// same GPUs. Named ones (`@lab`) are shared on purpose.
+fn own_sim_machine(gpus: Option<&str>, engine_id: &str) -> Option<String> {
+    let g = gpus?.trim();
+    Some(if g.contains('@') {
+        g.to_string()
+    } else {
+        format!("{g}@{engine_id}")
+    })
 }
 
 fn legacy_engine_id(state_dir: &Path) -> String {

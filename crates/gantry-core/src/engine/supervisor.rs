@@ -216,10 +216,7 @@ impl Engine {
                 let gpus = a.gpus.len().max(1) as i64;
                 How::Preempted {
                     code: *code,
-                    by: format!(
-                        "{by} after {} GPU-minutes",
-                        (self.now() - a.started_at).max(0) * gpus / 60_000
-                    ),
+                    by: format!("{by} after {}", gpu_time((self.now() - a.started_at).max(0) * gpus)),
                 }
             }
             other => other.clone(),
@@ -301,8 +298,27 @@ pub(super) fn unhandled_checkpoint(signal: &str, code: i64) -> Option<String> {
     })
 }
 
+/// GPU time an attempt used, as its preemption says it: "12 GPU-minutes", under a minute "40
+/// GPU-seconds" (not "0 GPU-minutes"), one of either singular.
+pub(super) fn gpu_time(gpu_ms: i64) -> String {
+    let (n, unit) = if gpu_ms < 60_000 {
+        (gpu_ms / 1000, "GPU-second")
+    } else {
+        (gpu_ms / 60_000, "GPU-minute")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_short_run_before_its_preemption_is_not_0_gpu_minutes() {
+        assert_eq!(super::gpu_time(8_400), "8 GPU-seconds");
+        assert_eq!(super::gpu_time(1_000), "1 GPU-second");
+        assert_eq!(super::gpu_time(60_000), "1 GPU-minute");
+        assert_eq!(super::gpu_time(600_000), "10 GPU-minutes");
+    }
+
     #[test]
     fn a_job_killed_by_its_own_checkpoint_signal_is_told_so() {
         let line = super::unhandled_checkpoint("SIGUSR1", 138).unwrap();

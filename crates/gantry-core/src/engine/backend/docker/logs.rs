@@ -46,6 +46,9 @@ pub(super) struct DockerWatch {
     checkpoint: (String, Option<std::time::Duration>),
     /// How it ended, decided when `wait` returned (a stop asked after that does not change it).
     ended: Option<How>,
+    /// May it be preempted (its spec, else the lab's default, with preemption on)? One that Docker
+    /// itself killed (a restart) is then queued again, as a preemption, not failed.
+    preemptible: bool,
 }
 
 impl DockerWatch {
@@ -87,6 +90,10 @@ impl DockerWatch {
             stop: None,
             checkpoint: (job.job.spec.checkpoint_signal(), job.job.spec.checkpoint_grace()),
             ended: None,
+            preemptible: {
+                let p = e.policy();
+                p.preemption.enabled && p.preemption.preemptible(&job.job.spec)
+            },
             e,
         }
     }
@@ -117,6 +124,7 @@ impl Watch for DockerWatch {
             return Some(Seen::Running { since });
         }
         if self.ended.is_none() {
+            let mut docker_went_away = false;
             let result = loop {
                 match self.exec.wait(&self.cid).await {
                     Err(ExecError::DockerUnavailable(m)) => {
@@ -124,6 +132,7 @@ impl Watch for DockerWatch {
                             job = self.job_id,
                             "lost contact with Docker while waiting ({m}); retrying"
                         );
+                        docker_went_away = true;
                         tokio::time::sleep(DOCKER_RETRY).await;
                     }
                     r => break r,
@@ -141,6 +150,15 @@ impl Watch for DockerWatch {
                     code,
                     by: String::new(),
                 },
+                // Docker went away and the job died of a signal meanwhile: a Docker restart (without
+                // live-restore it stops every container). A preemptible job is queued again, as if
+                // preempted (its checkpoint, if it saved one on the SIGTERM, is resumed); not failed.
+                (None, Ok(x)) if docker_went_away && self.preemptible && !x.oom_killed && x.code > 128 => {
+                    How::Preempted {
+                        code: Some(x.code),
+                        by: "a Docker restart (it stopped every container)".into(),
+                    }
+                }
                 (None, Ok(x)) => How::Exited {
                     code: x.code,
                     oom: x.oom_killed,
