@@ -144,15 +144,29 @@ fn a_held_job_waits_with_a_reason_until_its_owner_releases_it() {
     let held = e.json_as(
         &alice,
         &[
-            "run", "--gpus", "1", "--image", IMAGE, "--name", "held", "--preemptible", "--checkpoint", "usr1:45s",
-            "--shell", "echo held ran",
+            "run",
+            "--gpus",
+            "1",
+            "--image",
+            IMAGE,
+            "--name",
+            "held",
+            "--preemptible",
+            "--checkpoint",
+            "usr1:45s",
+            "--shell",
+            "echo held ran",
         ],
     )["job_id"]
         .as_i64()
         .unwrap();
     let spec = &e.show(held)["job"]["job"]["spec"];
     assert_eq!(spec["preemptible"], true, "{spec}");
-    assert_eq!(spec["checkpoint"], serde_json::json!({"signal": "usr1", "grace": "45s"}), "{spec}");
+    assert_eq!(
+        spec["checkpoint"],
+        serde_json::json!({"signal": "usr1", "grace": "45s"}),
+        "{spec}"
+    );
     let out = e.gantry_user(&alice, &["hold", &held.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 

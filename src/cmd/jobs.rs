@@ -1,7 +1,6 @@
 //! The queue and one job: `ls`, `show`, `logs`, `cancel`, `priority`, `hold`, `release`.
 
 use anyhow::{bail, Result};
-use gantry_core::client::Client;
 use gantry_core::protocol::JobState;
 
 use super::Ctx;

@@ -1492,10 +1492,15 @@ async fn one_preemption_frees_one_gpu_for_a_one_gpu_job_and_no_second_victim_is_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let q = e.queue().unwrap();
-    let victim = q.iter().find(|x| (x.job.id == a || x.job.id == b) && x.reason.is_some());
+    let victim = q
+        .iter()
+        .find(|x| (x.job.id == a || x.job.id == b) && x.reason.is_some());
     assert!(
         victim.is_some_and(|v| v.job.state == JobState::Running
-            && v.reason.as_deref().unwrap_or("").starts_with("being preempted: got its checkpoint signal, saving")),
+            && v.reason
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("being preempted: got its checkpoint signal, saving")),
         "{q:?}"
     );
     assert_eq!(final_state(&e, urgent).await, JobState::Succeeded);
@@ -1546,5 +1551,8 @@ async fn a_preemptible_job_killed_by_a_docker_restart_is_queued_again() {
     assert_eq!(d.attempts.len(), 2, "{:?}", d.attempts);
     assert_eq!(d.attempts[0].reason, Some(EndReason::Preempted));
     let msg = d.attempts[0].message.clone().unwrap_or_default();
-    assert!(msg.starts_with("preempted by a Docker restart (it stopped every container) after"), "{msg}");
+    assert!(
+        msg.starts_with("preempted by a Docker restart (it stopped every container) after"),
+        "{msg}"
+    );
 }

@@ -282,4 +282,3 @@ pub(super) fn move_noreplace(from: &OwnedFd, name: &str, to: &OwnedFd, to_name: 
     }
     Err(Errno::EEXIST)
 }
-

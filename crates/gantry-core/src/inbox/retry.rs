@@ -42,11 +42,16 @@ pub(super) fn file_key(st: &FileStat) -> (u64, u64, i64, i64) {
     )
 }
 
-
 /// Leave the file where it is, to be tried again after a wait, with one `<name>.error.txt` saying why
 /// (written when the wait starts, not at each try). The report is dated just before the file, so it
 /// never marks the file as explained: after a restart the file is tried once more.
-pub(super) fn wait(f: &Folder, name: &str, st: &FileStat, reason: String, waited: Option<(u64, u64, i64, i64)>) -> Outcome {
+pub(super) fn wait(
+    f: &Folder,
+    name: &str,
+    st: &FileStat,
+    reason: String,
+    waited: Option<(u64, u64, i64, i64)>,
+) -> Outcome {
     let key = file_key(st);
     if waited != Some(key) {
         let report = format!(

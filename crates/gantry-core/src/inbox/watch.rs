@@ -65,7 +65,6 @@ pub(super) struct Watches {
     pub(super) waiting: HashMap<(Option<String>, String), Waiting>,
 }
 
-
 impl Watches {
     pub(super) fn new(ib: &Inbox) -> Watches {
         let registered = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
@@ -224,7 +223,6 @@ impl Watches {
     }
 }
 
-
 /// Pick up what is already in the drop folder, then watch it until the engine stops.
 pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
     let mut w = Watches::new(&ib);
@@ -256,7 +254,6 @@ pub async fn run(engine: Arc<Engine>, ib: Inbox) -> Result<(), EngineError> {
     }
     Ok(())
 }
-
 
 impl Inbox {
     /// One inotify event.
@@ -469,5 +466,4 @@ impl Inbox {
         }
         *current = note;
     }
-
 }

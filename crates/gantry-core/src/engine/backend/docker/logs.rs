@@ -214,13 +214,15 @@ fn line_ts(line: &[u8]) -> Option<i128> {
 }
 
 /// Open a job's log to append more output: drop a partial last line (an engine killed mid-write) and
-/// return the timestamp of the last Docker line, where to resume.
+/// return the timestamp of the last Docker line, where to resume. In append mode: Gantry's own lines
+/// (`append_log`: "preempted by …") are appended by others meanwhile, and a write at this handle's
+/// own offset overwrote the start of the one written just before the job's next line.
 fn open_for_resume(path: &Path) -> std::io::Result<(std::fs::File, Option<i128>)> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
-        .write(true)
+        .append(true)
         .mode(0o600)
         .open(path)?;
     let len = f.metadata()?.len();
@@ -497,6 +499,31 @@ mod tests {
             String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(),
             String::from_utf8(want).unwrap()
         );
+    }
+
+    /// Issue 28 (seen in its real-framework runs): Gantry's own line appended while the job's output
+    /// is being copied ("preempted by …", written as the job prints "saved at step 212") stays whole;
+    /// the copy wrote at its own offset and overwrote its start ("riority 10, this one 0): …").
+    #[test]
+    fn a_gantry_line_written_between_two_lines_of_output_stays_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.log");
+        let mut c = copy_to(&p);
+        c.frame(&frame(false, 1, b"step 211\n")).unwrap();
+        c.flush().unwrap();
+        crate::engine::append_log(&p, "preempted by job 4: checkpoint signal, then stop");
+        c.frame(&frame(false, 2, b"saved at step 212\n")).unwrap();
+        c.flush().unwrap();
+        let shown = String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 3, "{shown}");
+        assert_eq!(lines[0], "step 211");
+        assert!(
+            lines[1].starts_with("[gantry ")
+                && lines[1].ends_with("] preempted by job 4: checkpoint signal, then stop"),
+            "{shown}"
+        );
+        assert_eq!(lines[2], "saved at step 212");
     }
 
     #[test]
