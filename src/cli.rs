@@ -251,6 +251,14 @@ pub struct RunArgs {
     /// would wait and until about when.
     #[arg(long)]
     pub dry_run: bool,
+    /// May be stopped for another job and queued again at its place (`preemptible: true`), where the
+    /// lab turns preemption on. `--preemptible=false` opts out of a lab's `default_preemptible`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub preemptible: Option<bool>,
+    /// The signal it saves its checkpoint on when preempted, and optionally its grace:
+    /// `SIGUSR1`, `SIGUSR1:5m` (`checkpoint: {signal, grace}`; default SIGTERM and the lab's grace).
+    #[arg(long, value_name = "SIGNAL[:GRACE]")]
+    pub checkpoint: Option<String>,
     /// Run this string with `/bin/sh -c` instead of a command after `--`.
     #[arg(long, conflicts_with = "command")]
     pub shell: Option<String>,

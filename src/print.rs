@@ -127,6 +127,12 @@ pub fn print_queue(q: &[QueueEntryView]) {
                     esc(e.reason.as_deref().unwrap_or_default())
                 )
             }
+            // Running, being preempted: where, and that it is saving.
+            JobState::Running if e.reason.is_some() && !e.gpus_assigned.is_empty() => format!(
+                "on {} · {}",
+                held_gpus(&e.gpus_assigned),
+                esc(e.reason.as_deref().unwrap_or_default())
+            ),
             // Submitted to Slurm and waiting there: Slurm's reason.
             _ if e.reason.is_some() => esc(e.reason.as_deref().unwrap_or_default()).into_owned(),
             _ if j.gpus == 0 => "CPU only".into(),

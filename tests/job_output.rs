@@ -87,8 +87,9 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
         shown = output(&e, id);
         shown.ends_with(" 42%|live|\n")
     });
+    // Followed, the state ends in `\r` (issue 28): the next state or the line is drawn over it.
     e.wait_until("the progress bar's current state in `gantry logs -f`", || {
-        String::from_utf8_lossy(&seen.lock().unwrap()).contains(" 42%|live|\n")
+        String::from_utf8_lossy(&seen.lock().unwrap()).contains(" 42%|live|\r")
     });
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
@@ -116,7 +117,9 @@ fn progress_bars_show_their_current_state_live_and_their_last_state_as_the_line(
         .collect();
     assert!(follow.wait().unwrap().success());
     assert!(
-        followed.contains("\n 42%|live|\n") && followed.ends_with(" 99%|live|\nend\n"),
+        followed.contains("\n 42%|live|\r")
+            && !followed.contains(" 42%|live|\n")
+            && followed.ends_with(" 99%|live|\nend\n"),
         "`logs -f` showed the state as it came: {}",
         &followed[followed.len().saturating_sub(300)..]
     );

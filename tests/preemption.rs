@@ -84,3 +84,118 @@ fn a_preempted_job_checkpoints_on_its_signal_and_resumes_with_every_step_once() 
         "every step exactly once, in order"
     );
 }
+
+/// The protocol a framework's own handler speaks, as a real Python script with a real signal
+/// handler, in the user's usual environment (the machine's python3, no image) and written as the
+/// README's recipes write it: a *string* `command:`. `python3 train.py` is one command (the shell is
+/// replaced by python); `cd DIR && python3 train.py` is not (the signal goes to its whole process
+/// group and the shell waits for python). Both are preempted by one 3-GPU job, save, resume, and
+/// count every step exactly once. A third job that does not handle its checkpoint signal is told so
+/// in its log. Issue 28 items 1 and 2: before, the signal killed `/bin/sh` (dash does not exec the
+/// last command) and python with it: nothing saved, every step since the start done again.
+#[test]
+fn string_commands_of_real_python_scripts_checkpoint_on_their_signal_and_resume_with_every_step_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lab = dir.path().join("config.toml");
+    std::fs::write(
+        &lab,
+        "[preemption]\nenabled = true\nreserve_after = false\npriority_gap = 10\nmin_run = \"1s\"\n",
+    )
+    .unwrap();
+    let e = Engine::start(&["--config", lab.to_str().unwrap(), "--gpus", "sim:3x24GiB"]);
+    let alice = user("gantry-alice");
+    let proj = alice.private_dir("recipe");
+    let train = "import os, signal, sys, time\n\
+        here = os.path.dirname(os.path.abspath(__file__))\n\
+        ckpt, steps = os.path.join(here, 'ckpt'), os.path.join(here, 'steps')\n\
+        stop = False\n\
+        def on_signal(signum, frame):\n    global stop\n    stop = True\n\
+        signal.signal(signal.SIGUSR1, on_signal)\n\
+        start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0\n\
+        print(f\"restart={os.environ['GANTRY_RESTART_COUNT']} from={start}\", flush=True)\n\
+        for step in range(start, 40):\n\
+        \x20   if stop:\n\
+        \x20       open(ckpt, 'w').write(str(step))\n\
+        \x20       print(f'checkpoint at {step}', flush=True)\n\
+        \x20       sys.exit(0)\n\
+        \x20   with open(steps, 'a') as f:\n\
+        \x20       f.write(f'{step + 1}\\n')\n\
+        \x20   time.sleep(0.2)\n\
+        open(ckpt, 'w').write('40')\n\
+        print('finished', flush=True)\n";
+    let mut jobs = vec![];
+    for (name, command) in [("single", "python3 train.py".to_string()), ("compound", String::new())] {
+        let d = proj.join(name);
+        std::fs::create_dir(&d).unwrap();
+        chown(&d, alice.uid, alice.gid);
+        alice.write(&d.join("train.py"), train);
+        let command = if command.is_empty() {
+            format!("cd {} && python3 train.py", d.display())
+        } else {
+            command
+        };
+        let spec = alice.write(
+            &d.join("job.yaml"),
+            &format!(
+                "name: {name}\ngpus: 1\nworkdir: {}\npreemptible: true\ncheckpoint: {{signal: SIGUSR1, grace: 30s}}\ncommand: {command}\n",
+                d.display()
+            ),
+        );
+        let id = e.json_as(&alice, &["submit", spec.to_str().unwrap()])[0]["job_id"]
+            .as_i64()
+            .unwrap();
+        jobs.push((id, d));
+    }
+    // Does not handle SIGUSR1: killed by it, and its log says so.
+    let deaf = alice.write(
+        &proj.join("deaf.yaml"),
+        "name: deaf\ngpus: 1\npreemptible: true\ncheckpoint: {signal: SIGUSR1, grace: 30s}\ncommand: python3 -c 'import time; [time.sleep(0.2) for _ in range(50)]'\n",
+    );
+    let deaf = e.json_as(&alice, &["submit", deaf.to_str().unwrap()])[0]["job_id"]
+        .as_i64()
+        .unwrap();
+    e.wait_until("a few steps of each", || {
+        jobs.iter().all(|(_, d)| {
+            std::fs::read_to_string(d.join("steps"))
+                .map(|s| s.lines().count() >= 5)
+                .unwrap_or(false)
+        }) && e.show(deaf)["job"]["state"] == "running"
+    });
+    let urgent = e.submit_yaml(
+        "urgent",
+        &format!("image: {IMAGE}\ngpus: 3\npriority: 10\ncommand: echo urgent ran\n"),
+    );
+    assert_eq!(e.wait_final(urgent)["job"]["state"], "succeeded");
+    for (id, d) in &jobs {
+        let done = e.wait_final(*id);
+        assert_eq!(done["job"]["state"], "succeeded", "{done}");
+        let log = e.logs(*id);
+        assert!(log.contains("restart=0 from=0"), "{log}");
+        assert!(
+            log.contains("checkpoint at "),
+            "python got its checkpoint signal: {log}"
+        );
+        assert!(
+            log.contains("restart=1 from="),
+            "resumed with GANTRY_RESTART_COUNT=1: {log}"
+        );
+        assert!(log.contains("finished"), "{log}");
+        assert!(!log.contains("does not handle"), "{log}");
+        let steps: Vec<u32> = std::fs::read_to_string(d.join("steps"))
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(
+            steps,
+            (1..=40).collect::<Vec<u32>>(),
+            "every step exactly once, in order: {log}"
+        );
+    }
+    assert_eq!(e.wait_final(deaf)["job"]["state"], "succeeded");
+    let log = e.logs(deaf);
+    assert!(
+        log.contains("the job ended by its checkpoint signal SIGUSR1 (exit 138), which its program does not handle"),
+        "{log}"
+    );
+}

@@ -140,7 +140,33 @@ fn a_held_job_waits_with_a_reason_until_its_owner_releases_it() {
     };
     let blocker = run("blocker", "sleep 60");
     e.wait_state(blocker, "running");
-    let held = run("held", "echo held ran");
+    // Issue 28 (smaller): `gantry run` says preemptible and checkpoint as a spec would.
+    let held = e.json_as(
+        &alice,
+        &[
+            "run",
+            "--gpus",
+            "1",
+            "--image",
+            IMAGE,
+            "--name",
+            "held",
+            "--preemptible",
+            "--checkpoint",
+            "usr1:45s",
+            "--shell",
+            "echo held ran",
+        ],
+    )["job_id"]
+        .as_i64()
+        .unwrap();
+    let spec = &e.show(held)["job"]["job"]["spec"];
+    assert_eq!(spec["preemptible"], true, "{spec}");
+    assert_eq!(
+        spec["checkpoint"],
+        serde_json::json!({"signal": "usr1", "grace": "45s"}),
+        "{spec}"
+    );
     let out = e.gantry_user(&alice, &["hold", &held.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
@@ -169,6 +195,15 @@ fn a_held_job_waits_with_a_reason_until_its_owner_releases_it() {
     });
     let j = e.show(held);
     assert_eq!(j["job"]["state"], "queued", "{j}");
+    // Issue 28 (smaller): `gantry logs` of a queued job says so (it printed nothing).
+    let out = e.gantry_user(&alice, &["logs", &held.to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && err.contains(&format!("job {held} is queued, not started yet: held by its owner"))
+            && err.contains(&format!("`gantry logs -f {held}` waits for its output")),
+        "{err}"
+    );
     assert!(j["attempts"].as_array().unwrap().is_empty(), "never started: {j}");
     assert!(
         j["events"]

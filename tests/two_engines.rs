@@ -141,3 +141,24 @@ fn two_engines_placing_at_the_same_moment_never_share_a_gpu() {
     }
     assert!(most >= 1);
 }
+
+/// Issue 28 (smaller): two engines started with unnamed simulated GPUs (`--gpus sim:1x24GiB`, two
+/// users' own test engines) on one Docker are two machines, as their machine locks say: one's job is
+/// not "in use outside this engine" on the other's GPU of the same UUID. Before, the second engine's
+/// job waited for the first one's to end.
+#[test]
+fn two_engines_with_unnamed_simulated_gpus_do_not_see_each_others_jobs_as_outside_use() {
+    let a = Engine::start_unnamed(&["--gpus", "sim:1x24GiB"]);
+    let b = Engine::start_unnamed(&["--gpus", "sim:1x24GiB"]);
+    let long = a.submit_yaml("long", &format!("image: {IMAGE}\ngpus: 1\ncommand: sleep 60\n"));
+    a.wait_state(long, "running");
+    let quick = b.submit_yaml("quick", &format!("image: {IMAGE}\ngpus: 1\ncommand: echo quick ran\n"));
+    assert_eq!(b.wait_final(quick)["job"]["state"], "succeeded");
+    assert_eq!(
+        a.show(long)["job"]["state"],
+        "running",
+        "the other engine's job ran beside this one's, not after it"
+    );
+    assert!(a.gantry(&["cancel", &long.to_string()]).status.success());
+    a.wait_final(long);
+}

@@ -152,3 +152,33 @@ fn a_shell_without_an_image_is_her_login_shell_in_her_folder_on_the_machines_own
     p.wait_for("42\r\n", at);
     assert!(p.wait_exit().success(), "{}", p.text());
 }
+
+/// Issue 28 item 3: `gantry shell` without an image carries the active venv exactly as `gantry run`
+/// does (PATH, VIRTUAL_ENV, the folder), and its shell keeps them: an interactive shell, not a login
+/// one whose /etc/profile resets PATH. Before, `command -v python` printed nothing and VIRTUAL_ENV
+/// was unset.
+#[test]
+fn a_shell_without_an_image_carries_her_active_venv_as_gantry_run_does() {
+    let e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let proj = alice.private_dir("shell-venv");
+    let venv = proj.join("venv");
+    let made = alice.sh(&format!("/usr/bin/python3 -m venv --without-pip {}", venv.display()));
+    assert!(made.status.success(), "python3 -m venv: {}", text(&made));
+    let mut c = alice.command(bin());
+    c.arg("--state-dir")
+        .arg(&e.state)
+        .env("TERM", "xterm")
+        .env("PATH", format!("{}/bin:/usr/bin:/bin", venv.display()))
+        .env("VIRTUAL_ENV", &venv)
+        .args(["shell", "--gpus", "0", "--for", "10m"])
+        .current_dir(&proj);
+    let mut p = crate::sessions::Pty::spawn(c, 80, 24);
+    let at = p.wait_for("attached to session", 0);
+    p.send("echo \"[venv $VIRTUAL_ENV]\"; echo \"[python $(command -v python)]\"; exit\r");
+    let at = p.wait_for(&format!("[venv {}]\r\n", venv.display()), at);
+    p.wait_for(&format!("[python {}/bin/python]\r\n", venv.display()), at);
+    assert!(p.wait_exit().success(), "{}", p.text());
+    // Issue 28 (smaller): a session says it is one, not "from gantry run".
+    assert_eq!(e.show(1)["job"]["source"], "session");
+}

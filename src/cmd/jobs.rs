@@ -1,7 +1,6 @@
 //! The queue and one job: `ls`, `show`, `logs`, `cancel`, `priority`, `hold`, `release`.
 
 use anyhow::{bail, Result};
-use gantry_core::client::Client;
 use gantry_core::protocol::JobState;
 
 use super::Ctx;
@@ -49,8 +48,20 @@ pub async fn show(ctx: &Ctx, id: i64) -> Result<()> {
 pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
     // Raw for the job's owner (progress bars, colours); escaped when someone else (root)
     // reads it on a terminal, since the owner wrote it.
-    let mut safe = (std::io::IsTerminal::is_terminal(&std::io::stdout()) && !own_job(&ctx.client, id).await?)
-        .then(TermSafe::default);
+    let me = ctx.client.whoami().await?;
+    let d = ctx.client.job(id).await?;
+    let mut safe =
+        (std::io::IsTerminal::is_terminal(&std::io::stdout()) && me.uid != d.job.owner_uid).then(TermSafe::default);
+    // A job that has not started has no output (of this attempt) yet: say so, on stderr.
+    if d.job.state == JobState::Queued {
+        let why = d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        let next = if follow {
+            "its output follows once it starts".to_string()
+        } else {
+            format!("`gantry logs -f {id}` waits for its output")
+        };
+        eprintln!("gantry: job {id} is queued, not started yet{why}; {next}");
+    }
     let mut show = |chunk: &[u8]| match safe.as_mut() {
         Some(s) => write_out(s.feed(chunk).as_bytes()),
         None => write_out(chunk),
@@ -71,13 +82,6 @@ pub async fn logs(ctx: &Ctx, id: i64, follow: bool) -> Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// Whether the caller owns job `id` (root reading someone's log does not).
-async fn own_job(client: &Client, id: i64) -> Result<bool> {
-    let me = client.whoami().await?;
-    let d = client.job(id).await?;
-    Ok(me.uid == d.job.owner_uid)
 }
 
 pub async fn cancel(ctx: &Ctx, id: i64) -> Result<()> {

@@ -132,14 +132,13 @@ pub async fn shell(ctx: &Ctx, args: &ShellArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| gantry_core::spec::HOST_IMAGE.into());
     let mut spec = gantry_core::spec::session_spec(&session_ask(args, None), image, "");
+    // Exactly as `gantry run`: the active conda env or venv, PATH, and this folder (mounted when
+    // outside the home). The engine then starts the shell as an interactive one, not a login one
+    // (whose /etc/profile would reset PATH), as typing `bash` here would.
     if spec.is_host_image() && ctx.remote.is_none() {
-        let here = std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned());
-        let home = std::env::var("HOME").unwrap_or_default();
-        spec.workdir = here.filter(|d| {
-            !home.is_empty()
-                && home != "/"
-                && (*d == home || d.starts_with(&format!("{}/", home.trim_end_matches('/'))))
-        });
+        if let Ok(here) = std::env::current_dir() {
+            super::submit::carry_usual_env(&here, &mut spec.env, &mut spec.workdir, &mut spec.mounts);
+        }
     }
     let id = queue_session(ctx, &spec).await?;
     if !wait_running(ctx, id).await? {
@@ -246,7 +245,7 @@ async fn queue_session(ctx: &Ctx, spec: &gantry_core::spec::JobSpec) -> Result<i
         file_name: "shell.yaml".into(),
         base_dir: None,
         idempotency_key: None,
-        origin: SpecOrigin::RunFlags,
+        origin: SpecOrigin::Session,
         begin: None,
     };
     let id = ctx

@@ -206,6 +206,39 @@ pub async fn rerun(ctx: &Ctx, id: i64) -> Result<()> {
 /// the conda env or venv it has active.
 const CARRIED_ENV: [&str; 5] = ["PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "PYTHONPATH"];
 
+/// What a job or session without an image carries over from this shell (`gantry run` and `gantry
+/// shell` alike): `CARRIED_ENV` (an active conda env or venv), and the folder `here` as its working
+/// directory, mounted (checked as you, like any mount) when it is outside your home.
+pub fn carry_usual_env(
+    here: &std::path::Path,
+    env: &mut std::collections::BTreeMap<String, String>,
+    workdir: &mut Option<String>,
+    mounts: &mut Vec<String>,
+) {
+    for k in CARRIED_ENV {
+        if let Some(v) = std::env::var_os(k).and_then(|v| v.into_string().ok()) {
+            env.entry(k.to_string()).or_insert(v);
+        }
+    }
+    if workdir.is_none() {
+        let dir = here.to_string_lossy().into_owned();
+        *workdir = Some(dir.clone());
+        // The home is there already; a folder elsewhere is mounted (checked as you, like any mount).
+        let home = std::env::var("HOME").unwrap_or_default();
+        let in_home = !home.is_empty()
+            && home != "/"
+            && (dir == home || dir.starts_with(&format!("{}/", home.trim_end_matches('/'))));
+        if !in_home
+            && !gantry_core::spec::HOST_SYSTEM_FOLDERS
+                .iter()
+                .any(|d| dir == *d || dir.starts_with(&format!("{d}/")))
+            && dir != "/"
+        {
+            mounts.push(format!("{dir}:{dir}"));
+        }
+    }
+}
+
 impl RunArgs {
     /// The spec a user would have written, as YAML text (serialized, so any value quotes right).
     /// `here`: the current directory, when the engine is on this machine: a job without `--image`
@@ -223,28 +256,7 @@ impl RunArgs {
         let mut workdir = self.workdir.clone();
         let mut mounts = self.mounts.clone();
         if let (HOST_IMAGE, Some(here)) = (image.as_str(), here) {
-            for k in CARRIED_ENV {
-                if let Some(v) = std::env::var_os(k).and_then(|v| v.into_string().ok()) {
-                    env.entry(k.to_string()).or_insert(v);
-                }
-            }
-            if workdir.is_none() {
-                let dir = here.to_string_lossy().into_owned();
-                workdir = Some(dir.clone());
-                // The home is there already; a folder elsewhere is mounted (checked as you, like any mount).
-                let home = std::env::var("HOME").unwrap_or_default();
-                let in_home = !home.is_empty()
-                    && home != "/"
-                    && (dir == home || dir.starts_with(&format!("{}/", home.trim_end_matches('/'))));
-                if !in_home
-                    && !gantry_core::spec::HOST_SYSTEM_FOLDERS
-                        .iter()
-                        .any(|d| dir == *d || dir.starts_with(&format!("{d}/")))
-                    && dir != "/"
-                {
-                    mounts.push(format!("{dir}:{dir}"));
-                }
-            }
+            carry_usual_env(here, &mut env, &mut workdir, &mut mounts);
         }
         let command = match (&self.shell, self.command.is_empty()) {
             (Some(s), _) => Some(Command::Shell(s.clone())),
@@ -290,8 +302,17 @@ impl RunArgs {
             interactive: false,
             ports: self.ports.clone(),
             notify: None,
-            preemptible: None,
-            checkpoint: None,
+            preemptible: self.preemptible,
+            checkpoint: self.checkpoint.as_ref().map(|c| {
+                let (signal, grace) = match c.split_once(':') {
+                    Some((s, g)) => (s, Some(g.to_string())),
+                    None => (c.as_str(), None),
+                };
+                gantry_core::spec::Checkpoint {
+                    signal: Some(signal.to_string()),
+                    grace,
+                }
+            }),
         };
         Ok((serde_yaml_ng::to_string(&spec)?, format!("{name}.yaml")))
     }

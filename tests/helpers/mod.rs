@@ -79,6 +79,18 @@ impl Engine {
         e
     }
 
+    /// Like [`Engine::start`], with simulated GPUs as a user writes them (`sim:1x24GiB`, no `@machine`).
+    pub fn start_unnamed(extra: &[&str]) -> Engine {
+        let mut e = Engine::stopped(extra);
+        for a in e.args.iter_mut().filter(|a| a.starts_with("sim:")) {
+            if let Some((spec, _)) = a.split_once('@') {
+                *a = spec.to_string();
+            }
+        }
+        e.restart();
+        e
+    }
+
     /// Like [`Engine::start`], but not started yet: set `state` or `env`, then call `restart`.
     pub fn stopped(extra: &[&str]) -> Engine {
         ensure_image();

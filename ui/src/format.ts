@@ -44,3 +44,10 @@ export function commandText(c: string | string[] | null | undefined): string {
   if (c === undefined || c === null) return "(image default)";
   return Array.isArray(c) ? c.map((a) => (/\s/.test(a) ? JSON.stringify(a) : a)).join(" ") : c;
 }
+
+/** A followed log with its next chunk: a last line ending in "\r" is a progress bar's current state
+ *  (`logs -f` sends it so), drawn over by what follows, as on the job's own terminal. */
+export function appendLog(text: string, chunk: string): string {
+  const t = text.endsWith("\r") ? text.slice(0, text.lastIndexOf("\n") + 1) : text;
+  return t + chunk;
+}

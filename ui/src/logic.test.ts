@@ -1,7 +1,7 @@
 import { describe, expect, it, vi } from "vitest";
 vi.mock("./charts", () => ({ lineChart: () => ({ setData() {}, destroy() {} }) }));
 import { historyQueryString } from "./backend";
-import { ask, bytes, duration, gpuHours } from "./format";
+import { appendLog, ask, bytes, duration, gpuHours } from "./format";
 import { route } from "./main";
 import { RAW_CAP, Ring, SeriesStore } from "./series";
 import { laneBox, pagesFor, visibleSlice } from "./virtual";
@@ -114,5 +114,16 @@ describe("run chart data", () => {
     const rows: [number, [number, number][]][] = [[1000, [[10, 0], [30, 0], [99, 0]]], [2000, [[20, 0], [40, 0], [99, 0]]], [9000, [[0, 0], [0, 0], [0, 0]]]];
     expect(recentChartData(rows, [0, 1], 0, 5000)).toEqual([[1, 2], [20, 30], [0, 0]]);
     expect(runChartData([[[60_000, 50, 0]], [[60_000, 100, 0], [120_000, 20, 0]]])).toEqual([[60, 120], [75, 20], [0, 0]]);
+  });
+});
+
+describe("a followed log", () => {
+  it("draws a progress bar's next state over the last one instead of a new line per update", () => {
+    let t = appendLog("", "start\n 10%\r");
+    t = appendLog(t, " 50%\r");
+    expect(t).toBe("start\n 50%\r");
+    t = appendLog(t, "100%\ndone\n");
+    expect(t).toBe("start\n100%\ndone\n");
+    expect(appendLog("a\n", "b\n")).toBe("a\nb\n");
   });
 });

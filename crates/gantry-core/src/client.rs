@@ -674,7 +674,7 @@ impl Client {
             file_name: name.into(),
             base_dir: None,
             idempotency_key: None,
-            origin: crate::protocol::SpecOrigin::RunFlags,
+            origin: crate::protocol::SpecOrigin::Session,
             begin: None,
         })
         .await

@@ -6,6 +6,11 @@ use std::time::Duration;
 
 /// SIGTERM -> SIGKILL grace on cancel and timeout: long enough for a training loop to write a checkpoint.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long the GPU processes of this engine's container whose attempt just ended still count as
+/// this engine's, not outside use, while GPU samples keep listing them (NVML and Docker take a moment
+/// to let a stopped container go): a minute is many samples (1 Hz), while a container that still
+/// holds a GPU long after its attempt ended is something else's problem and shows as outside use.
+pub const LEAVING_MAX: Duration = Duration::from_secs(60);
 /// A pull not finished by then is stopped and its jobs fail (`[images] pull_timeout`): a large CUDA
 /// image (10-20 GB) over a slow 100 Mbit/s link takes about 25 min; a registry that hangs must not
 /// keep its jobs waiting for ever.

@@ -358,18 +358,19 @@ pub struct Terminal {
     pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
 }
 
-/// The argv of a session without a command: `shell` (the owner's login shell on this machine) as a
-/// login shell where the image has it, else the image's `/bin/sh`.
-pub fn session_argv(shell: Option<&str>) -> Vec<String> {
+/// The argv of a session without a command: `shell` (the owner's login shell on this machine) where
+/// the image has it, else the image's `/bin/sh`; a login shell, or (`login` false: a session that
+/// carries its owner's PATH and active env, whose /etc/profile would reset PATH) an interactive one.
+pub fn session_argv(shell: Option<&str>, login: bool) -> Vec<String> {
     let shell = shell
         .filter(|s| s.starts_with('/') && !s.ends_with("/nologin") && !s.ends_with("/false"))
         .unwrap_or("/bin/sh");
-    vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#.into(),
-        shell.into(),
-    ]
+    let script = if login {
+        r#"if [ -x "$0" ]; then exec "$0" -l; fi; exec /bin/sh -l"#
+    } else {
+        r#"if [ -x "$0" ]; then exec "$0" -i; fi; exec /bin/sh -i"#
+    };
+    vec!["/bin/sh".into(), "-c".into(), script.into(), shell.into()]
 }
 
 /// The environment a job sees: the spec's own, then Gantry's (Gantry's wins).
@@ -394,6 +395,11 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     set("GANTRY_RESTART_COUNT", l.restart_count.to_string());
     if l.preemptible {
         set("GANTRY_PREEMPTIBLE", "1".into());
+    }
+    // A string of several commands: Docker's init signals its whole process group, so a checkpoint
+    // signal, timeout or cancel reaches the program behind the shell (`shell::for_signals`).
+    if l.command.is_none() && l.job.spec.command.as_ref().is_some_and(|c| c.signals_group()) {
+        set("TINI_KILL_PROCESS_GROUP", "1".into());
     }
     set("GANTRY_GPU_UUIDS", l.gpu_uuids.join(","));
     if l.gpu_uuids.is_empty() {

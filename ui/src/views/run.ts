@@ -2,7 +2,7 @@
 import type { Backend } from "../backend";
 import { lineChart } from "../charts";
 import { h, type View } from "../dom";
-import { ask, commandText, duration, stateLabel, time } from "../format";
+import { appendLog, ask, commandText, duration, stateLabel, time } from "../format";
 import { gpuList } from "./history";
 import { attachBox, endsIn, openButtons } from "../sessions";
 import { FINAL_STATES, type JobDetail, type RecentSample } from "../types";
@@ -105,7 +105,7 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
     log.textContent = "";
     if (d.job.spec_hidden) log.textContent = "";
     else if (FINAL_STATES.includes(d.job.state)) log.textContent = await backend.logs(id);
-    else stopLog = backend.followLogs(id, (t) => { log.textContent += t; log.scrollTop = log.scrollHeight; });
+    else stopLog = backend.followLogs(id, (t) => { log.textContent = appendLog(log.textContent ?? "", t); log.scrollTop = log.scrollHeight; });
   }
   load().catch((e) => el.append(h("p", { class: "error" }, String(e))));
   backend.onJobChanged(async (ev) => {

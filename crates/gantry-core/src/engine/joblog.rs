@@ -144,9 +144,15 @@ impl LogReader {
         out.extend_from_slice(&line[stamp_len(line)..]);
     }
 
-    /// Caught up with a log still being written (`logs -f`): the current progress state, once.
+    /// Caught up with a log still being written (`logs -f`, the app): the current progress state,
+    /// once, ending in `\r` instead of `\n`, so its next state, or the line itself, is drawn over it
+    /// (a progress bar redraws, as on the job's own terminal, instead of a new line per update).
     pub fn caught_up(&mut self) -> Vec<u8> {
-        self.progress.take().unwrap_or_default()
+        let mut p = self.progress.take().unwrap_or_default();
+        if p.last() == Some(&b'\n') {
+            *p.last_mut().unwrap() = b'\r';
+        }
+        p
     }
 
     /// The end of the file: the record without a newline, and the progress state nothing followed.
@@ -434,7 +440,8 @@ mod tests {
         // Following: the current state once when caught up, never held back past the next line.
         let mut r = LogReader::default();
         assert_eq!(r.feed(b"a\n\r 1%\n"), b"a\n");
-        assert_eq!(r.caught_up(), b" 1%\n");
+        // Issue 28: it ends in `\r`, so the next state or the line is drawn over it.
+        assert_eq!(r.caught_up(), b" 1%\r");
         assert_eq!(r.caught_up(), b"");
         assert_eq!(
             r.feed(b"\r 2%\nb\n"),

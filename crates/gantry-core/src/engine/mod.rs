@@ -191,6 +191,10 @@ pub struct Engine {
     last_gpus: RwLock<Option<Vec<crate::scheduler::GpuView>>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
+    /// Containers of attempts that ended (id -> when): while GPU samples still list them, their GPU
+    /// processes are this engine's, not outside use, so a preemption frees what it should and the
+    /// next pass picks no second victim for a GPU whose job just stopped (`sampler` forgets them).
+    leaving: Mutex<HashMap<String, i64>>,
     /// When each job was last preempted (its wait toward the overdue rule counts from then), and
     /// by what (its reason in the queue until it runs again).
     preempted_at: Mutex<HashMap<i64, (i64, String)>>,
@@ -360,7 +364,7 @@ impl Engine {
             backend: mut gpu,
             note,
             library,
-        } = crate::gpu::open(cfg.gpus.as_deref())?;
+        } = crate::gpu::open(own_sim_machine(cfg.gpus.as_deref(), &engine_id).as_deref())?;
         let kind = gpu.kind();
         // `gpus` in the lab config can only be checked against the machine, so here, before anything runs.
         let usable = match &cfg.lab.gpus {
@@ -434,6 +438,7 @@ impl Engine {
             last_gpus: RwLock::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
+            leaving: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),
             claims: Mutex::new(BTreeMap::new()),
             learned_gpu_memory: Mutex::new(HashMap::new()),
@@ -593,6 +598,19 @@ impl Engine {
         info!("engine stopped; {}", self.backend.left_running());
         Ok(())
     }
+}
+
+/// Unnamed simulated GPUs (`sim:2x24GiB`, no `@machine`) are this engine's own machine, as its
+/// machine lock already says (`machine_lock::lock_name`): their UUIDs are its own (stable across its
+/// restarts), so two such engines on one Docker never read each other's jobs as outside use of the
+/// same GPUs. Named ones (`@lab`) are shared on purpose.
+fn own_sim_machine(gpus: Option<&str>, engine_id: &str) -> Option<String> {
+    let g = gpus?.trim();
+    Some(if g.contains('@') {
+        g.to_string()
+    } else {
+        format!("{g}@{engine_id}")
+    })
 }
 
 fn legacy_engine_id(state_dir: &Path) -> String {

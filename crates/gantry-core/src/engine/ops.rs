@@ -138,12 +138,19 @@ impl Engine {
             (started, queued)
         };
         // The GPUs each started job holds, so supervisors need not wait for the whole list.
-        let held: HashMap<i64, Vec<u32>> = {
+        let (held, stopping): (HashMap<i64, Vec<u32>>, Vec<i64>) = {
             let running = self.running.lock().unwrap();
-            started
+            let held = started
                 .iter()
                 .filter_map(|j| running.get(&j.id).map(|h| (j.id, h.gpus.clone())))
-                .collect()
+                .collect();
+            // Being preempted: signalled, saving its checkpoint (shown, not just `running`).
+            let stopping = started
+                .iter()
+                .filter(|j| running.get(&j.id).is_some_and(|h| h.preempt.is_cancelled()))
+                .map(|j| j.id)
+                .collect();
+            (held, stopping)
         };
         let problem = self.health.read().unwrap().store_problem.clone();
         let waiting = self.waiting.read().unwrap();
@@ -152,6 +159,7 @@ impl Engine {
             waiting: &waiting,
             eta: &eta,
             held: &held,
+            stopping: &stopping,
             problem: problem.as_deref(),
         };
         if let QueueSelect::All = select {
@@ -312,6 +320,8 @@ struct Verdicts<'a> {
     eta: &'a HashMap<i64, i64>,
     /// The GPUs of each started job.
     held: &'a HashMap<i64, Vec<u32>>,
+    /// Running jobs being preempted (their checkpoint signal sent).
+    stopping: &'a [i64],
     /// A failed state write: every queued job's reason.
     problem: Option<&'a str>,
 }
@@ -340,15 +350,21 @@ impl<'a> Verdicts<'a> {
             job: JobOut::started(j),
             gpus_assigned: self.held.get(&j.id).map(Vec::as_slice).unwrap_or_default(),
             position: w.map(|w| w.position),
-            // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason).
-            reason: w
-                .filter(|_| j.state == JobState::Starting)
-                .map(|w| Reason::Text(&w.reason)),
+            // The Slurm backend: submitted, waiting in Slurm's queue (Slurm's reason); a running
+            // job being preempted says so while it saves.
+            reason: match w.filter(|_| j.state == JobState::Starting) {
+                Some(w) => Some(Reason::Text(&w.reason)),
+                None if self.stopping.contains(&j.id) => Some(Reason::Text(PREEMPTING)),
+                None => None,
+            },
             estimated_start: None,
             eta_confidence: None,
         }
     }
 }
+
+/// A running job's reason while it is being preempted.
+const PREEMPTING: &str = "being preempted: got its checkpoint signal, saving; then queued again at its place";
 
 /// About what one queue row takes as JSON (a queued job with a short reason): the buffer is sized
 /// once, instead of doubling (and copying) its way to tens of MB.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::Engine;
-use crate::defaults::OUTSIDE_IDLE_SHOWN_AFTER;
+use crate::defaults::{LEAVING_MAX, OUTSIDE_IDLE_SHOWN_AFTER};
 use crate::gpu::{GpuSample, SimLoad};
 use crate::protocol::EngineEvent;
 
@@ -77,6 +77,15 @@ impl Engine {
         }
         track_idle(&mut self.idle_since.lock().unwrap(), &samples, now);
         *self.latest.write().unwrap() = samples.clone();
+        // A container that ended is forgotten once a sample no longer lists it (or after LEAVING_MAX).
+        self.leaving.lock().unwrap().retain(|cid, at| {
+            now - *at < LEAVING_MAX.as_millis() as i64
+                && samples.iter().any(|g| {
+                    g.processes
+                        .iter()
+                        .any(|p| p.container_id.as_deref() == Some(cid.as_str()))
+                })
+        });
         self.enforce_gpu_memory(&samples, now);
         samples
     }

@@ -199,9 +199,9 @@ impl Engine {
     /// succeeds, that is left for recovery to record.
     pub(super) async fn end_attempt(&self, job_id: i64, attempt: &Attempt, how: &How, run: Option<&RunRef>) {
         let job = self.store().job(job_id);
-        let retries = match job {
-            Ok(Some(j)) => j.retries,
-            _ => 0,
+        let (retries, checkpoint) = match &job {
+            Ok(Some(j)) => (j.retries, j.job.spec.checkpoint_signal()),
+            _ => (0, String::new()),
         };
         // Attempts that ended by preemption do not count against `retries`.
         let preempted = self.reader().preemptions(job_id, 0).map(|p| p.0).unwrap_or(0);
@@ -234,10 +234,7 @@ impl Engine {
                 let gpus = a.gpus.len().max(1) as i64;
                 How::Preempted {
                     code: *code,
-                    by: format!(
-                        "{by} after {} GPU-minutes",
-                        (self.now() - a.started_at).max(0) * gpus / 60_000
-                    ),
+                    by: format!("{by} after {}", gpu_time((self.now() - a.started_at).max(0) * gpus)),
                 }
             }
             other => other.clone(),
@@ -251,6 +248,11 @@ impl Engine {
             now_ms: self.now(),
         };
         let end = outcome(how, &policy);
+        if let How::Preempted { code: Some(code), .. } = how {
+            if let Some(line) = unhandled_checkpoint(&checkpoint, *code) {
+                append_log(&self.log_of(job_id), &line);
+            }
+        }
         append_log(
             &self.log_of(job_id),
             &format!(
@@ -275,6 +277,9 @@ impl Engine {
                 }
             }
         }
+        if let Some(cid) = run.and_then(RunRef::container) {
+            self.leaving.lock().unwrap().insert(cid.to_string(), self.now());
+        }
         self.running.lock().unwrap().remove(&job_id);
         if let How::Preempted { by, .. } = how {
             self.preempted_at
@@ -294,5 +299,55 @@ impl Engine {
         error!("{e}");
         self.health.write().unwrap().store_problem = Some(e.to_string());
         self.shutdown.cancel();
+    }
+}
+
+/// The log line for a preempted attempt that ended by its own checkpoint signal (exit 128 + its
+/// number, as Docker's init and a shell report it): its program does not handle it, so it most likely
+/// saved nothing. `None` for any other exit.
+pub(super) fn unhandled_checkpoint(signal: &str, code: i64) -> Option<String> {
+    let sig: nix::sys::signal::Signal = signal.parse().ok()?;
+    (code == 128 + sig as i64).then(|| {
+        format!(
+            "the job ended by its checkpoint signal {signal} (exit {code}), which its program does not handle: \
+             it most likely saved nothing. Handle {signal} in the program (Python: `signal.signal(signal.{signal}, \
+             save_and_exit)`), or set `checkpoint: {{signal: ...}}` to the signal it saves on"
+        )
+    })
+}
+
+/// GPU time an attempt used, as its preemption says it: "12 GPU-minutes", under a minute "40
+/// GPU-seconds" (not "0 GPU-minutes"), one of either singular.
+pub(super) fn gpu_time(gpu_ms: i64) -> String {
+    let (n, unit) = if gpu_ms < 60_000 {
+        (gpu_ms / 1000, "GPU-second")
+    } else {
+        (gpu_ms / 60_000, "GPU-minute")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_short_run_before_its_preemption_is_not_0_gpu_minutes() {
+        assert_eq!(super::gpu_time(8_400), "8 GPU-seconds");
+        assert_eq!(super::gpu_time(1_000), "1 GPU-second");
+        assert_eq!(super::gpu_time(60_000), "1 GPU-minute");
+        assert_eq!(super::gpu_time(600_000), "10 GPU-minutes");
+    }
+
+    #[test]
+    fn a_job_killed_by_its_own_checkpoint_signal_is_told_so() {
+        let line = super::unhandled_checkpoint("SIGUSR1", 138).unwrap();
+        assert!(
+            line.starts_with(
+                "the job ended by its checkpoint signal SIGUSR1 (exit 138), which its program does not handle"
+            ),
+            "{line}"
+        );
+        assert!(super::unhandled_checkpoint("SIGTERM", 143).is_some());
+        assert_eq!(super::unhandled_checkpoint("SIGUSR1", 0), None);
+        assert_eq!(super::unhandled_checkpoint("SIGUSR1", 143), None);
     }
 }

@@ -71,6 +71,20 @@ impl FakeExecutor {
     pub fn script(&self, job_name: &str, s: Script) {
         self.scripts.lock().unwrap().insert(job_name.into(), s);
     }
+    /// Docker stopping every running container (a restart without live-restore): each exits `code`.
+    pub fn stop_all(&self, code: i64) {
+        for c in self.containers.lock().unwrap().values_mut() {
+            Self::age(c);
+            if c.started.is_some() && c.exit.is_none() {
+                c.exit = Some(Exit {
+                    code,
+                    oom_killed: false,
+                });
+                c.found.life = Life::Exited;
+                c.stopped.notify_waiters();
+            }
+        }
+    }
     pub fn live(&self) -> usize {
         self.containers.lock().unwrap().len()
     }

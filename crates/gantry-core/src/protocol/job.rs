@@ -280,6 +280,8 @@ pub enum SpecOrigin {
     /// `gantry run` wrote it from its flags: there is no file, and the source says `gantry run`
     /// (not the command: a job's source is public, its command is not).
     RunFlags,
+    /// A session (`gantry shell`, `gantry notebook`, the app): the source says `session` or `notebook`.
+    Session,
 }
 
 impl SpecOrigin {
@@ -292,6 +294,8 @@ impl SpecOrigin {
         match self {
             SpecOrigin::File => format!("api:{file_name}"),
             SpecOrigin::RunFlags => "gantry run".into(),
+            SpecOrigin::Session if file_name == "notebook.yaml" => "notebook".into(),
+            SpecOrigin::Session => "session".into(),
         }
     }
 }

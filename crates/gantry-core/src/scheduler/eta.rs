@@ -14,6 +14,12 @@ pub fn estimate_starts(
     let mut s = state.clone();
     s.config.explain_first = 0;
     for r in &mut s.running {
+        // Being stopped by a preemption: it ends within its checkpoint grace, not at its runtime (a job
+        // waiting on it read "starts ~in 29m 59s" and started 8 s later).
+        if r.victim.as_ref().is_some_and(|v| v.stopping_for.is_some()) {
+            r.expected_end_ms = Some(s.now_ms + 1);
+            continue;
+        }
         if r.expected_end_ms.is_none_or(|e| e <= s.now_ms) {
             r.expected_end_ms = Some(s.now_ms + default_runtime_ms / 2);
         }
@@ -113,5 +119,22 @@ mod estimate_tests {
         assert_eq!(e[&1], 0); // GPU 1 is free now
         assert_eq!(e[&3], 1_000); // GPU 0 frees at 1 s
         assert_eq!(e[&2], 61_000); // needs both: after job 3's assumed 60 s
+
+        // Issue 28: a job whose GPU's holder is being preempted for it starts when that one has
+        // stopped, not half a default runtime later.
+        let mut s = s;
+        s.gpus.truncate(1);
+        s.queued.truncate(1);
+        s.running[0].expected_end_ms = None;
+        s.running[0].victim = Some(Victim {
+            priority: 0,
+            started_ms: -1,
+            preempted_today: 0,
+            preempted_for: vec![],
+            took_from: vec![],
+            checkpoint_ms: None,
+            stopping_for: Some(1),
+        });
+        assert_eq!(estimate_starts(&s, 60_000, 100)[&1], 1);
     }
 }

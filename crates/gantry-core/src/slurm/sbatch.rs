@@ -305,6 +305,10 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             for (k, v) in &env {
                 run.push(format!("-e {}", q(&format!("{k}={v}"))));
             }
+            // A string of several commands: its signals go to its whole process group (as on Docker).
+            if job.spec.command.as_ref().is_some_and(|c| c.signals_group()) {
+                run.push("-e TINI_KILL_PROCESS_GROUP=1".into());
+            }
             run.push("\"$@\"".into());
             run.push(q(&job.spec.image));
             run.extend(cmd.iter().map(|c| q(c)));

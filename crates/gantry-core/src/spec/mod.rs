@@ -62,11 +62,21 @@ pub enum Command {
 }
 
 impl Command {
-    /// The argv handed to Docker.
+    /// The argv handed to Docker. A string runs with `/bin/sh -c` so that signals reach its work
+    /// (`shell::for_signals`: one command is `exec`'d; see [`Command::signals_group`]).
     pub fn argv(&self) -> Vec<String> {
         match self {
-            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+            Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), crate::shell::for_signals(s).0],
             Command::Exec(v) => v.clone(),
+        }
+    }
+    /// Must Docker's init (tini) send a stop or checkpoint signal to the command's whole process
+    /// group (`TINI_KILL_PROCESS_GROUP=1`) for it to reach the work? A string that is more than one
+    /// command; never the list form, whose program gets its signals alone.
+    pub fn signals_group(&self) -> bool {
+        match self {
+            Command::Shell(s) => crate::shell::for_signals(s).1,
+            Command::Exec(_) => false,
         }
     }
     pub fn map(&self, f: impl Fn(&str) -> String) -> Command {
@@ -772,8 +782,8 @@ mod tests {
         );
         assert_eq!(i.spec.name.as_deref(), Some("paddle-train:exp"));
         assert_eq!(
-            i.spec.command.unwrap().argv()[2],
-            "python tools/train.py -c /gantry/config/exp.yaml"
+            i.spec.command.unwrap(),
+            Command::Shell("python tools/train.py -c /gantry/config/exp.yaml".into())
         );
         assert_eq!(
             i.config,
@@ -786,7 +796,9 @@ mod tests {
         // Names a shell or a mount string would split stay one argument, one mount.
         for name in ["my run.yaml", "lr01 (1).yaml", "lr=0.1:bs=32.yaml"] {
             let i = instantiate_template(&t, "paddle-train", &format!("/in/accepted/7-{name}"), name);
-            let cmd = i.spec.command.unwrap().argv()[2].clone();
+            let Some(Command::Shell(cmd)) = i.spec.command else {
+                panic!("a string command")
+            };
             let out = std::process::Command::new("/bin/sh")
                 .arg("-c")
                 .arg(cmd.replace("python tools/train.py -c", "printf %s"))
@@ -821,8 +833,8 @@ mod tests {
             ]
         );
         assert_eq!(
-            jobs[1].spec.command.as_ref().unwrap().argv()[2],
-            "python train.py --lr 0.01 --bs 32"
+            jobs[1].spec.command.as_ref().unwrap(),
+            &Command::Shell("python train.py --lr 0.01 --bs 32".into())
         );
         assert_eq!(jobs[1].spec.env.get("LR").map(String::as_str), Some("0.01"));
         assert!(jobs.iter().all(|j| j.spec.matrix.is_empty()));

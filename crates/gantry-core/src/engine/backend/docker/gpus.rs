@@ -22,6 +22,7 @@ impl DockerBackend {
             .unwrap()
             .values()
             .filter_map(|h| h.run.as_ref()?.container().map(String::from))
+            .chain(e.leaving.lock().unwrap().keys().cloned())
             .collect();
         let orphaned: Vec<u32> = e
             .health

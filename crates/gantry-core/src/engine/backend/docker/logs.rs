@@ -48,6 +48,9 @@ pub(super) struct DockerWatch {
     checkpoint: (String, Option<std::time::Duration>),
     /// How it ended, decided when `wait` returned (a stop asked after that does not change it).
     ended: Option<How>,
+    /// May it be preempted (its spec, else the lab's default, with preemption on)? One that Docker
+    /// itself killed (a restart) is then queued again, as a preemption, not failed.
+    preemptible: bool,
 }
 
 /// A container's output attached before it started ([`Executor::attach`]): what its job writes before
@@ -95,6 +98,10 @@ impl DockerWatch {
             stop: None,
             checkpoint: (job.job.spec.checkpoint_signal(), job.job.spec.checkpoint_grace()),
             ended: None,
+            preemptible: {
+                let p = e.policy();
+                p.preemption.enabled && p.preemption.preemptible(&job.job.spec)
+            },
             e,
         }
     }
@@ -133,6 +140,7 @@ impl Watch for DockerWatch {
             return Some(Seen::Running { since });
         }
         if self.ended.is_none() {
+            let mut docker_went_away = false;
             let result = loop {
                 match self.exec.wait(&self.cid).await {
                     Err(ExecError::DockerUnavailable(m)) => {
@@ -140,6 +148,7 @@ impl Watch for DockerWatch {
                             job = self.job_id,
                             "lost contact with Docker while waiting ({m}); retrying"
                         );
+                        docker_went_away = true;
                         tokio::time::sleep(DOCKER_RETRY).await;
                     }
                     r => break r,
@@ -157,6 +166,15 @@ impl Watch for DockerWatch {
                     code,
                     by: String::new(),
                 },
+                // Docker went away and the job died of a signal meanwhile: a Docker restart (without
+                // live-restore it stops every container). A preemptible job is queued again, as if
+                // preempted (its checkpoint, if it saved one on the SIGTERM, is resumed); not failed.
+                (None, Ok(x)) if docker_went_away && self.preemptible && !x.oom_killed && x.code > 128 => {
+                    How::Preempted {
+                        code: Some(x.code),
+                        by: "a Docker restart (it stopped every container)".into(),
+                    }
+                }
                 (None, Ok(x)) => How::Exited {
                     code: x.code,
                     oom: x.oom_killed,
@@ -231,13 +249,15 @@ fn line_ts(line: &[u8]) -> Option<i128> {
 }
 
 /// Open a job's log to append more output: drop a partial last line (an engine killed mid-write) and
-/// return the timestamp of the last Docker line, where to resume.
+/// return the timestamp of the last Docker line, where to resume. In append mode: Gantry's own lines
+/// (`append_log`: "preempted by …") are appended by others meanwhile, and a write at this handle's
+/// own offset overwrote the start of the one written just before the job's next line.
 fn open_for_resume(path: &Path) -> std::io::Result<(std::fs::File, Option<i128>)> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
-        .write(true)
+        .append(true)
         .mode(0o600)
         .open(path)?;
     let len = f.metadata()?.len();
@@ -520,6 +540,31 @@ mod tests {
             String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap(),
             String::from_utf8(want).unwrap()
         );
+    }
+
+    /// Issue 28 (seen in its real-framework runs): Gantry's own line appended while the job's output
+    /// is being copied ("preempted by …", written as the job prints "saved at step 212") stays whole;
+    /// the copy wrote at its own offset and overwrote its start ("riority 10, this one 0): …").
+    #[test]
+    fn a_gantry_line_written_between_two_lines_of_output_stays_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.log");
+        let mut c = copy_to(&p);
+        c.frame(&frame(false, 1, b"step 211\n")).unwrap();
+        c.flush().unwrap();
+        crate::engine::append_log(&p, "preempted by job 4: checkpoint signal, then stop");
+        c.frame(&frame(false, 2, b"saved at step 212\n")).unwrap();
+        c.flush().unwrap();
+        let shown = String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 3, "{shown}");
+        assert_eq!(lines[0], "step 211");
+        assert!(
+            lines[1].starts_with("[gantry ")
+                && lines[1].ends_with("] preempted by job 4: checkpoint signal, then stop"),
+            "{shown}"
+        );
+        assert_eq!(lines[2], "saved at step 212");
     }
 
     #[test]

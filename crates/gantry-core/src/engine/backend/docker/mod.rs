@@ -295,7 +295,13 @@ fn session_command(job: &Job) -> Option<Vec<String>> {
         .ok()
         .flatten()
         .map(|u| u.shell.to_string_lossy().into_owned());
-    Some(crate::executor::session_argv(shell.as_deref()))
+    // A session that carries its owner's env (`gantry shell` without an image) keeps it.
+    let spec = &job.job.spec;
+    let carried = spec.is_host_image()
+        && ["PATH", "VIRTUAL_ENV", "CONDA_PREFIX"]
+            .iter()
+            .any(|k| spec.env.contains_key(*k));
+    Some(crate::executor::session_argv(shell.as_deref(), !carried))
 }
 
 #[async_trait::async_trait]
