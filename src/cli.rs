@@ -115,6 +115,10 @@ pub enum Cmd {
         /// Print GPU-hours per user per day (`day,user,gpu_hours`, UTC days) as CSV, for spreadsheets.
         #[arg(long, conflicts_with = "json")]
         csv: bool,
+        /// How well the GPUs and CPUs held were used: per user GPU-hours held vs used (weighted by
+        /// utilization) and mean CPU efficiency, and the machine's held vs used per day.
+        #[arg(long, conflicts_with = "csv")]
+        efficiency: bool,
     },
     /// Book GPUs for a time: `gantry book --gpus 2 --at "tomorrow 14:00" --for 4h --note demo`;
     /// `gantry book cancel ID`. See `gantry bookings`.

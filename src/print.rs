@@ -147,7 +147,7 @@ pub fn print_queue(q: &[QueueEntryView]) {
     }
 }
 
-fn trunc(s: &str, n: usize) -> String {
+pub fn trunc(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -187,6 +187,9 @@ pub fn print_detail(d: &JobDetailView) {
             a.reason.map(|r| r.as_str()).unwrap_or("running"),
             a.exit_code.map(|c| format!("(code {c})")).unwrap_or_default()
         );
+    }
+    if let Some(e) = &d.efficiency {
+        crate::print_efficiency::print_efficiency(e);
     }
     outln!("events:");
     for e in &d.events {

@@ -40,7 +40,19 @@ pub async fn history(
     }
 }
 
-pub async fn usage(ctx: &Ctx, since: &str, csv: bool) -> Result<()> {
+pub async fn usage(ctx: &Ctx, since: &str, csv: bool, efficiency: bool) -> Result<()> {
+    if efficiency {
+        let q = gantry_core::protocol::EfficiencyQuery {
+            since_ms: parse_since(since)?,
+            tz_offset_min: 0,
+        };
+        let r = ctx.client.usage_efficiency(&q).await?;
+        if ctx.json {
+            return print_json(&r);
+        }
+        crate::print_efficiency::print_usage_efficiency(&r);
+        return Ok(());
+    }
     if csv {
         let q = gantry_core::protocol::UsageChartsQuery {
             since_ms: parse_since(since)?,

@@ -83,7 +83,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             since,
             limit,
         } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
-        Cmd::Usage { since, csv } => history::usage(&ctx, since, *csv).await?,
+        Cmd::Usage { since, csv, efficiency } => history::usage(&ctx, since, *csv, *efficiency).await?,
         Cmd::Notify { action } => notify::notify(&ctx, action).await?,
         Cmd::Book {
             action: Some(crate::cli::BookAction::Cancel { id }),

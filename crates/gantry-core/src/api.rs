@@ -26,7 +26,7 @@ use crate::notify::{Notifier, NotifyError};
 use crate::protocol::routes::{
     ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD,
     INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PRIORITY, QUEUE_PAGE, RELEASE, RERUN,
-    STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
+    STATUS, TIMELINE, USAGE, USAGE_CHARTS, USAGE_EFFICIENCY, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
     ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState,
@@ -159,6 +159,8 @@ impl JobDetailView {
                 })
                 .collect(),
             reason: d.reason,
+            // Owner and admins only, like its log.
+            efficiency: d.efficiency.filter(|_| shown),
         }
     }
 }
@@ -246,6 +248,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .route(EVENTS, get(events))
         .route(USAGE, get(usage))
         .route(USAGE_CHARTS, get(usage_charts))
+        .route(USAGE_EFFICIENCY, get(usage_efficiency))
         .route(BOOKINGS, get(bookings_list).post(book))
         .route(BOOKING_CANCEL, post(booking_cancel))
         .route(NOTIFY, get(notify_list).post(notify_add))
@@ -387,6 +390,18 @@ async fn usage_charts(State(e): E, Query(q): Query<UsageChartsQuery>) -> Res<Usa
     let r = tokio::task::spawn_blocking(move || e.usage_charts(q.since_ms, q.bucket_ms, q.tz_offset_min))
         .await
         .map_err(|err| EngineError::Fatal(format!("usage charts crashed: {err}")))??;
+    Ok(Json(r))
+}
+
+/// Per user GPU-hours held vs used and CPU efficiency, and the machine's per day (public, like
+/// `usage`: sums per user, no job's figures).
+async fn usage_efficiency(
+    State(e): E,
+    Query(q): Query<crate::protocol::EfficiencyQuery>,
+) -> Res<crate::protocol::EfficiencyReport> {
+    let r = tokio::task::spawn_blocking(move || e.usage_efficiency(q.since_ms, q.tz_offset_min))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("usage efficiency crashed: {err}")))??;
     Ok(Json(r))
 }
 

@@ -756,6 +756,15 @@ impl Client {
         self.get(&with_query(routes::USAGE_CHARTS, q)?).await
     }
 
+    /// Per user GPU-hours held vs used and mean CPU efficiency since `since_ms`, and the machine's per
+    /// local day (`gantry usage --efficiency`, the Usage view).
+    pub async fn usage_efficiency(
+        &self,
+        q: &crate::protocol::EfficiencyQuery,
+    ) -> Result<crate::protocol::EfficiencyReport, ClientError> {
+        self.get(&with_query(routes::USAGE_EFFICIENCY, q)?).await
+    }
+
     /// The caller's notification targets, then the lab's webhooks.
     pub async fn notify_list(&self) -> Result<Vec<crate::protocol::Subscription>, ClientError> {
         self.get(routes::NOTIFY).await

@@ -241,6 +241,8 @@ impl Engine {
                 end.message.clone().unwrap_or_else(|| end.next.as_str().into())
             ),
         );
+        // Its last figures, before its end (then its measures stop).
+        self.save_efficiency(job_id, attempt.id);
         loop {
             let written = self.store().end_attempt(job_id, attempt.id, &end);
             match written {

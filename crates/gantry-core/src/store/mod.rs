@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_preemption.sql"),
     include_str!("../../migrations/0011_bookings.sql"),
     include_str!("../../migrations/0012_booking_starting.sql"),
+    include_str!("../../migrations/0017_efficiency.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of
@@ -45,6 +46,7 @@ const FTS_CANDIDATES_MAX: i64 = 10_000;
 const CACHED_COUNTS: i64 = 64;
 
 mod bookings;
+mod efficiency;
 mod history;
 mod model;
 pub mod notify;
