@@ -6,6 +6,7 @@ mod cpus;
 mod disk;
 mod dl_defaults;
 mod docker_access;
+mod efficiency;
 mod engine_lock;
 mod exactly_once;
 mod faults;

@@ -58,20 +58,24 @@ impl Engine {
         }
         let simulated = self.backend_kind == BackendKind::Simulated;
         let mut due = vec![];
-        let mut m = self.efficiency.lock().unwrap();
-        m.retain(|id, _| running.iter().any(|r| r.0 == *id));
-        for (id, cid, gpus, cpus_milli, memory) in running {
-            let me = match m.entry(id) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    // Its open attempt (and what an engine before a restart measured of it).
-                    let st = self.reader();
-                    let Ok(Some(a)) = st.open_attempt(id) else { continue };
-                    let stored = st
-                        .attempt_uses(id)
-                        .ok()
-                        .and_then(|u| u.into_iter().find(|u| u.attempt_id == a.id));
-                    v.insert(Measure {
+        // New attempts: their open attempt (and what an engine before a restart measured of it),
+        // read before the measures' lock is taken (a reader of the store may wait for it).
+        let missing: Vec<i64> = {
+            let m = self.efficiency.lock().unwrap();
+            running.iter().map(|r| r.0).filter(|id| !m.contains_key(id)).collect()
+        };
+        let mut fresh = vec![];
+        if !missing.is_empty() {
+            let st = self.reader();
+            for id in missing {
+                let Ok(Some(a)) = st.open_attempt(id) else { continue };
+                let stored = st
+                    .attempt_uses(id)
+                    .ok()
+                    .and_then(|u| u.into_iter().find(|u| u.attempt_id == a.id));
+                fresh.push((
+                    id,
+                    Measure {
                         use_: stored.unwrap_or(AttemptUse {
                             attempt_id: a.id,
                             job_id: id,
@@ -79,9 +83,17 @@ impl Engine {
                         }),
                         started_at: a.started_at,
                         saved_at: None,
-                    })
-                }
-            };
+                    },
+                ));
+            }
+        }
+        let mut m = self.efficiency.lock().unwrap();
+        m.retain(|id, _| running.iter().any(|r| r.0 == *id));
+        for (id, me) in fresh {
+            m.entry(id).or_insert(me);
+        }
+        for (id, cid, gpus, cpus_milli, memory) in running {
+            let Some(me) = m.get_mut(&id) else { continue };
             let u = &mut me.use_;
             u.cpus_milli = cpus_milli;
             u.ram_held = (memory > 0).then_some(memory);
@@ -170,9 +182,10 @@ impl Engine {
         }
     }
 
-    /// A job's efficiency over its attempts: what was written, the running attempt's latest figures.
-    pub(super) fn efficiency_of(&self, job: &crate::store::Job) -> Option<Efficiency> {
-        let mut uses = self.reader().attempt_uses(job.id).ok()?;
+    /// A job's efficiency over its attempts: what was written (read through `st`, the caller's
+    /// store), the running attempt's latest figures.
+    pub(super) fn efficiency_of(&self, st: &crate::store::Store, job: &crate::store::Job) -> Option<Efficiency> {
+        let mut uses = st.attempt_uses(job.id).ok()?;
         if let Some(m) = self.efficiency.lock().unwrap().get(&job.id) {
             match uses.iter_mut().find(|u| u.attempt_id == m.use_.attempt_id) {
                 Some(u) => *u = m.use_.clone(),
