@@ -16,8 +16,7 @@ fn efficiency(e: &Engine, id: i64) -> Value {
 fn children_cpu_s(log: &str) -> f64 {
     let line = log
         .lines()
-        .filter(|l| l.split_whitespace().count() == 2 && l.trim_end().ends_with('s') && l.contains('m'))
-        .last()
+        .rfind(|l| l.split_whitespace().count() == 2 && l.trim_end().ends_with('s') && l.contains('m'))
         .unwrap_or_else(|| panic!("no `times` line in {log}"));
     line.split_whitespace()
         .map(|t| {
