@@ -342,7 +342,11 @@ export type MatrixPart = {
 /**
  * Unique per expansion.
  */
-group: string, index: number, count: number, };
+group: string, index: number, count: number, 
+/**
+ * This job's `matrix` values (its params in `gantry show` and `gantry compare`).
+ */
+params?: { [key in string]: string }, };
 export type Mount = { host: string, container: string, read_only: boolean, };
 /**
  * A spec that passed every check, with sizes and durations parsed.
@@ -628,9 +632,203 @@ export type GpuMinute = [number, number, number];
  */
 export type EngineEvent = { "kind": "job", job_id: number, state: JobState, at: number, } | { "kind": "gpus", at: number, gpus: Array<GpuSample>, };
 /**
+ * The values JSON has no number for.
+ */
+export type NonFinite = "NaN" | "Infinity" | "-Infinity";
+/**
+ * What a [`Num`] is in TypeScript (this type exists for `ui/src/types.ts` alone).
+ */
+export type Num = number | NonFinite;
+/**
+ * Which way is better for a metric.
+ */
+export type Goal = "min" | "max";
+/**
+ * Where a metric, param or tag came from.
+ */
+export type MetricSource = "file" | "tensorboard" | "mlflow" | "matrix";
+/**
+ * One logged value.
+ */
+export type MetricPoint = { 
+/**
+ * The step the job gave (`step` in a JSON line, the event's step, MLflow's `step`); without
+ * one, how many points of this series were logged before it (all attempts).
+ */
+step: number, 
+/**
+ * When it was logged (ms since the epoch): the event's own time when the client gives one,
+ * else when the engine read it.
+ */
+at: number, value: Num, 
+/**
+ * The job's attempt that logged it (1 for the first; a preempted or retried job has several).
+ */
+attempt: number, };
+/**
+ * One metric of one job, across its attempts.
+ */
+export type MetricSeries = { name: string, 
+/**
+ * Which way is better ([`Goal::of`] its name).
+ */
+goal: Goal, 
+/**
+ * Where its first point came from.
+ */
+source: MetricSource, 
+/**
+ * The value logged last (latest attempt, then latest logged); NaN when the run ended diverged.
+ */
+last: Num, last_step: number, 
+/**
+ * The best finite value ([`Goal`]); `None` while every value is NaN or infinite.
+ */
+best: Num | null, best_step: number | null, 
+/**
+ * Points logged in all (more than `points` holds once older points were thinned).
+ */
+count: number, 
+/**
+ * In logging order (attempt, then time). Thinned to the lab's bound, keeping the first, the
+ * last, the lowest and the highest; further to the asked `max_points`; empty when 0 were asked.
+ */
+points: Array<MetricPoint>, };
+/**
+ * How reading a job's metrics went: what was dropped and why. Nothing here fails a job.
+ */
+export type IngestReport = { 
+/**
+ * Lines of `GANTRY_METRICS` that were not a JSON object (counted, skipped).
+ */
+garbage_lines: number, 
+/**
+ * TensorBoard records whose length or data CRC did not match, or that did not decode.
+ */
+bad_records: number, 
+/**
+ * Bytes read from metric files and folders, all attempts together.
+ */
+bytes_read: number, 
+/**
+ * Reading stopped at the lab's `[results] max_bytes_per_job`.
+ */
+bytes_limit_reached: boolean, 
+/**
+ * Points of metrics beyond the lab's `[results] max_series_per_job` (names not kept).
+ */
+dropped_points: number, 
+/**
+ * Distinct names not kept for that bound.
+ */
+dropped_names: number, 
+/**
+ * Human-readable notes, one per kind of problem, each saying what and where (`GANTRY_METRICS:
+ * 3 lines are not JSON objects (first: line 7)`, `tensorboard: runs/ is not readable as alice`).
+ */
+notes: Array<string>, };
+/**
+ * `GET /v1/jobs/{id}/results`: what a job logged.
+ */
+export type JobResults = { job_id: number, 
+/**
+ * By name.
+ */
+metrics: Array<MetricSeries>, 
+/**
+ * The `matrix` values that made this job, then what its MLflow client logged (`log_param`).
+ */
+params: { [key in string]: string }, 
+/**
+ * Where each param came from.
+ */
+param_sources: { [key in string]: MetricSource }, 
+/**
+ * MLflow tags (`set_tag`; `mlflow.*` system tags included).
+ */
+tags: { [key in string]: string }, ingest: IngestReport, };
+/**
+ * `?max_points=` of `GET /v1/jobs/{id}/results`: at most this many points per series (first,
+ * last, lowest and highest kept); absent: all stored; 0: summaries only.
+ */
+export type ResultsQuery = { max_points?: number, };
+/**
+ * `GET /v1/compare`: which runs, sorted by what. Give `ids` or `name`.
+ */
+export type CompareQuery = { 
+/**
+ * Job ids, comma-separated (`12,13,15`).
+ */
+ids?: string, 
+/**
+ * A sweep's name (its runs are `name[...]`) or a run's name (every run of that name).
+ */
+name?: string, 
+/**
+ * The metric rows are sorted by (best first); absent: the first metric (by name) all rows have.
+ */
+sort?: string, 
+/**
+ * Lower is better for `sort` (`--min`), whatever its name says ([`Goal::of`]).
+ */
+min?: boolean, };
+/**
+ * A metric column of a comparison.
+ */
+export type CompareMetric = { name: string, goal: Goal, };
+/**
+ * One run in a comparison.
+ */
+export type CompareRow = { job_id: number, name: string, owner: string, state: JobState, started_at: number | null, finished_at: number | null, 
+/**
+ * First start to end (or to now while it runs).
+ */
+duration_ms: number | null, 
+/**
+ * GPUs held × time, all attempts.
+ */
+gpu_hours: number, attempts: number, 
+/**
+ * Another user's run: its params and metrics are not shown to the caller.
+ */
+hidden: boolean, params: { [key in string]: string }, 
+/**
+ * Each metric's last value.
+ */
+last: { [key in string]: Num }, 
+/**
+ * Each metric's best value (absent while it has no finite one).
+ */
+best: { [key in string]: Num }, };
+/**
+ * `GET /v1/compare`: one row per run, best first.
+ */
+export type Comparison = { rows: Array<CompareRow>, 
+/**
+ * Every param name of the shown rows, sorted.
+ */
+params: Array<string>, 
+/**
+ * The params whose values differ between rows (what a sweep varied).
+ */
+differing: Array<string>, 
+/**
+ * Every metric of the shown rows, by name.
+ */
+metrics: Array<CompareMetric>, 
+/**
+ * The metric the rows are sorted by and which way (rows without it last); `None`: by id.
+ */
+sort: CompareMetric | null, };
+/**
  * One completed run for `history`.
  */
-export type HistoryRow = { id: number, name: string, owner: string, image: string, status: JobState, exit_code: number | null, gpus: Array<number>, gpu_uuids: Array<string>, submitted_at: number, started_at: number | null, finished_at: number | null, attempts: number, };
+export type HistoryRow = { id: number, name: string, owner: string, image: string, status: JobState, exit_code: number | null, gpus: Array<number>, gpu_uuids: Array<string>, submitted_at: number, started_at: number | null, finished_at: number | null, attempts: number, 
+/**
+ * The last value of the asked [`HistoryFilter::metric`]; absent when not asked, not logged, or
+ * another user's run.
+ */
+metric?: Num | null, };
 /**
  * `GET /v1/history` and `/v1/history/count`: which finished runs, in what order, which page.
  */
@@ -658,7 +856,12 @@ sort?: string,
 /**
  * Ascending instead of descending.
  */
-asc?: boolean, };
+asc?: boolean, 
+/**
+ * A metric whose last value each row carries (`gantry history --metric M`): the caller's own
+ * runs only (every run for admins).
+ */
+metric?: string, };
 /**
  * A run on the GPU timeline.
  */

@@ -765,6 +765,25 @@ impl Client {
         self.get(&with_query(routes::USAGE_EFFICIENCY, q)?).await
     }
 
+    /// What job `id` logged: its metric series (at most `max_points` points each: `Some(0)` for the
+    /// summaries alone, `None` for every stored point), params and tags. Owner and admins only.
+    pub async fn job_results(
+        &self,
+        id: i64,
+        max_points: Option<u32>,
+    ) -> Result<crate::protocol::JobResults, ClientError> {
+        self.get(&with_query(
+            &fill(routes::RESULTS, id),
+            &crate::protocol::ResultsQuery { max_points },
+        )?)
+        .await
+    }
+
+    /// Runs side by side (by ids or by name), best first by `q.sort`.
+    pub async fn compare(&self, q: &crate::protocol::CompareQuery) -> Result<crate::protocol::Comparison, ClientError> {
+        self.get(&with_query(routes::COMPARE, q)?).await
+    }
+
     /// The caller's notification targets, then the lab's webhooks.
     pub async fn notify_list(&self) -> Result<Vec<crate::protocol::Subscription>, ClientError> {
         self.get(routes::NOTIFY).await

@@ -228,6 +228,31 @@ pub const NOTIFY_PARALLEL: usize = 8;
 /// Delivered, failed and dropped notifications are listed (`gantry notify log`) this long, then forgotten.
 pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// Points kept per metric series (`[results] max_points`); older points are thinned beyond it,
+/// keeping the first, the last, the lowest and the highest: a chart is at most a few thousand
+/// pixels wide, and 200 series of 5,000 points are ~40 MB of database per job at worst.
+pub const RESULTS_MAX_POINTS: u32 = 5_000;
+/// Distinct metric names kept per job (`[results] max_series`): real runs log tens, a few hundred
+/// with per-layer statistics; a job logging a new name per step (a bug, or a hostile one) would
+/// otherwise grow the database and every comparison without bound.
+pub const RESULTS_MAX_SERIES: u32 = 200;
+/// Longest metric, param or tag name kept, in bytes (`[results] max_name_len`): MLflow's own limit
+/// is 250; a longer "name" is data, not a name, and every comparison prints it.
+pub const RESULTS_MAX_NAME_LEN: u32 = 250;
+/// Bytes read from one job's metric files and event files, all attempts (`[results]
+/// max_bytes_per_job`): 1,000 points/s of 60-byte lines for a day is ~5 GB of which a chart needs
+/// nothing more; 1 GiB is a week of a line per step at 30 steps/s, and bounds the engine's CPU spent
+/// on one job's files.
+pub const RESULTS_MAX_BYTES: u64 = 1 << 30;
+/// How often a running job's metric files and event files are read (ms): a chart a few seconds
+/// behind is live enough, and each read is one `read` per file.
+pub const RESULTS_READ_EVERY_MS: u64 = 2_000;
+/// Longest `GANTRY_METRICS` line read (bytes); a longer one is garbage (skipped to its end): a line
+/// of a few hundred metrics is ~10 KiB.
+pub const RESULTS_LINE_MAX: usize = 64 << 10;
+/// Most bytes read from one file per read (a 1 GB file is read over many passes, never held).
+pub const RESULTS_READ_CHUNK: usize = 4 << 20;
+
 // Efficiency advice (issue 30 item 3): `gantry show` and the run page say what a run's owner can
 // change, from what the engine measured. Built-in, not lab settings: they only choose which sentences
 // are printed, never what a job may do.

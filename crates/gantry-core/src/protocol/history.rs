@@ -25,6 +25,9 @@ pub struct HistoryFilter {
     pub sort: Option<String>,
     /// Ascending instead of descending.
     pub asc: Option<bool>,
+    /// A metric whose last value each row carries (`gantry history --metric M`): the caller's own
+    /// runs only (every run for admins).
+    pub metric: Option<String>,
 }
 
 /// A run on the GPU timeline.
@@ -54,6 +57,11 @@ pub struct HistoryRow {
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
     pub attempts: u32,
+    /// The last value of the asked [`HistoryFilter::metric`]; absent when not asked, not logged, or
+    /// another user's run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable, as = "Option<super::results::NumTs>")]
+    pub metric: Option<super::results::Num>,
 }
 
 /// One user's figures in `gantry usage`.

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod history;
 pub mod job;
 pub mod notify;
+pub mod results;
 pub mod routes;
 pub mod status;
 pub mod terminal;
@@ -35,5 +36,9 @@ pub use job::{
 pub use notify::{
     DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget,
     Subscription,
+};
+pub use results::{
+    CompareMetric, CompareQuery, CompareRow, Comparison, Goal, IngestReport, JobResults, MetricPoint, MetricSeries,
+    MetricSource, Num, ResultsQuery,
 };
 pub use status::{Health, InboxInfo, Orphan, StatusInfo, WhoAmI};

@@ -70,6 +70,12 @@ pub const USAGE_EFFICIENCY: &str = "/v1/usage/efficiency";
 
 /// `GET` with [`super::BookingsQuery`]: [`super::Bookings`]; `POST` a [`super::BookRequest`]: the new [`super::BookingView`].
 pub const BOOKINGS: &str = "/v1/bookings";
+/// `GET` with [`super::ResultsQuery`]: [`super::JobResults`], the job's metrics, params and tags (owner
+/// and admins only, like logs).
+pub const RESULTS: &str = "/v1/jobs/{id}/results";
+/// `GET` with [`super::CompareQuery`]: [`super::Comparison`], runs side by side, best first.
+pub const COMPARE: &str = "/v1/compare";
+
 /// `POST`: cancel a booking (its owner or root): the [`super::BookingView`] as it is now.
 pub const BOOKING_CANCEL: &str = "/v1/bookings/{id}/cancel";
 

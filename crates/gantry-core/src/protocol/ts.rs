@@ -113,6 +113,19 @@ pub fn typescript() -> String {
         .decl::<GpuUser>()
         .decl::<GpuStatus>();
     o.decl::<RecentSample>().decl::<GpuMinute>().decl::<EngineEvent>();
+    o.decl::<results::NonFinite>()
+        .decl::<results::NumTs>()
+        .decl::<Goal>()
+        .decl::<MetricSource>()
+        .decl::<MetricPoint>()
+        .decl::<MetricSeries>()
+        .decl::<IngestReport>()
+        .decl::<JobResults>()
+        .decl::<ResultsQuery>()
+        .decl::<CompareQuery>()
+        .decl::<CompareMetric>()
+        .decl::<CompareRow>()
+        .decl::<Comparison>();
     o.decl::<HistoryRow>()
         .decl::<HistoryFilter>()
         .decl::<TimelineRun>()

@@ -48,6 +48,7 @@ pub fn expand(job: &ValidJob) -> Vec<ValidJob> {
                 group: group.clone(),
                 index: index as u32,
                 count,
+                params: c.iter().cloned().collect(),
             });
             j.spec.matrix.clear();
             let subst = |s: &str| {

@@ -367,6 +367,9 @@ pub struct MatrixPart {
     pub group: String,
     pub index: u32,
     pub count: u32,
+    /// This job's `matrix` values (its params in `gantry show` and `gantry compare`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, TS)]

@@ -111,6 +111,7 @@ impl Store {
                     started_at: r.get(9)?,
                     finished_at: r.get(10)?,
                     attempts: r.get(11)?,
+                    metric: None,
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;

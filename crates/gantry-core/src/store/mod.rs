@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_preemption.sql"),
     include_str!("../../migrations/0011_bookings.sql"),
     include_str!("../../migrations/0012_booking_starting.sql"),
+    include_str!("../../migrations/0016_results.sql"),
     include_str!("../../migrations/0017_efficiency.sql"),
 ];
 
@@ -51,10 +52,12 @@ mod history;
 mod model;
 pub mod notify;
 mod queue;
+mod results;
 mod stats;
 pub use bookings::*;
 pub use model::*;
 pub use queue::*;
+pub use results::*;
 pub use stats::*;
 
 pub struct Store {
