@@ -102,6 +102,9 @@ pub struct SeriesSummary {
     pub best: Option<f64>,
 }
 
+/// A run's series summaries (by name) and params, as a comparison shows them.
+pub type RunResults = (Vec<SeriesSummary>, BTreeMap<String, String>);
+
 /// Notes kept per job at most (each kind of problem once).
 const MAX_NOTES: usize = 20;
 
@@ -471,9 +474,9 @@ impl Store {
             .query_map([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?;
         for (k, v, src) in logged {
-            if !params.contains_key(&k) {
-                param_sources.insert(k.clone(), MetricSource::parse(&src).unwrap_or(MetricSource::Mlflow));
-                params.insert(k, v);
+            if let std::collections::btree_map::Entry::Vacant(slot) = params.entry(k.clone()) {
+                slot.insert(v);
+                param_sources.insert(k, MetricSource::parse(&src).unwrap_or(MetricSource::Mlflow));
             }
         }
         let tags: BTreeMap<String, String> = self
@@ -515,11 +518,8 @@ impl Store {
 
     /// Each job's series summaries (by name) and params (matrix first, then logged): what a
     /// comparison shows of each run.
-    pub fn results_summaries(
-        &self,
-        job_ids: &[i64],
-    ) -> Result<HashMap<i64, (Vec<SeriesSummary>, BTreeMap<String, String>)>> {
-        let mut out: HashMap<i64, (Vec<SeriesSummary>, BTreeMap<String, String>)> = HashMap::new();
+    pub fn results_summaries(&self, job_ids: &[i64]) -> Result<HashMap<i64, RunResults>> {
+        let mut out: HashMap<i64, RunResults> = HashMap::new();
         let mut series = self
             .conn
             .prepare_cached("SELECT name, goal, last, best FROM metric_series WHERE job_id = ?1 ORDER BY name")?;

@@ -19,9 +19,11 @@ fn parse_ids(text: &str) -> Result<Vec<i64>, EngineError> {
                     ids.push(id)
                 }
             }
-            _ => return Err(EngineError::BadQuery(format!(
+            _ => {
+                return Err(EngineError::BadQuery(format!(
                 "{part:?} is not a job id: give ids (`gantry compare 12 13 15`) or one name (`gantry compare sweep`)"
-            ))),
+            )))
+            }
         }
     }
     Ok(ids)

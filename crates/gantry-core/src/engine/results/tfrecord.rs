@@ -67,9 +67,7 @@ pub fn parse(buf: &[u8]) -> Parsed {
         }
         let data = &buf[pos + 12..end - 4];
         let crc = u32::from_le_bytes(buf[end - 4..end].try_into().unwrap());
-        if masked_crc(data) != crc {
-            p.bad += 1;
-        } else if event(data, &mut p.points).is_none() {
+        if masked_crc(data) != crc || event(data, &mut p.points).is_none() {
             p.bad += 1;
         }
         pos = end;
