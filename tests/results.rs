@@ -151,3 +151,37 @@ fn results_survive_an_engine_restart_without_a_point_lost_or_repeated() {
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
     assert!(show.contains("0.5 @ step 1") && show.contains("[2 points]"), "{show}");
 }
+
+/// The venv `scripts/results-venv.sh` makes (made here when missing).
+fn results_venv() -> String {
+    let venv =
+        std::env::var("GANTRY_TEST_RESULTS_VENV").unwrap_or_else(|_| "/var/cache/gantry-test/results-venv".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/results-venv.sh");
+    let out = std::process::Command::new(script)
+        .output()
+        .expect("run scripts/results-venv.sh");
+    assert!(out.status.success(), "scripts/results-venv.sh: {}", self::out(&out));
+    venv
+}
+
+#[test]
+fn a_real_summary_writer_in_an_image_less_job_is_read_from_its_tensorboard_folder() {
+    let venv = results_venv();
+    let e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let dir = alice.private_dir("results-tb");
+    let d = dir.display();
+    let spec = format!(
+        "name: tb\nimage: host\ngpus: 0\nworkdir: {d}\nmounts: ['{d}:{d}', '{venv}:{venv}:ro']\ntensorboard: runs\ncommand: >-\n  {venv}/bin/python -c \"from tensorboardX import SummaryWriter; w = SummaryWriter('runs/exp1'); [w.add_scalar('train/loss', 1.0 / (i + 1), i) for i in range(50)]; w.add_scalar('val/acc', 0.75, 49); w.add_scalar('diverged', float('nan'), 49); w.close()\"\n"
+    );
+    let id = submit_as(&e, &alice, &dir, "tb.yaml", &spec)[0];
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
+    assert!(
+        show.contains("train/loss") && show.contains("0.02 @ step 49") && show.contains("[50 points]"),
+        "{show}"
+    );
+    assert!(show.contains("val/acc") && show.contains("0.75 @ step 49"), "{show}");
+    assert!(show.contains("NaN @ step 49"), "{show}");
+    assert!(!show.contains("garbage") && !show.contains("bad event"), "{show}");
+}
