@@ -899,7 +899,8 @@ export type NotifyJob = { id: number, name: string, owner: string, state: string
  */
 message?: string | null, };
 /**
- * A webhook's JSON body (schema `gantry.notification/1`, see the README's "Notifications").
+ * A webhook's JSON body (schema `gantry.notification/1`, see the guide's "Notifications",
+ * docs/book/src/notifications.md).
  * `text` is what Slack and Mattermost incoming webhooks show.
  */
 export type NotifyPayload = { schema: string, id: string, event: NotifyEvent, 
