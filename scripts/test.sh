@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # (19 MB download): its promtool checks the engine's /metrics (tests/metrics.rs); no service is started.
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
   openssh-server openssh-client dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver \
-  prometheus
+  prometheus python3-venv
 STARTED_DOCKERD=0
 # GPU DeviceRequests without a GPU (tests/nvml.rs): dockerd registers its "nvidia" device driver only if
 # a (fake) nvidia-container-runtime-hook is on its PATH when it starts, so install it first. A dockerd
@@ -17,6 +17,8 @@ tests/fake-nvml/install-hook.sh
 # A real single-node Slurm (munged, slurmctld, slurmd; 4 fake GPUs) for tests/slurm.rs: installs
 # slurm-wlm and munge if missing, idempotent. scripts/slurm-down.sh stops it.
 scripts/slurm-up.sh
+# tensorboardX in a venv (cached) for the results tests' real TensorBoard client.
+scripts/results-venv.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
 

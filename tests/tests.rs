@@ -23,6 +23,7 @@ mod nvml;
 mod policy;
 mod preemption;
 mod remote;
+mod results;
 mod run_and_hold;
 mod security_api;
 mod security_inbox;

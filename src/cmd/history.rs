@@ -13,6 +13,7 @@ pub async fn history(
     status: Option<&str>,
     since: Option<&str>,
     limit: u32,
+    metric: Option<String>,
 ) -> Result<()> {
     let status = match status {
         Some(s) => Some(
@@ -29,13 +30,14 @@ pub async fn history(
             status,
             since,
             limit: Some(limit),
+            metric: metric.clone(),
             ..HistoryFilter::default()
         })
         .await?;
     if ctx.json {
         print_json(&rows)
     } else {
-        print_history(&rows);
+        print_history(&rows, metric.as_deref());
         Ok(())
     }
 }

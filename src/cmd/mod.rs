@@ -9,6 +9,7 @@ mod history;
 mod inbox;
 mod jobs;
 mod notify;
+mod results;
 mod session;
 mod sim;
 mod status;
@@ -82,7 +83,19 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             status,
             since,
             limit,
-        } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
+            metric,
+        } => {
+            history::history(
+                &ctx,
+                user.clone(),
+                status.as_deref(),
+                since.as_deref(),
+                *limit,
+                metric.clone(),
+            )
+            .await?
+        }
+        Cmd::Compare { runs, sort, min, csv } => results::compare(&ctx, runs, sort.clone(), *min, *csv).await?,
         Cmd::Usage { since, csv, efficiency } => history::usage(&ctx, since, *csv, *efficiency).await?,
         Cmd::Notify { action } => notify::notify(&ctx, action).await?,
         Cmd::Book {

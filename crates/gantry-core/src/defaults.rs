@@ -252,6 +252,9 @@ pub const RESULTS_READ_EVERY_MS: u64 = 2_000;
 pub const RESULTS_LINE_MAX: usize = 64 << 10;
 /// Most bytes read from one file per read (a 1 GB file is read over many passes, never held).
 pub const RESULTS_READ_CHUNK: usize = 4 << 20;
+/// Most runs one `gantry compare` shows: a large sweep is a few hundred; a table of more is read
+/// by a script (`--json`), which can ask again by ids.
+pub const COMPARE_MAX_RUNS: usize = 2_000;
 
 // Efficiency advice (issue 30 item 3): `gantry show` and the run page say what a run's owner can
 // change, from what the engine measured. Built-in, not lab settings: they only choose which sentences

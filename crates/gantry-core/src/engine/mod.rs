@@ -30,6 +30,7 @@ mod ops;
 mod pass;
 pub mod ports;
 mod reconcile;
+pub(crate) mod results;
 mod sampler;
 pub mod session;
 pub mod submit;
@@ -75,6 +76,9 @@ pub enum EngineError {
     Io(#[from] std::io::Error),
     #[error("no job {0}")]
     NoSuchJob(i64),
+    /// A query that cannot be answered as asked (`gantry compare` of nothing): what and how to fix.
+    #[error("{0}")]
+    BadQuery(String),
     #[error("job {job} belongs to {owner}; only its owner or root may change it")]
     NotOwner { job: i64, owner: String },
     #[error("another Gantry engine already uses {0}")]

@@ -102,6 +102,9 @@ pub struct SeriesSummary {
     pub best: Option<f64>,
 }
 
+/// A run's series summaries (by name) and params, as a comparison shows them.
+pub type RunResults = (Vec<SeriesSummary>, BTreeMap<String, String>);
+
 /// Notes kept per job at most (each kind of problem once).
 const MAX_NOTES: usize = 20;
 
@@ -471,9 +474,9 @@ impl Store {
             .query_map([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?;
         for (k, v, src) in logged {
-            if !params.contains_key(&k) {
-                param_sources.insert(k.clone(), MetricSource::parse(&src).unwrap_or(MetricSource::Mlflow));
-                params.insert(k, v);
+            if let std::collections::btree_map::Entry::Vacant(slot) = params.entry(k.clone()) {
+                slot.insert(v);
+                param_sources.insert(k, MetricSource::parse(&src).unwrap_or(MetricSource::Mlflow));
             }
         }
         let tags: BTreeMap<String, String> = self
@@ -515,11 +518,8 @@ impl Store {
 
     /// Each job's series summaries (by name) and params (matrix first, then logged): what a
     /// comparison shows of each run.
-    pub fn results_summaries(
-        &self,
-        job_ids: &[i64],
-    ) -> Result<HashMap<i64, (Vec<SeriesSummary>, BTreeMap<String, String>)>> {
-        let mut out: HashMap<i64, (Vec<SeriesSummary>, BTreeMap<String, String>)> = HashMap::new();
+    pub fn results_summaries(&self, job_ids: &[i64]) -> Result<HashMap<i64, RunResults>> {
+        let mut out: HashMap<i64, RunResults> = HashMap::new();
         let mut series = self
             .conn
             .prepare_cached("SELECT name, goal, last, best FROM metric_series WHERE job_id = ?1 ORDER BY name")?;
@@ -572,6 +572,66 @@ impl Store {
             {
                 out.insert(id, v.unwrap_or(f64::NAN));
             }
+        }
+        Ok(out)
+    }
+}
+
+/// A run's row in a comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompareRun {
+    pub id: i64,
+    pub name: String,
+    pub owner: String,
+    pub owner_uid: u32,
+    pub state: crate::protocol::JobState,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub attempts: u32,
+    /// GPUs held × milliseconds, all attempts (an open one up to `now`).
+    pub gpu_ms: i64,
+}
+
+impl Store {
+    /// Ids of the runs named `name` or of its sweep (`name[...]`), oldest first, at most `limit`.
+    pub fn job_ids_named(&self, name: &str, limit: usize) -> Result<Vec<i64>> {
+        let ids = self
+            .conn
+            .prepare_cached(
+                "SELECT id FROM jobs WHERE name = ?1 OR (name >= ?1 || '[' AND name < ?1 || '\\') ORDER BY id LIMIT ?2",
+            )?
+            .query_map(params![name, limit as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
+    }
+
+    /// The rows of `ids` (in that order; unknown ids left out) with their GPU time.
+    pub fn compare_runs(&self, ids: &[i64], now: i64) -> Result<Vec<CompareRun>> {
+        let mut q = self.conn.prepare_cached(
+            "SELECT j.id, j.name, j.owner, j.owner_uid, j.state, j.started_at, j.finished_at, j.attempts, \
+             (SELECT COALESCE(SUM(json_array_length(a.gpus) * MAX(COALESCE(a.ended_at, ?2) - a.started_at, 0)), 0) \
+              FROM attempts a WHERE a.job_id = j.id) \
+             FROM jobs j WHERE j.id = ?1",
+        )?;
+        let mut out = vec![];
+        for &id in ids {
+            let row = q
+                .query_row(params![id, now], |r| {
+                    Ok(CompareRun {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        owner: r.get(2)?,
+                        owner_uid: r.get(3)?,
+                        state: crate::protocol::JobState::parse(&r.get::<_, String>(4)?)
+                            .unwrap_or(crate::protocol::JobState::Failed),
+                        started_at: r.get(5)?,
+                        finished_at: r.get(6)?,
+                        attempts: r.get(7)?,
+                        gpu_ms: r.get(8)?,
+                    })
+                })
+                .optional()?;
+            out.extend(row);
         }
         Ok(out)
     }
