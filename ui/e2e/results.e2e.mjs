@@ -80,8 +80,9 @@ test("a sweep's metric curves on the run page, compared from History, ranked by 
   await d.executeScript(`location.hash = "#/run/${done[0]}"`);
   const chart = await waitFor("run-metric-loss");
   assert.equal(await chart.getAttribute("data-points"), "20");
-  assert.match(await (await waitFor("run-params")).getText(), /lr\s+0\.3/);
-  assert.match(await (await waitFor("run-efficiency")).getText(), /GPU memory\s+peak 4\.0 GiB/);
+  assert.match(await (await waitFor("run-params")).getText(), /lr\s*0\.3/);
+  assert.match(await (await waitFor("run-efficiency")).getText(), /GPU memory\s*peak 4\.0 GiB/);
+  await d.executeScript(`document.querySelector('[data-testid="run-efficiency"]').scrollIntoView()`);
   await shot("results-1-run-metric-chart");
 
   // History: tick the three runs, Compare.
