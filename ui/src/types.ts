@@ -1072,6 +1072,10 @@ slot_ms: number,
  */
 max_ahead_ms: number, 
 /**
+ * The longest a booking may be (ms; 0 from an engine older than this field).
+ */
+max_length_ms: number, 
+/**
  * GPU-hours one user may have booked in a week (Monday 00:00 UTC to the next, by start);
  * `None`: no limit.
  */
