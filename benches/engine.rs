@@ -336,6 +336,7 @@ async fn dispatch(n: usize) -> (f64, f64) {
             container: Default::default(),
             preemptible: false,
             restart_count: 0,
+            results_env: vec![],
             command: None,
             image: None,
         };

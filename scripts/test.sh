@@ -18,6 +18,8 @@ tests/fake-nvml/install-hook.sh
 # A real single-node Slurm (munged, slurmctld, slurmd; 4 fake GPUs) for tests/slurm.rs: installs
 # slurm-wlm and munge if missing, idempotent. scripts/slurm-down.sh stops it.
 scripts/slurm-up.sh
+# tensorboardX in a venv (cached) for the results tests' real TensorBoard client.
+scripts/results-venv.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
 

@@ -107,6 +107,26 @@ pub enum Cmd {
         since: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Add a column: each run's last value of this metric (your runs; everyone's for admins).
+        #[arg(long)]
+        metric: Option<String>,
+    },
+    /// Runs side by side: params, each metric's last value, state, duration, GPU-hours; best first.
+    /// `gantry compare 12 13 15`, `gantry compare sweep --sort val/loss`.
+    Compare {
+        /// Job ids, or one name: a sweep's runs (`name[...]`) or every run of that name.
+        #[arg(required = true)]
+        runs: Vec<String>,
+        /// The metric rows are sorted by, best first (default: the first metric every run logged).
+        #[arg(long)]
+        sort: Option<String>,
+        /// Lower is better for --sort, whatever its name says (names like loss, error, perplexity
+        /// already are).
+        #[arg(long)]
+        min: bool,
+        /// One row per run as CSV (every param, each metric's last value).
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
     },
     /// Print the JSON Schema of the job spec (for editors).
     Schema,
@@ -123,6 +143,10 @@ pub enum Cmd {
         /// Print GPU-hours per user per day (`day,user,gpu_hours`, UTC days) as CSV, for spreadsheets.
         #[arg(long, conflicts_with = "json")]
         csv: bool,
+        /// How well the GPUs and CPUs held were used: per user GPU-hours held vs used (weighted by
+        /// utilization) and mean CPU efficiency, and the machine's held vs used per day.
+        #[arg(long, conflicts_with = "csv")]
+        efficiency: bool,
     },
     /// Book GPUs for a time: `gantry book --gpus 2 --at "tomorrow 14:00" --for 4h --note demo`;
     /// `gantry book cancel ID`. See `gantry bookings`.

@@ -8,6 +8,7 @@
 mod cli;
 mod cmd;
 mod print;
+mod print_efficiency;
 mod term;
 
 use clap::Parser;

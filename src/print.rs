@@ -153,7 +153,7 @@ pub fn print_queue(q: &[QueueEntryView]) {
     }
 }
 
-fn trunc(s: &str, n: usize) -> String {
+pub fn trunc(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -193,6 +193,9 @@ pub fn print_detail(d: &JobDetailView) {
             a.reason.map(|r| r.as_str()).unwrap_or("running"),
             a.exit_code.map(|c| format!("(code {c})")).unwrap_or_default()
         );
+    }
+    if let Some(e) = &d.efficiency {
+        crate::print_efficiency::print_efficiency(e);
     }
     outln!("events:");
     for e in &d.events {
@@ -465,14 +468,22 @@ fn gpu_user_line(u: &GpuUser) -> String {
     line
 }
 
-pub fn print_history(rows: &[HistoryRow]) {
+pub fn print_history(rows: &[HistoryRow], metric: Option<&str>) {
     if rows.is_empty() {
         outln!("no completed runs match");
         return;
     }
     // ON GPU: the GPUs it ran on, by index (`gantry ls` shows the request under ASKS).
+    // `--metric M`: its last value, after the other columns.
+    let extra = |v: String| {
+        if metric.is_some() {
+            format!("  {v}")
+        } else {
+            String::new()
+        }
+    };
     outln!(
-        "{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}",
+        "{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}{}",
         "ID",
         "STATUS",
         "OWNER",
@@ -480,7 +491,8 @@ pub fn print_history(rows: &[HistoryRow]) {
         "CODE",
         "ON GPU",
         "FINISHED",
-        "DURATION"
+        "DURATION",
+        extra(metric.map(esc).unwrap_or_default().to_uppercase())
     );
     for r in rows {
         let dur = match (r.started_at, r.finished_at) {
@@ -488,7 +500,7 @@ pub fn print_history(rows: &[HistoryRow]) {
             _ => "-".into(),
         };
         outln!(
-            "{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}",
+            "{:>5}  {:<10} {:<10} {:<24} {:<5} {:<8} {:<20} {:>9}{}",
             r.id,
             r.status.as_str(),
             esc(&r.owner),
@@ -500,7 +512,8 @@ pub fn print_history(rows: &[HistoryRow]) {
                 r.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")
             },
             time(r.finished_at),
-            dur
+            dur,
+            extra(r.metric.map(|m| m.to_string()).unwrap_or_else(|| "-".into()))
         );
     }
 }

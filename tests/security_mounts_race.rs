@@ -58,6 +58,7 @@ async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, m
         container: Default::default(),
         preemptible: false,
         restart_count: 0,
+        results_env: vec![],
         command: None,
         image: None,
     };

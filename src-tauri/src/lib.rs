@@ -121,6 +121,34 @@ async fn gpu_minutes(s: State<'_, AppState>, index: u32, from: i64, to: i64) -> 
 async fn usage(s: State<'_, AppState>, since_ms: i64) -> R<UsageReport> {
     s.client().usage(since_ms).await.map_err(e)
 }
+/// The Usage view's efficiency: per user GPU-hours held vs used and CPU efficiency, per local day.
+#[tauri::command]
+async fn usage_efficiency(
+    s: State<'_, AppState>,
+    since_ms: i64,
+    tz_offset_min: i32,
+) -> R<gantry_core::protocol::EfficiencyReport> {
+    s.client()
+        .usage_efficiency(&gantry_core::protocol::EfficiencyQuery {
+            since_ms,
+            tz_offset_min,
+        })
+        .await
+        .map_err(e)
+}
+/// What a job logged: metric series (at most `max_points` points each), params and tags.
+#[tauri::command]
+async fn job_results(s: State<'_, AppState>, id: i64, max_points: Option<u32>) -> R<gantry_core::protocol::JobResults> {
+    s.client().job_results(id, max_points).await.map_err(e)
+}
+/// Runs side by side, best first (History's Compare, a sweep's view).
+#[tauri::command]
+async fn compare(
+    s: State<'_, AppState>,
+    query: gantry_core::protocol::CompareQuery,
+) -> R<gantry_core::protocol::Comparison> {
+    s.client().compare(&query).await.map_err(e)
+}
 /// The Usage view's charts: GPU-hours per user per bucket, utilization by local day and hour.
 #[tauri::command]
 async fn usage_charts(
@@ -582,6 +610,9 @@ pub fn run() {
             timeline,
             usage,
             usage_charts,
+            usage_efficiency,
+            job_results,
+            compare,
             logs,
             follow_logs,
             watch_gpus,

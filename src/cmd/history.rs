@@ -13,6 +13,7 @@ pub async fn history(
     status: Option<&str>,
     since: Option<&str>,
     limit: u32,
+    metric: Option<String>,
 ) -> Result<()> {
     let status = match status {
         Some(s) => Some(
@@ -29,18 +30,31 @@ pub async fn history(
             status,
             since,
             limit: Some(limit),
+            metric: metric.clone(),
             ..HistoryFilter::default()
         })
         .await?;
     if ctx.json {
         print_json(&rows)
     } else {
-        print_history(&rows);
+        print_history(&rows, metric.as_deref());
         Ok(())
     }
 }
 
-pub async fn usage(ctx: &Ctx, since: &str, csv: bool) -> Result<()> {
+pub async fn usage(ctx: &Ctx, since: &str, csv: bool, efficiency: bool) -> Result<()> {
+    if efficiency {
+        let q = gantry_core::protocol::EfficiencyQuery {
+            since_ms: parse_since(since)?,
+            tz_offset_min: 0,
+        };
+        let r = ctx.client.usage_efficiency(&q).await?;
+        if ctx.json {
+            return print_json(&r);
+        }
+        crate::print_efficiency::print_usage_efficiency(&r);
+        return Ok(());
+    }
     if csv {
         let q = gantry_core::protocol::UsageChartsQuery {
             since_ms: parse_since(since)?,

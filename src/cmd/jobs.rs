@@ -41,6 +41,12 @@ pub async fn show(ctx: &Ctx, id: i64) -> Result<()> {
         print_json(&d)
     } else {
         print_detail(&d);
+        // Its metrics and params, for whoever may see them (owner and admins, like its output).
+        if !d.job.spec_hidden {
+            if let Ok(r) = ctx.client.job_results(id, Some(0)).await {
+                super::results::print_results(&r);
+            }
+        }
         Ok(())
     }
 }

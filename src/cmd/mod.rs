@@ -11,6 +11,7 @@ mod jobs;
 mod mcp;
 mod notify;
 mod reference;
+mod results;
 mod session;
 mod sim;
 mod status;
@@ -95,8 +96,20 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             status,
             since,
             limit,
-        } => history::history(&ctx, user.clone(), status.as_deref(), since.as_deref(), *limit).await?,
-        Cmd::Usage { since, csv } => history::usage(&ctx, since, *csv).await?,
+            metric,
+        } => {
+            history::history(
+                &ctx,
+                user.clone(),
+                status.as_deref(),
+                since.as_deref(),
+                *limit,
+                metric.clone(),
+            )
+            .await?
+        }
+        Cmd::Compare { runs, sort, min, csv } => results::compare(&ctx, runs, sort.clone(), *min, *csv).await?,
+        Cmd::Usage { since, csv, efficiency } => history::usage(&ctx, since, *csv, *efficiency).await?,
         Cmd::Notify { action } => notify::notify(&ctx, action).await?,
         Cmd::Book {
             action: Some(crate::cli::BookAction::Cancel { id }),

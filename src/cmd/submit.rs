@@ -281,6 +281,7 @@ impl RunArgs {
             workdir,
             env,
             mounts,
+            tensorboard: None,
             gpus: self.gpus,
             gpu_memory: self.mem.clone(),
             gpu_type: self.gpu_type.clone(),

@@ -9,6 +9,7 @@ import { open } from "@tauri-apps/plugin-dialog";
 import type {
   EngineInfo, EngineEvent, GpuMinute, GpuStatus, HistoryQuery, HistoryRow, JobChanged, JobDetail, JobState, Preview, QueueEntry, RecentSample, Status,
   SubmitResult, TimelineRun, UsageCharts, UsageReport, WhoAmI, GpuSample, Machines, ConnectionEvent, SessionAsk, Bookings, BookRequest, BookingView,
+  EfficiencyReport, JobResults, CompareQuery, Comparison,
 } from "./types";
 
 export type Unsubscribe = () => void;
@@ -31,6 +32,12 @@ export interface Backend {
   usage(sinceMs: number): Promise<UsageReport>;
   /** GPU-hours per user per `bucketMs`, and utilization by local day and hour (`tzOffsetMin` east of UTC). */
   usageCharts(sinceMs: number, bucketMs: number, tzOffsetMin: number): Promise<UsageCharts>;
+  /** Per user GPU-hours held vs used and CPU efficiency, and the machine's per local day. */
+  usageEfficiency(sinceMs: number, tzOffsetMin: number): Promise<EfficiencyReport>;
+  /** What a job logged (at most `maxPoints` points per metric; null: all stored). */
+  jobResults(id: number, maxPoints: number | null): Promise<JobResults>;
+  /** Runs side by side, best first. */
+  compare(q: CompareQuery): Promise<Comparison>;
   logs(id: number): Promise<string>;
   followLogs(id: number, onChunk: (text: string) => void): Unsubscribe;
   watchGpus(onSample: (at: number, gpus: GpuSample[]) => void): Unsubscribe;
@@ -82,6 +89,9 @@ export const tauriBackend: Backend = {
   timeline: (from, to) => invoke("timeline", { from, to }),
   usage: (sinceMs) => invoke("usage", { sinceMs }),
   usageCharts: (sinceMs, bucketMs, tzOffsetMin) => invoke("usage_charts", { sinceMs, bucketMs, tzOffsetMin }),
+  usageEfficiency: (sinceMs, tzOffsetMin) => invoke("usage_efficiency", { sinceMs, tzOffsetMin }),
+  jobResults: (id, maxPoints) => invoke("job_results", { id, maxPoints }),
+  compare: (query) => invoke("compare", { query }),
   logs: (id) => invoke("logs", { id }),
   followLogs(id, onChunk) {
     let live = true;

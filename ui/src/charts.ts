@@ -99,3 +99,26 @@ export function heatMap(el: HTMLElement, width: number, height: number, g: Heat,
   const u = new uPlot(opts, [[0, 24], [null, null]] as uPlot.AlignedData, el);
   return { setData: () => u.redraw(), destroy: () => u.destroy() };
 }
+
+/** Curves (or points) on a free y axis: a metric against step, runs overlaid, a param against a
+ * metric. `points`: dots only (a scatter); `xLabels`: category names for x (its values are indexes). */
+export function xyChart(el: HTMLElement, width: number, height: number, labels: string[], opts: { points?: boolean; xLabels?: string[] | null } = {}): Chart {
+  const style = getComputedStyle(document.documentElement);
+  const fg = style.getPropertyValue("--fg-muted").trim() || "#888";
+  const axis = { stroke: fg, grid: { stroke: "rgba(128,128,128,0.15)" } };
+  const cats = opts.xLabels;
+  const o: uPlot.Options = {
+    width, height,
+    scales: { x: { time: false, ...(cats ? { range: (): uPlot.Range.MinMax => [-0.5, cats.length - 0.5] } : {}) } },
+    legend: { show: labels.length > 1, live: false },
+    cursor: { show: false },
+    axes: [cats ? { ...axis, incrs: [1], values: (_u: uPlot, v: number[]) => v.map((x) => cats[x] ?? "") } : axis, { ...axis, size: 64 }],
+    series: [{}, ...labels.map((label, i) => ({
+      label, stroke: PALETTE[i % PALETTE.length], width: opts.points ? 0 : 1.5, spanGaps: !opts.points,
+      points: { show: !!opts.points, size: 8, fill: PALETTE[i % PALETTE.length] },
+      ...(opts.points ? { paths: () => null } : {}),
+    }))],
+  };
+  const u = new uPlot(o, [[], ...labels.map(() => [])] as uPlot.AlignedData, el);
+  return { setData: (d) => u.setData(d as uPlot.AlignedData), destroy: () => u.destroy() };
+}

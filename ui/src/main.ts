@@ -1,4 +1,5 @@
-// App shell: tabs, routing (#/gpus, #/queue, #/history, #/usage, #/submit, #/bookings, #/run/ID), drop handling, shortcuts.
+// App shell: tabs, routing (#/gpus, #/queue, #/history, #/usage, #/submit, #/bookings, #/run/ID,
+// #/compare/ids/1,2,3 and #/compare/name/NAME), drop handling, shortcuts.
 import "./locale-fix";
 import "./styles.css";
 import { tauriBackend, type Backend } from "./backend";
@@ -8,6 +9,7 @@ import { gpusView } from "./views/gpus";
 import { historyView } from "./views/history";
 import { queueView } from "./views/queue";
 import { runView } from "./views/run";
+import { compareView } from "./views/compare";
 import { submitView } from "./views/submit";
 import { usageView } from "./views/usage";
 import { bookingsView } from "./views/bookings";
@@ -15,9 +17,11 @@ import { connectionBanner, machineSwitcher } from "./machines";
 
 export const TABS = [["gpus", "GPUs"], ["queue", "Queue"], ["history", "History"], ["usage", "Usage"], ["submit", "Submit"], ["bookings", "Bookings"]] as const;
 
-export function route(hash: string): { tab: string; id?: number } {
+export function route(hash: string): { tab: string; id?: number; arg?: string } {
   const m = hash.match(/^#\/run\/(\d+)/);
   if (m) return { tab: "run", id: Number(m[1]) };
+  const c = hash.match(/^#\/compare\/((?:ids|name)\/.+)$/);
+  if (c) return { tab: "compare", arg: c[1] };
   const t = hash.replace(/^#\//, "");
   return { tab: TABS.some(([k]) => k === t) ? t : "gpus" };
 }
@@ -67,6 +71,7 @@ export async function mount(root: HTMLElement, backend: Backend) {
       : r.tab === "history" ? historyView(backend, go)
       : r.tab === "usage" ? usageView(backend, me.name)
       : r.tab === "run" ? runView(backend, r.id!, go)
+      : r.tab === "compare" ? compareView(backend, r.arg!, go)
       : r.tab === "bookings" ? bookingsView(backend)
       : submit;
     main.replaceChildren(current.el);

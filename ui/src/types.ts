@@ -209,6 +209,12 @@ env?: { [key in string]: string },
  */
 mounts?: Array<string>, 
 /**
+ * TensorBoard log folder: the scalars of the event files in it (and in its subfolders) become
+ * the job's metrics (`gantry show`, `gantry compare`), read while it runs and at its end.
+ * Relative to `workdir`, or an absolute path inside the container under one of the job's mounts.
+ */
+tensorboard?: string | null, 
+/**
  * Number of GPUs (0 allowed). Default 1.
  */
 gpus: number, 
@@ -421,6 +427,61 @@ checks: Array<string>, };
 /** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */
 export type SubmitResult = { Ok : Array<number> } | { Err : string };
 /**
+ * One run's use of what it held, over its attempts (`efficiency` in `GET /v1/jobs/{id}`). A figure
+ * is absent when it could not be measured (a run shorter than one sample, the Slurm backend, a
+ * CPU-only job's GPU figures).
+ */
+export type Efficiency = { 
+/**
+ * CPU time ÷ (CPUs held × time measured), 0..1.
+ */
+cpu?: number | null, 
+/**
+ * CPUs held (its limit).
+ */
+cpus_held: number, 
+/**
+ * CPUs it used on average (CPU time ÷ time measured).
+ */
+cpus_used?: number | null, 
+/**
+ * The most RAM it held (bytes, its cgroup's peak).
+ */
+ram_peak?: number | null, 
+/**
+ * RAM it was limited to (bytes).
+ */
+ram_held?: number | null, 
+/**
+ * Mean utilization of its GPUs while it ran, 0..1.
+ */
+gpu_util?: number | null, 
+/**
+ * One of its GPUs ran another job at the same time in some samples: `gpu_util` is the GPU's,
+ * not this run's alone.
+ */
+gpu_shared: boolean, 
+/**
+ * The most GPU memory its processes held on one GPU (bytes).
+ */
+gpu_memory_peak?: number | null, 
+/**
+ * `gpu_memory_peak` is a simulated GPU's figure: the memory the job declared (or the card's).
+ */
+gpu_memory_simulated: boolean, 
+/**
+ * One GPU's memory (bytes), for "it fits on part of a card".
+ */
+gpu_memory_total?: number | null, 
+/**
+ * How long it was measured (ms, all attempts).
+ */
+measured_ms: number, 
+/**
+ * What its owner can do about it, one sentence each (empty: nothing to say).
+ */
+advice: Array<string>, };
+/**
  * A job as one caller sees it. The row is public; `job` (the validated spec: command, env, mounts,
  * workdir) and `message` (free text that can quote the spec, e.g. Docker's errors about a mount)
  * are `None` with `spec_hidden: true` unless the caller may see the owner's private parts (the
@@ -509,7 +570,11 @@ export type JobEvent = { job_id: number, at: number, from: string | null, to: st
 /**
  * `GET /v1/jobs/{id}`. When `job.spec_hidden`, attempt and event messages are `None` too.
  */
-export type JobDetail = { job: Job, attempts: Array<Attempt>, events: Array<JobEvent>, reason: string | null, };
+export type JobDetail = { job: Job, attempts: Array<Attempt>, events: Array<JobEvent>, reason: string | null, 
+/**
+ * How well it used what it held (owner and admins only, like its log; absent before it ran).
+ */
+efficiency?: Efficiency | null, };
 /**
  * The app's `job-changed` event: [`EngineEvent::Job`] without its tag.
  */
@@ -905,6 +970,38 @@ hour: number, utilization: number, };
  * `GET /v1/usage/charts`.
  */
 export type UsageCharts = { since_ms: number, until_ms: number, bucket_ms: number, buckets: Array<UsageBucket>, heat: Array<UtilCell>, };
+/**
+ * One user's held vs used in `gantry usage --efficiency`.
+ */
+export type UserEfficiency = { user: string, 
+/**
+ * GPU count × run time of attempts, clipped to the window.
+ */
+gpu_hours_held: number, 
+/**
+ * The same, weighted by each attempt's mean GPU utilization.
+ */
+gpu_hours_used: number, 
+/**
+ * Held GPU-hours of attempts without a GPU measure (the Slurm backend, a run under a second).
+ */
+gpu_hours_unmeasured: number, 
+/**
+ * Mean CPU efficiency of their attempts, weighted by CPUs × time (0..1).
+ */
+cpu?: number | null, runs: number, };
+/**
+ * The machine's held vs used GPU-hours in one local day.
+ */
+export type DayEfficiency = { 
+/**
+ * The local day's start (ms since the epoch).
+ */
+start: number, gpu_hours_held: number, gpu_hours_used: number, };
+/**
+ * `GET /v1/usage/efficiency`: over [since_ms, until_ms).
+ */
+export type EfficiencyReport = { since_ms: number, until_ms: number, users: Array<UserEfficiency>, days: Array<DayEfficiency>, };
 /**
  * Where a notification goes.
  */

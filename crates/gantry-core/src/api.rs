@@ -24,9 +24,9 @@ use crate::inbox::user_name;
 use crate::inbox::users::Registry;
 use crate::notify::{Notifier, NotifyError};
 use crate::protocol::routes::{
-    ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT, HOLD,
-    INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PREVIEW, PRIORITY, QUEUE_PAGE,
-    RELEASE, RERUN, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
+    ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, COMPARE, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT,
+    HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PREVIEW, PRIORITY, QUEUE_PAGE,
+    RELEASE, RERUN, RESULTS, STATUS, TIMELINE, USAGE, USAGE_CHARTS, USAGE_EFFICIENCY, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
     ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState,
@@ -159,6 +159,8 @@ impl JobDetailView {
                 })
                 .collect(),
             reason: d.reason,
+            // Owner and admins only, like its log.
+            efficiency: d.efficiency.filter(|_| shown),
         }
     }
 }
@@ -196,6 +198,7 @@ impl From<EngineError> for Failure {
         let status = match &e {
             EngineError::Spec(_) => StatusCode::UNPROCESSABLE_ENTITY,
             EngineError::NoSuchJob(_) => StatusCode::NOT_FOUND,
+            EngineError::BadQuery(_) => StatusCode::BAD_REQUEST,
             EngineError::NotOwner { .. } => StatusCode::FORBIDDEN,
             EngineError::NoSuchBooking(_) => StatusCode::NOT_FOUND,
             EngineError::NotBookingOwner { .. } => StatusCode::FORBIDDEN,
@@ -231,6 +234,8 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .route(HOLD, post(hold))
         .route(RELEASE, post(release))
         .route(LOGS, get(logs))
+        .route(RESULTS, get(results))
+        .route(COMPARE, get(compare))
         .route(ATTACH, get(attach))
         .route(OPEN, post(open_port))
         .route(GPUS, get(gpus))
@@ -247,6 +252,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .route(EVENTS, get(events))
         .route(USAGE, get(usage))
         .route(USAGE_CHARTS, get(usage_charts))
+        .route(USAGE_EFFICIENCY, get(usage_efficiency))
         .route(BOOKINGS, get(bookings_list).post(book))
         .route(BOOKING_CANCEL, post(booking_cancel))
         .route(NOTIFY, get(notify_list).post(notify_add))
@@ -366,8 +372,70 @@ async fn gpus(State(e): E) -> Json<GpuStatus> {
     Json(e.gpu_status())
 }
 
-async fn history(State(e): E, Query(f): Query<HistoryFilter>) -> Res<Vec<HistoryRow>> {
-    Ok(Json(e.history(&f)?))
+async fn history(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Query(f): Query<HistoryFilter>,
+) -> Res<Vec<HistoryRow>> {
+    let mut rows = e.history(&f)?;
+    // `--metric M`: its last value on the caller's own runs (everyone's for admins), like logs.
+    if let Some(m) = f.metric.as_deref().filter(|m| !m.is_empty()) {
+        let policy = e.policy();
+        let mut uids: HashMap<&str, u32> = HashMap::new();
+        let ids: Vec<i64> = rows
+            .iter()
+            .filter(|r| {
+                let owner = *uids.entry(r.owner.as_str()).or_insert_with(|| uid_of(&r.owner));
+                policy.may_see_private(p.uid, owner)
+            })
+            .map(|r| r.id)
+            .collect();
+        let last = e.last_metric(&ids, m)?;
+        for r in &mut rows {
+            r.metric = last.get(&r.id).copied().map(crate::protocol::Num);
+        }
+    }
+    Ok(Json(rows))
+}
+
+/// A user's uid by name (`u32::MAX`, nobody's, when unknown).
+fn uid_of(name: &str) -> u32 {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map_or(u32::MAX, |u| u.uid.as_raw())
+}
+
+/// A job's metrics, params and tags: its owner and admins only, like its output.
+async fn results(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    UrlPath(id): UrlPath<i64>,
+    Query(q): Query<crate::protocol::ResultsQuery>,
+) -> Res<crate::protocol::JobResults> {
+    let job = e.job_detail(id)?.job;
+    if !e.policy().may_see_private(p.uid, job.owner_uid) {
+        return Err(Failure::forbidden(format!(
+            "job {id} belongs to {}; only its owner or an admin can read its results",
+            job.owner
+        )));
+    }
+    let r = tokio::task::spawn_blocking(move || e.job_results(id, q.max_points))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("reading results crashed: {err}")))??;
+    Ok(Json(r))
+}
+
+/// Runs side by side; another user's runs show without params or metrics.
+async fn compare(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Query(q): Query<crate::protocol::CompareQuery>,
+) -> Res<crate::protocol::Comparison> {
+    let r = tokio::task::spawn_blocking(move || e.compare(p.uid, &q))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("comparing crashed: {err}")))??;
+    Ok(Json(r))
 }
 
 async fn history_count(State(e): E, Query(f): Query<HistoryFilter>) -> Res<i64> {
@@ -389,6 +457,18 @@ async fn usage_charts(State(e): E, Query(q): Query<UsageChartsQuery>) -> Res<Usa
     let r = tokio::task::spawn_blocking(move || e.usage_charts(q.since_ms, q.bucket_ms, q.tz_offset_min))
         .await
         .map_err(|err| EngineError::Fatal(format!("usage charts crashed: {err}")))??;
+    Ok(Json(r))
+}
+
+/// Per user GPU-hours held vs used and CPU efficiency, and the machine's per day (public, like
+/// `usage`: sums per user, no job's figures).
+async fn usage_efficiency(
+    State(e): E,
+    Query(q): Query<crate::protocol::EfficiencyQuery>,
+) -> Res<crate::protocol::EfficiencyReport> {
+    let r = tokio::task::spawn_blocking(move || e.usage_efficiency(q.since_ms, q.tz_offset_min))
+        .await
+        .map_err(|err| EngineError::Fatal(format!("usage efficiency crashed: {err}")))??;
     Ok(Json(r))
 }
 

@@ -764,6 +764,15 @@ impl Client {
         self.get(&with_query(routes::USAGE_CHARTS, q)?).await
     }
 
+    /// Per user GPU-hours held vs used and mean CPU efficiency since `since_ms`, and the machine's per
+    /// local day (`gantry usage --efficiency`, the Usage view).
+    pub async fn usage_efficiency(
+        &self,
+        q: &crate::protocol::EfficiencyQuery,
+    ) -> Result<crate::protocol::EfficiencyReport, ClientError> {
+        self.get(&with_query(routes::USAGE_EFFICIENCY, q)?).await
+    }
+
     /// What job `id` logged: its metric series (at most `max_points` points each: `Some(0)` for the
     /// summaries alone, `None` for every stored point), params and tags. Owner and admins only.
     pub async fn job_results(

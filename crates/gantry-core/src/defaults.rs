@@ -275,3 +275,67 @@ pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 /// and "when the deadline crunch is over"; a waiting job still counts against the user's queued
 /// jobs, so further ahead it mostly sits there forgotten (a booking is the way to plan further).
 pub const MAX_BEGIN: Duration = Duration::from_secs(7 * 86_400);
+
+/// Points kept per metric series (`[results] max_points`); older points are thinned beyond it,
+/// keeping the first, the last, the lowest and the highest: a chart is at most a few thousand
+/// pixels wide, and 200 series of 5,000 points are ~40 MB of database per job at worst.
+pub const RESULTS_MAX_POINTS: u32 = 5_000;
+/// Distinct metric names kept per job (`[results] max_series`): real runs log tens, a few hundred
+/// with per-layer statistics; a job logging a new name per step (a bug, or a hostile one) would
+/// otherwise grow the database and every comparison without bound.
+pub const RESULTS_MAX_SERIES: u32 = 200;
+/// Longest metric, param or tag name kept, in bytes (`[results] max_name_len`): MLflow's own limit
+/// is 250; a longer "name" is data, not a name, and every comparison prints it.
+pub const RESULTS_MAX_NAME_LEN: u32 = 250;
+/// Bytes read from one job's metric files and event files, all attempts (`[results]
+/// max_bytes_per_job`): 1,000 points/s of 60-byte lines for a day is ~5 GB of which a chart needs
+/// nothing more; 1 GiB is a week of a line per step at 30 steps/s, and bounds the engine's CPU spent
+/// on one job's files.
+pub const RESULTS_MAX_BYTES: u64 = 1 << 30;
+/// How often a running job's metric files and event files are read (ms): a chart a few seconds
+/// behind is live enough, and each read is one `read` per file.
+pub const RESULTS_READ_EVERY_MS: u64 = 2_000;
+/// Longest `GANTRY_METRICS` line read (bytes); a longer one is garbage (skipped to its end): a line
+/// of a few hundred metrics is ~10 KiB.
+pub const RESULTS_LINE_MAX: usize = 64 << 10;
+/// Most bytes read from one file per read (a 1 GB file is read over many passes, never held).
+pub const RESULTS_READ_CHUNK: usize = 4 << 20;
+/// Most runs one `gantry compare` shows: a large sweep is a few hundred; a table of more is read
+/// by a script (`--json`), which can ask again by ids.
+pub const COMPARE_MAX_RUNS: usize = 2_000;
+
+// Efficiency advice (issue 30 item 3): `gantry show` and the run page say what a run's owner can
+// change, from what the engine measured. Built-in, not lab settings: they only choose which sentences
+// are printed, never what a job may do.
+
+/// No advice on a run measured less than this (ms): a framework's start (imports, CUDA init, the
+/// first batches loaded) reads as idle GPUs and one busy CPU, which says nothing of the training.
+pub const EFFICIENCY_ADVICE_AFTER_MS: i64 = 60_000;
+/// GPUs busy less than this share of the time (0..1) get the input-pipeline advice: a healthy
+/// training keeps its GPU above 60-90 %; below 30 % the GPU mostly waits for data.
+pub const GPU_UTIL_LOW: f64 = 0.3;
+/// ... and when the CPUs it held were busier than this (0..1) meanwhile, it is CPU-bound: ask for
+/// more CPUs rather than tune the loader.
+pub const CPU_BOUND: f64 = 0.9;
+/// A run that used less than this share of the CPUs it held (0..1), holding at least
+/// [`CPU_ADVICE_MIN_MILLI`], is told what to declare instead: the rest could run another job.
+pub const CPU_USED_LOW: f64 = 0.5;
+/// ... not below 2 CPUs held: one idle CPU is not worth a sentence.
+pub const CPU_ADVICE_MIN_MILLI: u64 = 2000;
+/// A whole-GPU run whose processes never held more than this share of one card's memory (0..1) is
+/// told it could share a card (`gpu_memory`): half a card leaves room for a neighbour as large.
+pub const GPU_MEMORY_SHARE_MAX: f64 = 0.5;
+/// ... and a run that declared `gpu_memory` but used less than this share of it is told to declare
+/// less, so more jobs fit beside it.
+pub const GPU_MEMORY_USED_LOW: f64 = 0.5;
+/// The suggested `gpu_memory` (or `memory`) is the peak plus this share, rounded up to a GiB:
+/// allocators round up and a longer run (a larger batch at the end, validation) peaks higher.
+pub const MEMORY_ADVICE_HEADROOM: f64 = 0.1;
+/// A run whose RAM peak stayed under this share of its limit (0..1), with a limit of at least
+/// [`RAM_ADVICE_MIN`], is told what `memory` to declare: the rest could go to other jobs.
+pub const RAM_USED_LOW: f64 = 0.25;
+/// ... not below 4 GiB held: small limits are the lab's per-GPU share, not the user's ask.
+pub const RAM_ADVICE_MIN: u64 = 4 << 30;
+/// A running job's measures are written to the database at most this often (ms), and at its end:
+/// an engine restart loses at most this much of a run's figures, at one small write per job.
+pub const EFFICIENCY_SAVE_EVERY_MS: i64 = 15_000;

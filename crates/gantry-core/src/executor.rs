@@ -226,6 +226,8 @@ pub struct Launch<'a> {
     pub preemptible: bool,
     /// Its attempts that ended by preemption so far (`GANTRY_RESTART_COUNT`).
     pub restart_count: u32,
+    /// Where its results go (`GANTRY_METRICS`; `MLFLOW_TRACKING_URI` unless its spec sets one).
+    pub results_env: Vec<(String, String)>,
 }
 
 /// The image an `image: host` job starts from: empty folders and this machine's top-level links
@@ -402,6 +404,12 @@ pub fn job_env(l: &Launch) -> Vec<String> {
         set("TINI_KILL_PROCESS_GROUP", "1".into());
     }
     set("GANTRY_GPU_UUIDS", l.gpu_uuids.join(","));
+    for (k, v) in &l.results_env {
+        // A script that logs to its own MLflow server keeps it.
+        if k != "MLFLOW_TRACKING_URI" || !l.job.spec.env.contains_key(k) {
+            set(k, v.clone());
+        }
+    }
     if l.gpu_uuids.is_empty() {
         // Images such as nvidia/cuda set NVIDIA_VISIBLE_DEVICES=all: make a CPU job see no GPU.
         set("NVIDIA_VISIBLE_DEVICES", "void".into());
@@ -1588,6 +1596,7 @@ mod tests {
             },
             command: None,
             image: None,
+            results_env: vec![("GANTRY_METRICS".into(), "/gantry/results/metrics-1.jsonl".into())],
         })
     }
 
@@ -1716,6 +1725,7 @@ mod tests {
             "a spec must not override the GPU binding: {env:?}"
         );
         assert!(env.contains(&"GANTRY_JOB_ID=7".to_string()));
+        assert!(env.contains(&"GANTRY_METRICS=/gantry/results/metrics-1.jsonl".to_string()));
         assert!(env.contains(&"MY=x".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("XLA_")));
         assert!(env.contains(&"HOME=/home/u".to_string()), "{env:?}");

@@ -22,11 +22,13 @@
 
 pub mod access;
 pub mod api;
+pub mod cgroup;
 pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod defaults;
+pub mod efficiency;
 pub mod engine;
 pub mod estimate;
 pub mod executor;

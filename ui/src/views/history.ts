@@ -48,6 +48,12 @@ export function gpuList(gpus: number[]): string {
   return gpus.length ? `GPU ${gpus.join(",")}` : "—";
 }
 
+/** A sweep's name from one of its runs' (`sweep[lr=0.1]` -> `sweep`); null for a run of no sweep. */
+export function sweepOf(name: string): string | null {
+  const m = name.match(/^(.+)\[[^\]]*\]$/);
+  return m ? m[1] : null;
+}
+
 export function historyView(backend: Backend, go: (hash: string) => void): View {
   const el = h("section", { class: "view history", "data-testid": "view-history" });
   const q: HistoryQuery = { sort: "finished", asc: false };
@@ -58,6 +64,10 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
   const since = h("input", { type: "date", "aria-label": "Finished from" });
   const until = h("input", { type: "date", "aria-label": "Finished until" });
   const count = h("span", { class: "muted", "data-testid": "history-count" });
+  // Ticked runs, for Compare (issue 30 item 2).
+  const ticked = new Set<number>();
+  const compareBtn = h("button", { "data-testid": "history-compare", disabled: true, onclick: () => go(`#/compare/ids/${[...ticked].sort((a, b) => a - b).join(",")}`) }, "Compare");
+  const syncCompare = () => { compareBtn.disabled = ticked.size < 2; compareBtn.textContent = ticked.size ? `Compare ${ticked.size}` : "Compare"; };
   const head = h("div", { class: "vt-head" });
   const scroller = h("div", { class: "vt-scroll", tabindex: 0, "data-testid": "history-scroll" });
   const inner = h("div", { class: "vt-inner" });
@@ -66,7 +76,7 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
   const lanes = h("div", { class: "timeline", "data-testid": "timeline" });
 
   el.append(
-    h("div", { class: "toolbar" }, h("h2", {}, "History"), count),
+    h("div", { class: "toolbar" }, h("h2", {}, "History"), count, h("span", { class: "spacer" }), compareBtn),
     h("div", { class: "filters" }, text, user, image, status, h("label", {}, "from ", since), h("label", {}, "to ", until)),
     h("div", { class: "vt" }, head, scroller),
     h("div", { class: "toolbar" }, h("h3", {}, "GPU timeline"), period),
@@ -93,8 +103,13 @@ export function historyView(backend: Backend, go: (hash: string) => void): View 
     const r = pager.row(i);
     if (!r) return h("div", { class: "vt-row loading" }, "…");
     const gh = gpuHours(r.gpus.length, r.started_at, r.finished_at);
+    const tick = h("input", { type: "checkbox", "aria-label": `Compare #${r.id}`, "data-testid": `history-tick-${r.id}`, checked: ticked.has(r.id),
+      onclick: (e: Event) => { e.stopPropagation(); if ((e.target as HTMLInputElement).checked) ticked.add(r.id); else ticked.delete(r.id); syncCompare(); } });
+    const sweep = sweepOf(r.name);
     return h("div", { class: "vt-row", "data-testid": `history-row-${r.id}`, tabindex: -1, onclick: () => go(`#/run/${r.id}`) },
-      h("div", {}, String(r.id)), h("div", { title: r.image }, r.name), h("div", {}, r.owner),
+      h("div", {}, tick, ` ${r.id}`),
+      h("div", { title: r.image }, r.name, sweep ? h("a", { class: "sweep-link", href: `#/compare/name/${encodeURIComponent(sweep)}`, "data-testid": `history-sweep-${r.id}`, onclick: (e: Event) => e.stopPropagation() }, " sweep") : ""),
+      h("div", {}, r.owner),
       h("div", {}, h("span", { class: `state ${r.status}` }, stateLabel(r.status))), h("div", {}, r.exit_code ?? "-"),
       h("div", {}, gpuList(r.gpus)), h("div", {}, time(r.finished_at)),
       h("div", {}, duration(r.started_at && r.finished_at ? r.finished_at - r.started_at : null)), h("div", {}, gh ? gh.toFixed(2) : "0"));

@@ -1,11 +1,32 @@
 // A run's page: spec, attempts, events, log (live tail while running), GPU chart, "Run again".
 import type { Backend } from "../backend";
-import { lineChart } from "../charts";
+import { lineChart, xyChart, type Chart } from "../charts";
+import { efficiencyRows, fmtNum, seriesXY } from "../results-data";
 import { h, type View } from "../dom";
 import { appendLog, ask, commandText, duration, stateLabel, time } from "../format";
 import { gpuList } from "./history";
 import { attachBox, endsIn, openButtons } from "../sessions";
-import { FINAL_STATES, type JobDetail, type RecentSample } from "../types";
+import { FINAL_STATES, type Efficiency, type JobDetail, type JobResults, type RecentSample } from "../types";
+
+/** The efficiency box: what was measured, then the advice (issue 30 item 3). */
+export function efficiencyBox(e: Efficiency | null | undefined): HTMLElement {
+  if (!e) return h("p", { class: "muted", "data-testid": "run-efficiency" }, "Not measured yet (the engine measures a run while it runs).");
+  return h("div", { "data-testid": "run-efficiency" },
+    h("dl", { class: "facts" }, efficiencyRows(e).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    e.advice.length ? h("ul", { class: "advice", "data-testid": "run-advice" }, e.advice.map((a) => h("li", {}, a))) : "");
+}
+
+/** The params table and each metric's last and best value. */
+export function resultsSummary(r: JobResults): HTMLElement {
+  const params = Object.entries(r.params);
+  return h("div", { "data-testid": "run-results" },
+    params.length ? h("table", { class: "grid", "data-testid": "run-params" }, h("thead", {}, h("tr", {}, h("th", {}, "Param"), h("th", {}, "Value"))),
+      h("tbody", {}, params.map(([k, v]) => h("tr", {}, h("td", { class: "mono" }, k), h("td", { class: "mono" }, v))))) : "",
+    r.metrics.length ? h("table", { class: "grid", "data-testid": "run-metrics-table" }, h("thead", {}, h("tr", {}, ["Metric", "Last", "Best", "Points"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, r.metrics.map((m) => h("tr", {}, h("td", { class: "mono" }, m.name), h("td", { class: "num" }, `${fmtNum(m.last)} @ ${m.last_step}`),
+        h("td", { class: "num" }, m.best !== null ? `${fmtNum(m.best)} @ ${m.best_step} (${m.goal})` : "–"), h("td", { class: "num" }, String(m.count)))))) : "",
+    r.ingest.notes.length ? h("ul", { class: "muted" }, r.ingest.notes.map((n) => h("li", {}, n))) : "");
+}
 
 /** Per-minute utilization of the run's GPUs, averaged across them: [seconds[], util[], mem (unused)]. */
 export function runChartData(perGpu: [number, number, number][][]): [number[], number[], number[]] {
@@ -75,12 +96,35 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
               h("td", {}, duration((a.ended_at ?? Date.now()) - a.started_at)), h("td", {}, a.reason ?? "running"), h("td", {}, a.exit_code ?? "-"))))),
           h("h3", {}, "Events"),
           h("ul", { class: "events" }, d.events.map((e) => h("li", {}, h("span", { class: "muted" }, time(e.at)), ` ${e.from ?? "–"} → ${e.to} `, e.message ?? ""))))),
+      h("h3", {}, "Efficiency"),
+      efficiencyBox(d.efficiency),
+      h("h3", {}, "Results"),
+      h("div", { class: "results", "data-testid": "run-results-box" }, h("p", { class: "muted" }, "…")),
+      h("div", { class: "metric-charts", "data-testid": "run-metric-charts" }),
       h("h3", {}, "GPU utilization"),
       h("div", { class: "chart", "data-testid": "run-chart" }),
       h("h3", {}, "Log"),
       log,
       s ? h("details", {}, h("summary", {}, "Spec"), h("pre", { class: "mono" }, JSON.stringify(s, null, 2))) : "");
     drawChart(d, el.querySelector(".chart") as HTMLElement);
+    if (!j.spec_hidden) drawResults(el.querySelector(".results") as HTMLElement, el.querySelector(".metric-charts") as HTMLElement).catch((e) => { (el.querySelector(".results") as HTMLElement).textContent = `Could not read its results: ${e}`; });
+    else (el.querySelector(".results") as HTMLElement).textContent = `hidden: only ${j.owner} and root see its results`;
+  }
+
+  let metricCharts: Chart[] = [];
+  /** Each metric against step, attempts joined (a line where a later attempt begins). */
+  async function drawResults(box: HTMLElement, charts: HTMLElement) {
+    const r = await backend.jobResults(id, 1000);
+    box.replaceChildren(r.metrics.length || Object.keys(r.params).length ? resultsSummary(r) : h("p", { class: "muted" }, "Nothing logged: append JSON lines to $GANTRY_METRICS, set `tensorboard:`, or log to MLflow."));
+    metricCharts.forEach((c) => c.destroy());
+    metricCharts = [];
+    charts.replaceChildren();
+    for (const m of r.metrics) {
+      const xy = seriesXY(m);
+      const one = h("div", { class: "chart", "data-testid": `run-metric-${m.name}`, "data-points": String(xy.x.length), "data-attempts": String(xy.attemptStarts.length) }, h("h4", {}, m.name));
+      charts.append(one);
+      try { const c = xyChart(one, 420, 160, [m.name]); c.setData([xy.x, xy.y as number[]]); metricCharts.push(c); } catch { /* no canvas */ }
+    }
   }
 
   async function drawChart(d: JobDetail, box: HTMLElement) {
@@ -116,5 +160,5 @@ export function runView(backend: Backend, id: number, go: (hash: string) => void
     log.textContent = text;
     if (FINAL_STATES.includes(d.job.state) && !d.job.spec_hidden) { stopLog?.(); log.textContent = await backend.logs(id); }
   }).then((u) => (unsub = u));
-  return { el, dispose() { stopLog?.(); unsub?.(); } };
+  return { el, dispose() { stopLog?.(); unsub?.(); metricCharts.forEach((c) => c.destroy()); } };
 }

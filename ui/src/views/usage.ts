@@ -5,7 +5,7 @@ import { heatMap, stackedBars, type Chart } from "../charts";
 import { heatGrid, stackUsage, type Heat } from "../usage-data";
 import { h, type View } from "../dom";
 import { duration } from "../format";
-import type { UsageReport } from "../types";
+import type { EfficiencyReport, UsageReport } from "../types";
 
 /** The window selector: label and length. 7 d first shown, as `gantry usage` defaults to it. */
 export const WINDOWS: [string, number][] = [["24 h", 24 * 3_600_000], ["7 d", 7 * 86_400_000], ["30 d", 30 * 86_400_000]];
@@ -19,6 +19,15 @@ export function usageRows(r: UsageReport, me: string | null): UsageRow[] {
     user: u.user, gpuHours: u.gpu_hours.toFixed(2), jobs: String(u.jobs_finished), wait: duration(u.mean_wait_ms),
     fairShare: u.fair_share_usage.toFixed(2), preempted: (u.gpu_hours_preempted ?? 0).toFixed(2), mine: u.user === me,
   }));
+}
+
+/** The efficiency tables' rows: per user, then per local day (held, used, used ÷ measured held, CPU). */
+export function efficiencyTables(r: EfficiencyReport, day: (t: number) => string): { users: string[][]; days: string[][] } {
+  const share = (used: number, held: number) => (held > 0 ? `${Math.round((used / held) * 100)}%` : "–");
+  return {
+    users: r.users.map((u) => [u.user, String(u.runs), u.gpu_hours_held.toFixed(2), u.gpu_hours_used.toFixed(2), share(u.gpu_hours_used, u.gpu_hours_held - u.gpu_hours_unmeasured), u.cpu != null ? `${Math.round(u.cpu * 100)}%` : "–"]),
+    days: r.days.map((d) => [day(d.start), d.gpu_hours_held.toFixed(2), d.gpu_hours_used.toFixed(2), share(d.gpu_hours_used, d.gpu_hours_held)]),
+  };
 }
 
 /** One line under the table: what the fair-share column means and how fast it fades. */
@@ -59,8 +68,16 @@ export function usageView(backend: Backend, me: string | null): View {
   const barsEl = h("div", { class: "chart", "data-testid": "usage-stacked", role: "img", "aria-label": "GPU-hours per user" });
   const heatEl = h("div", { class: "chart", "data-testid": "usage-heat", role: "img", "aria-label": "GPU utilization by hour of day" });
   const heatText = h("p", { class: "muted", "data-testid": "usage-heat-summary" });
+  const effUsers = h("tbody", {});
+  const effDays = h("tbody", {});
+  const effNote = h("p", { class: "muted", "data-testid": "usage-efficiency-note" });
+  const effEl = h("div", { "data-testid": "usage-efficiency" },
+    h("h3", {}, "Efficiency: GPU-hours held vs used"),
+    h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["User", "Runs", "GPU-h held", "GPU-h used", "Used", "CPU efficiency"].map((c) => h("th", {}, c)))), effUsers),
+    h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["Day", "GPU-h held", "GPU-h used", "Used"].map((c) => h("th", {}, c)))), effDays),
+    effNote);
   el.append(h("div", { class: "toolbar" }, h("h2", {}, "Usage"), picker, period), table, empty, explain,
-    h("h3", {}, "GPU-hours per user"), barsEl, h("h3", {}, "GPU utilization by hour of day"), heatEl, heatText);
+    h("h3", {}, "GPU-hours per user"), barsEl, h("h3", {}, "GPU utilization by hour of day"), heatEl, heatText, effEl);
   let charts: Chart[] = [];
   const tz = -new Date().getTimezoneOffset();
   const fmt = (o: Intl.DateTimeFormatOptions) => (t: number) => new Date(t).toLocaleString(undefined, o);
@@ -87,10 +104,20 @@ export function usageView(backend: Backend, me: string | null): View {
     } catch { /* no canvas (tests) */ }
   }
 
+  async function loadEfficiency(span: number, mine: number) {
+    const r = await backend.usageEfficiency(Date.now() - span, tz);
+    if (disposed || mine !== seq) return;
+    const t = efficiencyTables(r, fmt({ weekday: "short", month: "short", day: "numeric" }));
+    effUsers.replaceChildren(...t.users.map((cells) => h("tr", { "data-testid": `usage-eff-${cells[0]}` }, cells.map((c, i) => h("td", { class: i ? "num" : "" }, c)))));
+    effDays.replaceChildren(...t.days.map((cells) => h("tr", {}, cells.map((c, i) => h("td", { class: i ? "num" : "" }, c)))));
+    effNote.textContent = "Used: GPU-hours weighted by each run's mean GPU utilization (the 1 Hz samples), as a share of the GPU-hours held that were measured. CPU efficiency: CPU time ÷ (CPUs held × time), from each job's cgroup.";
+  }
+
   async function load() {
     picker.querySelectorAll("button").forEach((b) => b.classList.toggle("on", b.dataset.window === windowLabel));
     const mine = ++seq;
     const span = WINDOWS.find(([l]) => l === windowLabel)![1];
+    loadEfficiency(span, mine).catch((e) => { if (!disposed && mine === seq) effNote.textContent = `Could not read the efficiency: ${e}`; });
     loadCharts(span, mine).catch((e) => { if (!disposed && mine === seq) heatText.textContent = `Could not read the charts: ${e}`; });
     try {
       const r = await backend.usage(Date.now() - span);

@@ -226,10 +226,14 @@ impl Engine {
             super::append_log(&self.log_of(id), &m);
         }
         // The next job of that user's shape is placed (and held) at what this one used.
-        let mut l = self.learned_gpu_memory.lock().unwrap();
         for (key, used) in learned {
-            let e = l.entry(key).or_insert(0);
-            *e = (*e).max(used);
+            {
+                let mut l = self.learned_gpu_memory.lock().unwrap();
+                let e = l.entry(key.clone()).or_insert(0);
+                *e = (*e).max(used);
+            }
+            // Kept across restarts (issue 30 item 3).
+            self.save_learned_gpu_memory(&key, used);
         }
     }
 }

@@ -21,6 +21,7 @@
 
 pub(crate) mod backend;
 mod bookings;
+mod efficiency;
 mod idle;
 mod joblog;
 mod lab;
@@ -30,6 +31,7 @@ mod pass;
 pub mod ports;
 mod preview;
 mod reconcile;
+pub(crate) mod results;
 mod sampler;
 pub mod session;
 pub mod submit;
@@ -75,6 +77,9 @@ pub enum EngineError {
     Io(#[from] std::io::Error),
     #[error("no job {0}")]
     NoSuchJob(i64),
+    /// A query that cannot be answered as asked (`gantry compare` of nothing): what and how to fix.
+    #[error("{0}")]
+    BadQuery(String),
     #[error("job {job} belongs to {owner}; only its owner or root may change it")]
     NotOwner { job: i64, owner: String },
     #[error("another Gantry engine already uses {0}")]
@@ -201,8 +206,11 @@ pub struct Engine {
     /// GPUs freed by preemption for a job, until it starts (`scheduler::Config::claims`).
     claims: Mutex<BTreeMap<i64, Vec<u32>>>,
     /// GPU memory a shape (owner, name, image, GPUs, declared `gpu_memory`) was stopped for using:
-    /// trusted instead of the declaration when that user submits the shape again (until a restart).
+    /// trusted instead of the declaration when that user submits the shape again (kept in the
+    /// database's `learned_gpu_memory`, read back at start).
     learned_gpu_memory: Mutex<HashMap<crate::estimate::JobKey, u64>>,
+    /// Each running attempt's measures so far, by job (see `engine::efficiency`).
+    efficiency: Mutex<HashMap<i64, efficiency::Measure>>,
     health: RwLock<Health>,
     /// High-water mark of job ids, kept outside the database (see [`Engine::open_with`]).
     id_mark: Mutex<std::fs::File>,
@@ -442,6 +450,7 @@ impl Engine {
             preempted_at: Mutex::new(HashMap::new()),
             claims: Mutex::new(BTreeMap::new()),
             learned_gpu_memory: Mutex::new(HashMap::new()),
+            efficiency: Mutex::new(HashMap::new()),
             health: RwLock::new(Health::default()),
             id_mark: Mutex::new(id_mark),
             wake: Notify::new(),
@@ -453,6 +462,7 @@ impl Engine {
             book_cache: Mutex::new(bookings::BookCache::default()),
             _lock: lock,
         });
+        e.load_learned_gpu_memory();
         e.sample_gpus();
         Ok(e)
     }

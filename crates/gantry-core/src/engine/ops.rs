@@ -209,7 +209,9 @@ impl Engine {
         let st = self.reader();
         let job = st.job(id)?.ok_or(EngineError::NoSuchJob(id))?;
         let reason = self.waiting.read().unwrap().get(&id).map(|w| w.why());
+        let efficiency = self.efficiency_of(&st, &job);
         Ok(JobDetail {
+            efficiency,
             attempts: st.attempts(id)?,
             events: st.events(id)?,
             job,

@@ -53,6 +53,7 @@ impl Engine {
                 a.3 += 1;
             }
             self.watch_idle(&samples, &mut idle);
+            self.measure_efficiency(&samples, now);
             let _ = self.events.send(EngineEvent::Gpus { at: now, gpus: samples });
         }
     }

@@ -116,6 +116,8 @@ impl Engine {
             preempt.cancel();
         }
         let mut running_since: Option<i64> = None;
+        // Its results, read while it runs and once more at its end.
+        let reading = self.read_results(&job, &attempt);
         let how = loop {
             let deadline = running_since
                 .zip(job.timeout_ms)
@@ -136,7 +138,10 @@ impl Engine {
                         None
                     }
                     Some(Seen::Ended(how)) => break how,
-                    None => return,
+                    None => {
+                        reading.abort();
+                        return;
+                    }
                 },
                 _ = cancel.cancelled(), if stop.is_none() || stop == Some(Stop::Preempt) => Some(if self.over_memory_reason(job.id).is_some() { Stop::GpuMemory } else { Stop::Cancel }),
                 _ = preempt.cancelled(), if stop.is_none() => Some(Stop::Preempt),
@@ -144,6 +149,7 @@ impl Engine {
                 _ = self.shutdown.cancelled() => {
                     // Leave it running; it is followed again on the next start.
                     watch.detach().await;
+                    reading.abort();
                     return;
                 }
             };
@@ -182,6 +188,7 @@ impl Engine {
             },
             (_, how) => how,
         };
+        reading.finish().await;
         self.end_attempt(job.id, &attempt, &how, Some(&run)).await;
     }
 
@@ -261,6 +268,8 @@ impl Engine {
                 end.message.clone().unwrap_or_else(|| end.next.as_str().into())
             ),
         );
+        // Its last figures, before its end (then its measures stop).
+        self.save_efficiency(job_id, attempt.id);
         loop {
             let written = self.store().end_attempt(job_id, attempt.id, &end);
             match written {

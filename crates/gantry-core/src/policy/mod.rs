@@ -100,6 +100,8 @@ pub struct Policy {
     pub sessions: Sessions,
     /// `[bookings]`: GPU bookings (`gantry book`).
     pub bookings: Bookings,
+    /// `[results]`: bounds on each job's metrics (points per series, series, name length, bytes read).
+    pub results: crate::store::ResultsLimits,
     /// Resolved when the file is read: the uids of `admins` and of `admin_group`'s listed members,
     /// and the group's gid (users whose primary group it is are admins too).
     admin_uids: BTreeSet<u32>,
@@ -137,6 +139,7 @@ impl Default for Policy {
             gpu_memory_grace: config::GPU_MEMORY_GRACE,
             sessions: Sessions::default(),
             bookings: Bookings::default(),
+            results: Default::default(),
             admin_uids: BTreeSet::new(),
             admin_gid: None,
         }

@@ -208,6 +208,17 @@ pub(super) struct RawFile {
     notify: RawNotify,
     #[serde(default)]
     metrics: RawMetrics,
+    #[serde(default)]
+    results: RawResults,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawResults {
+    max_points: S<i64>,
+    max_series: S<i64>,
+    max_name_len: S<i64>,
+    max_bytes_per_job: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -683,6 +694,7 @@ impl Check<'_> {
         }
         p.sessions = self.sessions(&raw.sessions);
         p.bookings = self.bookings(&raw.bookings);
+        p.results = self.results(&raw.results);
         // Restart-only settings.
         let gpus = raw.gpus.as_ref().and_then(|g| self.gpus(g));
         if let Some(s) = &raw.simulate {
@@ -748,6 +760,34 @@ impl Check<'_> {
             notify,
             metrics,
         }
+    }
+
+    /// `[results]`: the bounds on each job's metrics.
+    pub(super) fn results(&mut self, raw: &RawResults) -> crate::store::ResultsLimits {
+        let mut r = crate::store::ResultsLimits::default();
+        if let Some(n) = self.count("max_points", &raw.max_points, 1_000_000) {
+            r.max_points = (n as u32).max(16);
+        }
+        if let Some(n) = self.count("max_series", &raw.max_series, 100_000) {
+            r.max_series = n as u32;
+        }
+        if let Some(n) = self.count("max_name_len", &raw.max_name_len, 4096) {
+            r.max_name_len = n as u32;
+        }
+        if let Some(v) = &raw.max_bytes_per_job {
+            match crate::units::parse_bytes(v.get_ref()) {
+                Some(b) if b >= 4096 => r.max_bytes = b,
+                _ => self.fail(
+                    v.span(),
+                    format!(
+                        "results `max_bytes_per_job` = {:?} is not a size of at least 4 KiB",
+                        v.get_ref()
+                    ),
+                    "write e.g. \"256MiB\" or \"1GiB\" (bytes of metric and event files read per job)",
+                ),
+            }
+        }
+        r
     }
 
     pub(super) fn bookings(&mut self, raw: &RawBookings) -> super::Bookings {

@@ -245,6 +245,10 @@ pub struct JobDetailView {
     pub attempts: Vec<Attempt>,
     pub events: Vec<Event>,
     pub reason: Option<String>,
+    /// How well it used what it held (owner and admins only, like its log; absent before it ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub efficiency: Option<super::efficiency::Efficiency>,
 }
 
 /// `POST /v1/jobs` and `POST /v1/validate`: one spec file's text.

@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod booking;
+pub mod efficiency;
 pub mod gpu;
 pub mod history;
 pub mod job;
@@ -19,6 +20,7 @@ pub mod ts;
 
 pub use app::{ConnectionEvent, EngineKind, EngineView, Machines, SessionAsk};
 pub use booking::{BookRequest, BookingRules, BookingState, BookingView, Bookings, BookingsQuery};
+pub use efficiency::{DayEfficiency, Efficiency, EfficiencyQuery, EfficiencyReport, UserEfficiency};
 pub use gpu::{
     BackendKind, GpuLink, GpuMinute, GpuProcess, GpuSample, GpuStatus, GpuUser, Link, MigParent, RecentSample,
 };

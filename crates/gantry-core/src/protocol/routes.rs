@@ -68,6 +68,8 @@ pub const NOTIFY_TEST: &str = "/v1/notify/test";
 pub const NOTIFY_LOG: &str = "/v1/notify/log";
 /// `GET`: `gantry usage --csv`'s GPU-hours per user per day and GPU utilization by hour of day ([`super::UsageCharts`]).
 pub const USAGE_CHARTS: &str = "/v1/usage/charts";
+/// `GET`: per user GPU-hours held vs used and CPU efficiency, and the machine's per day.
+pub const USAGE_EFFICIENCY: &str = "/v1/usage/efficiency";
 
 /// `GET` with [`super::BookingsQuery`]: [`super::Bookings`]; `POST` a [`super::BookRequest`]: the new [`super::BookingView`].
 pub const BOOKINGS: &str = "/v1/bookings";

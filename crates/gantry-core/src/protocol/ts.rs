@@ -96,6 +96,7 @@ pub fn typescript() -> String {
         "export type SubmitResult = {};",
         <Result<Vec<i64>, String> as TS>::inline(&o.cfg)
     ));
+    o.decl::<Efficiency>();
     o.decl::<JobView>()
         .decl::<QueueJob>()
         .decl::<QueueSession>()
@@ -133,6 +134,9 @@ pub fn typescript() -> String {
         .decl::<UserUsage>()
         .decl::<UsageReport>();
     o.decl::<UsageBucket>().decl::<UtilCell>().decl::<UsageCharts>();
+    o.decl::<UserEfficiency>()
+        .decl::<DayEfficiency>()
+        .decl::<EfficiencyReport>();
     o.decl::<NotifyTarget>()
         .decl::<Subscription>()
         .decl::<DeliveryState>()

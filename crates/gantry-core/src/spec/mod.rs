@@ -120,6 +120,11 @@ pub struct JobSpec {
     /// each must exist and be readable (for read-write mounts, writable) by the submitter.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<String>,
+    /// TensorBoard log folder: the scalars of the event files in it (and in its subfolders) become
+    /// the job's metrics (`gantry show`, `gantry compare`), read while it runs and at its end.
+    /// Relative to `workdir`, or an absolute path inside the container under one of the job's mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<String>,
     /// Number of GPUs (0 allowed). Default 1.
     #[serde(default = "default_gpus")]
     #[schemars(range(min = 0, max = 64))]

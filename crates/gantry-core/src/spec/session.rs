@@ -25,6 +25,7 @@ pub fn session_spec(ask: &SessionAsk, image: String, token: &str) -> JobSpec {
         workdir: None,
         env: Default::default(),
         mounts: vec![],
+        tensorboard: None,
         gpus: ask.gpus,
         gpu_memory: ask.gpu_memory.clone(),
         gpu_type: ask.gpu_type.clone(),

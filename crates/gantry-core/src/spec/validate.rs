@@ -119,6 +119,22 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             );
         }
     }
+    if let Some(t) = &spec.tensorboard {
+        if t.trim().is_empty() || t.contains('\0') || t.split('/').any(|c| c == "..") {
+            return err(
+                format!("`tensorboard` {t:?} is not a folder path"),
+                "give the folder your SummaryWriter writes to, e.g. `runs` (relative to `workdir`) or `/data/runs`",
+                "tensorboard",
+            );
+        }
+        if !t.starts_with('/') && spec.workdir.is_none() {
+            return err(
+                format!("`tensorboard` {t:?} is relative, but the job sets no `workdir`"),
+                "set `workdir`, or give an absolute path inside the container under one of the job's mounts",
+                "tensorboard",
+            );
+        }
+    }
     for k in spec.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return err(

@@ -237,6 +237,7 @@ impl Store {
                 .unwrap_or(false);
             if ended {
                 tx.execute("DELETE FROM events WHERE job_id = ?1", [id])?;
+                tx.execute("DELETE FROM attempt_efficiency WHERE job_id = ?1", [id])?;
                 tx.execute("DELETE FROM attempts WHERE job_id = ?1", [id])?;
                 tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
                 gone.push(*id);

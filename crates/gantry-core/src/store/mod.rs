@@ -33,6 +33,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_preemption.sql"),
     include_str!("../../migrations/0011_bookings.sql"),
     include_str!("../../migrations/0012_booking_starting.sql"),
+    include_str!("../../migrations/0016_results.sql"),
+    include_str!("../../migrations/0017_efficiency.sql"),
     include_str!("../../migrations/0019_preempt_signalled.sql"),
 ];
 
@@ -46,14 +48,17 @@ const FTS_CANDIDATES_MAX: i64 = 10_000;
 const CACHED_COUNTS: i64 = 64;
 
 mod bookings;
+mod efficiency;
 mod history;
 mod model;
 pub mod notify;
 mod queue;
+mod results;
 mod stats;
 pub use bookings::*;
 pub use model::*;
 pub use queue::*;
+pub use results::*;
 pub use stats::*;
 
 pub struct Store {

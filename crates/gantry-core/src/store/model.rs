@@ -45,6 +45,8 @@ pub struct JobDetail {
     pub attempts: Vec<Attempt>,
     pub events: Vec<Event>,
     pub reason: Option<String>,
+    /// How well it used what it held (`engine::efficiency`).
+    pub efficiency: Option<crate::protocol::Efficiency>,
 }
 
 /// What runs an attempt, typed: a container of the Docker backend, or a Slurm job (or one task of a

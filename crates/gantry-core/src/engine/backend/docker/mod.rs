@@ -468,7 +468,22 @@ impl Backend for DockerBackend {
             }
             let preemptible = policy.preemption.enabled && policy.preemption.preemptible(&job.job.spec);
             let restart_count = e.reader().preemptions(job.id, 0).map(|p| p.0).unwrap_or(0);
+            // Its results folder (GANTRY_METRICS): the owner's, in a folder only the engine changes.
+            let mut results_env = vec![];
+            match e.make_results_dir(job) {
+                Ok(Some(dir)) => {
+                    mounts.push(access::ResolvedMount {
+                        host: dir,
+                        container: crate::engine::results::RESULTS_MOUNT.into(),
+                        read_only: false,
+                    });
+                    results_env.push(("GANTRY_METRICS".into(), crate::engine::results::metrics_env(attempt.n)));
+                }
+                Ok(None) => {}
+                Err(err) => append_log(&log, &format!("no GANTRY_METRICS file for this attempt: {err}")),
+            }
             let l = Launch {
+                results_env,
                 preemptible,
                 restart_count,
                 engine_id: &e.engine_id,
