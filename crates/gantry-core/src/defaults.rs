@@ -227,3 +227,8 @@ pub const NOTIFY_SEND_TIMEOUT: Duration = Duration::from_secs(20);
 pub const NOTIFY_PARALLEL: usize = 8;
 /// Delivered, failed and dropped notifications are listed (`gantry notify log`) this long, then forgotten.
 pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// CPU-only jobs together hold at most this many of the machine's equal CPU/RAM shares (one per GPU
+/// plus one): the one share the README keeps for CPU-only work, so one user's CPU-only jobs can never
+/// take the share a GPU needs to start a job (issue 33: five CPU-only jobs once idled four GPUs).
+pub const CPU_ONLY_SHARES: u32 = 1;

@@ -351,6 +351,9 @@ impl Engine {
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
+        // A GPU-sharing job's part of a GPU (see `Engine::sharing_part`), the GPUs read once.
+        let largest = self.sharing_part(Some(0)).map(|p| p.1);
+        let part = |m: Option<u64>| m.zip(largest);
         let (usage, typical_wait, shapes, history, overruns) = {
             let s = self.stats.lock().unwrap();
             (
@@ -368,17 +371,20 @@ impl Engine {
             c.iter().map(|(j, g)| (*j, g.clone())).collect()
         };
         let holds = self.booking_holds(now);
-        let preemptible = if holds.iter().any(|b| b.start_ms > now) {
-            let ids: Vec<i64> = queued
-                .iter()
-                .filter(|j| !j.interactive && j.gpus > 0)
-                .map(|j| j.id)
-                .collect();
-            self.queued_preemptible(&ids)
-        } else {
+        let booked_ahead = holds.iter().any(|b| b.start_ms > now);
+        // Which queued jobs would be preemptible: GPU jobs may go on a booking's GPUs before its start,
+        // CPU-only ones may take free GPUs' CPU/RAM shares (`scheduler::cpu_only`).
+        let ids: Vec<i64> = queued
+            .iter()
+            .filter(|j| !j.interactive && (j.gpus == 0 || booked_ahead))
+            .map(|j| j.id)
+            .collect();
+        let preemptible = if ids.is_empty() {
             vec![]
+        } else {
+            self.queued_preemptible(&ids)
         };
-        let cautious_runtimes: Vec<(i64, i64)> = if preemptible.is_empty() && !holds.iter().any(|b| b.start_ms > now) {
+        let cautious_runtimes: Vec<(i64, i64)> = if !booked_ahead {
             vec![]
         } else {
             queued
@@ -406,7 +412,14 @@ impl Engine {
                     filter: j.gpu_filter.clone(),
                     // A job queued before the lab's share shrank is held to the ceiling, like new ones.
                     needs: ceil_needs(
-                        policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
+                        policy.containers.needs_sharing(
+                            j.gpus,
+                            j.cpus_milli,
+                            j.memory,
+                            host,
+                            gpu_count,
+                            part(j.gpu_memory),
+                        ),
                         policy.containers.ceiling(j.gpus, host, gpu_count),
                     ),
                     preempted_at_ms: preempted_at.get(&j.id).map(|p| p.0),
@@ -417,6 +430,7 @@ impl Engine {
                 overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
+                cpu_only_limit: Some(policy.containers.cpu_only_limit(host, gpu_count)),
                 preemption: policy.preemption.rules(),
                 claims,
                 shapes,
