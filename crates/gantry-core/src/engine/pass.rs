@@ -146,6 +146,8 @@ impl Engine {
             preempted_for: st.preempted_for(job.id).ok()?,
             took_from: st.took_from(job.id).ok()?,
             checkpoint_ms: None,
+            // Filled from the job's `checkpoint` metrics points once they reach the engine.
+            last_checkpoint_ms: None,
             stopping_for: None,
         })
     }

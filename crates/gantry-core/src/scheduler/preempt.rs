@@ -70,6 +70,12 @@ pub struct Victim {
     /// When it last answered a checkpoint signal (exited within its grace), if ever.
     #[serde(default)]
     pub checkpoint_ms: Option<i64>,
+    /// When it last reported saving a checkpoint this attempt (a metrics point carrying the key
+    /// `checkpoint` in its `GANTRY_METRICS` file), if it did: preempting it now loses only the work
+    /// since then, so victims are chosen by that ([`lost_ms`]). `None`: none reported (the work since
+    /// its start counts as lost). The simulator fills it from its checkpoint model.
+    #[serde(default)]
+    pub last_checkpoint_ms: Option<i64>,
     /// It is being stopped already, for this job: not decided again; its GPUs count as freeing.
     #[serde(default)]
     pub stopping_for: Option<i64>,
@@ -441,12 +447,13 @@ pub(super) fn decide(
             }
         }
         for (mut vs, why) in tried {
-            // Cheapest first: fewest GPU-minutes this attempt (a CPU-only job's minutes count as one
-            // GPU's, as in fair share), then the latest checkpoint answered.
+            // Cheapest first: the fewest GPU-minutes lost, i.e. since its last reported checkpoint
+            // (else its start; a CPU-only job's minutes count as one GPU's, as in fair share), then
+            // the latest checkpoint signal answered.
             vs.sort_by_key(|r| {
                 let v = r.victim.as_ref().expect("eligible victims are preemptible");
                 (
-                    (now - v.started_ms).max(0) as i128 * r.gpus.len().max(1) as i128,
+                    lost_ms(v, now) as i128 * r.gpus.len().max(1) as i128,
                     std::cmp::Reverse(v.checkpoint_ms),
                     r.job_id,
                 )
@@ -527,6 +534,13 @@ pub(super) fn decide(
             break;
         }
     }
+}
+
+/// The work a victim loses if stopped at `now`: since its last reported checkpoint this attempt, else
+/// since its start.
+pub fn lost_ms(v: &Victim, now: i64) -> i64 {
+    let since = v.last_checkpoint_ms.map_or(v.started_ms, |c| c.max(v.started_ms));
+    (now - since).max(0)
 }
 
 /// Why `r` (past its declared runtime) is preempted for `job`.
@@ -691,6 +705,10 @@ mod tests {
             Case { name: "cheapest first: of three 1-GPU holders the one with the fewest GPU-minutes goes", state: st(3, vec![pre(7, "bob", &[0], 0), pre(8, "bob", &[1], now - 2 * H), pre(9, "bob", &[2], H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
             Case { name: "cheapest first counts GPUs: a 2-GPU job 1 h in costs more than a 1-GPU job 1.5 h in", state: st(3, vec![pre(7, "bob", &[0, 1], now - H), pre(8, "bob", &[2], now - 90 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
             Case { name: "cheapest first: among equals, the one that answered a checkpoint signal last", state: st(2, vec![with(pre(7, "bob", &[0], H), |v| v.checkpoint_ms = Some(2 * H)), with(pre(8, "bob", &[1], H), |v| v.checkpoint_ms = Some(5 * H))], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
+            // Checkpoint-aware victims (issue 32 item 3): what a victim loses counts from its last reported checkpoint.
+            Case { name: "reported checkpoints: the job 3 h in that saved 5 minutes ago goes before the one 1 h in that saved none", state: st(2, vec![with(pre(7, "bob", &[0], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 5 * M)), pre(8, "bob", &[1], now - H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
+            Case { name: "reported checkpoints: a 2-GPU job's minutes since its checkpoint count twice", state: st(3, vec![with(pre(7, "bob", &[0, 1], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 40 * M)), with(pre(8, "bob", &[2], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 70 * M))], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
+            Case { name: "reported checkpoints: one from an earlier attempt counts as none (the attempt's start)", state: st(2, vec![with(pre(7, "bob", &[0], now - H), |v| v.last_checkpoint_ms = Some(now - 2 * H)), pre(8, "bob", &[1], now - 2 * H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
             Case { name: "never partially: a 1-GPU job that needs one GPU of a 2-GPU victim stops all of it (one decision)", state: st(2, vec![pre(7, "bob", &[0, 1], 0)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
             Case { name: "no loop: a job may not preempt the job that preempted it", state: st(2, vec![with(pre(7, "bob", &[0, 1], 0), |v| v.took_from = vec![1])], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
             Case { name: "no loop: nor one it was preempted for before", state: st(2, vec![with(pre(7, "bob", &[0, 1], 0), |v| v.preempted_for = vec![1])], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
