@@ -4,7 +4,7 @@
 #   scripts/package.sh            release build (what a lab installs)
 #   scripts/package.sh --debug    package the debug binaries already built (CI: saves a second build)
 # GANTRY_DEB_VERSION overrides the version (CI builds a second package to test upgrades).
-# Then: dpkg -i target/gantry_*.deb   (see README, "Install on a lab workstation").
+# Then: dpkg -i target/gantry_*.deb   (see the guide, docs/book/src/admin-install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=release

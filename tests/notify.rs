@@ -246,7 +246,14 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     assert_eq!(add["owner"], alice.name.as_str(), "{add}");
     e.json_as(
         &alice,
-        &["notify", "add", "email", "alice@lab.test", "--on", "failed,timed_out"],
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed,timed_out",
+        ],
     );
     e.json_as(&bob, &["notify", "add", "webhook", &http.url("/bob"), "--on", all]);
 
@@ -404,7 +411,7 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
             .iter()
             .find(|m| m.data.contains(&format!("job {id} (")))
             .unwrap_or_else(|| panic!("no email about job {id}: {mails:?}"));
-        assert_eq!(m.to, ["alice@lab.test"], "{m:?}");
+        assert_eq!(m.to, [format!("{}@lab.test", alice.name)], "{m:?}");
         assert!(m.data.contains(what), "{}", m.data);
         assert!(
             m.data.contains("gantry@lab.test") && m.data.to_ascii_lowercase().contains("message-id: <"),
@@ -685,4 +692,87 @@ fn a_redirect_is_not_followed() {
         hits.iter().all(|h| h.path == "/moved"),
         "only the listed URL was requested: {hits:?}"
     );
+}
+
+/// Issue 29 hole 6: the lab's relay is not a spam cannon. `notify test` is limited per user per hour
+/// (the default, 6), an email target is the user's own address at the lab's domain (that of
+/// `smtp_from` by default), and a job's name reaches the subject cleaned and bounded.
+#[test]
+fn the_labs_mail_relay_sends_only_a_users_own_mail_and_tests_are_bounded() {
+    let (http, smtp) = (HttpSink::start(), SmtpSink::start());
+    let (_d, cfg) = lab(&http, Some(&smtp), "");
+    let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+    // bob may not send the lab's mail to alice, nor outside the lab.
+    let out = e.gantry_user(&bob, &["notify", "add", "email", &format!("{}@lab.test", alice.name)]);
+    assert!(
+        !out.status.success()
+            && out_text(&out).contains(&format!("you may add only your own address, {}@lab.test", bob.name)),
+        "{}",
+        out_text(&out)
+    );
+    let out = e.gantry_user(&bob, &["notify", "add", "email", "victim@example.org"]);
+    assert!(
+        !out.status.success() && out_text(&out).contains("the lab sends email only to addresses at lab.test"),
+        "{}",
+        out_text(&out)
+    );
+    // His own address: yes.
+    e.json_as(&bob, &["notify", "add", "email", &format!("{}@lab.test", bob.name)]);
+    for i in 0..6 {
+        let out = e.gantry_user(&bob, &["notify", "test"]);
+        assert!(out.status.success(), "test {i}: {}", out_text(&out));
+    }
+    let out = e.gantry_user(&bob, &["notify", "test"]);
+    assert!(
+        !out.status.success()
+            && out_text(&out).contains(
+                "you sent 6 test notifications in the last hour, the lab's limit (`[notify] max_tests_per_hour`)"
+            ),
+        "{}",
+        out_text(&out)
+    );
+    e.wait_until("bob's six test mails", || smtp.mails().len() >= 6);
+    // A job named like the lab's notice: the subject has its id, owner and at most 40 characters of it.
+    e.json_as(
+        &alice,
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed",
+        ],
+    );
+    let sly = "ACTION REQUIRED: your lab account expires today, log in at https://evil.example/ to keep it";
+    let id = submit_as(
+        &e,
+        &alice,
+        "sly",
+        &format!("name: \"{sly}\"\nimage: {IMAGE}\ncommand: 'false'\ngpus: 0\n"),
+    );
+    e.wait_until("alice's mail", || {
+        smtp.mails().iter().any(|m| m.data.contains(&format!("job {id} (")))
+    });
+    let mail = smtp
+        .mails()
+        .into_iter()
+        .find(|m| m.data.contains(&format!("job {id} (")))
+        .unwrap();
+    // Headers unfolded (a long subject is folded onto more lines).
+    let unfolded = mail.data.replace("\r\n ", " ").replace("\r\n\t", " ");
+    let subject = unfolded
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("subject:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        subject.contains(&format!(
+            "[gantry] job {id} (ACTION REQUIRED: your lab account exp...) of {}",
+            alice.name
+        )),
+        "{subject}"
+    );
+    assert!(!subject.contains("evil.example"), "{subject}");
 }

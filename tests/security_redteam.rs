@@ -1,5 +1,5 @@
-//! A hostile local user against the rules of the README's "Security model": each test is a hole found
-//! by attacking a root engine as real users, and fails on the code before its fix.
+//! A hostile local user against the rules of the guide's "Security model" (docs/book/src/security.md): each test is
+//! a hole found by attacking a root engine as real users, and fails on the code before its fix.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

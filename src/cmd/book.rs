@@ -153,8 +153,13 @@ fn rules_line(r: &BookingRules) -> String {
         .max_gpu_hours_week
         .map(|h| format!(", {h} GPU-hours per user per week"))
         .unwrap_or_default();
+    let long = if r.max_length_ms > 0 {
+        format!(", at most {} long", d(r.max_length_ms))
+    } else {
+        String::new()
+    };
     format!(
-        "Lab rules: {} slots, up to {} ahead, at most {} GPU{} per booking{week}; a booking unused {} after its start is released.",
+        "Lab rules: {} slots, up to {} ahead{long}, at most {} GPU{} per booking{week}; a booking unused {} after its start (or after its owner's last use) is released.",
         d(r.slot_ms),
         d(r.max_ahead_ms),
         r.max_gpus,
@@ -184,7 +189,8 @@ pub async fn book(
         .await?
         .rules;
     let (start, rounded) = parse_at(at, now, rules.slot_ms)?;
-    let end = start + length.as_millis() as i64;
+    // Saturating: a length past what a time can hold is the engine's to refuse (`max_length`), not a panic.
+    let end = start.saturating_add(i64::try_from(length.as_millis()).unwrap_or(i64::MAX));
     let b = ctx
         .client
         .book(&BookRequest {

@@ -696,7 +696,8 @@ export type NotifyJob = { id: number, name: string, owner: string, state: string
  */
 message?: string | null, };
 /**
- * A webhook's JSON body (schema `gantry.notification/1`, see the README's "Notifications").
+ * A webhook's JSON body (schema `gantry.notification/1`, see the guide's "Notifications",
+ * docs/book/src/notifications.md).
  * `text` is what Slack and Mattermost incoming webhooks show.
  */
 export type NotifyPayload = { schema: string, id: string, event: NotifyEvent, 
@@ -770,6 +771,10 @@ slot_ms: number,
  * How far ahead a booking may start (ms from now).
  */
 max_ahead_ms: number, 
+/**
+ * The longest a booking may be (ms; 0 from an engine older than this field).
+ */
+max_length_ms: number, 
 /**
  * GPU-hours one user may have booked in a week (Monday 00:00 UTC to the next, by start);
  * `None`: no limit.

@@ -777,6 +777,7 @@ async fn open_port(
         OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => {
             fail(StatusCode::CONFLICT, err)
         }
+        OpenError::Taken { .. } => fail(StatusCode::SERVICE_UNAVAILABLE, err),
         OpenError::Engine(err) => Failure::from(err),
     })
 }

@@ -487,6 +487,13 @@ impl Engine {
         }
     }
 
+    /// Unmount the pinned mounts of a container that has started (it holds its own copy of each).
+    fn unpin_staging(&self, container_name: &str) {
+        if let Err(e) = self.staging().unpin(container_name) {
+            warn!("{e}");
+        }
+    }
+
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -548,6 +555,8 @@ impl Engine {
     pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
         let own = self.backend.start(&self).await;
         self.clone().recover().await?;
+        // Open browser tabs keep their URLs: forwards listen again before the first pass.
+        self.reopen_forwards().await;
         let sampler = tokio::spawn(self.clone().sampler_loop());
         let pruner = tokio::spawn(self.clone().prune_loop());
         let mut tick = tokio::time::interval(crate::config::PASS_EVERY);

@@ -386,15 +386,30 @@ impl Engine {
         } else {
             self.queued_preemptible(&ids)
         };
-        let cautious_runtimes: Vec<(i64, i64)> = if !booked_ahead {
-            vec![]
-        } else {
-            queued
-                .iter()
-                .filter(|j| j.expected_runtime_ms.is_none())
-                .filter_map(|j| history.estimate(&j.key(), 0).map(|e| (j.id, e.p95_ms)))
-                .collect()
-        };
+        // A job preempted `max_per_day` times in the last day is past the guard rails: a booking's
+        // start could not preempt it, so it is not "preemptible" for a booked GPU.
+        let max_per_day = policy.preemption.rules.max_per_day;
+        let preemptible: Vec<i64> = preemptible
+            .into_iter()
+            .filter(|id| {
+                !preempted_at.contains_key(id)
+                    || self
+                        .reader()
+                        .preemptions(*id, now - 86_400_000)
+                        .is_ok_and(|p| p.1 < max_per_day)
+            })
+            .collect();
+        // Runtimes a booking may trust: learned from the owner's own runs of that name and shape
+        // (p95), else none (`unproven`: other jobs' runs say nothing of this one's).
+        let (mut cautious_runtimes, mut unproven_runtimes) = (vec![], vec![]);
+        if holds.iter().any(|b| b.start_ms > now) {
+            for j in queued.iter().filter(|j| j.expected_runtime_ms.is_none()) {
+                match history.estimate(&j.key(), 0) {
+                    Some(e) if e.basis == crate::estimate::Basis::SameJob => cautious_runtimes.push((j.id, e.p95_ms)),
+                    _ => unproven_runtimes.push(j.id),
+                }
+            }
+        }
         let state = scheduler::State {
             now_ms: now,
             gpus,
@@ -439,6 +454,7 @@ impl Engine {
                 bookings: holds,
                 preemptible,
                 cautious_runtimes,
+                unproven_runtimes,
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,

@@ -1101,6 +1101,59 @@ async fn a_booking_nobody_uses_is_released_after_release_after_and_its_owner_not
     wait_state(&e, b2, |s| s == JobState::Running).await;
 }
 
+/// Issue 29 hole 2: a booking its owner used, then left, is released `release_after` after their last
+/// job on it, even while they keep a job queued (here one that cannot start: it wants both GPUs).
+#[tokio::test(start_paused = true)]
+async fn a_used_booking_left_idle_is_released_whatever_its_owner_has_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script(
+        "long",
+        Script {
+            runtime: Duration::from_secs(5 * 3600),
+            ..Default::default()
+        },
+    );
+    fake.script(
+        "mine",
+        Script {
+            runtime: Duration::from_secs(600),
+            ..Default::default()
+        },
+    );
+    let (e, booking, start) = booked(dir.path(), &fake).await;
+    let long = e
+        .submit(file("name: long\nimage: a\nexpected_runtime: 5h\n", &bob()))
+        .unwrap()[0];
+    wait_state(&e, long, |s| s == JobState::Running).await;
+    tokio::time::sleep(Duration::from_millis((start - e.now()) as u64)).await;
+    let mine = submit(&e, "name: mine\nimage: a\n");
+    wait_state(&e, mine, |s| s == JobState::Succeeded).await;
+    assert!(e.reader().booking(booking).unwrap().unwrap().used_ms.is_some());
+    // alice keeps a job queued that cannot start (bob's job holds the other GPU).
+    let wide = submit(&e, "name: wide\nimage: a\ngpus: 2\n");
+    tokio::time::sleep(Duration::from_secs(20 * 60)).await;
+    assert_eq!(
+        e.reader().booking(booking).unwrap().unwrap().closed,
+        None,
+        "within release_after"
+    );
+    tokio::time::sleep(Duration::from_secs(15 * 60)).await;
+    let b = e.reader().booking(booking).unwrap().unwrap();
+    assert_eq!(
+        (b.closed, b.closed_why.as_deref()),
+        (
+            Some(crate::protocol::BookingState::Released),
+            Some("released: unused for 30m since its owner's last job on it")
+        ),
+        "the booking ends at {} (now {})",
+        b.end_ms,
+        e.now()
+    );
+    assert!(e.now() < b.end_ms, "released before its end");
+    assert_eq!(e.job_detail(wide).unwrap().job.state, JobState::Queued);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_bookings_owner_is_told_once_that_it_starts_soon_even_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();

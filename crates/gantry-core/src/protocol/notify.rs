@@ -217,7 +217,8 @@ pub struct NotifyJob {
     pub message: Option<String>,
 }
 
-/// A webhook's JSON body (schema `gantry.notification/1`, see the README's "Notifications").
+/// A webhook's JSON body (schema `gantry.notification/1`, see the guide's "Notifications",
+/// docs/book/src/notifications.md).
 /// `text` is what Slack and Mattermost incoming webhooks show.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, TS)]
 pub struct NotifyPayload {

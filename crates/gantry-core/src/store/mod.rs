@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_preemption.sql"),
     include_str!("../../migrations/0011_bookings.sql"),
     include_str!("../../migrations/0012_booking_starting.sql"),
+    include_str!("../../migrations/0019_preempt_signalled.sql"),
 ];
 
 /// Filters matching more runs than this walk the sort key's index (filtering on the way) instead of

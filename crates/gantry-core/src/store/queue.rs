@@ -456,6 +456,29 @@ impl Store {
         )? == 1)
     }
 
+    /// Record that a preempted attempt is about to get its checkpoint signal (once: an earlier mark
+    /// stays). Returns when it was first sent, if it was before this call.
+    pub fn preempt_signalled(&mut self, attempt_id: i64) -> Result<Option<i64>> {
+        let now = self.now();
+        let tx = self.conn.transaction()?;
+        let before: Option<i64> = tx
+            .query_row(
+                "SELECT preempt_signalled_ms FROM attempts WHERE id = ?1",
+                [attempt_id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        if before.is_none() {
+            tx.execute(
+                "UPDATE attempts SET preempt_signalled_ms = ?2 WHERE id = ?1",
+                params![attempt_id, now],
+            )?;
+        }
+        tx.commit()?;
+        Ok(before)
+    }
+
     /// The preemption recorded for an attempt (for which job, why), if any.
     pub fn preempting(&self, attempt_id: i64) -> Result<Option<(i64, String)>> {
         Ok(self

@@ -33,6 +33,7 @@ pub(super) struct DockerWatch {
     exec: Arc<dyn Executor>,
     e: Arc<Engine>,
     job_id: i64,
+    attempt_id: i64,
     timeout_ms: Option<i64>,
     cid: String,
     log: PathBuf,
@@ -77,6 +78,7 @@ impl DockerWatch {
         DockerWatch {
             exec,
             job_id: job.id,
+            attempt_id: attempt.id,
             timeout_ms: job.timeout_ms,
             cid: cid.to_string(),
             log,
@@ -167,7 +169,26 @@ impl Watch for DockerWatch {
                 &self.checkpoint.0,
                 self.checkpoint.1.unwrap_or(self.e.policy().stop_grace),
             );
-            self.exec.stop_signal(&self.cid, signal, grace).await
+            // Its signal goes once per attempt: recorded first, so an engine killed mid-preemption
+            // waits out what is left of the grace on restart instead of signalling again.
+            let sent = self.e.store().preempt_signalled(self.attempt_id);
+            match sent {
+                Ok(Some(at)) => {
+                    let left = (at + grace.as_millis() as i64 - self.e.now()).max(0) as u64;
+                    let ended = tokio::time::timeout(Duration::from_millis(left), self.exec.wait(&self.cid)).await;
+                    match ended {
+                        Ok(_) => Ok(()),
+                        Err(_) => self.exec.stop(&self.cid, Duration::from_secs(1)).await,
+                    }
+                }
+                Ok(None) => self.exec.stop_signal(&self.cid, signal, grace).await,
+                Err(err) => {
+                    // Not recorded: signalled all the same (a second signal after a crash beats none).
+                    self.e
+                        .store_failed(&format!("recording the checkpoint signal of job {}", self.job_id), &err);
+                    self.exec.stop_signal(&self.cid, signal, grace).await
+                }
+            }
         } else {
             self.exec.stop(&self.cid, self.e.policy().stop_grace).await
         };

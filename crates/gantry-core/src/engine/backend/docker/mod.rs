@@ -506,6 +506,9 @@ impl Backend for DockerBackend {
                 return Ok((cid, false));
             }
             self.exec.start(&cid).await?;
+            // Started: the container's own mount namespace holds each bind now, and Gantry never starts it
+            // again, so the pins go at once (nothing under the state dir leads into a user's files).
+            e.unpin_staging(&e.container_name(job.id, attempt.n));
             Ok::<_, EngineError>((cid, true))
         }
         .await;

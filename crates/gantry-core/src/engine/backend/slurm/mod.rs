@@ -467,9 +467,12 @@ impl Backend for SlurmBackend {
             preempt: None,
             restarts: 0,
         };
-        sl::sbatch_args(&sub, &self.s.settings)
-            .map(|_| ())
-            .map_err(|r| SpecError::new(r.0, "see the README's \"From one workstation to a cluster\""))
+        sl::sbatch_args(&sub, &self.s.settings).map(|_| ()).map_err(|r| {
+            SpecError::new(
+                r.0,
+                "see the guide's \"From one workstation to a cluster\" (docs/book/src/admin-slurm.md)",
+            )
+        })
     }
 
     fn left_running(&self) -> &'static str {
