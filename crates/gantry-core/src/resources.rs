@@ -180,7 +180,8 @@ impl Containers {
             if one == 0 {
                 u64::MAX
             } else {
-                (total / shares).max(one).saturating_mul(n)
+                // `n` shares of `total` (not n × a rounded share: all shares are the whole of it).
+                ((total as u128 * n as u128 / shares as u128) as u64).max(one.saturating_mul(n))
             }
         };
         CpuRam {
@@ -734,8 +735,23 @@ mod tests {
                 memory: u64::MAX
             }
         );
-        // No GPUs: the whole machine is the CPU-only share.
+        // No GPUs: the whole machine is the CPU-only share; as many shares as there are: all of it.
         assert_eq!(c.cpu_only_limit(cap, 0), cap);
+        let all = Containers {
+            cpu_only_shares: 3,
+            ..Containers::default()
+        };
+        assert_eq!(
+            all.cpu_only_limit(
+                CpuRam {
+                    cpus_milli: 2_000,
+                    memory: 10 * G
+                },
+                2
+            )
+            .cpus_milli,
+            2_000
+        );
     }
 
     #[test]
