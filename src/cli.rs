@@ -531,4 +531,8 @@ pub struct SimArgs {
     /// every setting.
     #[arg(long)]
     pub preempt_only: bool,
+    /// With --preempt: jobs report each checkpoint (a `checkpoint` metrics point), so the victims
+    /// chosen are those that lose least (the latest checkpoint), not those that started last.
+    #[arg(long)]
+    pub checkpoints_reported: bool,
 }

@@ -68,7 +68,12 @@ fn whole_cpu_shares_are_pinned_to_cpus_of_their_own_and_frameworks_are_told_thei
     // No reserve: every CPU of this machine goes to jobs, so two 1-CPU jobs run side by side here;
     // no per-GPU CPU share, so no CPU is kept for the (idle, simulated) GPUs and a job may ask for all.
     let lab = dir.path().join("config.toml");
-    std::fs::write(&lab, "[containers]\nreserve_cpus = 0\ncpus_per_gpu = \"none\"\n").unwrap();
+    // CPU-only jobs pinned side by side: they may hold every share (by default one, issue 33).
+    std::fs::write(
+        &lab,
+        "[containers]\nreserve_cpus = 0\ncpus_per_gpu = \"none\"\ncpu_only_shares = 3\n",
+    )
+    .unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
     let spec = |name: &str, extra: &str| {
         format!(

@@ -39,8 +39,17 @@ fn removing_a_state_folder_never_reaches_the_folders_jobs_mount_while_they_run_o
     // No image: a container of this machine's system folders with her whole home, read-write.
     let host_job = dora.write(&spec_dir.join("host.yaml"), "gpus: 0\ncommand: 'sleep 300'\n");
 
+    // Both CPU-only jobs run at once: their CPU/RAM is not counted (by default CPU-only jobs together
+    // hold one share, issue 33).
+    let lab_dir = tempfile::tempdir().unwrap();
+    let lab = lab_dir.path().join("config.toml");
+    std::fs::write(
+        &lab,
+        "[containers]\ncpu_only_cpus = \"none\"\ncpu_only_memory = \"none\"\n",
+    )
+    .unwrap();
     for engine_died in [false, true] {
-        let mut e = Engine::start(&[]);
+        let mut e = Engine::start(&["--config", lab.to_str().unwrap()]);
         let ids: Vec<i64> = [&image_job, &host_job]
             .iter()
             .map(|f| {

@@ -133,6 +133,7 @@ fn preempt_model(a: &SimArgs) -> Result<gantry_core::sim::SimPreempt> {
         restart_cost_ms: ms(a.restart_cost),
         grace_ms: ms(a.grace),
         preemptible_share: a.preemptible,
+        checkpoints_reported: a.checkpoints_reported,
     })
 }
 
@@ -463,7 +464,7 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
         "p95 wait",
         "wait 4+/1 GPU",
         if pre {
-            format!(" {:>12} {:>12}", "GPU-h lost", "preemptions")
+            format!(" {:>12} {:>12} {:>14}", "GPU-h lost", "preemptions", "GPU-h/preempt")
         } else {
             String::new()
         }
@@ -483,7 +484,12 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
             format!("{:.2}", big.iter().sum::<f64>() / big.len() as f64 / w1)
         };
         let lost = if pre {
-            format!(" {:>11.2}% {:>12}", 100.0 * r.lost_share, r.preemptions)
+            let each = if r.preemptions == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.3}", r.gpu_hours_lost / r.preemptions as f64)
+            };
+            format!(" {:>11.2}% {:>12} {:>14}", 100.0 * r.lost_share, r.preemptions, each)
         } else {
             String::new()
         };

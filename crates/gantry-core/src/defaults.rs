@@ -339,3 +339,8 @@ pub const RAM_ADVICE_MIN: u64 = 4 << 30;
 /// A running job's measures are written to the database at most this often (ms), and at its end:
 /// an engine restart loses at most this much of a run's figures, at one small write per job.
 pub const EFFICIENCY_SAVE_EVERY_MS: i64 = 15_000;
+
+/// CPU-only jobs together hold at most this many of the machine's equal CPU/RAM shares (one per GPU
+/// plus one): the one share the README keeps for CPU-only work, so one user's CPU-only jobs can never
+/// take the share a GPU needs to start a job (issue 33: five CPU-only jobs once idled four GPUs).
+pub const CPU_ONLY_SHARES: u32 = 1;

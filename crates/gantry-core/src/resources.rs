@@ -43,6 +43,8 @@ pub struct Containers {
     pub memory_per_gpu: Amount,
     pub cpu_only_cpus: Amount,
     pub cpu_only_memory: Amount,
+    /// CPU-only jobs together hold at most this many equal shares ([`Containers::cpu_only_limit`]).
+    pub cpu_only_shares: u32,
     pub reserve_cpus_milli: u64,
     pub reserve_memory: u64,
     /// Processes and threads per job; a spec may ask for fewer, never more.
@@ -63,6 +65,7 @@ impl Default for Containers {
             memory_per_gpu: Amount::Auto,
             cpu_only_cpus: Amount::Auto,
             cpu_only_memory: Amount::Auto,
+            cpu_only_shares: config::CPU_ONLY_SHARES,
             reserve_cpus_milli: config::RESERVE_CPUS_MILLI,
             reserve_memory: config::RESERVE_MEMORY,
             pids_limit: config::PIDS_LIMIT,
@@ -94,6 +97,7 @@ impl Containers {
             ("containers.memory_per_gpu", self.memory_per_gpu.show(false)),
             ("containers.cpu_only_cpus", self.cpu_only_cpus.show(true)),
             ("containers.cpu_only_memory", self.cpu_only_memory.show(false)),
+            ("containers.cpu_only_shares", self.cpu_only_shares.to_string()),
             (
                 "containers.reserve_cpus",
                 crate::units::format_cpus(self.reserve_cpus_milli),
@@ -115,6 +119,28 @@ impl Containers {
         cap: CpuRam,
         gpu_count: usize,
     ) -> CpuRam {
+        self.needs_sharing(gpus, cpus_milli, memory, cap, gpu_count, None)
+    }
+
+    /// [`Containers::needs`] for a job that may share its GPUs: with `gpu_memory` declared on GPUs of
+    /// `gpu_total` bytes (`part`: `(gpu_memory, gpu_total)`), its default CPU/RAM is that part of each
+    /// GPU's share (issue 28 item 6: three 8 GiB jobs on a 24 GiB GPU hold one share together, not
+    /// three). `gpu_total` is the largest GPU's, so the jobs packed on any one GPU never hold more
+    /// than its share. What the spec sets is kept as it is.
+    pub fn needs_sharing(
+        &self,
+        gpus: u32,
+        cpus_milli: Option<u64>,
+        memory: Option<u64>,
+        cap: CpuRam,
+        gpu_count: usize,
+        part: Option<(u64, u64)>,
+    ) -> CpuRam {
+        let part = part.filter(|(m, total)| gpus > 0 && *total > 0 && m < total);
+        let scale = |v: u64, floor: u64| match part {
+            Some((m, total)) => ((v as u128 * m as u128 / total as u128) as u64).max(floor),
+            None => v,
+        };
         let shares = gpu_count as u64 + 1;
         let pick = |explicit: Option<u64>, per_gpu: Amount, cpu_only: Amount, total: u64, floor: u64| -> u64 {
             if let Some(v) = explicit {
@@ -127,8 +153,8 @@ impl Containers {
             };
             match amount {
                 Amount::Unlimited => 0,
-                Amount::Is(v) => v.saturating_mul(times),
-                Amount::Auto => (total / shares).max(floor).saturating_mul(times),
+                Amount::Is(v) => scale(v, floor).saturating_mul(times),
+                Amount::Auto => scale((total / shares).max(floor), floor).saturating_mul(times),
             }
         };
         CpuRam {
@@ -140,6 +166,27 @@ impl Containers {
                 cap.memory,
                 crate::spec::MIN_MEMORY,
             ),
+        }
+    }
+
+    /// What CPU-only jobs together may hold (issue 33): `cpu_only_shares` of the machine's equal shares
+    /// (the capacity split one per GPU plus one), or of one default CPU-only job's CPU/RAM where the lab
+    /// set that larger. A measure CPU-only jobs are not counted in (`none`) is not bounded (`u64::MAX`).
+    pub fn cpu_only_limit(&self, cap: CpuRam, gpu_count: usize) -> CpuRam {
+        let one = self.needs(0, None, None, cap, gpu_count);
+        let shares = gpu_count as u64 + 1;
+        let n = self.cpu_only_shares.max(1) as u64;
+        let limit = |one: u64, total: u64| {
+            if one == 0 {
+                u64::MAX
+            } else {
+                // `n` shares of `total` (not n × a rounded share: all shares are the whole of it).
+                ((total as u128 * n as u128 / shares as u128) as u64).max(one.saturating_mul(n))
+            }
+        };
+        CpuRam {
+            cpus_milli: limit(one.cpus_milli, cap.cpus_milli),
+            memory: limit(one.memory, cap.memory),
         }
     }
 
@@ -608,6 +655,103 @@ mod tests {
         assert!(none
             .check_share(&job("gpus: 1\ncpus: 1\nmemory: 10GiB\n"), cap, 4, &set_in)
             .is_ok());
+    }
+
+    /// Issue 28 item 6: a job sharing a GPU by declared memory gets that part of the GPU's share, so
+    /// the jobs packed on one GPU hold one share together; what its spec sets is kept.
+    #[test]
+    fn a_gpu_sharing_job_gets_its_part_of_the_gpus_share() {
+        let c = Containers::default();
+        // 4 GPUs of 24 GiB, 10 CPUs and 50 GiB for jobs: a share is 2 CPUs and 10 GiB.
+        let cap = CpuRam {
+            cpus_milli: 10_000,
+            memory: 50 * G,
+        };
+        let part = |m: u64| Some((m * G, 24 * G));
+        // (gpus, declared GPU memory GiB, spec CPUs, expected CPUs, expected memory)
+        type Case = (u32, Option<u64>, Option<u64>, u64, u64);
+        let cases: &[Case] = &[
+            (1, None, None, 2_000, 10 * G),
+            (1, Some(8), None, 666, 10 * G / 3),
+            (1, Some(12), None, 1_000, 5 * G),
+            (2, Some(12), None, 2_000, 10 * G),
+            (1, Some(24), None, 2_000, 10 * G),
+            (1, Some(8), Some(1_500), 1_500, 10 * G / 3),
+            (0, Some(8), None, 2_000, 10 * G),
+        ];
+        for (gpus, mem, cpus, want_cpus, want_mem) in cases {
+            let got = c.needs_sharing(*gpus, *cpus, None, cap, 4, mem.and_then(part));
+            assert_eq!(
+                got,
+                CpuRam {
+                    cpus_milli: *want_cpus,
+                    memory: *want_mem
+                },
+                "{gpus} GPUs, {mem:?} GiB, {cpus:?}"
+            );
+        }
+        // Three 8 GiB jobs on one 24 GiB GPU hold no more than its share.
+        let one = c.needs_sharing(1, None, None, cap, 4, part(8));
+        assert!(3 * one.cpus_milli <= 2_000 && 3 * one.memory <= 10 * G);
+        // A lab's own per-GPU amount is split the same way; floors hold.
+        let set = Containers {
+            cpus_per_gpu: Amount::Is(8_000),
+            ..Containers::default()
+        };
+        assert_eq!(set.needs_sharing(1, None, None, cap, 4, part(6)).cpus_milli, 2_000);
+        assert_eq!(c.needs_sharing(1, None, None, cap, 4, Some((1, 24 * G))).cpus_milli, 10);
+    }
+
+    /// Issue 33: CPU-only jobs together hold `cpu_only_shares` equal shares (one by default).
+    #[test]
+    fn cpu_only_jobs_together_hold_the_labs_number_of_shares() {
+        let cap = CpuRam {
+            cpus_milli: 1_000,
+            memory: 10 * G,
+        };
+        let c = Containers::default();
+        assert_eq!(
+            c.cpu_only_limit(cap, 4),
+            CpuRam {
+                cpus_milli: 200,
+                memory: 2 * G
+            }
+        );
+        let two = Containers {
+            cpu_only_shares: 2,
+            ..Containers::default()
+        };
+        assert_eq!(two.cpu_only_limit(cap, 4).cpus_milli, 400);
+        // A lab whose CPU-only default is larger than an equal share counts in that unit; "none" is not bounded.
+        let big = Containers {
+            cpu_only_cpus: Amount::Is(500),
+            cpu_only_memory: Amount::Unlimited,
+            ..Containers::default()
+        };
+        assert_eq!(
+            big.cpu_only_limit(cap, 4),
+            CpuRam {
+                cpus_milli: 500,
+                memory: u64::MAX
+            }
+        );
+        // No GPUs: the whole machine is the CPU-only share; as many shares as there are: all of it.
+        assert_eq!(c.cpu_only_limit(cap, 0), cap);
+        let all = Containers {
+            cpu_only_shares: 3,
+            ..Containers::default()
+        };
+        assert_eq!(
+            all.cpu_only_limit(
+                CpuRam {
+                    cpus_milli: 2_000,
+                    memory: 10 * G
+                },
+                2
+            )
+            .cpus_milli,
+            2_000
+        );
     }
 
     #[test]

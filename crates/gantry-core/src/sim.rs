@@ -261,6 +261,11 @@ pub struct SimPreempt {
     pub grace_ms: i64,
     /// The share of jobs that are preemptible (chosen by a fixed hash of the job's index).
     pub preemptible_share: f64,
+    /// Jobs report each checkpoint (a `checkpoint` metrics point): the scheduler knows each victim's
+    /// last one ([`scheduler::Victim::last_checkpoint_ms`]) and stops those that lose least. Off: it
+    /// knows only their starts, as the engine until the metrics are wired to it.
+    #[serde(default)]
+    pub checkpoints_reported: bool,
 }
 
 impl SimPreempt {
@@ -484,6 +489,13 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             preempted_for: preempted_for[*j].clone(),
                             took_from: took_from[*j].clone(),
                             checkpoint_ms: None,
+                            last_checkpoint_ms: pre
+                                .filter(|p| p.checkpoints_reported && p.checkpoint_every_ms > 0)
+                                .and_then(|p| {
+                                    let ran = now - attempt_at[*j];
+                                    (ran >= p.checkpoint_every_ms)
+                                        .then(|| attempt_at[*j] + ran - ran % p.checkpoint_every_ms)
+                                }),
                             stopping_for: stopping.get(j).copied(),
                         }),
                         declared: checked.then(|| scheduler::Declared {
@@ -1414,6 +1426,7 @@ mod tests {
             restart_cost_ms: 120_000,
             grace_ms: 60_000,
             preemptible_share: 1.0,
+            checkpoints_reported: false,
         };
         let mut cfg = SimConfig {
             gpus: 2,
@@ -1448,6 +1461,64 @@ mod tests {
             ..pre
         });
         assert_eq!(simulate(&t, &cfg).starts_ms, plain.starts_ms);
+    }
+
+    /// Issue 32 item 3: where jobs report their checkpoints, the victim is the one that loses least
+    /// (the latest checkpoint), not the one that started last. Two 10-hour jobs on 2 GPUs, started at
+    /// 0 and 25 min, checkpoint every 30 min of their attempt; a priority-10 job arrives at 61 min 40 s.
+    #[test]
+    fn reported_checkpoints_make_victims_that_lose_least() {
+        let csv =
+            "submit_s,duration_s,gpus,gpu_memory,user,priority\n0,36000,1,,a,0\n1500,36000,1,,b,0\n3700,600,1,,c,10\n";
+        let t = parse_trace(csv, 2).unwrap();
+        let pre = SimPreempt {
+            rules: scheduler::PreemptRules {
+                overdue: false,
+                priority_gap: Some(10),
+                fair_share: false,
+                min_run_ms: 600_000,
+                max_per_day: 3,
+            },
+            checkpoint_every_ms: 1_800_000,
+            restart_cost_ms: 120_000,
+            grace_ms: 60_000,
+            preemptible_share: 1.0,
+            checkpoints_reported: false,
+        };
+        let cfg = |pre: SimPreempt| SimConfig {
+            gpus: 2,
+            gpu_memory: 1 << 30,
+            policy: Policy::Gantry,
+            declared_runtimes: false,
+            scheduler: Default::default(),
+            fair_share_half_life_s: None,
+            learn_runtimes: false,
+            preempt: Some(pre),
+            lying: None,
+        };
+        // Unaware: the job that ran least goes (b, 36 min 40 s in): 6 min 40 s since its checkpoint at
+        // 55 min, plus the 1-minute grace and 2-minute restart.
+        let blind = simulate(&t, &cfg(pre.clone()));
+        // Aware: a, whose checkpoint at 60 min is the latest: 1 min 40 s lost, plus grace and restart.
+        let aware = simulate(
+            &t,
+            &cfg(SimPreempt {
+                checkpoints_reported: true,
+                ..pre
+            }),
+        );
+        assert_eq!((blind.preemptions, aware.preemptions), (1, 1));
+        let h = |s: f64| s / 3600.0;
+        assert!(
+            (blind.gpu_hours_lost - h(400.0 + 180.0)).abs() < 1e-9,
+            "{}",
+            blind.gpu_hours_lost
+        );
+        assert!(
+            (aware.gpu_hours_lost - h(100.0 + 180.0)).abs() < 1e-9,
+            "{}",
+            aware.gpu_hours_lost
+        );
     }
 
     #[test]

@@ -23,11 +23,40 @@ impl Engine {
         self.reader().usage_worth_since(since, &worth)
     }
 
-    /// The CPU and RAM a job is limited to and counted for (see [`crate::resources::Containers::needs`]).
-    pub(super) fn job_needs(&self, p: &Policy, gpus: u32, cpus_milli: Option<u64>, memory: Option<u64>) -> CpuRam {
+    /// The CPU and RAM a job is limited to and counted for (see
+    /// [`crate::resources::Containers::needs_sharing`]): a job sharing GPUs (`gpu_memory`) gets its part.
+    pub(super) fn job_needs(
+        &self,
+        p: &Policy,
+        gpus: u32,
+        cpus_milli: Option<u64>,
+        memory: Option<u64>,
+        gpu_memory: Option<u64>,
+    ) -> CpuRam {
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
-        p.containers
-            .needs(gpus, cpus_milli, memory, self.host_capacity(p), gpu_count)
+        p.containers.needs_sharing(
+            gpus,
+            cpus_milli,
+            memory,
+            self.host_capacity(p),
+            gpu_count,
+            self.sharing_part(gpu_memory),
+        )
+    }
+
+    /// A GPU-sharing job's part of a GPU: its declared `gpu_memory` of the largest usable GPU's memory
+    /// (so the jobs packed on any one GPU hold at most its CPU/RAM share together).
+    pub(super) fn sharing_part(&self, gpu_memory: Option<u64>) -> Option<(u64, u64)> {
+        let m = gpu_memory?;
+        let largest = self
+            .latest
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|g| self.usable(g))
+            .map(|g| g.memory_total)
+            .max()?;
+        Some((m, largest))
     }
 
     /// The CPUs to pin a job to when its share is whole CPUs (`Ok(None)`: it is not, the quota

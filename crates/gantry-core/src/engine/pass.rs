@@ -146,6 +146,8 @@ impl Engine {
             preempted_for: st.preempted_for(job.id).ok()?,
             took_from: st.took_from(job.id).ok()?,
             checkpoint_ms: None,
+            // Filled from the job's `checkpoint` metrics points once they reach the engine.
+            last_checkpoint_ms: None,
             stopping_for: None,
         })
     }
@@ -335,6 +337,8 @@ impl Engine {
         // Once per pass, not per queued job.
         let host = self.host_capacity(&policy);
         let gpu_count = self.latest.read().unwrap().iter().filter(|g| self.usable(g)).count();
+        // A GPU-sharing job's part of a GPU (see `Engine::sharing_part`), the GPUs read once.
+        let largest = self.sharing_part(Some(0)).map(|p| p.1);
         let (usage, typical_wait, shapes, history, overruns) = {
             let s = self.stats.lock().unwrap();
             (
@@ -352,15 +356,18 @@ impl Engine {
             c.iter().map(|(j, g)| (*j, g.clone())).collect()
         };
         let holds = self.booking_holds(now);
-        let preemptible = if holds.iter().any(|b| b.start_ms > now) {
-            let ids: Vec<i64> = queued
-                .iter()
-                .filter(|j| !j.interactive && j.gpus > 0)
-                .map(|j| j.id)
-                .collect();
-            self.queued_preemptible(&ids)
-        } else {
+        let booked_ahead = holds.iter().any(|b| b.start_ms > now);
+        // Which queued jobs would be preemptible: GPU jobs may go on a booking's GPUs before its start,
+        // CPU-only ones may take free GPUs' CPU/RAM shares (`scheduler::cpu_only`).
+        let ids: Vec<i64> = queued
+            .iter()
+            .filter(|j| !j.interactive && (j.gpus == 0 || booked_ahead))
+            .map(|j| j.id)
+            .collect();
+        let preemptible = if ids.is_empty() {
             vec![]
+        } else {
+            self.queued_preemptible(&ids)
         };
         // A job preempted `max_per_day` times in the last day is past the guard rails: a booking's
         // start could not preempt it, so it is not "preemptible" for a booked GPU.
@@ -393,6 +400,7 @@ impl Engine {
             usage: &usage,
             history: &history,
             overruns: &overruns,
+            largest_gpu: largest,
         };
         let state = scheduler::State {
             now_ms: now,
@@ -410,6 +418,7 @@ impl Engine {
                 overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, gpu_count)),
+                cpu_only_limit: Some(policy.containers.cpu_only_limit(host, gpu_count)),
                 preemption: policy.preemption.rules(),
                 claims,
                 shapes,
@@ -534,9 +543,14 @@ impl Engine {
             filter: j.gpu_filter.clone(),
             // A job queued before the lab's share shrank is held to the ceiling, like new ones.
             needs: ceil_needs(
-                i.policy
-                    .containers
-                    .needs(j.gpus, j.cpus_milli, j.memory, i.host, i.gpu_count),
+                i.policy.containers.needs_sharing(
+                    j.gpus,
+                    j.cpus_milli,
+                    j.memory,
+                    i.host,
+                    i.gpu_count,
+                    j.gpu_memory.zip(i.largest_gpu),
+                ),
                 i.policy.containers.ceiling(j.gpus, i.host, i.gpu_count),
             ),
             preempted_at_ms: None,
@@ -635,6 +649,8 @@ pub(super) struct JobInputs<'a> {
     pub usage: &'a HashMap<String, f64>,
     pub history: &'a crate::estimate::History,
     pub overruns: &'a HashMap<String, u32>,
+    /// The largest GPU's memory: a GPU-sharing job's CPU/RAM is its declared part of a GPU's share.
+    pub largest_gpu: Option<u64>,
 }
 
 /// The reason a job with a `begin` still ahead waits: "starts at 22:00" (with the day when not today).

@@ -150,6 +150,7 @@ impl Engine {
             usage: &usage,
             history: &history,
             overruns: &overruns,
+            largest_gpu: self.sharing_part(Some(0)).map(|p| p.1),
         };
         let rows = self.queue.lock().unwrap().rows();
         let mut queued: Vec<_> = rows
@@ -167,6 +168,7 @@ impl Engine {
                 overrun_margin_ms: policy.overrun_margin.as_millis() as i64,
                 max_running_gpus_per_user: policy.max_running_gpus,
                 gpu_share: Some(policy.containers.needs(1, None, None, host, inputs.gpu_count)),
+                cpu_only_limit: Some(policy.containers.cpu_only_limit(host, inputs.gpu_count)),
                 preemption: policy.preemption.rules(),
                 shapes,
                 bookings: self.booking_holds(now),

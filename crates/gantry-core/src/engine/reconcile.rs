@@ -51,7 +51,13 @@ impl Engine {
                         runtime_ms: r.as_millis() as i64,
                     }),
                     learn: j.job.expected_runtime.is_none().then(|| (j.key(), a.started_at)),
-                    needs: self.job_needs(&policy, j.gpus, j.job.limits.cpus_milli, j.job.limits.memory),
+                    needs: self.job_needs(
+                        &policy,
+                        j.gpus,
+                        j.job.limits.cpus_milli,
+                        j.job.limits.memory,
+                        j.gpu_memory,
+                    ),
                     // Running containers' pins are read from Docker when the next job is pinned.
                     cpuset: vec![],
                     victim,

@@ -683,7 +683,7 @@ max_watches = 32
     #[test]
     fn containers_table_parses_and_explains_its_mistakes() {
         use crate::resources::{Amount, Containers};
-        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\nhost_image = false\n").unwrap().policy.containers;
+        let c = parse("[containers]\nshm_size = \"16GiB\"\nmemlock = \"unlimited\"\nstack = \"32MiB\"\nallow_ipc_host = true\nhome = \"mount\"\ncpus_per_gpu = 8\nmemory_per_gpu = \"64GiB\"\ncpu_only_cpus = 0.5\ncpu_only_memory = \"none\"\ncpu_only_shares = 2\nreserve_cpus = 2\nreserve_memory = \"4GiB\"\npids_limit = 1024\nhost_image = false\n").unwrap().policy.containers;
         assert_eq!(
             c,
             Containers {
@@ -696,6 +696,7 @@ max_watches = 32
                 memory_per_gpu: Amount::Is(64 << 30),
                 cpu_only_cpus: Amount::Is(500),
                 cpu_only_memory: Amount::Unlimited,
+                cpu_only_shares: 2,
                 reserve_cpus_milli: 2000,
                 reserve_memory: 4 << 30,
                 pids_limit: 1024,
@@ -731,6 +732,10 @@ max_watches = 32
             (
                 "[containers]\nmemory_per_gpu = \"1KiB\"\n",
                 "`memory_per_gpu` = \"1KiB\" is not a size of at least 6 MiB",
+            ),
+            (
+                "[containers]\ncpu_only_shares = 0\n",
+                "config.toml:2:19: `cpu_only_shares` = 0 is not a number of shares from 1 to 1024",
             ),
             (
                 "[containers]\nreserve_cpus = \"auto\"\n",

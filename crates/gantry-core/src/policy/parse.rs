@@ -311,6 +311,7 @@ pub(super) struct RawContainers {
     memory_per_gpu: S<String>,
     cpu_only_cpus: S<toml::Value>,
     cpu_only_memory: S<String>,
+    cpu_only_shares: S<i64>,
     reserve_cpus: S<toml::Value>,
     reserve_memory: S<String>,
     pids_limit: S<i64>,
@@ -1267,6 +1268,16 @@ impl Check<'_> {
         c.cpu_only_memory = memory("cpu_only_memory", &raw.cpu_only_memory, true).unwrap_or(c.cpu_only_memory);
         if let Some(Amount::Is(b)) = memory("reserve_memory", &raw.reserve_memory, false) {
             c.reserve_memory = b;
+        }
+        if let Some(v) = &raw.cpu_only_shares {
+            match *v.get_ref() {
+                n @ 1..=1024 => c.cpu_only_shares = n as u32,
+                n => self.fail(
+                    v.span(),
+                    format!("`cpu_only_shares` = {n} is not a number of shares from 1 to 1024"),
+                    "write e.g. 1 (CPU-only jobs together hold one share, as many as one GPU's) or 2",
+                ),
+            }
         }
         if let Some(v) = &raw.pids_limit {
             let (lo, hi) = (

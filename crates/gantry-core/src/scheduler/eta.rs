@@ -133,6 +133,7 @@ mod estimate_tests {
             preempted_for: vec![],
             took_from: vec![],
             checkpoint_ms: None,
+            last_checkpoint_ms: None,
             stopping_for: Some(1),
         });
         assert_eq!(estimate_starts(&s, 60_000, 100)[&1], 1);

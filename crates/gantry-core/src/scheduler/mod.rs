@@ -21,6 +21,7 @@ pub use crate::units::format_cpus;
 use serde::{Deserialize, Serialize};
 
 mod book;
+mod cpu_only;
 mod eta;
 mod explain;
 mod fit;
@@ -160,6 +161,16 @@ pub struct CpuRam {
     pub memory: u64,
 }
 
+impl CpuRam {
+    /// Both measures added (saturating).
+    pub fn plus(self, o: CpuRam) -> CpuRam {
+        CpuRam {
+            cpus_milli: self.cpus_milli.saturating_add(o.cpus_milli),
+            memory: self.memory.saturating_add(o.memory),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     /// After this long in the queue, a job that cannot start reserves GPUs.
@@ -205,6 +216,10 @@ pub struct Config {
     /// `None`: GPUs alone count.
     #[serde(default)]
     pub gpu_share: Option<CpuRam>,
+    /// What CPU-only jobs together may hold (lab `[containers] cpu_only_shares`, see [`cpu_only`]);
+    /// `None`: not bounded (the simulator).
+    #[serde(default)]
+    pub cpu_only_limit: Option<CpuRam>,
     /// The recent mix of request shapes, for FGD packing (empty: best fit). Part of the pass's
     /// input rather than a setting: the engine and the simulator fill it from recent submissions.
     #[serde(default)]
@@ -318,6 +333,7 @@ impl Default for Config {
             explain_first: explain_default(),
             max_running_gpus_per_user: None,
             gpu_share: None,
+            cpu_only_limit: None,
             shapes: vec![],
             preemption: None,
             claims: vec![],
@@ -511,6 +527,12 @@ struct Pool<'a> {
     free: Option<CpuRam>,
     cap: CpuRam,
     holders: Vec<(&'a str, i64, CpuRam)>,
+    /// What CPU-only jobs hold (running, and placed this pass), and which hold it.
+    cpu_only: CpuRam,
+    cpu_only_by: Vec<(&'a str, i64, CpuRam)>,
+    /// The CPU/RAM of queued jobs that preempted (their claims, [`Config::claims`]): kept for them
+    /// until they start, as their GPUs are, so what a preemption freed is not taken by another job.
+    claimed: Vec<(&'a str, i64, CpuRam)>,
 }
 
 impl<'a> Pool<'a> {
@@ -527,12 +549,47 @@ impl<'a> Pool<'a> {
                 .saturating_sub(holders.iter().map(|h| h.2.cpus_milli).sum()),
             memory: c.memory.saturating_sub(holders.iter().map(|h| h.2.memory).sum()),
         });
-        Pool { free, cap, holders }
+        let cpu_only_by: Vec<(&str, i64, CpuRam)> = state
+            .running
+            .iter()
+            .filter(|r| r.gpus.is_empty())
+            .map(|r| (r.user.as_str(), r.job_id, r.needs))
+            .collect();
+        let claimed = state
+            .config
+            .claims
+            .iter()
+            .filter_map(|(id, _)| state.queued.iter().find(|q| q.job_id == *id))
+            .filter(|q| outside_blocks(state, q).is_none())
+            .map(|q| (q.user.as_str(), q.job_id, q.needs))
+            .collect();
+        Pool {
+            free,
+            cap,
+            holders,
+            cpu_only: cpu_only_by.iter().fold(CpuRam::default(), |a, h| a.plus(h.2)),
+            cpu_only_by,
+            claimed,
+        }
+    }
+
+    /// What is free for `job`: the free CPU/RAM less what is kept for other jobs' claims.
+    fn free_for(&self, job: &QueuedJob) -> Option<CpuRam> {
+        let free = self.free?;
+        let kept = self
+            .claimed
+            .iter()
+            .filter(|c| c.1 != job.job_id)
+            .fold(CpuRam::default(), |a, c| a.plus(c.2));
+        Some(CpuRam {
+            cpus_milli: free.cpus_milli.saturating_sub(kept.cpus_milli),
+            memory: free.memory.saturating_sub(kept.memory),
+        })
     }
 
     /// Why `job`'s CPU or RAM does not fit now (empty when not `explain`ed).
     fn lacks(&self, job: &QueuedJob, explain: bool) -> Option<String> {
-        let free = self.free?;
+        let free = self.free_for(job)?;
         let n = job.needs;
         let cpu = n.cpus_milli > free.cpus_milli;
         if !cpu && n.memory <= free.memory {
@@ -567,6 +624,12 @@ impl<'a> Pool<'a> {
         if by.len() > 3 {
             who.push(format!("{} more jobs", by.len() - 3));
         }
+        for (u, id, c) in self.claimed.iter().filter(|c| c.1 != job.job_id && pick(&c.2) > 0) {
+            who.push(format!(
+                "{} kept for {u}'s job {id}, which preempted for it",
+                fmt(pick(c))
+            ));
+        }
         Some(format!(
             "needs {} {what}, {} free ({})",
             fmt(pick(&n)),
@@ -580,8 +643,22 @@ impl<'a> Pool<'a> {
             f.cpus_milli = f.cpus_milli.saturating_sub(job.needs.cpus_milli);
             f.memory = f.memory.saturating_sub(job.needs.memory);
             self.holders.push((job.user.as_str(), job.job_id, job.needs));
+            self.claimed.retain(|c| c.1 != job.job_id);
+            if job.gpus == 0 {
+                self.cpu_only = self.cpu_only.plus(job.needs);
+                self.cpu_only_by.push((job.user.as_str(), job.job_id, job.needs));
+            }
         }
     }
+}
+
+/// Why `job`'s CPU or RAM does not fit now: the machine's, and for a CPU-only job what CPU-only work
+/// may hold ([`cpu_only`]).
+fn short(state: &State, pool: &Pool, slots: &[Slot], job: &QueuedJob, explain: bool) -> Option<String> {
+    pool.lacks(job, explain).or_else(|| match job.gpus {
+        0 => cpu_only::over(state, pool, slots, job, explain),
+        _ => None,
+    })
 }
 
 /// Compute placements. Deterministic: same state in, same plan out.
@@ -668,8 +745,9 @@ pub fn plan(state: &State) -> Plan {
     if let Some(job) = starving {
         match choose(&slots, job, &ctx, true) {
             // Its GPUs are free but its CPU or RAM is not: waiting for CPU leaves the GPUs to others.
-            Ok(_) if pool.lacks(job, false).is_some() => {
-                reserved_for = Some((job.job_id, vec![], pool.lacks(job, true).unwrap_or_default()))
+            Ok(_) if short(state, &pool, &slots, job, false).is_some() => {
+                let reason = short(state, &pool, &slots, job, true).unwrap_or_default();
+                reserved_for = Some((job.job_id, vec![], reason))
             }
             Ok(chosen) => {
                 take(&mut slots, job, &chosen, &ctx);
@@ -746,7 +824,7 @@ pub fn plan(state: &State) -> Plan {
         // Past `explain_first`: no reason string (`Waiting::why` says "waiting behind N other jobs").
         let behind = |_: &Plan, reason: String| if explained { reason } else { String::new() };
         if job.gpus == 0 {
-            match pool.lacks(job, explained) {
+            match short(state, &pool, &slots, job, explained) {
                 Some(reason) => {
                     let reason = behind(&out, reason);
                     push_wait(&mut out, job.job_id, reason, vec![]);

@@ -10,6 +10,9 @@
 //! - **overrun** (on whenever preemption is): a job holding a reservation preempts the preemptible
 //!   jobs on its reserved GPUs that ran past their declared runtime by the margin ([`overran_ms`]):
 //!   `min_run` does not protect them (their own promise was shorter), the other guard rails do.
+//! - **CPU-only work** (on whenever preemption is): a GPU job whose GPUs are free but whose CPU or RAM
+//!   is held by preemptible CPU-only jobs of other users preempts them (issue 33: a GPU never idles
+//!   for CPU-only work while someone's GPU job waits).
 //!
 //! Guard rails, for every rule: a victim has run at least `min_run` this attempt and was preempted
 //! fewer than `max_per_day` times in the last day; the cheapest victims go first (fewest GPU-minutes
@@ -67,6 +70,12 @@ pub struct Victim {
     /// When it last answered a checkpoint signal (exited within its grace), if ever.
     #[serde(default)]
     pub checkpoint_ms: Option<i64>,
+    /// When it last reported saving a checkpoint this attempt (a metrics point carrying the key
+    /// `checkpoint` in its `GANTRY_METRICS` file), if it did: preempting it now loses only the work
+    /// since then, so victims are chosen by that ([`lost_ms`]). `None`: none reported (the work since
+    /// its start counts as lost). The simulator fills it from its checkpoint model.
+    #[serde(default)]
+    pub last_checkpoint_ms: Option<i64>,
     /// It is being stopped already, for this job: not decided again; its GPUs count as freeing.
     #[serde(default)]
     pub stopping_for: Option<i64>,
@@ -101,6 +110,8 @@ pub enum PreemptWhy {
     },
     /// A GPU booking started on the victim's GPUs (`for_job` is 0: no job).
     Booking { user: String, booking: i64, span: String },
+    /// The waiting job's GPUs are free; the CPU or RAM it needs is held by CPU-only jobs.
+    CpuOnly { user: String, gpus: u32 },
     /// The victim ran past its declared runtime by more than the margin, on GPUs reserved for the
     /// waiting job (its promise let the reservation's drain be planned around it, or backfilled it).
     Overran {
@@ -156,6 +167,11 @@ impl std::fmt::Display for PreemptWhy {
                 )
             }
             PreemptWhy::Booking { user, booking, span } => write!(f, "{user}'s booking {booking} ({span})"),
+            PreemptWhy::CpuOnly { user, gpus } => write!(
+                f,
+                "{user}'s {} job: its GPUs are free, the CPU or RAM it needs is held by CPU-only jobs",
+                shape(gpus)
+            ),
             PreemptWhy::Overran {
                 job,
                 past_ms,
@@ -350,6 +366,23 @@ pub(super) fn decide(
         if let Some(first) = liars.first() {
             tried.push((liars.clone(), overran_why(first, job, now, margin)));
         }
+        if choose(&trial, job, ctx, false).is_ok() && !cpu_fits(pool, job, &[]) {
+            let vs: Vec<&RunningJob> = state
+                .running
+                .iter()
+                .filter(eligible)
+                .filter(|r| r.gpus.is_empty() && r.user != job.user)
+                .collect();
+            if !vs.is_empty() {
+                tried.push((
+                    vs,
+                    PreemptWhy::CpuOnly {
+                        user: job.user.clone(),
+                        gpus: job.gpus,
+                    },
+                ));
+            }
+        }
         if let Some(gap) = rules.priority_gap {
             let vs: Vec<&RunningJob> = state
                 .running
@@ -414,11 +447,13 @@ pub(super) fn decide(
             }
         }
         for (mut vs, why) in tried {
-            // Cheapest first: fewest GPU-minutes this attempt, then the latest checkpoint answered.
+            // Cheapest first: the fewest GPU-minutes lost, i.e. since its last reported checkpoint
+            // (else its start; a CPU-only job's minutes count as one GPU's, as in fair share), then
+            // the latest checkpoint signal answered.
             vs.sort_by_key(|r| {
                 let v = r.victim.as_ref().expect("eligible victims are preemptible");
                 (
-                    (now - v.started_ms).max(0) as i128 * r.gpus.len() as i128,
+                    lost_ms(v, now) as i128 * r.gpus.len().max(1) as i128,
                     std::cmp::Reverse(v.checkpoint_ms),
                     r.job_id,
                 )
@@ -501,6 +536,13 @@ pub(super) fn decide(
     }
 }
 
+/// The work a victim loses if stopped at `now`: since its last reported checkpoint this attempt, else
+/// since its start.
+pub fn lost_ms(v: &Victim, now: i64) -> i64 {
+    let since = v.last_checkpoint_ms.map_or(v.started_ms, |c| c.max(v.started_ms));
+    (now - since).max(0)
+}
+
 /// Why `r` (past its declared runtime) is preempted for `job`.
 fn overran_why(r: &RunningJob, job: &QueuedJob, now: i64, margin: i64) -> PreemptWhy {
     PreemptWhy::Overran {
@@ -514,7 +556,9 @@ fn overran_why(r: &RunningJob, job: &QueuedJob, now: i64, margin: i64) -> Preemp
 
 /// Its CPU and RAM fit once `take` stop.
 fn cpu_fits(pool: &Pool, job: &QueuedJob, take: &[&RunningJob]) -> bool {
-    let Some(free) = pool.free else { return true };
+    let Some(free) = pool.free_for(job) else {
+        return true;
+    };
     let cpus = free.cpus_milli + take.iter().map(|r| r.needs.cpus_milli).sum::<u64>();
     let mem = free.memory + take.iter().map(|r| r.needs.memory).sum::<u64>();
     job.needs.cpus_milli <= cpus && job.needs.memory <= mem
@@ -661,6 +705,10 @@ mod tests {
             Case { name: "cheapest first: of three 1-GPU holders the one with the fewest GPU-minutes goes", state: st(3, vec![pre(7, "bob", &[0], 0), pre(8, "bob", &[1], now - 2 * H), pre(9, "bob", &[2], H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
             Case { name: "cheapest first counts GPUs: a 2-GPU job 1 h in costs more than a 1-GPU job 1.5 h in", state: st(3, vec![pre(7, "bob", &[0, 1], now - H), pre(8, "bob", &[2], now - 90 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
             Case { name: "cheapest first: among equals, the one that answered a checkpoint signal last", state: st(2, vec![with(pre(7, "bob", &[0], H), |v| v.checkpoint_ms = Some(2 * H)), with(pre(8, "bob", &[1], H), |v| v.checkpoint_ms = Some(5 * H))], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
+            // Checkpoint-aware victims (issue 32 item 3): what a victim loses counts from its last reported checkpoint.
+            Case { name: "reported checkpoints: the job 3 h in that saved 5 minutes ago goes before the one 1 h in that saved none", state: st(2, vec![with(pre(7, "bob", &[0], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 5 * M)), pre(8, "bob", &[1], now - H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
+            Case { name: "reported checkpoints: a 2-GPU job's minutes since its checkpoint count twice", state: st(3, vec![with(pre(7, "bob", &[0, 1], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 40 * M)), with(pre(8, "bob", &[2], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 70 * M))], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(8, 1)] },
+            Case { name: "reported checkpoints: one from an earlier attempt counts as none (the attempt's start)", state: st(2, vec![with(pre(7, "bob", &[0], now - H), |v| v.last_checkpoint_ms = Some(now - 2 * H)), pre(8, "bob", &[1], now - 2 * H)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
             Case { name: "never partially: a 1-GPU job that needs one GPU of a 2-GPU victim stops all of it (one decision)", state: st(2, vec![pre(7, "bob", &[0, 1], 0)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
             Case { name: "no loop: a job may not preempt the job that preempted it", state: st(2, vec![with(pre(7, "bob", &[0, 1], 0), |v| v.took_from = vec![1])], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
             Case { name: "no loop: nor one it was preempted for before", state: st(2, vec![with(pre(7, "bob", &[0, 1], 0), |v| v.preempted_for = vec![1])], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
@@ -682,6 +730,90 @@ mod tests {
         for c in cases {
             assert_eq!(decisions(&c.state), c.want, "{}", c.name);
         }
+    }
+
+    /// Issue 33: a GPU never idles for CPU/RAM held by preemptible CPU-only jobs while someone else's
+    /// GPU job waits. 4 GPUs, 1 CPU for jobs; each job asks 0.2 CPUs.
+    #[test]
+    fn cpu_only_work_is_preempted_for_a_gpu_job_whose_gpus_are_free() {
+        let now = 10 * H;
+        let fifth = CpuRam {
+            cpus_milli: 200,
+            memory: G,
+        };
+        let cpu = |r: RunningJob| RunningJob { needs: fifth, ..r };
+        let bobs =
+            |started: i64| -> Vec<RunningJob> { (11..=15).map(|i| cpu(pre(i, "bob", &[], started + i))).collect() };
+        let alice = QueuedJob {
+            needs: fifth,
+            ..q(1, "ana", 1, 0, now)
+        };
+        let on = |running: Vec<RunningJob>, queued: Vec<QueuedJob>| {
+            let mut s = st(4, running, queued, now, PreemptRules::default());
+            s.host = Some(CpuRam {
+                cpus_milli: 1000,
+                memory: 5 * G,
+            });
+            s
+        };
+        type Case = (&'static str, State, Vec<(i64, i64)>);
+        let cases: Vec<Case> = vec![
+            (
+                "bob's five preemptible CPU-only jobs hold every CPU: the latest started (cheapest among equals) goes",
+                on(bobs(0), vec![alice.clone()]),
+                vec![(15, 1)],
+            ),
+            (
+                "not preemptible: nothing is preempted",
+                on(
+                    bobs(0).into_iter().map(|r| RunningJob { victim: None, ..r }).collect(),
+                    vec![alice.clone()],
+                ),
+                vec![],
+            ),
+            (
+                "not for the CPU-only jobs' own owner",
+                on(
+                    bobs(0),
+                    vec![QueuedJob {
+                        user: "bob".into(),
+                        ..alice.clone()
+                    }],
+                ),
+                vec![],
+            ),
+            (
+                "min_run protects a CPU-only job that just started",
+                on(bobs(now - 5 * M), vec![alice.clone()]),
+                vec![],
+            ),
+            (
+                "the GPU job's GPUs are not free: this rule frees no GPU",
+                on(
+                    [bobs(0), (0..4).map(|g| fixed(20 + g as i64, "cho", &[g])).collect()].concat(),
+                    vec![alice.clone()],
+                ),
+                vec![],
+            ),
+            (
+                "preemption off: nothing",
+                {
+                    let mut s = on(bobs(0), vec![alice.clone()]);
+                    s.config.preemption = None;
+                    s
+                },
+                vec![],
+            ),
+        ];
+        for (name, state, want) in cases {
+            assert_eq!(decisions(&state), want, "{name}");
+        }
+        let p = plan(&on(bobs(0), vec![alice]));
+        assert_eq!(
+            p.waiting[0].reason,
+            "preempting job 15 for it (ana's 1-GPU job: its GPUs are free, the CPU or RAM it needs is held by \
+             CPU-only jobs); starts when it has stopped"
+        );
     }
 
     /// A preemptible job of `user`'s on `gpus` that declared `declared` ms and has run `past` ms
