@@ -209,6 +209,12 @@ env?: { [key in string]: string },
  */
 mounts?: Array<string>, 
 /**
+ * TensorBoard log folder: the scalars of the event files in it (and in its subfolders) become
+ * the job's metrics (`gantry show`, `gantry compare`), read while it runs and at its end.
+ * Relative to `workdir`, or an absolute path inside the container under one of the job's mounts.
+ */
+tensorboard?: string | null, 
+/**
  * Number of GPUs (0 allowed). Default 1.
  */
 gpus: number, 
