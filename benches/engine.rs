@@ -404,6 +404,7 @@ async fn submit_cost(queued: usize, n: usize) -> (f64, f64) {
         base_dir: None,
         idempotency_key: None,
         origin: Default::default(),
+        begin: None,
     };
     let t0 = Instant::now();
     for _ in 0..n {
@@ -762,6 +763,7 @@ async fn slow_log_readers(readers: usize, bytes: u64) -> (f64, f64, f64) {
             base_dir: None,
             idempotency_key: None,
             origin: Default::default(),
+            begin: None,
         })
         .await
         .unwrap()

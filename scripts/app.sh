@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file \
-  libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev
+  libwebkit2gtk-4.1-dev libxdo-dev libayatana-appindicator3-dev librsvg2-dev
 STARTED_DOCKERD=0
 . scripts/docker-up.sh   # also builds the demo image gantry-test/busybox:1
 [ -d ui/node_modules ] || npm --prefix ui ci --no-audit --no-fund

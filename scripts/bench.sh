@@ -3,7 +3,7 @@
 # and the trace simulator on the Alibaba trace. Writes target/bench/engine.md and target/bench/sim.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config libssl-dev
+scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config
 STARTED_DOCKERD=0
 . scripts/docker-up.sh
 trap '[ "$STARTED_DOCKERD" = 1 ] && { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true' EXIT

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=release
 [ "${1:-}" = --debug ] && PROFILE=debug
-scripts/setup-ci-deps.sh build-essential pkg-config dpkg-dev file libwebkit2gtk-4.1-dev libxdo-dev libssl-dev \
+scripts/setup-ci-deps.sh build-essential pkg-config dpkg-dev file libwebkit2gtk-4.1-dev libxdo-dev \
   libayatana-appindicator3-dev librsvg2-dev
 VERSION="${GANTRY_DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)}"
 ARCH="$(dpkg --print-architecture)"

@@ -3,11 +3,12 @@
 # Docker engine and a real single-node Slurm, the UI's unit tests, and the end-to-end test of the real app under Xvfb.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# libssl-dev: notification email and https webhooks use the system's OpenSSL (native-tls). prometheus
-# (19 MB download): its promtool checks the engine's /metrics (tests/metrics.rs); no service is started.
+# No libssl-dev: email and https webhooks use rustls. openssl (the tool): tests/notify.rs makes its test
+# CAs with it. prometheus (19 MB download): its promtool checks the engine's /metrics (tests/metrics.rs);
+# no service is started.
 scripts/setup-ci-deps.sh docker.io busybox-static build-essential pkg-config curl file util-linux \
-  openssh-server openssh-client dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libssl-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver \
-  prometheus python3-venv
+  openssh-server openssh-client python3-venv dpkg-dev libwebkit2gtk-4.1-dev libxdo-dev libayatana-appindicator3-dev librsvg2-dev xvfb webkit2gtk-driver \
+  openssl prometheus
 STARTED_DOCKERD=0
 # GPU DeviceRequests without a GPU (tests/nvml.rs): dockerd registers its "nvidia" device driver only if
 # a (fake) nvidia-container-runtime-hook is on its PATH when it starts, so install it first. A dockerd
@@ -21,6 +22,9 @@ scripts/slurm-up.sh
 scripts/results-venv.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
+
+# The MCP Python SDK for tests/mcp.rs (made once per machine, outside the checkout).
+echo "==> MCP Python SDK: $(scripts/mcp-venv.sh)"
 
 echo "==> UI: npm ci, type check, build, unit tests"
 npm --prefix ui ci --no-audit --no-fund

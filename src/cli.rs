@@ -38,6 +38,14 @@ pub enum Cmd {
     Submit {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Queue nothing: check each file as a submit would (as you, the lab's limits) and say
+        /// which GPUs its jobs would get now, or why they would wait and until about when.
+        #[arg(long)]
+        dry_run: bool,
+        /// Start no earlier than this, in place of the files' `begin:` ("22:00", "tomorrow 08:00", "+2h";
+        /// the workstation's local time). Until then the jobs wait and hold nothing.
+        #[arg(long, value_name = "TIME")]
+        begin: Option<String>,
     },
     /// Queue a job from flags, without writing a file: `gantry run --gpus 1 --image IMG -- python train.py`.
     Run(RunArgs),
@@ -174,9 +182,15 @@ pub enum Cmd {
     Status,
     /// Join stdin/stdout to this machine's engine: what `gantry --host` and the app run through ssh.
     Proxy,
-    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh).
+    /// Write shell completions (bash, zsh, fish) and the man page into DIR (used by scripts/package.sh);
+    /// with --reference, the guide's reference pages (docs/book/src/reference).
     #[command(hide = true)]
-    Generate { dir: PathBuf },
+    Generate {
+        dir: PathBuf,
+        /// The guide's reference pages (commands, job spec, lab config keys) instead.
+        #[arg(long)]
+        reference: bool,
+    },
     /// Your drop folder: where it is, whether the engine watches it, and the lab's templates.
     Inbox {
         #[command(subcommand)]
@@ -184,6 +198,10 @@ pub enum Cmd {
     },
     /// Replay a workload trace through the scheduler on a virtual clock (no Docker, no sleeping).
     Sim(SimArgs),
+    /// Serve the Model Context Protocol on stdin/stdout, for coding agents (Claude Code, Codex,
+    /// Cursor): tools to list, preview, submit, triage and control your jobs, acting as you (the
+    /// same engine and rules as this CLI, `--host` included).
+    Mcp,
 }
 
 #[derive(Subcommand)]
@@ -245,6 +263,14 @@ pub struct RunArgs {
     /// A port the job serves inside its container (repeatable); `gantry open ID` reaches it.
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u16>,
+    /// Start no earlier than this, in the workstation's local time: "22:00" (today, or tomorrow once
+    /// past), "tomorrow 08:00", "2026-12-03 09:30", or "+2h". Until then it waits and holds nothing.
+    #[arg(long, value_name = "TIME")]
+    pub begin: Option<String>,
+    /// Queue nothing: check the job as a submit would and say which GPUs it would get now, or why it
+    /// would wait and until about when.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Run this string with `/bin/sh -c` instead of a command after `--`.
     #[arg(long, conflicts_with = "command")]
     pub shell: Option<String>,

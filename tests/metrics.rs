@@ -284,3 +284,77 @@ fn usage_csv_lists_gpu_hours_per_user_per_day() {
     let hours: f64 = row[2].parse().unwrap();
     assert!(hours > 0.0 && hours < 0.1, "2 GPUs for a few seconds: {text}");
 }
+
+/// Issue 29, hole 7: bob floods `/metrics` with idle connections. With the packaged defaults the
+/// engine keeps at most `[metrics] max_connections` (64) of them, closes idle ones after
+/// `idle_timeout` (10 s), and alice's `gantry ls` answers throughout, even with the engine's file
+/// descriptors limited to 300 (a flood of 24,900 took a 20,000-fd engine down before).
+#[test]
+fn a_flood_of_idle_metrics_connections_is_capped_and_closed_and_alice_still_gets_her_queue() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n")).unwrap();
+    let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+    let pid = e.pid().to_string();
+    let limited = Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=300:300"])
+        .output()
+        .unwrap();
+    assert!(limited.status.success(), "{limited:?}");
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    assert!(scrape(port).is_some());
+    let before = fds();
+
+    // bob opens 600 connections and holds them, sending nothing.
+    let mut flood = bob
+        .command("/usr/bin/python3")
+        .args([
+            "-c",
+            &format!(
+                "import socket, time\nsocks = []\ntry:\n    for _ in range(600):\n        \
+                 socks.append(socket.create_connection(('127.0.0.1', {port}), timeout=2))\nexcept OSError:\n    pass\n\
+                 print('OPEN', len(socks), flush=True)\ntime.sleep(120)\n"
+            ),
+        ])
+        .current_dir("/")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 4];
+    flood.stdout.as_mut().unwrap().read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"OPEN");
+    let held = fds();
+    let ls = Command::new("timeout")
+        .args(["20", "setpriv"])
+        .args([
+            format!("--reuid={}", alice.uid),
+            format!("--regid={}", alice.gid),
+            "--init-groups".into(),
+        ])
+        .arg(bin())
+        .arg("--state-dir")
+        .arg(&e.state)
+        .arg("ls")
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "alice's `gantry ls` during the flood: {ls:?}");
+    assert!(
+        held <= before + 64 + 4,
+        "the engine holds {held} descriptors during the flood ({before} before): more than max_connections"
+    );
+    // Idle ones are closed: a scrape is answered again while bob still holds his sockets.
+    e.wait_until("bob's idle connections to be closed", || scrape(port).is_some());
+    assert!(
+        flood.try_wait().unwrap().is_none(),
+        "bob's flood still holds its sockets"
+    );
+    assert!(
+        fds() <= before + 4,
+        "{} descriptors after the idle timeout ({before} before)",
+        fds()
+    );
+    let _ = flood.kill();
+    let _ = flood.wait();
+}

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -34,6 +34,10 @@ struct HttpSink {
 
 impl HttpSink {
     fn start() -> HttpSink {
+        HttpSink::start_with(None)
+    }
+    /// With `tls`, an https server presenting that certificate (see [`TestCa`]).
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> HttpSink {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let hits: Arc<Mutex<Vec<Hit>>> = Arc::default();
@@ -41,8 +45,14 @@ impl HttpSink {
         let (h, s) = (hits.clone(), status.clone());
         std::thread::spawn(move || {
             for conn in l.incoming().flatten() {
-                let (h, s) = (h.clone(), s.clone());
-                std::thread::spawn(move || serve_http(conn, &h, &s));
+                let (h, s, tls) = (h.clone(), s.clone(), tls.clone());
+                std::thread::spawn(move || match tls {
+                    None => serve_http(conn, &h, &s),
+                    Some(cfg) => {
+                        let tls = rustls::ServerConnection::new(cfg).unwrap();
+                        serve_http(rustls::StreamOwned::new(tls, conn), &h, &s)
+                    }
+                });
             }
         });
         HttpSink { port, hits, status }
@@ -61,8 +71,8 @@ impl HttpSink {
     }
 }
 
-fn serve_http(conn: TcpStream, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
-    let mut r = BufReader::new(conn.try_clone().unwrap());
+fn serve_http<S: Read + Write>(conn: S, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
+    let mut r = BufReader::new(conn);
     let mut line = String::new();
     if r.read_line(&mut line).unwrap_or(0) == 0 {
         return;
@@ -88,7 +98,7 @@ fn serve_http(conn: TcpStream, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         answered: answer,
     });
-    let mut w = conn;
+    let w = r.get_mut();
     if answer == 0 {
         // Hold the connection (the engine is mid-send) until the test is done with it.
         std::thread::sleep(std::time::Duration::from_secs(600));
@@ -110,9 +120,12 @@ fn serve_http(conn: TcpStream, hits: &Mutex<Vec<Hit>>, status: &AtomicU16) {
 struct Mail {
     to: Vec<String>,
     data: String,
+    /// Whether it came after STARTTLS, over TLS.
+    tls: bool,
 }
 
-/// An SMTP server on 127.0.0.1 (no TLS, no auth) that keeps every message.
+/// An SMTP server on 127.0.0.1 (no auth) that keeps every message; with a certificate it offers
+/// STARTTLS.
 struct SmtpSink {
     port: u16,
     mails: Arc<Mutex<Vec<Mail>>>,
@@ -120,14 +133,23 @@ struct SmtpSink {
 
 impl SmtpSink {
     fn start() -> SmtpSink {
+        SmtpSink::start_with(None)
+    }
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> SmtpSink {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let mails: Arc<Mutex<Vec<Mail>>> = Arc::default();
         let m = mails.clone();
         std::thread::spawn(move || {
             for conn in l.incoming().flatten() {
-                let m = m.clone();
-                std::thread::spawn(move || serve_smtp(conn, &m));
+                let (m, tls) = (m.clone(), tls.clone());
+                std::thread::spawn(move || {
+                    let _ = (&conn).write_all(b"220 sink ESMTP\r\n");
+                    if let (Some(plain), Some(cfg)) = (serve_smtp(conn, &m, tls.is_some(), false), tls) {
+                        let tls = rustls::ServerConnection::new(cfg).unwrap();
+                        serve_smtp(rustls::StreamOwned::new(tls, plain), &m, false, true);
+                    }
+                });
             }
         });
         SmtpSink { port, mails }
@@ -137,29 +159,34 @@ impl SmtpSink {
     }
 }
 
-fn serve_smtp(conn: TcpStream, mails: &Mutex<Vec<Mail>>) {
-    let mut w = conn.try_clone().unwrap();
+/// One SMTP dialog after the greeting. With `starttls` it offers STARTTLS, and hands the connection
+/// back when the client asks for it (the caller goes on over TLS, `tls`).
+fn serve_smtp<S: Read + Write>(conn: S, mails: &Mutex<Vec<Mail>>, starttls: bool, tls: bool) -> Option<S> {
     let mut r = BufReader::new(conn);
-    let _ = w.write_all(b"220 sink ESMTP\r\n");
     let mut to = vec![];
     loop {
         let mut l = String::new();
         if r.read_line(&mut l).unwrap_or(0) == 0 {
-            return;
+            return None;
         }
         let up = l.to_ascii_uppercase();
-        let reply: &[u8] = if up.starts_with("EHLO") {
+        let reply: &[u8] = if up.starts_with("EHLO") && starttls {
+            b"250-sink\r\n250-STARTTLS\r\n250 8BITMIME\r\n"
+        } else if up.starts_with("EHLO") {
             b"250-sink\r\n250 8BITMIME\r\n"
+        } else if up.starts_with("STARTTLS") && starttls {
+            let _ = r.get_mut().write_all(b"220 go ahead\r\n");
+            return Some(r.into_inner());
         } else if up.starts_with("RCPT TO:") {
             to.push(l[8..].trim().trim_matches(|c| c == '<' || c == '>').to_string());
             b"250 OK\r\n"
         } else if up.starts_with("DATA") {
-            let _ = w.write_all(b"354 go on\r\n");
+            let _ = r.get_mut().write_all(b"354 go on\r\n");
             let mut data = String::new();
             loop {
                 let mut d = String::new();
                 if r.read_line(&mut d).unwrap_or(0) == 0 {
-                    return;
+                    return None;
                 }
                 if d == ".\r\n" {
                     break;
@@ -169,15 +196,72 @@ fn serve_smtp(conn: TcpStream, mails: &Mutex<Vec<Mail>>) {
             mails.lock().unwrap().push(Mail {
                 to: std::mem::take(&mut to),
                 data,
+                tls,
             });
             b"250 queued\r\n"
         } else if up.starts_with("QUIT") {
-            let _ = w.write_all(b"221 bye\r\n");
-            return;
+            let _ = r.get_mut().write_all(b"221 bye\r\n");
+            return None;
         } else {
             b"250 OK\r\n"
         };
-        let _ = w.write_all(reply);
+        let _ = r.get_mut().write_all(reply);
+    }
+}
+
+/// A certificate authority made for one test with the `openssl` tool, and a server certificate it
+/// signed for 127.0.0.1. `ca` is its certificate, for the engine's trust store (`SSL_CERT_FILE`).
+struct TestCa {
+    _dir: tempfile::TempDir,
+    ca: PathBuf,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let dir = tempfile::tempdir().unwrap();
+        let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+        let ext = p("server.ext");
+        std::fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        let (ca, ca_key, key, csr, cert) = (
+            p("ca.pem"),
+            p("ca.key"),
+            p("server.key"),
+            p("server.csr"),
+            p("server.pem"),
+        );
+        for args in [
+            format!("req -x509 {ec} -keyout {ca_key} -out {ca} -days 2 -subj /CN={name}"),
+            format!("req {ec} -keyout {key} -out {csr} -subj /CN=127.0.0.1"),
+            format!("x509 -req -in {csr} -CA {ca} -CAkey {ca_key} -CAcreateserial -out {cert} -days 2 -extfile {ext}"),
+        ] {
+            let out = Command::new("openssl")
+                .args(args.split(' '))
+                .output()
+                .expect("run openssl");
+            assert!(out.status.success(), "openssl {args}: {}", out_text(&out));
+        }
+        let certs = CertificateDer::pem_file_iter(p("server.pem"))
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(p("server.key")).unwrap();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        TestCa {
+            ca: PathBuf::from(p("ca.pem")),
+            _dir: dir,
+            server: Arc::new(server),
+        }
     }
 }
 
@@ -246,7 +330,14 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
     assert_eq!(add["owner"], alice.name.as_str(), "{add}");
     e.json_as(
         &alice,
-        &["notify", "add", "email", "alice@lab.test", "--on", "failed,timed_out"],
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed,timed_out",
+        ],
     );
     e.json_as(&bob, &["notify", "add", "webhook", &http.url("/bob"), "--on", all]);
 
@@ -404,7 +495,7 @@ fn each_event_reaches_its_owners_targets_once_with_the_right_body() {
             .iter()
             .find(|m| m.data.contains(&format!("job {id} (")))
             .unwrap_or_else(|| panic!("no email about job {id}: {mails:?}"));
-        assert_eq!(m.to, ["alice@lab.test"], "{m:?}");
+        assert_eq!(m.to, [format!("{}@lab.test", alice.name)], "{m:?}");
         assert!(m.data.contains(what), "{}", m.data);
         assert!(
             m.data.contains("gantry@lab.test") && m.data.to_ascii_lowercase().contains("message-id: <"),
@@ -685,4 +776,177 @@ fn a_redirect_is_not_followed() {
         hits.iter().all(|h| h.path == "/moved"),
         "only the listed URL was requested: {hits:?}"
     );
+}
+
+/// TLS is rustls with the machine's trust store (here `SSL_CERT_FILE`, which it reads as OpenSSL
+/// did): an https webhook whose certificate the lab's CA signed is delivered, an email goes through a
+/// relay's STARTTLS, and a webhook whose certificate no trusted CA signed is refused, saying why,
+/// without a byte of the notification sent.
+#[test]
+fn https_webhooks_and_starttls_email_trust_the_machines_store_and_nothing_else() {
+    let (lab_ca, stranger) = (TestCa::new("gantry-test-lab-ca"), TestCa::new("gantry-test-stranger"));
+    let good = HttpSink::start_with(Some(lab_ca.server.clone()));
+    let bad = HttpSink::start_with(Some(stranger.server.clone()));
+    let smtp = SmtpSink::start_with(Some(lab_ca.server.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[notify]\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_from = \"gantry@lab.test\"\n\
+             webhook_hosts = [\"127.0.0.1:{}\", \"127.0.0.1:{}\"]\nretry_backoff = \"1s\"\nmax_tries = 2\n",
+            smtp.port, good.port, bad.port
+        ),
+    )
+    .unwrap();
+    let mut e = Engine::stopped(&["--config", cfg.to_str().unwrap()]);
+    e.env.push(("SSL_CERT_FILE".into(), lab_ca.ca.display().to_string()));
+    e.restart();
+    let alice = user("gantry-alice");
+    let https = |sink: &HttpSink, path: &str| format!("https://127.0.0.1:{}{path}", sink.port);
+    e.json_as(&alice, &["notify", "add", "webhook", &https(&good, "/secure")]);
+    e.json_as(&alice, &["notify", "add", "webhook", &https(&bad, "/stranger")]);
+    // The lab sends email only to a user's own address at its domain (that of `smtp_from`).
+    let address = format!("{}@lab.test", alice.name);
+    e.json_as(&alice, &["notify", "add", "email", &address]);
+    e.json_as(&alice, &["notify", "test"]);
+    let mut log = Value::Null;
+    e.wait_until("every test notification to be delivered or given up", || {
+        log = e.json_as(&alice, &["notify", "log"]);
+        log.as_array().unwrap().len() == 3
+            && log
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|d| d["state"] == "delivered" || d["state"] == "failed")
+    });
+    let row = |needle: &str| {
+        log.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d.to_string().contains(needle))
+            .cloned()
+            .unwrap_or_else(|| panic!("no delivery to {needle}: {log}"))
+    };
+    assert_eq!(row("/secure")["state"], "delivered", "{log}");
+    assert_eq!(good.hits("/secure").len(), 1, "one POST over TLS");
+    assert_eq!(good.hits("/secure")[0].body["event"], "test");
+    assert_eq!(row(&address)["state"], "delivered", "{log}");
+    let mails = smtp.mails();
+    assert!(
+        mails.len() == 1 && mails[0].tls && mails[0].to == [address.clone()],
+        "one email, after STARTTLS: {mails:?}"
+    );
+    let refused = row("/stranger");
+    assert_eq!(refused["state"], "failed", "{log}");
+    let why = refused["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("TLS with 127.0.0.1") && why.contains("certificate"),
+        "{refused}"
+    );
+    assert!(
+        bad.hits.lock().unwrap().is_empty(),
+        "nothing reached the untrusted host"
+    );
+}
+
+/// The binaries link no OpenSSL (rustls instead), so the package installs where only another
+/// OpenSSL (or none) is: `ldd` of `gantry` lists no libssl or libcrypto.
+#[test]
+fn the_gantry_binary_links_no_openssl() {
+    let out = Command::new("ldd").arg(bin()).output().expect("run ldd");
+    let libs = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && libs.contains("libc.so"),
+        "ldd {}: {libs}",
+        bin()
+    );
+    assert!(
+        !libs.contains("libssl") && !libs.contains("libcrypto"),
+        "{} links OpenSSL:\n{libs}",
+        bin()
+    );
+}
+
+/// Issue 29 hole 6: the lab's relay is not a spam cannon. `notify test` is limited per user per hour
+/// (the default, 6), an email target is the user's own address at the lab's domain (that of
+/// `smtp_from` by default), and a job's name reaches the subject cleaned and bounded.
+#[test]
+fn the_labs_mail_relay_sends_only_a_users_own_mail_and_tests_are_bounded() {
+    let (http, smtp) = (HttpSink::start(), SmtpSink::start());
+    let (_d, cfg) = lab(&http, Some(&smtp), "");
+    let e = Engine::start(&["--config", cfg.to_str().unwrap()]);
+    let (alice, bob) = (user("gantry-alice"), user("gantry-bob"));
+    // bob may not send the lab's mail to alice, nor outside the lab.
+    let out = e.gantry_user(&bob, &["notify", "add", "email", &format!("{}@lab.test", alice.name)]);
+    assert!(
+        !out.status.success()
+            && out_text(&out).contains(&format!("you may add only your own address, {}@lab.test", bob.name)),
+        "{}",
+        out_text(&out)
+    );
+    let out = e.gantry_user(&bob, &["notify", "add", "email", "victim@example.org"]);
+    assert!(
+        !out.status.success() && out_text(&out).contains("the lab sends email only to addresses at lab.test"),
+        "{}",
+        out_text(&out)
+    );
+    // His own address: yes.
+    e.json_as(&bob, &["notify", "add", "email", &format!("{}@lab.test", bob.name)]);
+    for i in 0..6 {
+        let out = e.gantry_user(&bob, &["notify", "test"]);
+        assert!(out.status.success(), "test {i}: {}", out_text(&out));
+    }
+    let out = e.gantry_user(&bob, &["notify", "test"]);
+    assert!(
+        !out.status.success()
+            && out_text(&out).contains(
+                "you sent 6 test notifications in the last hour, the lab's limit (`[notify] max_tests_per_hour`)"
+            ),
+        "{}",
+        out_text(&out)
+    );
+    e.wait_until("bob's six test mails", || smtp.mails().len() >= 6);
+    // A job named like the lab's notice: the subject has its id, owner and at most 40 characters of it.
+    e.json_as(
+        &alice,
+        &[
+            "notify",
+            "add",
+            "email",
+            &format!("{}@lab.test", alice.name),
+            "--on",
+            "failed",
+        ],
+    );
+    let sly = "ACTION REQUIRED: your lab account expires today, log in at https://evil.example/ to keep it";
+    let id = submit_as(
+        &e,
+        &alice,
+        "sly",
+        &format!("name: \"{sly}\"\nimage: {IMAGE}\ncommand: 'false'\ngpus: 0\n"),
+    );
+    e.wait_until("alice's mail", || {
+        smtp.mails().iter().any(|m| m.data.contains(&format!("job {id} (")))
+    });
+    let mail = smtp
+        .mails()
+        .into_iter()
+        .find(|m| m.data.contains(&format!("job {id} (")))
+        .unwrap();
+    // Headers unfolded (a long subject is folded onto more lines).
+    let unfolded = mail.data.replace("\r\n ", " ").replace("\r\n\t", " ");
+    let subject = unfolded
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("subject:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        subject.contains(&format!(
+            "[gantry] job {id} (ACTION REQUIRED: your lab account exp...) of {}",
+            alice.name
+        )),
+        "{subject}"
+    );
+    assert!(!subject.contains("evil.example"), "{subject}");
 }

@@ -237,7 +237,7 @@ fn own_folders_mount_read_write_as_the_owner_and_symlinks_mount_their_target() {
         &dir,
         "link",
         &format!("{}/link:/d:ro", dir.display()),
-        "cat /d/hello.txt; sleep 60",
+        "cat /d/hello.txt; ls -di /d; sleep 60",
     );
     let id = submit(&e, &alice, &s).unwrap();
     e.wait_state(id, "running");
@@ -268,12 +268,17 @@ fn own_folders_mount_read_write_as_the_owner_and_symlinks_mount_their_target() {
         .and_then(|m| m.strip_suffix(" false;"))
         .unwrap_or_else(|| panic!("{mounts}"));
     assert!(Path::new(source).starts_with(e.state.join("mnt")), "{mounts}");
-    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
-    assert_eq!(
-        ino(Path::new(source)),
-        ino(&out),
-        "the pinned source is alice's folder: {mounts}"
+    // Unpinned once the container started (issue 29, hole 0): it holds its own copy of the bind.
+    assert!(
+        !Path::new(source).exists(),
+        "{source} is still pinned under the state dir"
     );
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&out).unwrap());
+    e.wait_until("the job to show its /d's inode", || {
+        e.logs(id)
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [ino.to_string().as_str(), "/d"])
+    });
     assert!(e.gantry_user(&alice, &["cancel", &id.to_string()]).status.success());
     e.wait_final(id);
     assert!(e.logs(id).contains("hello"), "{}", e.logs(id));

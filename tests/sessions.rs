@@ -537,7 +537,11 @@ fn a_served_port_opens_on_loopback_for_its_owner_only_and_a_notebook_url_carries
     let out = gantry_as(&e, &alice, &["open", &id.to_string()]);
     assert!(out.status.success(), "{out:?}");
     let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
+    // Port 1021 (below 1024: only root binds it) on an address of the job's own in 127.0.0.0/8.
+    assert!(
+        url.starts_with("http://127.") && url.ends_with(":1021/") && !url.starts_with("http://127.0."),
+        "{url}"
+    );
     wait_served(&e, &alice, &url, "served-by-busybox");
     // The same forward every time.
     assert_eq!(
@@ -570,23 +574,21 @@ fn a_served_port_opens_on_loopback_for_its_owner_only_and_a_notebook_url_carries
         "{out:?}"
     );
 
-    // Nothing listens on another address: the forward is on 127.0.0.1, the container publishes
-    // nothing, and its server is not reachable at the container's address.
-    let port = url.trim_end_matches('/').rsplit(':').next().unwrap().to_string();
+    // Nothing listens on another address: the forward is on its loopback address only, the container
+    // publishes nothing, and its server is not reachable at the container's address.
+    let at = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let port = at.rsplit(':').next().unwrap().to_string();
     let ss = String::from_utf8_lossy(&Command::new("ss").args(["-ltnH"]).output().unwrap().stdout).into_owned();
     let listening: Vec<&str> = ss
         .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .nth(3)
-                .is_some_and(|a| a.ends_with(&format!(":{port}")))
-        })
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter(|a| a.ends_with(&format!(":{port}")))
         .collect();
     assert!(
-        !listening.is_empty()
+        listening.contains(&at.as_str())
             && listening
                 .iter()
-                .all(|l| l.split_whitespace().nth(3).unwrap().starts_with("127.0.0.1:")),
+                .all(|a| a.starts_with("127.") && *a != "127.0.0.1:1021"),
         "{listening:?}"
     );
     let cid = e.show(id)["attempts"][0]["container_id"].as_str().unwrap().to_string();

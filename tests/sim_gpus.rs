@@ -53,3 +53,39 @@ fn three_shared_jobs_pack_one_simulated_card_to_its_full_memory() {
         assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
     }
 }
+
+/// Simulated GPUs are not the machine's: someone's `docker run --gpus device=0` or `--gpus all` (here,
+/// on the fake driver) holds the machine's GPUs, not the simulation's, so a simulated GPU 0 stays
+/// free, is listed free, and a job starts on it. (It was "busy: outside Gantry", and a job waited for
+/// as long as any test's GPU container ran.)
+#[test]
+fn containers_naming_the_machines_gpus_leave_simulated_gpus_free() {
+    require_gpu_docker();
+    let _gpus = this_machines_gpus(); // these containers hold the (fake) machine's GPUs meanwhile
+    let mut theirs = vec![];
+    for gpus in ["device=0", "all"] {
+        let out = std::process::Command::new("docker")
+            .args(["run", "-d", "--rm", "--gpus", gpus, IMAGE, "sleep", "300"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        theirs.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    struct Remove(Vec<String>);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&self.0)
+                .output();
+        }
+    }
+    let _remove = Remove(theirs);
+    let e = Engine::start(&["--gpus", "sim:1x24GiB"]);
+    let id = e.submit_yaml("on-sim", &format!("image: {IMAGE}\ncommand: 'true'\ngpus: 1\n"));
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    // The job's own container shows on its GPU until the next sample; then nothing is on it.
+    e.wait_until("simulated GPU 0 to be listed free", || {
+        e.json(&["gpus"])["users"].as_array().unwrap().is_empty()
+    });
+}

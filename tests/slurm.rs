@@ -94,6 +94,8 @@ struct Lab {
     bob: User,
     _cleanup: Cleanup,
     _guard: std::sync::MutexGuard<'static, ()>,
+    /// Its jobs' containers name the node's GPUs by index, which NVML engines count as in use.
+    _gpus: std::sync::MutexGuard<'static, ()>,
 }
 
 fn lab() -> Lab {
@@ -103,6 +105,7 @@ fn lab() -> Lab {
 /// [`lab`] with more `[slurm]` settings.
 fn lab_with(slurm: &str) -> Lab {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let gpus = this_machines_gpus();
     require_slurm();
     let (ann, bob) = (slurm_user("gslurm-ann"), slurm_user("gslurm-bob"));
     let cleanup = Cleanup(vec![ann.name.clone(), bob.name.clone()]);
@@ -129,6 +132,7 @@ fn lab_with(slurm: &str) -> Lab {
         bob,
         _cleanup: cleanup,
         _guard: guard,
+        _gpus: gpus,
     }
 }
 
@@ -516,12 +520,14 @@ fn kill_9_of_the_engine_while_jobs_pend_and_run_then_restart_submits_nothing_twi
         "run",
         &format!("name: run\nimage: {IMAGE}\ncommand: 'sleep 4; exit 2'\ngpus: 2\ntimeout: 5m\n"),
     );
+    // `pend` goes to Slurm only once `run` runs there: submitted together, their `sbatch`es race, and
+    // Slurm (FIFO) may start the 4-GPU job first and finish it before the kill.
+    l.e.wait_state(run, "running");
     let pend = l.submit(
         &l.ann,
         "pend",
         &format!("name: pend\nimage: {IMAGE}\ncommand: 'echo pend ran'\ngpus: 4\ntimeout: 5m\n"),
     );
-    l.e.wait_state(run, "running");
     let (srun, spend) = (l.slurm_id(run), l.slurm_id(pend));
     l.e.kill9();
     // The crash window between `sbatch` and recording its id: the database has the intent, no id.

@@ -16,6 +16,7 @@ mod images;
 mod job_output;
 mod limits;
 mod log_readers;
+mod mcp;
 mod metrics;
 mod notify;
 mod nvml;
@@ -25,16 +26,21 @@ mod remote;
 mod results;
 mod run_and_hold;
 mod security_api;
+mod security_forwards;
+mod security_hooks;
 mod security_inbox;
 mod security_mounts;
 mod security_mounts_race;
 mod security_network;
+mod security_pins;
 mod security_redteam;
+mod security_rules;
 mod security_state;
 mod sessions;
 mod shares;
 mod sim_gpus;
 mod slurm;
+mod start_times;
 mod system_engine;
 mod two_engines;
 mod user_inboxes;
@@ -42,7 +48,6 @@ mod usual_env;
 
 use helpers::*;
 use serde_json::Value;
-use std::time::Duration;
 
 #[test]
 fn cli_submit_and_drop_folder_both_run_to_success() {
@@ -297,10 +302,15 @@ fn engine_killed_mid_job_records_each_job_once_with_its_real_exit_code() {
         "long",
         &format!("image: {IMAGE}\ncommand: 'echo before; sleep 8; echo after'\ngpus: 1\n"),
     );
-    e.wait_state(short, "running");
+    let short_container = dl_defaults::container_of(&e, short);
     e.wait_state(long, "running");
     e.kill9();
-    std::thread::sleep(Duration::from_secs(4)); // `short` ends while no engine runs
+    // `short` ends while no engine runs (its exit is what the restarted engine must find and record).
+    let waited = std::process::Command::new("docker")
+        .args(["wait", &short_container])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&waited.stdout).trim(), "7");
     e.restart();
     let s = e.wait_final(short);
     assert_eq!(
@@ -326,10 +336,10 @@ fn engine_killed_mid_job_records_each_job_once_with_its_real_exit_code() {
             .count();
         assert_eq!(finals, 1, "recorded once: {j}");
     }
-    assert!(
-        e.our_containers().is_empty(),
-        "containers are cleaned up after recording"
-    );
+    // A container is removed only after its end is committed, so `wait_final` can see the end first.
+    e.wait_until("the containers to be removed once their ends are recorded", || {
+        e.our_containers().is_empty()
+    });
 }
 
 #[test]

@@ -636,6 +636,7 @@ mod tests {
             base_dir: None,
             idempotency_key: None,
             origin: Default::default(),
+            begin: None,
         };
         let refused = rt.block_on(client.submit(&spec(5))).unwrap_err().to_string();
         assert!(

@@ -4,90 +4,16 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use gantry_core::protocol::{BookRequest, BookingRules, BookingState, BookingView, BookingsQuery};
-use gantry_core::units::{duration_setting, from_local, local_datetime, local_hhmm, local_time, LocalTime};
+use gantry_core::units::{duration_setting, local_datetime, local_hhmm, parse_when};
 
 use super::Ctx;
 use crate::print::print_json;
 use crate::term::{esc, outln};
 
-const FORMS: &str = "write \"14:00\", \"tomorrow 14:00\", \"2026-12-03 09:30\" or \"+2h\" (in local time)";
-
-/// `HH:MM` as (hour, minute).
-fn hhmm(s: &str) -> Option<(u32, u32)> {
-    let (h, m) = s.split_once(':')?;
-    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
-    (h < 24 && m < 60 && s.len() <= 5).then_some((h, m))
-}
-
-/// `--at` as ms since the epoch (local time), and whether it was rounded up to a slot (`+2h`).
+/// `--at` as ms since the epoch (local time), and whether it was rounded up to a slot (`+2h`):
+/// the parser `begin:` and `--begin` use too ([`gantry_core::units::parse_when`]).
 pub fn parse_at(s: &str, now: i64, slot_ms: i64) -> Result<(i64, bool)> {
-    let s = s.trim();
-    let bad = || anyhow::anyhow!("--at {s:?} is not a time: {FORMS}");
-    if let Some(rel) = s.strip_prefix('+') {
-        let d = humantime::parse_duration(rel.trim())
-            .map_err(|_| anyhow::anyhow!("--at {s:?}: after `+` write a duration such as 2h or 90m"))?;
-        let t = now + d.as_millis() as i64;
-        let up = if slot_ms > 0 && t.rem_euclid(slot_ms) != 0 {
-            t - t.rem_euclid(slot_ms) + slot_ms
-        } else {
-            t
-        };
-        return Ok((up, up != t));
-    }
-    let today = local_time(now);
-    let at_day = |day_offset: u32, (hour, minute): (u32, u32)| {
-        from_local(LocalTime {
-            day: today.day + day_offset,
-            hour,
-            minute,
-            ..today
-        })
-        .ok_or_else(bad)
-    };
-    let words: Vec<&str> = s.split_whitespace().collect();
-    let t = match words.as_slice() {
-        [t] if hhmm(t).is_some() => {
-            let at = at_day(0, hhmm(t).unwrap())?;
-            // Today's, or tomorrow's once today's slot is over.
-            if at + slot_ms.max(1) <= now {
-                at_day(1, hhmm(t).unwrap())?
-            } else {
-                at
-            }
-        }
-        ["today", t] => at_day(0, hhmm(t).ok_or_else(bad)?)?,
-        ["tomorrow", t] => at_day(1, hhmm(t).ok_or_else(bad)?)?,
-        [date, t] | [date, "at", t] => {
-            let parts: Vec<&str> = date.split('-').collect();
-            let [y, m, d] = parts.as_slice() else { return Err(bad()) };
-            let (Ok(year), Ok(month), Ok(day)) = (y.parse::<i32>(), m.parse::<u32>(), d.parse::<u32>()) else {
-                return Err(bad());
-            };
-            let (hour, minute) = hhmm(t).ok_or_else(bad)?;
-            if day == 0 || day > 31 {
-                return Err(bad());
-            }
-            let ms = from_local(LocalTime {
-                year,
-                month,
-                day,
-                hour,
-                minute,
-            })
-            .ok_or_else(bad)?;
-            // mktime rolls 2026-02-31 over to March: not what was meant.
-            if local_time(ms).day != day {
-                bail!("--at {s:?}: {year}-{month:02} has no day {day}");
-            }
-            ms
-        }
-        [one] if one.contains('T') => {
-            let (d, t) = one.split_once('T').unwrap();
-            return parse_at(&format!("{d} {}", &t[..t.len().min(5)]), now, slot_ms);
-        }
-        _ => return Err(bad()),
-    };
-    Ok((t, false))
+    parse_when(s, now, slot_ms, "--at").map_err(|e| anyhow::anyhow!(e))
 }
 
 fn gpus_of(b: &BookingView) -> String {
@@ -153,8 +79,13 @@ fn rules_line(r: &BookingRules) -> String {
         .max_gpu_hours_week
         .map(|h| format!(", {h} GPU-hours per user per week"))
         .unwrap_or_default();
+    let long = if r.max_length_ms > 0 {
+        format!(", at most {} long", d(r.max_length_ms))
+    } else {
+        String::new()
+    };
     format!(
-        "Lab rules: {} slots, up to {} ahead, at most {} GPU{} per booking{week}; a booking unused {} after its start is released.",
+        "Lab rules: {} slots, up to {} ahead{long}, at most {} GPU{} per booking{week}; a booking unused {} after its start (or after its owner's last use) is released.",
         d(r.slot_ms),
         d(r.max_ahead_ms),
         r.max_gpus,
@@ -184,7 +115,8 @@ pub async fn book(
         .await?
         .rules;
     let (start, rounded) = parse_at(at, now, rules.slot_ms)?;
-    let end = start + length.as_millis() as i64;
+    // Saturating: a length past what a time can hold is the engine's to refuse (`max_length`), not a panic.
+    let end = start.saturating_add(i64::try_from(length.as_millis()).unwrap_or(i64::MAX));
     let b = ctx
         .client
         .book(&BookRequest {
@@ -289,6 +221,7 @@ pub async fn bookings(ctx: &Ctx, all: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gantry_core::units::{from_local, LocalTime};
 
     const SLOT: i64 = 30 * 60_000;
 

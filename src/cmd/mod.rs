@@ -8,7 +8,9 @@ mod gpus;
 mod history;
 mod inbox;
 mod jobs;
+mod mcp;
 mod notify;
+mod reference;
 mod results;
 mod session;
 mod sim;
@@ -55,7 +57,17 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     };
     match &cli.cmd {
         // These decide their exit status.
-        Cmd::Submit { files } => return submit::submit(&ctx, files).await,
+        Cmd::Submit {
+            files,
+            dry_run: true,
+            begin,
+        } => return submit::dry_run(&ctx, files, begin.as_deref()).await,
+        Cmd::Submit {
+            files,
+            dry_run: false,
+            begin,
+        } => return submit::submit(&ctx, files, begin.as_deref()).await,
+        Cmd::Mcp => return mcp::serve(ctx).await,
         Cmd::Config {
             cmd: ConfigCmd::Check { file },
         } => return config::check(file.clone(), ctx.json),
@@ -66,7 +78,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Open { id, port } => return session::open(&ctx, *id, *port).await,
         Cmd::Daemon(args) => daemon::daemon(cli.state_dir.clone(), args).await?,
         Cmd::Proxy => gantry_core::client::proxy(&ctx.socket).await?,
-        Cmd::Generate { dir } => generate::generate(dir)?,
+        Cmd::Generate { dir, reference: false } => generate::generate(dir)?,
+        Cmd::Generate { dir, reference: true } => reference::write(dir)?,
         Cmd::Schema => generate::schema()?,
         Cmd::Run(args) => submit::run(&ctx, args).await?,
         Cmd::Rerun { id } => submit::rerun(&ctx, *id).await?,

@@ -247,6 +247,7 @@ async fn queue_session(ctx: &Ctx, spec: &gantry_core::spec::JobSpec) -> Result<i
         base_dir: None,
         idempotency_key: None,
         origin: SpecOrigin::RunFlags,
+        begin: None,
     };
     let id = ctx
         .client

@@ -5,18 +5,28 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use gantry_core::client::ClientError;
-use gantry_core::protocol::{SpecOrigin, SubmitRequest};
+use gantry_core::protocol::{SpecOrigin, SubmitPreview, SubmitRequest};
 
 use super::Ctx;
 use crate::cli::RunArgs;
 use crate::print::print_json;
 use crate::term::{esc, escape, outln};
 
-pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
+pub async fn submit(ctx: &Ctx, files: &[PathBuf], begin: Option<&str>) -> Result<ExitCode> {
     let mut failed = false;
     let mut ids = vec![];
     for f in files {
-        match ctx.client.submit_file(f).await.map_err(anyhow::Error::from) {
+        let queued = match ctx.client.spec_request(f) {
+            Ok(req) => {
+                let req = SubmitRequest {
+                    begin: begin.map(String::from),
+                    ..req
+                };
+                ctx.client.submit(&req).await.map(|s| s.job_ids)
+            }
+            Err(e) => Err(e),
+        };
+        match queued.map_err(anyhow::Error::from) {
             Ok(new) => {
                 ids.push(serde_json::json!({"file": f, "job_id": new[0], "job_ids": new}));
                 if !ctx.json {
@@ -49,6 +59,86 @@ pub async fn submit(ctx: &Ctx, files: &[PathBuf]) -> Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// `gantry submit --dry-run`: each file checked as a submit would check it, and where and when its
+/// jobs would start; nothing queued. Fails (exit 1) when a file would be refused.
+pub async fn dry_run(ctx: &Ctx, files: &[PathBuf], begin: Option<&str>) -> Result<ExitCode> {
+    let mut failed = false;
+    let mut out = vec![];
+    for f in files {
+        let name = f.display().to_string();
+        let got = match ctx.client.spec_request(f) {
+            Ok(req) => {
+                let req = SubmitRequest {
+                    begin: begin.map(String::from),
+                    ..req
+                };
+                ctx.client.preview(&req).await
+            }
+            Err(e) => Err(e),
+        };
+        match got {
+            Ok(p) => {
+                if !ctx.json {
+                    print_preview(&name, &p);
+                }
+                out.push(serde_json::json!({"file": f, "preview": p}));
+            }
+            Err(ClientError::NoEngine(m)) => return Err(ClientError::NoEngine(m).into()),
+            Err(e) => {
+                failed = true;
+                if !ctx.json {
+                    eprintln!("{}: {}", esc(&name), escape(&format!("{e:#}"), "\n"));
+                }
+                out.push(serde_json::json!({"file": f, "error": e.to_string()}));
+            }
+        }
+    }
+    if ctx.json {
+        print_json(&out)?;
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// A dry run, for people: each job, where or why, and the limits met.
+pub fn print_preview(what: &str, p: &SubmitPreview) {
+    let n = p.jobs.len();
+    outln!(
+        "{}: would queue {} (dry run: nothing queued)",
+        esc(what),
+        if n == 1 {
+            "1 job".to_string()
+        } else {
+            format!("{n} jobs")
+        }
+    );
+    for j in &p.jobs {
+        let gpus = match (j.job.gpus, j.job.gpu_memory) {
+            (0, _) => "no GPU".to_string(),
+            (g, Some(m)) => format!("{g} GPU(s) with {} each", gantry_core::units::format_bytes(m)),
+            (1, None) => "1 GPU".to_string(),
+            (g, None) => format!("{g} GPUs"),
+        };
+        outln!("  {} ({gpus})", esc(&j.job.name));
+        if j.starts_now {
+            match j.gpus.as_slice() {
+                [] => outln!("    would start now"),
+                g => outln!(
+                    "    would start now on GPU {}",
+                    g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        } else {
+            outln!("    would wait: {}", esc(j.reason.as_deref().unwrap_or("for GPUs")));
+            if let Some(t) = j.estimated_start {
+                outln!("    estimated start: {}", gantry_core::units::local_datetime(t));
+            }
+        }
+    }
+    for c in &p.checks {
+        outln!("  ok: {}", esc(c));
+    }
+}
+
 pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
     // Remote: this computer's folder means nothing on the workstation (relative mounts are refused there).
     let base_dir = match ctx.remote {
@@ -58,36 +148,48 @@ pub async fn run(ctx: &Ctx, args: &RunArgs) -> Result<()> {
         }
     };
     let (text, file_name) = args.spec_text(base_dir.as_deref())?;
-    let s = ctx
-        .client
-        .submit(&SubmitRequest {
-            text,
-            file_name,
-            base_dir,
-            idempotency_key: None,
-            origin: SpecOrigin::RunFlags,
-        })
-        .await
-        .map_err(|e| match e {
-            // The line numbers point into text the user never saw: name the field only.
-            ClientError::Api {
-                spec_error: Some(se), ..
-            } => anyhow::anyhow!(
-                "{}",
-                gantry_core::spec::SpecError {
-                    line: None,
-                    column: None,
-                    ..se
-                }
-            ),
-            e => e.into(),
-        })?;
+    let req = SubmitRequest {
+        text,
+        file_name,
+        base_dir,
+        idempotency_key: None,
+        origin: SpecOrigin::RunFlags,
+        begin: None,
+    };
+    if args.dry_run {
+        let p = ctx.client.preview(&req).await.map_err(run_error)?;
+        if ctx.json {
+            print_json(&p)?;
+        } else {
+            print_preview("gantry run", &p);
+        }
+        return Ok(());
+    }
+    let s = ctx.client.submit(&req).await.map_err(run_error)?;
     if ctx.json {
         print_json(&s)?;
     } else {
         outln!("queued as job {}", s.job_id);
     }
     Ok(())
+}
+
+/// An error about `gantry run`'s spec: the line numbers point into text the user never saw, so
+/// only the field is named.
+fn run_error(e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Api {
+            spec_error: Some(se), ..
+        } => anyhow::anyhow!(
+            "{}",
+            gantry_core::spec::SpecError {
+                line: None,
+                column: None,
+                ..se
+            }
+        ),
+        e => e.into(),
+    }
 }
 
 pub async fn rerun(ctx: &Ctx, id: i64) -> Result<()> {
@@ -177,6 +279,7 @@ impl RunArgs {
             retries: 0,
             expected_runtime: None,
             after: vec![],
+            begin: self.begin.clone(),
             matrix: Default::default(),
             cpus: self.cpus,
             memory: self.memory.clone(),

@@ -49,8 +49,7 @@ pub struct FakeGpus {
 impl FakeGpus {
     /// Empty until [`FakeGpus::set`]: the UUIDs come from [`FakeGpus::uuid`].
     pub fn new() -> FakeGpus {
-        static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let guard = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = this_machines_gpus();
         let f = FakeGpus {
             dir: tempfile::Builder::new().prefix("gantry-fake-nvml-").tempdir().unwrap(),
             _one_machine: guard,
@@ -97,12 +96,21 @@ pub fn fake_gpu(uuid: &str, name: &str, total_gib: u64, used_gib: u64, processes
 
 /// GPU containers need dockerd's built-in "nvidia" device driver, which dockerd registers only if an
 /// `nvidia-container-runtime-hook` was on its PATH when it started (a fake one in CI).
+/// The machine's (fake) GPUs, for one test at a time: engines on the fake NVML library, and anything
+/// that runs containers naming GPUs by index or `--gpus all` (the Slurm tests' jobs), which every such
+/// engine rightly counts as GPUs in use outside it.
+pub fn this_machines_gpus() -> std::sync::MutexGuard<'static, ()> {
+    static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    MACHINE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn require_gpu_docker() {
     static OK: OnceLock<Result<(), String>> = OnceLock::new();
     let r = OK.get_or_init(|| {
         super::ensure_image();
+        // By a UUID no GPU has: `--gpus all` would hold every GPU of the fake machine meanwhile.
         let out = Command::new("docker")
-            .args(["run", "--rm", "--gpus", "all", IMAGE, "true"])
+            .args(["run", "--rm", "--gpus", "device=GPU-gantry-test-probe", IMAGE, "true"])
             .output()
             .expect("run docker");
         if out.status.success() {

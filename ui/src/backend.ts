@@ -115,7 +115,8 @@ export const tauriBackend: Backend = {
   startSession: (ask) => invoke("start_session", { ask }),
   async openPort(id, port) {
     const url: string = await invoke("open_port", { id, port });
-    // The opener plugin's own command; the window may open only http://127.0.0.1:* (capabilities/default.json).
+    // The opener plugin's own command; the window may open only loopback URLs: http://127.0.0.1:* (a
+    // forward over ssh, a non-root engine) and a root engine's forwards, http://127.A.B.C:PORT/ (capabilities/default.json).
     await invoke("plugin:opener|open_url", { url });
     return url;
   },

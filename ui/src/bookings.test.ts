@@ -51,7 +51,7 @@ describe("bookings view", () => {
     const v = bookingsView(b);
     await settle(10);
     expect(v.el.querySelector("[data-testid=bookings-rules]")!.textContent).toBe(
-      "Slots of 60 min · up to 14 days ahead · at most 4 GPUs a booking · 40 GPU-hours a week each · released when unused 30 min after its start");
+      "Slots of 60 min · up to 14 days ahead · at most 24 h long · at most 4 GPUs a booking · 40 GPU-hours a week each · released when unused 30 min after its start");
     const mine = v.el.querySelector("[data-testid=tl-booking-7-0]") as HTMLElement;
     expect(mine.className).toContain("mine");
     expect(mine.textContent).toBe("mine: demo");

@@ -73,7 +73,7 @@ export function sessionEntry(id: number, session: Partial<QueueSession> = {}, ov
 
 /** The lab's rules: 1 h slots, 14 days ahead, 4 GPUs a booking, 40 GPU-hours a week, released after 30 min. */
 export function bookings(list: BookingView[] = [], now = Date.now()): Bookings {
-  return { now_ms: now, rules: { enabled: true, slot_ms: 3_600_000, max_ahead_ms: 14 * 86_400_000, max_gpu_hours_week: 40, max_gpus: 4, release_after_ms: 1_800_000 }, bookings: list };
+  return { now_ms: now, rules: { enabled: true, slot_ms: 3_600_000, max_ahead_ms: 14 * 86_400_000, max_length_ms: 86_400_000, max_gpu_hours_week: 40, max_gpus: 4, release_after_ms: 1_800_000 }, bookings: list };
 }
 
 /** One of ada's bookings (uid 1000), booked, 1 GPU; `over` changes anything. */

@@ -256,6 +256,13 @@ expected_runtime?: string | null,
  */
 after?: Array<IdOrName>, 
 /**
+ * Start no earlier than this, in the workstation's local time: `22:00` (today, or tomorrow once
+ * past), `tomorrow 08:00`, `2026-12-03 09:30`, or `+2h` (from when it is queued). Until then it
+ * waits ("starts at 22:00") and holds no GPUs and no reservation. At most the lab's
+ * `max_begin` (a week) ahead.
+ */
+begin?: string | null, 
+/**
  * Job array: one job per combination of values, e.g. `{lr: [0.1, 0.01], bs: [32, 64]}` makes 4
  * jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
  */
@@ -370,7 +377,11 @@ limits: Limits,
  * Set on each job a `matrix` expanded into: its place among its siblings (the Slurm backend
  * submits them together as one job array).
  */
-matrix_part?: MatrixPart | null, };
+matrix_part?: MatrixPart | null, 
+/**
+ * `begin` as a moment (ms since the epoch), fixed when the job was queued (or previewed).
+ */
+begin_ms?: number | null, };
 /**
  * A spec problem: what, where, and how to fix it.
  */
@@ -379,6 +390,40 @@ export type SpecError = { message: string, line: number | null, column: number |
  * A spec file checked by the engine without queueing it (the app's preview).
  */
 export type Preview = { path: string, file_name: string, job: ValidJob | null, error: string | null, spec_error: SpecError | null, };
+/**
+ * One job of a [`SubmitPreview`].
+ */
+export type PreviewJob = { job: ValidJob, 
+/**
+ * It would start at once (on `gpus`).
+ */
+starts_now: boolean, 
+/**
+ * The GPUs it would get now (empty when it would wait, or needs none).
+ */
+gpus: Array<number>, 
+/**
+ * Why it would wait (the scheduler's words, as `gantry ls` shows them).
+ */
+reason?: string | null, 
+/**
+ * Estimated start (ms), from declared and learned runtimes, assuming nothing new arrives.
+ */
+estimated_start?: number | null, };
+/**
+ * `POST /v1/jobs/preview`: a dry run of `POST /v1/jobs` with the same [`SubmitRequest`], by the
+ * same checks (as the caller: mounts, limits, the queue bound), and where and when its jobs would
+ * start if queued now. Nothing is queued or written.
+ */
+export type SubmitPreview = { 
+/**
+ * The jobs it would queue (a `matrix` makes several), with the lab's defaults filled in.
+ */
+jobs: Array<PreviewJob>, 
+/**
+ * The lab's limits the submission meets, one line each (`priority 0 is within your range -10..10`).
+ */
+checks: Array<string>, };
 /** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */
 export type SubmitResult = { Ok : Array<number> } | { Err : string };
 /**
@@ -980,6 +1025,10 @@ slot_ms: number,
  * How far ahead a booking may start (ms from now).
  */
 max_ahead_ms: number, 
+/**
+ * The longest a booking may be (ms; 0 from an engine older than this field).
+ */
+max_length_ms: number, 
 /**
  * GPU-hours one user may have booked in a week (Monday 00:00 UTC to the next, by start);
  * `None`: no limit.

@@ -25,8 +25,8 @@ use crate::inbox::users::Registry;
 use crate::notify::{Notifier, NotifyError};
 use crate::protocol::routes::{
     ATTACH, BOOKINGS, BOOKING_CANCEL, CANCEL, COMPARE, EVENTS, GPUS, GPUS_RECENT, GPU_MINUTES, HISTORY, HISTORY_COUNT,
-    HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PRIORITY, QUEUE_PAGE, RELEASE,
-    RERUN, RESULTS, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
+    HOLD, INBOX, JOB, JOBS, LOGS, NOTIFY, NOTIFY_LOG, NOTIFY_REMOVE, NOTIFY_TEST, OPEN, PREVIEW, PRIORITY, QUEUE_PAGE,
+    RELEASE, RERUN, RESULTS, STATUS, TIMELINE, USAGE, USAGE_CHARTS, VALIDATE, WHOAMI,
 };
 use crate::protocol::{
     ApiError, Attempt, Event, GpuMinute, GpuStatus, HistoryFilter, HistoryRow, InboxInfo, JobDetailView, JobState,
@@ -243,6 +243,7 @@ pub fn router(engine: Arc<Engine>, inboxes: Arc<Registry>, notifier: Arc<Notifie
         .route(GPUS_RECENT, get(gpus_recent))
         .route(GPU_MINUTES, get(gpu_minutes))
         .route(VALIDATE, post(validate))
+        .route(PREVIEW, post(preview))
         .route(RERUN, post(rerun))
         .route(WHOAMI, get(whoami))
         .route(INBOX, get(inbox).post(inbox_init))
@@ -298,6 +299,7 @@ async fn submit(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, Json(r): Json<Su
             text: &r.text,
             file_name: &r.file_name,
             base_dir: r.base_dir.clone(),
+            begin: r.begin.as_deref(),
         };
         e.submit(Submission {
             spec,
@@ -591,6 +593,22 @@ async fn validate(State(e): E, Json(r): Json<SubmitRequest>) -> Res<ValidJob> {
     Ok(Json(e.validate_file(&r.text, &r.file_name, r.base_dir)?))
 }
 
+/// A dry run of `submit`, as the caller (mounts checked as them, their limits): nothing queued.
+async fn preview(
+    State(e): E,
+    ConnectInfo(p): ConnectInfo<Peer>,
+    Json(r): Json<SubmitRequest>,
+) -> Res<crate::protocol::SubmitPreview> {
+    let owner = owner_of(&p);
+    // Mounts are checked by helper processes, as in `submit`: off the async workers.
+    let out = tokio::task::spawn_blocking(move || {
+        e.preview(&r.text, &r.file_name, r.base_dir.clone(), r.begin.as_deref(), &owner)
+    })
+    .await
+    .map_err(|err| EngineError::Fatal(format!("the dry run crashed: {err}")))??;
+    Ok(Json(out))
+}
+
 /// Queue a copy of a job's spec. Only the job's owner (or an admin) may: the copy carries the spec's
 /// env and mounts, which are the owner's, and it runs as the owner.
 async fn rerun(State(e): E, ConnectInfo(p): ConnectInfo<Peer>, UrlPath(id): UrlPath<i64>) -> Res<Submitted> {
@@ -842,6 +860,7 @@ async fn open_port(
         OpenError::NoPorts(_) | OpenError::NotServed { .. } | OpenError::NotRunning { .. } => {
             fail(StatusCode::CONFLICT, err)
         }
+        OpenError::Taken { .. } => fail(StatusCode::SERVICE_UNAVAILABLE, err),
         OpenError::Engine(err) => Failure::from(err),
     })
 }

@@ -77,6 +77,7 @@ pub fn read_spec_file(path: &Path) -> Result<SubmitRequest, ClientError> {
         base_dir: abs.parent().map(Path::to_path_buf),
         idempotency_key: None,
         origin: Default::default(),
+        begin: None,
     })
 }
 
@@ -674,6 +675,7 @@ impl Client {
             base_dir: None,
             idempotency_key: None,
             origin: crate::protocol::SpecOrigin::RunFlags,
+            begin: None,
         })
         .await
     }
@@ -681,6 +683,12 @@ impl Client {
     /// Check a spec without queueing it.
     pub async fn validate(&self, req: &SubmitRequest) -> Result<ValidJob, ClientError> {
         self.post(routes::VALIDATE, req).await
+    }
+
+    /// A dry run of [`Client::submit`]: every check the submit makes, as the caller, and where and
+    /// when its jobs would start; nothing queued.
+    pub async fn preview(&self, req: &SubmitRequest) -> Result<crate::protocol::SubmitPreview, ClientError> {
+        self.post(routes::PREVIEW, req).await
     }
 
     /// Check one spec file without queueing it.
@@ -1168,6 +1176,7 @@ mod tests {
             base_dir: None,
             idempotency_key: None,
             origin: Default::default(),
+            begin: None,
         }
     }
 

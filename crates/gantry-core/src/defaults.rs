@@ -81,12 +81,23 @@ pub const PIDS_LIMIT: i64 = 4096;
 pub const SESSION_LENGTH: Duration = Duration::from_secs(4 * 3600);
 /// The longest session the lab allows unless `[sessions] max_length` says otherwise: a working day.
 pub const SESSION_MAX_LENGTH: Duration = Duration::from_secs(12 * 3600);
+/// `[sessions] max_gpus`: GPUs one user's sessions may ask for together. A session jumps the queue
+/// and is never preempted (someone is at its terminal); two GPUs are enough to try a multi-GPU step,
+/// and bigger work is a batch job, which shares the machine as it goes.
+pub const SESSION_MAX_GPUS: u32 = 2;
 /// `[sessions] idle_after`: how long a session's GPUs may sit at 0 % before it is warned (then ended a
 /// quarter of that later).
 pub const SESSION_IDLE_AFTER: Duration = Duration::from_secs(3600);
 /// `[bookings] max_ahead`: two weeks: a demo or a deadline is planned about that far ahead, and no
 /// one books the machine for the whole term.
 pub const BOOKING_MAX_AHEAD: Duration = Duration::from_secs(14 * 24 * 3600);
+/// `[bookings] max_length`: a day: a demo, a deadline's run or a course's lab session fits in one;
+/// longer work is queued as jobs, which share the machine as they go.
+pub const BOOKING_MAX_LENGTH: Duration = Duration::from_secs(24 * 3600);
+/// `[bookings] max_gpu_hours_per_week`: 48 GPU-hours per user per week (2 GPUs for a day, or 4 GPUs
+/// for an afternoon a day): a fraction of even a small box's 672 (4 GPUs × 168 h), so a few users'
+/// bookings cannot take the machine from the queue.
+pub const BOOKING_MAX_GPU_HOURS_PER_WEEK: u32 = 48;
 /// `[bookings] slot`: half-hours, as in a calendar.
 pub const BOOKING_SLOT: Duration = Duration::from_secs(30 * 60);
 /// `[bookings] release_after`: a booking nobody used for half an hour after its start is a no-show.
@@ -114,6 +125,10 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 pub const FAIR_SHARE_REACH: i64 = 5;
 /// Priorities a plain user may set: enough to order one's own work, too little to jump everyone.
 pub const USER_PRIORITY: (i32, i32) = (-10, 10);
+/// `[preemption] priority_gap`: one more than a user's highest priority, so a user's own top
+/// priority never preempts another's priority-0 job by priority alone (only an admin's, or a job whose
+/// owner lowered it below 0).
+pub const PRIORITY_GAP: i32 = USER_PRIORITY.1 + 1;
 /// Root (the admin) may go further, still bounded so ordering stays meaningful.
 pub const ADMIN_PRIORITY: (i32, i32) = (-1000, 1000);
 /// Queued jobs per user: a week of a busy lab's work; a runaway script hits it long before the database hurts.
@@ -206,6 +221,24 @@ pub const SUBMIT_KEYS_PER_USER: i64 = 10_000;
 /// `start` milliseconds later, and a start sent just before a crash may not have reached Docker yet.
 pub const START_SETTLE: Duration = Duration::from_secs(5);
 
+// Forwards and listeners (issue 29).
+/// `[sessions] forward_port`: the port of every `gantry open` forward (each job's on an address of its
+/// own in 127.0.0.0/8). Below 1024, so only root can bind it: when the engine is not listening (a
+/// restart, the job's end, a preemption) no other user can answer an owner's old URL. 1021 is RFC 3692's
+/// port for experiments: no service uses it, and browsers do not block it.
+pub const FORWARD_PORT: u16 = 1021;
+/// A forward's refused connections (another user's) are logged once per uid, then summed up at most
+/// this often: a connect flood costs a line a minute, not a line a connection.
+pub const FORWARD_REFUSED_LOG_EVERY: Duration = Duration::from_secs(60);
+/// `[metrics] max_connections`: open scrape connections at once. Prometheus keeps one per scraper; 64
+/// covers a lab's few scrapers and a curl or two, while a flood of idle connections costs the engine at
+/// most this many file descriptors (its API and jobs keep the rest). Beyond it a connection is closed at once.
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
+/// `[metrics] idle_timeout`: a connection that has not sent a whole request head this long after it
+/// opened (or after its last answer) is closed. A scrape sends its request at once; 10 s is far
+/// above a loaded machine's delay and far below what lets idle connections pile up.
+pub const METRICS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Queued jobs `gantry ls` shows by default: the next 100 to start and the caller's first 100 (a
 /// terminal shows a few dozen lines; `--all` lists a queue of 100,000, which is 25 MB of JSON).
 pub const LS_QUEUED_SHOWN: usize = 100;
@@ -221,12 +254,22 @@ pub const NOTIFY_BACKOFF_MAX: Duration = Duration::from_secs(3600);
 pub const NOTIFY_MAX_PENDING: usize = 100;
 /// Targets per user (`gantry notify add`): a few emails and chat channels; each is one send per event.
 pub const NOTIFY_MAX_TARGETS: usize = 10;
+/// `[notify] max_tests_per_hour`: `gantry notify test` checks a target just added; a few an hour is
+/// plenty, and each goes to every target, so a user's test mail stays under 60 an hour.
+pub const NOTIFY_MAX_TESTS_PER_HOUR: usize = 6;
+/// A job's name as it appears in a notification's line (an email's subject): long enough to tell
+/// jobs apart, too short to carry a message of its own.
+pub const NOTIFY_NAME_CHARS: usize = 40;
 /// One send (connect, TLS, request, answer) may take this long before it counts as failed.
 pub const NOTIFY_SEND_TIMEOUT: Duration = Duration::from_secs(20);
 /// Sends in flight at once (a slow target does not hold up the others).
 pub const NOTIFY_PARALLEL: usize = 8;
 /// Delivered, failed and dropped notifications are listed (`gantry notify log`) this long, then forgotten.
 pub const NOTIFY_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How far ahead a job's `begin` may be (`[limits] max_begin`): a week covers "after the weekend"
+/// and "when the deadline crunch is over"; a waiting job still counts against the user's queued
+/// jobs, so further ahead it mostly sits there forgotten (a booking is the way to plan further).
+pub const MAX_BEGIN: Duration = Duration::from_secs(7 * 86_400);
 
 /// Points kept per metric series (`[results] max_points`); older points are thinned beyond it,
 /// keeping the first, the last, the lowest and the highest: a chart is at most a few thousand

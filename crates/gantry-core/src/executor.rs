@@ -75,6 +75,15 @@ impl GpuSet {
             GpuSet::Ids(ids) => ids.iter().any(|i| i == uuid || *i == index.to_string()),
         }
     }
+
+    /// [`GpuSet::holds`] for a GPU known by its UUID alone (`index` `None`: a simulated GPU, which no
+    /// index or `--gpus all` of the real machine names).
+    pub fn holds_claim(&self, index: Option<u32>, uuid: &str) -> bool {
+        match index {
+            Some(index) => self.holds(index, uuid),
+            None => matches!(self, GpuSet::Ids(ids) if ids.iter().any(|i| i == uuid)),
+        }
+    }
 }
 
 /// A running container outside this engine that holds GPUs (another Gantry engine's job, or anyone's
@@ -508,7 +517,12 @@ pub trait Executor: Send + Sync + 'static {
     /// container that is not this engine's and runs on one of `gpus`, or that was created for one of
     /// them at the same moment and wins the tie (see the Docker implementation); the caller then
     /// removes its own and tries again later.
-    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError>;
+    async fn gpu_taken(
+        &self,
+        id: &str,
+        engine_id: &str,
+        gpus: &[(Option<u32>, String)],
+    ) -> Result<Option<String>, ExecError>;
     /// Stored output from `since_s` (Unix seconds), one [`Frame`] per message of Docker's log: its RFC
     /// 3339 timestamp, a space, and a line with its `\n`, or without one where Docker cut a long line
     /// (every 16 KiB) or the output ended. With `follow`, until the container ends. The stream ends or
@@ -557,7 +571,8 @@ pub trait Executor: Send + Sync + 'static {
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
-    fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
+    /// Connected when this returns, so attaching before `start` misses nothing the job writes.
+    async fn attach(&self, _id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         futures_util::stream::empty().boxed()
     }
 }
@@ -1317,7 +1332,12 @@ impl Executor for DockerExecutor {
         Ok(out)
     }
 
-    async fn gpu_taken(&self, id: &str, engine_id: &str, gpus: &[(u32, String)]) -> Result<Option<String>, ExecError> {
+    async fn gpu_taken(
+        &self,
+        id: &str,
+        engine_id: &str,
+        gpus: &[(Option<u32>, String)],
+    ) -> Result<Option<String>, ExecError> {
         if gpus.is_empty() {
             return Ok(None);
         }
@@ -1348,7 +1368,7 @@ impl Executor for DockerExecutor {
                 let Some(theirs) = self.gpus_of_listed(&c).await else {
                     continue;
                 };
-                if !gpus.iter().any(|(i, u)| theirs.holds(*i, u)) {
+                if !gpus.iter().any(|(i, u)| theirs.holds_claim(*i, u)) {
                     continue;
                 }
                 let created_only = c
@@ -1486,29 +1506,26 @@ impl Executor for DockerExecutor {
         self.docker.resize_container_tty(id, opts).await.map_err(classify)
     }
 
-    fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
-        let (docker, id) = (self.docker.clone(), id.to_string());
+    async fn attach(&self, id: &str) -> BoxStream<'static, Result<Frame, ExecError>> {
         let opts = qp::AttachContainerOptions {
             stream: true,
             stdout: true,
             stderr: true,
             ..Default::default()
         };
-        futures_util::stream::once(async move { docker.attach_container(&id, Some(opts)).await })
-            .flat_map(|r| match r {
-                // The input half is kept with the output: dropping it could end the attachment.
-                Ok(a) => {
-                    let input = a.input;
-                    a.output
-                        .map(move |o| {
-                            let _ = &input;
-                            o.map(Frame::of).map_err(classify)
-                        })
-                        .boxed()
-                }
-                Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
-            })
-            .boxed()
+        match self.docker.attach_container(id, Some(opts)).await {
+            // The input half is kept with the output: dropping it could end the attachment.
+            Ok(a) => {
+                let input = a.input;
+                a.output
+                    .map(move |o| {
+                        let _ = &input;
+                        o.map(Frame::of).map_err(classify)
+                    })
+                    .boxed()
+            }
+            Err(e) => futures_util::stream::once(async move { Err(classify(e)) }).boxed(),
+        }
     }
 }
 

@@ -472,6 +472,7 @@ impl Inbox {
                 text: &text,
                 file_name: name,
                 base_dir: Some(f.path.clone()),
+                begin: None,
             },
             Some((folder, template)) => Spec::Template {
                 template,

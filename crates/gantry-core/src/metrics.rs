@@ -299,6 +299,11 @@ async fn count(e: Arc<Engine>, c: Arc<Mutex<Counted>>) {
 }
 
 /// Serve `/metrics` on `addr` until the engine stops.
+///
+/// Bounded, as every listener of a root engine (issue 29, hole 7): at most `[metrics] max_connections`
+/// connections are open at once (more are closed as they come, so a flood cannot take the engine's file
+/// descriptors from its API and jobs), and one that has not sent a whole request head `[metrics]
+/// idle_timeout` after it opened or after its last answer is closed.
 pub async fn serve(e: Arc<Engine>, addr: SocketAddr) {
     let counted = Arc::new(Mutex::new(Counted::default()));
     let counter = tokio::spawn(count(e.clone(), counted.clone()));
@@ -310,7 +315,14 @@ pub async fn serve(e: Arc<Engine>, addr: SocketAddr) {
             return;
         }
     };
-    info!("metrics on http://{addr}/metrics");
+    // The counter stops with this task (the daemon aborts it when the engine stops).
+    let _counter = AbortOnDrop(counter);
+    let settings = e.cfg.lab.metrics.clone();
+    info!(
+        "metrics on http://{addr}/metrics (at most {} connections, idle ones closed after {}s)",
+        settings.max_connections,
+        settings.idle_timeout.as_secs_f64()
+    );
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -332,10 +344,73 @@ pub async fn serve(e: Arc<Engine>, addr: SocketAddr) {
             }
         }),
     );
-    if let Err(err) = axum::serve(listener, app).await {
-        warn!("metrics server stopped: {err}");
+    let slots = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
+    let mut turned_away = TurnedAway::default();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(err) => {
+                // Out of file descriptors (or another transient error): wait instead of spinning.
+                if turned_away.note(tokio::time::Instant::now()) {
+                    warn!("metrics: accepting a connection failed: {err}");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            if turned_away.note(tokio::time::Instant::now()) {
+                warn!(
+                    "metrics: {} connections are open (`[metrics] max_connections`): closing new ones until some end",
+                    settings.max_connections
+                );
+            }
+            continue;
+        };
+        let app = app.clone();
+        let idle = settings.idle_timeout;
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let mut app = app.clone();
+                async move { tower_service::Service::call(&mut app, req).await }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(idle)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            if let Err(err) = conn.await {
+                tracing::debug!("metrics: a connection ended: {err}");
+            }
+        });
     }
-    counter.abort();
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Connections turned away (or failed accepts): logged at most once a minute.
+#[derive(Default)]
+struct TurnedAway {
+    last: Option<tokio::time::Instant>,
+}
+
+impl TurnedAway {
+    fn note(&mut self, now: tokio::time::Instant) -> bool {
+        let due = self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(60));
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,14 @@
 //! The bind is recursive, as Docker's own bind mounts are, so the job sees the same tree its owner sees
 //! (nested mounts included); its propagation is private. `:ro` remounts it read-only (nested mounts keep
 //! their own flags, as with Docker 20.10's read-only binds; the job still writes only what its owner may).
-//! Staging mounts live in the host's mount namespace, so they outlive an engine restart; they are released
-//! when the attempt ends, and a start-up sweep releases those whose container is gone.
+//! A pinned mount lives only while it is needed: from just before the container is created until Docker's
+//! start has returned, when the container's own mount namespace holds its copy of the bind (Gantry starts a
+//! container once, never again). It is then unmounted ([`Staging::unpin`]), so nothing under the state dir
+//! leads into a user's files while jobs run, and a `rm -rf` of the state dir (the advice after removing
+//! Gantry) never descends into a home or a data folder (issue 29, hole 0). An engine killed inside that
+//! short window leaves pins behind: the next engine's start-up unpins every container that is no longer
+//! waiting for its start (a start in flight is settled first, see `reconcile`), and releases those whose
+//! container is gone.
 //!
 //! An engine that is not root cannot mount: it passes the resolved path on, and the race stays open
 //! there (such an engine only serves its own user, whose paths it could read anyway).
@@ -156,13 +162,7 @@ impl Staging {
             // Until it is no longer a mount point (a crash could have stacked two). Only a root
             // engine mounts (the others hold generated files only).
             if self.enabled {
-                loop {
-                    match umount2(&p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
-                        Ok(()) => continue,
-                        Err(Errno::EINVAL) => break,
-                        Err(e) => return Err(io(&p)(e.into())),
-                    }
-                }
+                unmount_all(&p).map_err(io(&p))?;
             }
             let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
             if is_dir {
@@ -173,6 +173,41 @@ impl Staging {
             .map_err(io(&p))?;
         }
         std::fs::remove_dir(&dir).map_err(io(&dir))
+    }
+
+    /// Unmount and remove the pinned mounts of `name` (the numbered entries), keeping its generated files:
+    /// once its container has started it holds its own copy of each bind and never starts again.
+    pub fn unpin(&self, name: &str) -> Result<(), StagingError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let dir = self.root.join(name);
+        let io = |at: &Path| {
+            let at = at.to_path_buf();
+            move |source| StagingError::Io { at, source }
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(io(&dir))?;
+            // Pins are named by their index; generated files by what they are (`passwd`, `group`).
+            if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let p = entry.path();
+            unmount_all(&p).map_err(io(&p))?;
+            let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
+            if is_dir {
+                std::fs::remove_dir(&p)
+            } else {
+                std::fs::remove_file(&p)
+            }
+            .map_err(io(&p))?;
+        }
+        Ok(())
     }
 
     /// At engine start: release the staging of every container not in `existing` (removed while the
@@ -188,6 +223,17 @@ impl Staging {
                 Ok(()) => info!("released the pinned mounts of {name} (its container is gone)"),
                 Err(e) => warn!("{e}"),
             }
+        }
+    }
+}
+
+/// Unmount `p` until it is no longer a mount point (a crash could have stacked two).
+fn unmount_all(p: &Path) -> std::io::Result<()> {
+    loop {
+        match umount2(p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) => continue,
+            Err(Errno::EINVAL) => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -375,6 +421,37 @@ mod tests {
         std::fs::remove_file(staging.root().join("c2")).unwrap();
         staging.release("c1").unwrap();
         assert!(!staging.root().join("c1").exists());
+    }
+
+    #[test]
+    fn unpinning_leaves_no_mount_under_the_state_dir_and_keeps_the_generated_files() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        let data = base.join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("keep.txt"), "k").unwrap();
+        let staging = Staging::in_state_dir(&base.join("state"));
+        if !staging.enabled {
+            return;
+        }
+        let mut all = checked(&data, false);
+        all.extend(checked(&data.join("keep.txt"), true));
+        staging.stage("c1", all).unwrap();
+        staging
+            .write_generated("c1", "passwd", b"x:x:1:1::/:/bin/sh\n")
+            .unwrap();
+        assert_eq!(mounts_under(staging.root()).len(), 2);
+        staging.unpin("c1").unwrap();
+        assert!(mounts_under(staging.root()).is_empty());
+        let left: Vec<String> = std::fs::read_dir(staging.root().join("c1"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["passwd"]);
+        // A recursive delete of the state dir now reaches only the engine's own files.
+        std::fs::remove_dir_all(base.join("state")).unwrap();
+        assert_eq!(std::fs::read_to_string(data.join("keep.txt")).unwrap(), "k");
+        staging.unpin("c1").unwrap(); // gone is fine
     }
 
     #[test]

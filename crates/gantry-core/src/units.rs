@@ -167,6 +167,92 @@ pub fn local_datetime(ms: i64) -> String {
     format!("{}-{:02}-{:02} {:02}:{:02}", t.year, t.month, t.day, t.hour, t.minute)
 }
 
+/// The forms [`parse_when`] reads.
+pub const WHEN_FORMS: &str = "write \"14:00\", \"tomorrow 14:00\", \"2026-12-03 09:30\" or \"+2h\" (in local time)";
+
+/// `HH:MM` as (hour, minute).
+fn hhmm(s: &str) -> Option<(u32, u32)> {
+    let (h, m) = s.split_once(':')?;
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (h < 24 && m < 60 && s.len() <= 5).then_some((h, m))
+}
+
+/// A start time in local time (`14:00`: today, or tomorrow once past; `tomorrow 14:00`;
+/// `2026-12-03 09:30`; `+2h`) as ms since the epoch, and whether it was rounded up to a slot of
+/// `slot_ms` (`+2h`; 0: no slots). `what` names the field or flag in errors (`--at`, `begin`).
+/// Bookings' `--at` and jobs' `begin:` / `--begin` read the same forms.
+pub fn parse_when(s: &str, now: i64, slot_ms: i64, what: &str) -> Result<(i64, bool), String> {
+    let s = s.trim();
+    let bad = || format!("{what} {s:?} is not a time: {WHEN_FORMS}");
+    if let Some(rel) = s.strip_prefix('+') {
+        let d = humantime::parse_duration(rel.trim())
+            .map_err(|_| format!("{what} {s:?}: after `+` write a duration such as 2h or 90m"))?;
+        let t = now + d.as_millis() as i64;
+        let up = if slot_ms > 0 && t.rem_euclid(slot_ms) != 0 {
+            t - t.rem_euclid(slot_ms) + slot_ms
+        } else {
+            t
+        };
+        return Ok((up, up != t));
+    }
+    let today = local_time(now);
+    let at_day = |day_offset: u32, (hour, minute): (u32, u32)| {
+        from_local(LocalTime {
+            day: today.day + day_offset,
+            hour,
+            minute,
+            ..today
+        })
+        .ok_or_else(bad)
+    };
+    let words: Vec<&str> = s.split_whitespace().collect();
+    let t = match words.as_slice() {
+        [t] if hhmm(t).is_some() => {
+            let at = at_day(0, hhmm(t).unwrap())?;
+            // Today's, or tomorrow's once today's slot is over.
+            if at + slot_ms.max(1) <= now {
+                at_day(1, hhmm(t).unwrap())?
+            } else {
+                at
+            }
+        }
+        ["today", t] => at_day(0, hhmm(t).ok_or_else(bad)?)?,
+        ["tomorrow", t] => at_day(1, hhmm(t).ok_or_else(bad)?)?,
+        [date, t] | [date, "at", t] => {
+            let parts: Vec<&str> = date.split('-').collect();
+            let [y, m, d] = parts.as_slice() else {
+                return Err(bad());
+            };
+            let (Ok(year), Ok(month), Ok(day)) = (y.parse::<i32>(), m.parse::<u32>(), d.parse::<u32>()) else {
+                return Err(bad());
+            };
+            let (hour, minute) = hhmm(t).ok_or_else(bad)?;
+            if day == 0 || day > 31 {
+                return Err(bad());
+            }
+            let ms = from_local(LocalTime {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+            })
+            .ok_or_else(bad)?;
+            // mktime rolls 2026-02-31 over to March: not what was meant.
+            if local_time(ms).day != day {
+                return Err(format!("{what} {s:?}: {year}-{month:02} has no day {day}"));
+            }
+            ms
+        }
+        [one] if one.contains('T') => {
+            let (d, t) = one.split_once('T').unwrap();
+            return parse_when(&format!("{d} {}", t.get(..5).unwrap_or(t)), now, slot_ms, what);
+        }
+        _ => return Err(bad()),
+    };
+    Ok((t, false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

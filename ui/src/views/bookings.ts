@@ -197,7 +197,8 @@ export function bookingsView(backend: Backend): View {
     gpus = g.gpus;
     const r = bk.rules;
     rulesLine.textContent = !r.enabled ? "This lab's engine takes no bookings ([bookings] in the lab config)." : [
-      `Slots of ${r.slot_ms / 60_000} min`, `up to ${Math.round(r.max_ahead_ms / 86_400_000)} days ahead`, `at most ${r.max_gpus} GPU${r.max_gpus === 1 ? "" : "s"} a booking`,
+      `Slots of ${r.slot_ms / 60_000} min`, `up to ${Math.round(r.max_ahead_ms / 86_400_000)} days ahead`,
+      r.max_length_ms > 0 ? `at most ${Math.round(r.max_length_ms / 3_600_000)} h long` : null, `at most ${r.max_gpus} GPU${r.max_gpus === 1 ? "" : "s"} a booking`,
       r.max_gpu_hours_week != null ? `${r.max_gpu_hours_week} GPU-hours a week each` : null,
       `released when unused ${Math.round(r.release_after_ms / 60_000)} min after its start`,
     ].filter(Boolean).join(" · ");

@@ -21,6 +21,9 @@ pub(crate) struct BookCache {
     preemptible: HashMap<i64, bool>,
     /// Bookings whose owner this engine has told they start soon (the store's mark is the truth).
     told: std::collections::HashSet<i64>,
+    /// When each active, used booking was last seen used (in memory: after a restart the clock
+    /// starts again, in its owner's favour).
+    last_use: HashMap<i64, i64>,
 }
 
 const DAY: i64 = 86_400_000;
@@ -30,6 +33,20 @@ const NOTE_MAX: usize = 200;
 fn week_start(ms: i64) -> i64 {
     let days = ms.div_euclid(DAY);
     (days - (days + 3).rem_euclid(7)) * DAY
+}
+
+/// How much of a booking counts toward its owner's week (ms): all of it, unless it was cancelled
+/// after its start: then until the end of the slot it was cancelled in, at least one slot (a
+/// booking's start preempts; cancelling it right after must not make that free).
+fn counted_ms(b: &Booking, slot: i64) -> i64 {
+    match (b.closed, b.closed_ms) {
+        (Some(BookingState::Cancelled), Some(at)) if at > b.start_ms => {
+            let used = (at - b.start_ms).saturating_add(slot - 1) / slot.max(1) * slot;
+            used.max(slot).min(b.end_ms.saturating_sub(b.start_ms))
+        }
+        (Some(BookingState::Cancelled), _) => 0,
+        _ => b.end_ms.saturating_sub(b.start_ms),
+    }
 }
 
 /// "14:00–18:00", or with dates when it does not start and end on the same local day.
@@ -59,6 +76,7 @@ impl Engine {
             enabled: b.enabled,
             slot_ms: b.slot.as_millis() as i64,
             max_ahead_ms: b.max_ahead.as_millis() as i64,
+            max_length_ms: b.max_length.as_millis() as i64,
             max_gpu_hours_week: b.max_gpu_hours_per_week,
             max_gpus: b
                 .max_gpus
@@ -160,8 +178,30 @@ impl Engine {
             };
             return refuse(format!("{} GPUs asked for: {why}; use --gpus {max} or fewer", req.gpus));
         }
-        if req.end_ms <= req.start_ms {
-            return refuse("the booking ends before it starts; give --for a positive length".into());
+        // Checked first, with checked arithmetic: every sum below then stays far inside an i64.
+        let length = match req.end_ms.checked_sub(req.start_ms) {
+            Some(l) if l > 0 => l,
+            _ => return refuse("the booking ends before it starts; give --for a positive length".into()),
+        };
+        let max_length = rules.max_length.as_millis() as i64;
+        if length > max_length {
+            return refuse(format!(
+                "the booking would last {}; the lab allows bookings of at most {}{}. Book at most --for {} (longer work goes in the queue as jobs)",
+                crate::units::duration_brief_ms(length),
+                duration_setting(rules.max_length),
+                self.set_in("bookings.max_length"),
+                duration_setting(rules.max_length)
+            ));
+        }
+        let ahead = rules.max_ahead.as_millis() as i64;
+        if req.start_ms > now + ahead {
+            return refuse(format!(
+                "bookings may start at most {} ahead{} (until {}); {} is later",
+                duration_setting(rules.max_ahead),
+                self.set_in("bookings.max_ahead"),
+                local_datetime(now + ahead),
+                local_datetime(req.start_ms)
+            ));
         }
         let aligned = |ms: i64| ms.rem_euclid(slot) == 0;
         if !aligned(req.start_ms) {
@@ -182,21 +222,11 @@ impl Engine {
                 crate::units::duration_ms((req.end_ms - req.start_ms).div_euclid(slot).max(1) * slot)
             ));
         }
-        if req.start_ms + slot <= now {
+        if req.start_ms.saturating_add(slot) <= now {
             return refuse(format!(
                 "{} is in the past; book from the current slot ({}) on",
                 local_datetime(req.start_ms),
                 local_hhmm(now - now.rem_euclid(slot))
-            ));
-        }
-        let ahead = rules.max_ahead.as_millis() as i64;
-        if req.start_ms > now + ahead {
-            return refuse(format!(
-                "bookings may start at most {} ahead{} (until {}); {} is later",
-                duration_setting(rules.max_ahead),
-                self.set_in("bookings.max_ahead"),
-                local_datetime(now + ahead),
-                local_datetime(req.start_ms)
             ));
         }
         let note = req
@@ -250,18 +280,37 @@ impl Engine {
                 }
             }
             if let Some(max) = weekly {
-                let milli = |b: &NewBooking| b.gpus as i64 * (b.end_ms - b.start_ms) / 3600;
-                let had: i64 = others.iter().filter(|b| b.uid == new.uid && week_start(b.start_ms) == week).map(|b| b.gpus as i64 * (b.end_ms - b.start_ms) / 3600).sum();
-                let want = milli(&new);
-                if had + want > max as i64 * 1000 {
-                    let h = |m: i64| if m % 1000 == 0 { format!("{}", m / 1000) } else { format!("{:.1}", m as f64 / 1000.0) };
+                // In milli-GPU-hours, in i128: stored rows from before `max_length` may be huge.
+                let milli = |gpus: u32, ms: i64| gpus as i128 * ms as i128 / 3600;
+                let had: i128 = others
+                    .iter()
+                    .filter(|b| b.uid == new.uid && week_start(b.start_ms) == week)
+                    .map(|b| milli(b.gpus, counted_ms(b, slot)))
+                    .sum();
+                let want = milli(new.gpus, new.end_ms - new.start_ms);
+                if had + want > max as i128 * 1000 {
+                    let h = |m: i128| if m % 1000 == 0 { format!("{}", m / 1000) } else { format!("{:.1}", m as f64 / 1000.0) };
                     return Err(format!(
-                        "this booking is {} GPU-hours and you have {} booked in the week from {} (Monday, UTC); the lab allows {max} per user per week{weekly_in}. Book fewer GPUs or hours, or cancel one (`gantry book cancel ID`)",
+                        "this booking is {} GPU-hours and you have {} booked in the week from {} (Monday, UTC; a booking cancelled after its start counts until then, at least one slot); the lab allows {max} per user per week{weekly_in}. Book fewer GPUs or hours, or cancel one before it starts (`gantry book cancel ID`)",
                         h(want),
                         h(had),
                         &local_datetime(week)[..10]
                     ));
                 }
+            }
+            // The same user's open booking of the same GPUs at the same time: a duplicate (a second
+            // `gantry book` of the same slot), or a wish for more GPUs that is one booking.
+            if let Some(d) = others.iter().find(|b| {
+                b.uid == new.uid && b.closed.is_none() && b.gpu_type == new.gpu_type && b.start_ms < new.end_ms && new.start_ms < b.end_ms
+            }) {
+                return Err(format!(
+                    "you already have booking {} ({} GPU{}, {}) at that time; to hold more GPUs or longer, cancel it (`gantry book cancel {}`) and book once with the GPUs and time you need",
+                    d.id,
+                    d.gpus,
+                    if d.gpus == 1 { "" } else { "s" },
+                    span(d.start_ms, d.end_ms),
+                    d.id
+                ));
             }
             Ok(())
         });
@@ -463,14 +512,15 @@ impl Engine {
             .values()
             .map(|h| (h.owner.clone(), h.gpus.clone()))
             .collect();
-        let queued_owners: std::collections::HashSet<String> = self
+        // Owners' queued jobs that could go on a booking of `n` GPUs (not held, asking for 1 to n).
+        let queued_for: Vec<(String, u32)> = self
             .queue
             .lock()
             .unwrap()
             .rows()
             .iter()
-            .filter(|j| !j.held)
-            .map(|j| j.owner.clone())
+            .filter(|j| !j.held && j.gpus > 0)
+            .map(|j| (j.owner.clone(), j.gpus))
             .collect();
         let mut changed = false;
         // Starting soon: told once (the store keeps the mark; `told` spares the write every pass).
@@ -512,6 +562,7 @@ impl Engine {
                 .iter()
                 .any(|(o, g)| *o == b.owner && g.iter().any(|g| gpus.contains(g)));
             if used {
+                self.book_cache.lock().unwrap().last_use.insert(b.id, now);
                 if b.used_ms.is_none() {
                     let r = self.store().booking_used(b.id);
                     if let Err(e) = r {
@@ -522,19 +573,31 @@ impl Engine {
                 }
                 continue;
             }
-            // Not a no-show while it waits for a job to leave its GPUs, or while its owner has a job
-            // queued for it.
-            let waiting = assigned.iter().any(|a| a.booking == b.id && !a.waiting_for.is_empty());
-            if b.used_ms.is_none() && now >= b.start_ms + release_after && !waiting && !queued_owners.contains(&b.owner)
-            {
-                let why = format!(
-                    "released: unused for {} after its start",
-                    duration_setting(std::time::Duration::from_millis(release_after as u64))
-                );
+            let idle_for = |ms: i64| duration_setting(std::time::Duration::from_millis(ms.max(0) as u64));
+            let why = if b.used_ms.is_some() {
+                // Used, then left: released once unused for `release_after` since its owner's last
+                // use, whatever its owner has queued (a booking is GPUs in use, not a queue's claim).
+                let last = *self.book_cache.lock().unwrap().last_use.entry(b.id).or_insert(now);
+                (now >= last + release_after).then(|| {
+                    format!(
+                        "released: unused for {} since its owner's last job on it",
+                        idle_for(release_after)
+                    )
+                })
+            } else {
+                // Not a no-show while it waits for a job to leave its GPUs, or while its owner has a
+                // job queued that it could hold.
+                let waiting = assigned.iter().any(|a| a.booking == b.id && !a.waiting_for.is_empty());
+                let queued = queued_for.iter().any(|(o, n)| *o == b.owner && *n <= b.gpus);
+                (now >= b.start_ms + release_after && !waiting && !queued)
+                    .then(|| format!("released: unused for {} after its start", idle_for(release_after)))
+            };
+            if let Some(why) = why {
                 let r = self.store().close_booking(b.id, BookingState::Released, &why);
                 match r {
                     Ok(_) => {
                         tracing::info!(booking = b.id, owner = %b.owner, "booking {} of {} {why}", b.id, b.owner);
+                        self.book_cache.lock().unwrap().last_use.remove(&b.id);
                         changed = true;
                     }
                     Err(e) => {
@@ -545,6 +608,8 @@ impl Engine {
             }
         }
         let mut c = self.book_cache.lock().unwrap();
+        c.last_use
+            .retain(|id, _| open.iter().any(|b| b.id == *id && b.end_ms > now));
         c.assigned = assigned;
         if changed {
             c.open = None;

@@ -28,6 +28,7 @@ mod limits;
 mod ops;
 mod pass;
 pub mod ports;
+mod preview;
 mod reconcile;
 pub(crate) mod results;
 mod sampler;
@@ -190,6 +191,8 @@ pub struct Engine {
     eta_at: std::sync::atomic::AtomicI64,
     /// The last planning pass: a hash of its inputs and when it ran (see `Engine::plan_local`).
     last_pass: Mutex<Option<(u64, i64)>>,
+    /// The GPUs as the last pass saw them (Docker backend): what a dry run plans on.
+    last_gpus: RwLock<Option<Vec<crate::scheduler::GpuView>>>,
     stats: Mutex<Stats>,
     running: Mutex<HashMap<i64, RunHandle>>,
     /// When each job was last preempted (its wait toward the overdue rule counts from then), and
@@ -432,6 +435,7 @@ impl Engine {
             eta: RwLock::new(HashMap::new()),
             eta_at: std::sync::atomic::AtomicI64::new(0),
             last_pass: Mutex::new(None),
+            last_gpus: RwLock::new(None),
             stats: Mutex::new(Stats::default()),
             running: Mutex::new(HashMap::new()),
             preempted_at: Mutex::new(HashMap::new()),
@@ -487,6 +491,13 @@ impl Engine {
     /// Unmount the pinned mounts of a container that is gone or will never start again.
     fn release_staging(&self, container_name: &str) {
         if let Err(e) = self.staging().release(container_name) {
+            warn!("{e}");
+        }
+    }
+
+    /// Unmount the pinned mounts of a container that has started (it holds its own copy of each).
+    fn unpin_staging(&self, container_name: &str) {
+        if let Err(e) = self.staging().unpin(container_name) {
             warn!("{e}");
         }
     }
@@ -552,6 +563,8 @@ impl Engine {
     pub async fn run(self: Arc<Self>) -> Result<(), EngineError> {
         let own = self.backend.start(&self).await;
         self.clone().recover().await?;
+        // Open browser tabs keep their URLs: forwards listen again before the first pass.
+        self.reopen_forwards().await;
         let sampler = tokio::spawn(self.clone().sampler_loop());
         let pruner = tokio::spawn(self.clone().prune_loop());
         let mut tick = tokio::time::interval(crate::config::PASS_EVERY);

@@ -223,23 +223,7 @@ impl Engine {
         let version = self.queue.lock().unwrap().version();
         let store_problem = self.health.read().unwrap().store_problem.clone();
         let now = self.now();
-        let history = self.stats.lock().unwrap().history.clone();
-        let running: Vec<RunningJob> = self
-            .running
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(id, h)| RunningJob {
-                job_id: *id,
-                user: h.owner.clone(),
-                gpus: h.gpus.clone(),
-                gpu_memory: h.gpu_memory,
-                expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)),
-                needs: h.needs,
-                victim: h.victim.clone(),
-                declared: h.declared,
-            })
-            .collect();
+        let running = self.running_jobs(now);
         // Everything a plan depends on, other than the clock. The same inputs plan the same thing, so
         // the pass stops here, unless the clock may have changed the answer: a retry's backoff ended,
         // or FULL_PASS_EVERY passed (reservations and backfill windows move with time, in minutes).
@@ -378,14 +362,37 @@ impl Engine {
         } else {
             vec![]
         };
-        let cautious_runtimes: Vec<(i64, i64)> = if preemptible.is_empty() && !holds.iter().any(|b| b.start_ms > now) {
-            vec![]
-        } else {
-            queued
-                .iter()
-                .filter(|j| j.expected_runtime_ms.is_none())
-                .filter_map(|j| history.estimate(&j.key(), 0).map(|e| (j.id, e.p95_ms)))
-                .collect()
+        // A job preempted `max_per_day` times in the last day is past the guard rails: a booking's
+        // start could not preempt it, so it is not "preemptible" for a booked GPU.
+        let max_per_day = policy.preemption.rules.max_per_day;
+        let preemptible: Vec<i64> = preemptible
+            .into_iter()
+            .filter(|id| {
+                !preempted_at.contains_key(id)
+                    || self
+                        .reader()
+                        .preemptions(*id, now - 86_400_000)
+                        .is_ok_and(|p| p.1 < max_per_day)
+            })
+            .collect();
+        // Runtimes a booking may trust: learned from the owner's own runs of that name and shape
+        // (p95), else none (`unproven`: other jobs' runs say nothing of this one's).
+        let (mut cautious_runtimes, mut unproven_runtimes) = (vec![], vec![]);
+        if holds.iter().any(|b| b.start_ms > now) {
+            for j in queued.iter().filter(|j| j.expected_runtime_ms.is_none()) {
+                match history.estimate(&j.key(), 0) {
+                    Some(e) if e.basis == crate::estimate::Basis::SameJob => cautious_runtimes.push((j.id, e.p95_ms)),
+                    _ => unproven_runtimes.push(j.id),
+                }
+            }
+        }
+        let inputs = JobInputs {
+            policy: &policy,
+            host,
+            gpu_count,
+            usage: &usage,
+            history: &history,
+            overruns: &overruns,
         };
         let state = scheduler::State {
             now_ms: now,
@@ -394,22 +401,8 @@ impl Engine {
             queued: queued
                 .iter()
                 .map(|j| QueuedJob {
-                    job_id: j.id,
-                    user: j.owner.clone(),
-                    priority: scheduling_priority(j, &policy),
-                    submitted_at_ms: j.submitted_at,
-                    gpus: j.gpus,
-                    gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
-                    not_before_ms: j.not_before,
-                    expected_runtime_ms: expected_runtime(&history, j, overruns.get(&j.owner).copied().unwrap_or(0)),
-                    user_usage: usage.get(&j.owner).copied().unwrap_or(0.0),
-                    filter: j.gpu_filter.clone(),
-                    // A job queued before the lab's share shrank is held to the ceiling, like new ones.
-                    needs: ceil_needs(
-                        policy.containers.needs(j.gpus, j.cpus_milli, j.memory, host, gpu_count),
-                        policy.containers.ceiling(j.gpus, host, gpu_count),
-                    ),
                     preempted_at_ms: preempted_at.get(&j.id).map(|p| p.0),
+                    ..self.scheduled(j, &inputs)
                 })
                 .collect(),
             config: scheduler::Config {
@@ -423,6 +416,7 @@ impl Engine {
                 bookings: holds,
                 preemptible,
                 cautious_runtimes,
+                unproven_runtimes,
                 ..self.cfg.scheduler.clone()
             },
             typical_wait_ms: typical_wait,
@@ -445,10 +439,20 @@ impl Engine {
                 HashMap::new()
             };
         }
-        // A preempted job says so until it runs again.
+        // A preempted job says so until it runs again; a job with a `begin` says when it starts.
+        let begins: HashMap<i64, i64> = queued
+            .iter()
+            .filter_map(|j| {
+                j.begin_ms
+                    .filter(|b| *b > now && j.not_before == Some(*b))
+                    .map(|b| (j.id, b))
+            })
+            .collect();
         for w in plan.waiting.iter_mut() {
             if let Some((_, by)) = preempted_at.get(&w.job_id) {
                 w.reason = format!("preempted by {by} · resumes when GPUs free");
+            } else if let Some(b) = begins.get(&w.job_id) {
+                w.reason = starts_at(*b, now);
             }
         }
         for (id, reason) in blocked {
@@ -490,7 +494,53 @@ impl Engine {
                 q.and_then(|q| q.expected_runtime_ms),
             )
         });
+        // What a dry run plans on (`Engine::preview`).
+        *self.last_gpus.write().unwrap() = Some(state.gpus.clone());
         (placements.collect(), state.gpus, std::mem::take(&mut plan.preempt))
+    }
+
+    /// The running jobs as the scheduler sees them: what they hold and when they should end.
+    pub(super) fn running_jobs(&self, now: i64) -> Vec<RunningJob> {
+        let history = self.stats.lock().unwrap().history.clone();
+        self.running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, h)| RunningJob {
+                job_id: *id,
+                user: h.owner.clone(),
+                gpus: h.gpus.clone(),
+                gpu_memory: h.gpu_memory,
+                expected_end_ms: h.expected_end.or_else(|| learned_end(&history, h, now)),
+                needs: h.needs,
+                victim: h.victim.clone(),
+                declared: h.declared,
+            })
+            .collect()
+    }
+
+    /// A queued job as the scheduler sees it (not yet preempted).
+    pub(super) fn scheduled(&self, j: &QueuedRow, i: &JobInputs<'_>) -> QueuedJob {
+        QueuedJob {
+            job_id: j.id,
+            user: j.owner.clone(),
+            priority: scheduling_priority(j, i.policy),
+            submitted_at_ms: j.submitted_at,
+            gpus: j.gpus,
+            gpu_memory: self.gpu_memory_of(&j.key(), j.gpu_memory),
+            not_before_ms: j.not_before,
+            expected_runtime_ms: expected_runtime(i.history, j, i.overruns.get(&j.owner).copied().unwrap_or(0)),
+            user_usage: i.usage.get(&j.owner).copied().unwrap_or(0.0),
+            filter: j.gpu_filter.clone(),
+            // A job queued before the lab's share shrank is held to the ceiling, like new ones.
+            needs: ceil_needs(
+                i.policy
+                    .containers
+                    .needs(j.gpus, j.cpus_milli, j.memory, i.host, i.gpu_count),
+                i.policy.containers.ceiling(j.gpus, i.host, i.gpu_count),
+            ),
+            preempted_at_ms: None,
+        }
     }
 
     /// Fair-share usage (decayed GPU-hours per owner) and the typical wait.
@@ -574,6 +624,27 @@ impl Engine {
             }
         }
         blocked
+    }
+}
+
+/// What turns a queued row into the scheduler's [`QueuedJob`], read once per pass.
+pub(super) struct JobInputs<'a> {
+    pub policy: &'a crate::policy::Policy,
+    pub host: crate::scheduler::CpuRam,
+    pub gpu_count: usize,
+    pub usage: &'a HashMap<String, f64>,
+    pub history: &'a crate::estimate::History,
+    pub overruns: &'a HashMap<String, u32>,
+}
+
+/// The reason a job with a `begin` still ahead waits: "starts at 22:00" (with the day when not today).
+pub(crate) fn starts_at(begin_ms: i64, now: i64) -> String {
+    use crate::units::{local_datetime, local_hhmm};
+    let (b, n) = (local_datetime(begin_ms), local_datetime(now));
+    if b[..10] == n[..10] {
+        format!("starts at {} (its `begin`)", local_hhmm(begin_ms))
+    } else {
+        format!("starts at {b} (its `begin`)")
     }
 }
 

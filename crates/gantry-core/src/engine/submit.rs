@@ -27,6 +27,8 @@ pub enum Spec<'a> {
         text: &'a str,
         file_name: &'a str,
         base_dir: Option<PathBuf>,
+        /// `gantry submit --begin`: in place of the spec's `begin`.
+        begin: Option<&'a str>,
     },
     /// A config file dropped into a template folder: the template's job, with the config mounted from
     /// `accepted_dir/<first job id>-<file_name>` (where the drop folder moves it once queued).
@@ -110,6 +112,16 @@ fn replay(st: &Store, key: &SubmitKey) -> Result<Option<Vec<i64>>, EngineError> 
     Ok(Some(first.job_ids))
 }
 
+/// `--begin` in place of the spec's `begin` (its form checked; the moment is fixed when queued).
+pub(super) fn with_begin(mut job: ValidJob, begin: Option<&str>) -> Result<ValidJob, SpecError> {
+    if let Some(b) = begin {
+        crate::units::parse_when(b, 0, 0, "--begin")
+            .map_err(|m| SpecError::new(m, "or leave --begin out to start as soon as GPUs are free"))?;
+        job.spec.begin = Some(b.to_string());
+    }
+    Ok(job)
+}
+
 /// The format of a spec file, from its name.
 pub fn format_of(file_name: &str) -> Result<Format, SpecError> {
     Format::from_name(file_name).ok_or_else(|| {
@@ -128,6 +140,7 @@ impl Engine {
                 text,
                 file_name,
                 base_dir,
+                begin,
             } => {
                 let key = match s.idempotency_key {
                     Some(k) => {
@@ -135,7 +148,11 @@ impl Engine {
                         Some(SubmitKey {
                             uid: s.owner.uid,
                             key: k.to_string(),
-                            fingerprint: fingerprint(text, file_name, base_dir.as_deref()),
+                            fingerprint: fingerprint(
+                                &format!("{text}\0{}", begin.unwrap_or("")),
+                                file_name,
+                                base_dir.as_deref(),
+                            ),
                         })
                     }
                     None => None,
@@ -152,6 +169,7 @@ impl Engine {
                         base_dir,
                     },
                 )?;
+                let job = with_begin(job, begin)?;
                 self.check_mounts(&job, s.owner, None)?;
                 self.queue_job(
                     &job,
@@ -216,7 +234,11 @@ impl Engine {
                     s.owner.clone()
                 };
                 self.check_mounts(&old.job, &owner, None)?;
-                self.queue_job(&old.job, &owner, &s.source, s.source_key.as_deref(), None, |_, _| None)
+                // Run again now: an old `begin` ("22:00", "+2h") meant the first run's time.
+                let mut job = old.job.clone();
+                job.spec.begin = None;
+                job.begin_ms = None;
+                self.queue_job(&job, &owner, &s.source, s.source_key.as_deref(), None, |_, _| None)
             }
         }
     }
@@ -252,28 +274,14 @@ impl Engine {
         key: Option<&SubmitKey>,
         finalize: impl Fn(i64, &ValidJob) -> Option<ValidJob>,
     ) -> Result<Vec<i64>, EngineError> {
-        self.check_fits(job)?;
         let policy = self.policy();
-        let job = self.apply_limits(job, owner, &policy)?;
-        let job = self.resolve_after(&job, owner)?;
-        let jobs = spec::expand(&job);
+        let jobs = self.checked_jobs(job, owner, &policy)?;
         let mut st = self.store();
         // Under the lock: of two copies of one submit in flight at once, the second finds the first's key.
         if let Some(ids) = key.map(|k| replay(&st, k)).transpose()?.flatten() {
             return Ok(ids);
         }
-        if !policy.is_admin(owner.uid) {
-            let queued = st.queued_count(owner.uid)?;
-            if queued + jobs.len() > policy.max_queued_per_user {
-                return Err(EngineError::Refused(format!(
-                    "you have {queued} jobs queued; adding {} would pass the limit of {} queued jobs per user{}. \
-                     Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
-                    jobs.len(),
-                    policy.max_queued_per_user,
-                    self.set_in("limits.max_queued_jobs"),
-                )));
-            }
-        }
+        self.check_queued_cap(&st, jobs.len(), owner, &policy)?;
         // Mark the ids before they exist: a failed mark then refuses the submit, never answers "failed"
         // for jobs that were queued (a gap in ids is harmless).
         self.mark_job_id(st.job_id_high_water()? + jobs.len() as i64)?;
@@ -296,6 +304,84 @@ impl Engine {
         }
         self.wake.notify_one();
         Ok(ids)
+    }
+
+    /// Every check a job passes before it is inserted, after its mounts: can it ever fit, the lab's
+    /// limits, `begin` fixed as a moment, `after` names to ids; a `matrix` expanded. What
+    /// [`Engine::queue_job`] inserts and what a dry run ([`Engine::preview`]) shows.
+    pub(super) fn checked_jobs(
+        &self,
+        job: &ValidJob,
+        owner: &Owner,
+        policy: &Policy,
+    ) -> Result<Vec<ValidJob>, EngineError> {
+        self.check_fits(job)?;
+        let job = self.apply_limits(job, owner, policy)?;
+        let job = self.resolve_begin(job, policy)?;
+        let job = self.resolve_after(&job, owner)?;
+        Ok(spec::expand(&job))
+    }
+
+    /// The per-user bound on queued jobs (admins have none), for `adding` more.
+    pub(super) fn check_queued_cap(
+        &self,
+        st: &Store,
+        adding: usize,
+        owner: &Owner,
+        policy: &Policy,
+    ) -> Result<(), EngineError> {
+        if policy.is_admin(owner.uid) {
+            return Ok(());
+        }
+        let queued = st.queued_count(owner.uid)?;
+        if queued + adding > policy.max_queued_per_user {
+            return Err(EngineError::Refused(format!(
+                "you have {queued} jobs queued; adding {adding} would pass the limit of {} queued jobs per user{}. \
+                 Wait for some to start, or cancel ones you no longer need (`gantry ls`, `gantry cancel ID`)",
+                policy.max_queued_per_user,
+                self.set_in("limits.max_queued_jobs"),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `begin` as a moment, from now (the engine's clock, the workstation's time zone): in the past
+    /// (a date, `today 09:00`) it is refused; more than the lab's `max_begin` ahead too.
+    fn resolve_begin(&self, mut job: ValidJob, policy: &Policy) -> Result<ValidJob, EngineError> {
+        use crate::units::{duration_setting, local_datetime, parse_when};
+        let Some(b) = job.spec.begin.clone() else {
+            job.begin_ms = None;
+            return Ok(job);
+        };
+        let now = self.now();
+        let hint = "write e.g. `begin: \"22:00\"`, `begin: \"tomorrow 08:00\"` or `begin: \"+2h\"`, or leave it out";
+        let (at, _) = parse_when(&b, now, 0, "`begin`").map_err(|m| SpecError::new(m, hint))?;
+        // A minute of slack: `+0m` or "now" written as this minute starts now.
+        if at < now - 60_000 {
+            return Err(SpecError::new(
+                format!("`begin` {b:?} is in the past ({})", local_datetime(at)),
+                "give a later time, or leave `begin` out to start as soon as GPUs are free",
+            )
+            .into());
+        }
+        let max = policy.max_begin.as_millis() as i64;
+        if at - now > max {
+            return Err(SpecError::new(
+                format!(
+                    "`begin` {b:?} ({}) is more than {} ahead{}",
+                    local_datetime(at),
+                    duration_setting(policy.max_begin),
+                    self.set_in("limits.max_begin")
+                ),
+                format!(
+                    "give a time within {}, or book GPUs for later (`gantry book`)",
+                    duration_setting(policy.max_begin)
+                ),
+            )
+            .into());
+        }
+        job.begin_ms = (at > now).then_some(at);
+        Ok(job)
     }
 
     /// The lab's limits on a job about to be queued: the priority range (wider for admins), the GPUs

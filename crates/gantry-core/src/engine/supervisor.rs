@@ -154,14 +154,32 @@ impl Engine {
                 }
             };
             if let Some(why) = want {
-                if watch.stop(why).await {
-                    stop = Some(why);
+                // A preemption's stop waits out the job's checkpoint grace (an hour, if it says so):
+                // its owner's or root's cancel meanwhile is not held up by it. The preemption's stop
+                // is dropped (its signal was sent) and the next turn stops the job as a cancel: the
+                // lab's stop grace, then SIGKILL.
+                let done = if why == Stop::Preempt {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => None,
+                        s = watch.stop(why) => Some(s),
+                    }
                 } else {
-                    tokio::time::sleep(STOP_RETRY).await;
+                    Some(watch.stop(why).await)
+                };
+                match done {
+                    Some(true) => stop = Some(why),
+                    Some(false) => tokio::time::sleep(STOP_RETRY).await,
+                    None => stop = Some(Stop::Preempt),
                 }
             }
         };
         let how = match (stop, how) {
+            // Cancelled while its preemption ran: the cancel wins (it is not queued again).
+            (_, How::Preempted { code, .. }) if cancel.is_cancelled() => How::Cancelled { code },
+            (Some(Stop::Preempt), How::Exited { code, .. }) if cancel.is_cancelled() => {
+                How::Cancelled { code: Some(code) }
+            }
             (Some(Stop::GpuMemory), How::Cancelled { code }) => How::GpuMemoryExceeded {
                 code,
                 message: self

@@ -33,6 +33,7 @@ fn file<'a>(yaml: &'a str, owner: &'a Owner) -> Submission<'a> {
             text: yaml,
             file_name: "test.yaml",
             base_dir: None,
+            begin: None,
         },
         owner,
         source: "test".into(),
@@ -1101,6 +1102,59 @@ async fn a_booking_nobody_uses_is_released_after_release_after_and_its_owner_not
     wait_state(&e, b2, |s| s == JobState::Running).await;
 }
 
+/// Issue 29 hole 2: a booking its owner used, then left, is released `release_after` after their last
+/// job on it, even while they keep a job queued (here one that cannot start: it wants both GPUs).
+#[tokio::test(start_paused = true)]
+async fn a_used_booking_left_idle_is_released_whatever_its_owner_has_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script(
+        "long",
+        Script {
+            runtime: Duration::from_secs(5 * 3600),
+            ..Default::default()
+        },
+    );
+    fake.script(
+        "mine",
+        Script {
+            runtime: Duration::from_secs(600),
+            ..Default::default()
+        },
+    );
+    let (e, booking, start) = booked(dir.path(), &fake).await;
+    let long = e
+        .submit(file("name: long\nimage: a\nexpected_runtime: 5h\n", &bob()))
+        .unwrap()[0];
+    wait_state(&e, long, |s| s == JobState::Running).await;
+    tokio::time::sleep(Duration::from_millis((start - e.now()) as u64)).await;
+    let mine = submit(&e, "name: mine\nimage: a\n");
+    wait_state(&e, mine, |s| s == JobState::Succeeded).await;
+    assert!(e.reader().booking(booking).unwrap().unwrap().used_ms.is_some());
+    // alice keeps a job queued that cannot start (bob's job holds the other GPU).
+    let wide = submit(&e, "name: wide\nimage: a\ngpus: 2\n");
+    tokio::time::sleep(Duration::from_secs(20 * 60)).await;
+    assert_eq!(
+        e.reader().booking(booking).unwrap().unwrap().closed,
+        None,
+        "within release_after"
+    );
+    tokio::time::sleep(Duration::from_secs(15 * 60)).await;
+    let b = e.reader().booking(booking).unwrap().unwrap();
+    assert_eq!(
+        (b.closed, b.closed_why.as_deref()),
+        (
+            Some(crate::protocol::BookingState::Released),
+            Some("released: unused for 30m since its owner's last job on it")
+        ),
+        "the booking ends at {} (now {})",
+        b.end_ms,
+        e.now()
+    );
+    assert!(e.now() < b.end_ms, "released before its end");
+    assert_eq!(e.job_detail(wide).unwrap().job.state, JobState::Queued);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_bookings_owner_is_told_once_that_it_starts_soon_even_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -1441,4 +1495,112 @@ async fn a_user_who_overran_declarations_is_planned_by_what_their_runs_took() {
         n.attempts,
         w.attempts
     );
+}
+
+/// Issue 31: a job with `begin` waits until then, says so, and holds nothing meanwhile: a later job
+/// runs on the one GPU first; at its time it starts (paused clock: the engine's now moves with it).
+#[tokio::test(start_paused = true)]
+async fn a_job_with_begin_waits_until_then_and_holds_nothing_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script(
+        "now",
+        Script {
+            runtime: Duration::from_secs(60),
+            ..Default::default()
+        },
+    );
+    let (e, _h) = start(dir.path(), &fake);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let queued_at = e.now();
+    let later = submit(&e, "name: later\nimage: a\nbegin: +10m\n");
+    let now = submit(&e, "name: now\nimage: a\n");
+    wait_state(&e, now, |s| s == JobState::Running).await;
+    let entry = e.queue().unwrap().into_iter().find(|q| q.job.id == later).unwrap();
+    let want = format!("starts at {}", crate::units::local_hhmm(queued_at + 600_000));
+    assert!(
+        entry.reason.as_deref().is_some_and(|r| r.starts_with(&want)),
+        "{:?}, want {want:?}",
+        entry.reason
+    );
+    assert_eq!(e.job_detail(later).unwrap().job.state, JobState::Queued);
+    assert_eq!(final_state(&e, now).await, JobState::Succeeded);
+    // The GPU is free long before 10 minutes: still it waits for its time.
+    tokio::time::sleep(Duration::from_secs(5 * 60)).await;
+    assert_eq!(e.job_detail(later).unwrap().job.state, JobState::Queued);
+    assert_eq!(final_state(&e, later).await, JobState::Succeeded);
+    let started = e.job_detail(later).unwrap().attempts[0].started_at;
+    assert!(
+        (queued_at + 600_000..queued_at + 600_000 + 5_000).contains(&started),
+        "started {} ms after it was queued; its begin was 10 min",
+        started - queued_at
+    );
+}
+
+/// `begin` in the past or beyond the lab's `max_begin` is refused with what to write instead.
+#[tokio::test(start_paused = true)]
+async fn a_begin_in_the_past_or_too_far_ahead_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    let (e, _h) = start(dir.path(), &fake);
+    for (spec, want) in [
+        ("image: a\nbegin: 2020-01-01 10:00\n", "is in the past"),
+        ("image: a\nbegin: +30d\n", "is more than 7d ahead"),
+        ("image: a\nbegin: teatime\n", "is not a time"),
+    ] {
+        let err = e.submit(file(spec, &alice())).unwrap_err().to_string();
+        assert!(err.contains(want), "{spec}: {err}");
+    }
+    assert!(e.queue().unwrap().is_empty());
+}
+
+/// A dry run checks as a submit does and says where the job would start, queueing nothing (no
+/// row, no id used); with the GPU taken it says why it would wait.
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_queues_nothing_and_says_where_or_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeExecutor::new();
+    fake.script(
+        "busy",
+        Script {
+            runtime: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
+    let (e, _h) = start(dir.path(), &fake);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = e
+        .preview("name: try\nimage: a\n", "try.yaml", None, None, &alice())
+        .unwrap();
+    assert_eq!(p.jobs.len(), 1);
+    assert!(p.jobs[0].starts_now && p.jobs[0].gpus == vec![0], "{:?}", p.jobs[0]);
+    assert!(p.checks.iter().any(|c| c.starts_with("priority 0")), "{:?}", p.checks);
+    assert!(e.queue().unwrap().is_empty(), "the dry run queued nothing");
+    let busy = submit(&e, "name: busy\nimage: a\nexpected_runtime: 1h\n");
+    wait_state(&e, busy, |s| s == JobState::Running).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = e
+        .preview("name: try\nimage: a\n", "try.yaml", None, None, &alice())
+        .unwrap();
+    let j = &p.jobs[0];
+    assert!(!j.starts_now && j.gpus.is_empty(), "{j:?}");
+    assert!(j.reason.as_deref().is_some_and(|r| !r.is_empty()), "{j:?}");
+    assert!(j.estimated_start.is_some_and(|t| t >= e.now() + 3_000_000), "{j:?}");
+    let p = e
+        .preview(
+            "name: sweep\nimage: a\nmatrix: {lr: [1, 2]}\n",
+            "s.yaml",
+            None,
+            None,
+            &alice(),
+        )
+        .unwrap();
+    assert_eq!(p.jobs.len(), 2, "a matrix previews each job");
+    let err = e
+        .preview("image: a\npriority: 5000\n", "p.yaml", None, None, &alice())
+        .unwrap_err();
+    assert!(err.to_string().contains("outside the range"), "{err}");
+    assert_eq!(e.queue().unwrap().len(), 1, "only the real submit is queued");
+    let next = submit(&e, "name: next\nimage: a\n");
+    assert_eq!(next, busy + 1, "no dry run used a job id");
 }

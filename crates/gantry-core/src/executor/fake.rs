@@ -270,7 +270,7 @@ impl Executor for FakeExecutor {
         &self,
         _id: &str,
         _engine_id: &str,
-        _gpus: &[(u32, String)],
+        _gpus: &[(Option<u32>, String)],
     ) -> Result<Option<String>, ExecError> {
         self.up()?;
         Ok(None)

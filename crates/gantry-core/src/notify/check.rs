@@ -118,10 +118,17 @@ fn special(ip: IpAddr) -> bool {
     }
 }
 
-/// Check each address `host` resolved to: one of [`special`]'s may only be used when the lab lists
-/// that address (or `localhost`, for loopback). Returns the addresses to connect to (the request
-/// goes to these, never to a second look-up's answer).
-pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]) -> Result<Vec<SocketAddr>, String> {
+/// Check each address `host` resolved to: one of [`special`]'s, or any address of this machine
+/// (`is_local`: docker0's gateway, the LAN address; each reaches the services listening on 0.0.0.0
+/// as loopback does), may only be used when the lab lists that address (or `localhost`, for
+/// loopback). Returns the addresses to connect to (the request goes to these, never to a second
+/// look-up's answer).
+pub fn addresses_allowed(
+    allowed: &[String],
+    host: &str,
+    resolved: &[SocketAddr],
+    is_local: impl Fn(IpAddr) -> bool,
+) -> Result<Vec<SocketAddr>, String> {
     if resolved.is_empty() {
         return Err(format!("{host} has no address"));
     }
@@ -130,11 +137,18 @@ pub fn addresses_allowed(allowed: &[String], host: &str, resolved: &[SocketAddr]
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
             ip => ip,
         };
-        if !special(ip) {
+        let local = !special(ip) && is_local(ip);
+        if !special(ip) && !local {
             continue;
         }
         let listed = host_allowed(allowed, &ip.to_string(), a.port())
             || (ip.is_loopback() && host == "localhost" && host_allowed(allowed, "localhost", a.port()));
+        if !listed && local {
+            return Err(format!(
+                "{host} resolves to {ip}, an address of this machine, which webhooks may not reach (it leads to the \
+                 services listening on every address) unless the lab lists that address in `[notify] webhook_hosts`"
+            ));
+        }
         if !listed {
             return Err(format!(
                 "{host} resolves to {ip}, a loopback, link-local or otherwise special address that webhooks may not reach unless the lab lists that address in `[notify] webhook_hosts`"
@@ -157,6 +171,56 @@ pub fn email(addr: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{addr:?} is not an email address (write e.g. ada@lab.org)"))
+    }
+}
+
+/// `[notify] email_to`: whose addresses a user may subscribe to their notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmailTo {
+    /// `<their login name>@<a listed domain>`: a user cannot send the lab's mail to someone else.
+    #[default]
+    Own,
+    /// Any address at a listed domain (labs whose mailboxes are not login names).
+    Domains,
+}
+
+/// Whether `address` is one `user` may have the lab's mail sent to: at one of `domains`, and (with
+/// [`EmailTo::Own`], unless an admin adds it) their own mailbox, `<user>@domain`.
+pub fn email_allowed(address: &str, user: &str, admin: bool, domains: &[String], to: EmailTo) -> Result<(), String> {
+    let (local, domain) = address.rsplit_once('@').unwrap_or((address, ""));
+    let domain = domain.to_ascii_lowercase();
+    let first = domains.first().map(String::as_str).unwrap_or("lab.org");
+    if !domains.contains(&domain) {
+        return Err(format!(
+            "the lab sends email only to addresses at {} (`[notify] email_domains`), not at {domain}; use your address there, e.g. {user}@{first}",
+            if domains.is_empty() { "no domain".to_string() } else { domains.join(", ") }
+        ));
+    }
+    if to == EmailTo::Own && !admin && local != user {
+        return Err(format!(
+            "you may add only your own address, {user}@{domain}: the lab's mail goes to each user's own mailbox (`[notify] email_to = \"own\"`); to reach another address, forward it from there"
+        ));
+    }
+    Ok(())
+}
+
+/// A job's name as a notification's line shows it (an email's subject): no control or direction
+/// characters, spaces collapsed, at most [`crate::defaults::NOTIFY_NAME_CHARS`] characters.
+pub fn shown_name(name: &str) -> String {
+    let max = crate::defaults::NOTIFY_NAME_CHARS;
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .filter(
+            |c| !matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'),
+        )
+        .collect();
+    let clean = clean.split_whitespace().collect::<Vec<_>>().join(" ");
+    if clean.chars().count() > max {
+        // ASCII, so a subject of ASCII stays readable as it is (no RFC 2047 encoding).
+        format!("{}...", clean.chars().take(max - 3).collect::<String>())
+    } else {
+        clean
     }
 }
 
@@ -228,11 +292,25 @@ mod tests {
 
     #[test]
     fn special_addresses_need_the_address_itself_listed() {
-        let allowed: Vec<String> = vec!["chat.lab.org".into(), "127.0.0.1:9000".into()];
+        let allowed: Vec<String> = vec!["chat.lab.org".into(), "127.0.0.1:9000".into(), "172.17.0.1:9000".into()];
         let a = |s: &str| vec![s.parse::<SocketAddr>().unwrap()];
+        let addresses_allowed = |allowed: &[String], host: &str, resolved: &[SocketAddr]| {
+            addresses_allowed(allowed, host, resolved, |ip| {
+                ip == "172.17.0.1".parse::<IpAddr>().unwrap()
+            })
+        };
         assert!(
             addresses_allowed(&allowed, "chat.lab.org", &a("10.1.2.3:443")).is_ok(),
             "a private address of a listed host is the lab's own"
+        );
+        let e = addresses_allowed(&allowed, "chat.lab.org", &a("172.17.0.1:443")).unwrap_err();
+        assert!(
+            e.contains("an address of this machine"),
+            "docker0's address by a listed name: {e}"
+        );
+        assert!(
+            addresses_allowed(&allowed, "172.17.0.1", &a("172.17.0.1:9000")).is_ok(),
+            "the lab listed that address itself"
         );
         for rebound in [
             "127.0.0.1:443",
@@ -248,6 +326,26 @@ mod tests {
         assert!(addresses_allowed(&allowed, "127.0.0.1", &a("127.0.0.1:9000")).is_ok());
         assert!(addresses_allowed(&allowed, "127.0.0.1", &a("127.0.0.1:9001")).is_err());
         assert!(addresses_allowed(&allowed, "x", &[]).is_err());
+    }
+
+    #[test]
+    fn email_targets_are_the_users_own_at_the_labs_domains() {
+        use super::EmailTo::{Domains, Own};
+        let lab = vec!["lab.org".to_string()];
+        assert!(email_allowed("ada@lab.org", "ada", false, &lab, Own).is_ok());
+        assert!(email_allowed("ada@LAB.org", "ada", false, &lab, Own).is_ok());
+        let e = email_allowed("bob@lab.org", "ada", false, &lab, Own).unwrap_err();
+        assert!(e.contains("you may add only your own address, ada@lab.org"), "{e}");
+        assert!(
+            email_allowed("bob@lab.org", "ada", true, &lab, Own).is_ok(),
+            "an admin may"
+        );
+        assert!(email_allowed("bob@lab.org", "ada", false, &lab, Domains).is_ok());
+        let e = email_allowed("ada@gmail.com", "ada", false, &lab, Domains).unwrap_err();
+        assert!(
+            e.contains("only to addresses at lab.org") && e.contains("e.g. ada@lab.org"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -60,7 +60,11 @@ pub struct Notifier {
     store: Mutex<Store>,
     db_uid: String,
     host: String,
+    /// When each user's recent `notify test` calls were made (ms), for `max_tests_per_hour`.
+    tests: Mutex<std::collections::HashMap<u32, Vec<i64>>>,
 }
+
+const HOUR_MS: i64 = 3_600_000;
 
 impl Notifier {
     /// The notifier of `engine`, with the lab's `[notify]`. Refuses (the engine does not start)
@@ -83,6 +87,7 @@ impl Notifier {
             store: Mutex::new(store),
             db_uid: engine.db_uid.clone(),
             host,
+            tests: Mutex::default(),
         })
     }
 
@@ -129,12 +134,15 @@ impl Notifier {
         }
         match &req.target {
             NotifyTarget::Email { address } => {
-                if self.settings.smtp.is_none() {
+                let Some(smtp) = &self.settings.smtp else {
                     return Err(NotifyError::Refused(
                         "this lab has no email relay, so Gantry cannot send email; ask the lab's admin to set `smtp_host` and `smtp_from` in [notify] of the lab config, or use a webhook".into(),
                     ));
-                }
+                };
                 check::email(address).map_err(NotifyError::Refused)?;
+                let admin = engine.policy().is_admin(uid);
+                check::email_allowed(address, owner, admin, &self.email_domains(smtp), self.settings.email_to)
+                    .map_err(NotifyError::Refused)?;
             }
             NotifyTarget::Webhook { url } => {
                 self.webhook_addresses(url).await.map_err(NotifyError::Refused)?;
@@ -150,6 +158,16 @@ impl Notifier {
             }
             None => Err(NotifyError::Refused(format!("you have {max} notification targets, the lab's limit (`[notify] max_targets`); remove one with `gantry notify rm ID`"))),
         }
+    }
+
+    /// The domains email targets may be at: the lab's list, else the domain of `smtp_from`.
+    fn email_domains(&self, smtp: &crate::policy::SmtpSettings) -> Vec<String> {
+        self.settings.email_domains.clone().unwrap_or_else(|| {
+            smtp.from
+                .rsplit_once('@')
+                .map(|(_, d)| vec![d.to_ascii_lowercase()])
+                .unwrap_or_default()
+        })
     }
 
     /// Where a webhook may be sent: its host must be on the lab's list, and every address it
@@ -173,7 +191,7 @@ impl Notifier {
                 Ok(Err(e)) => return Err(format!("cannot resolve {}: {e}", u.host)),
                 Err(_) => return Err(format!("resolving {} took too long", u.host)),
             };
-        let addrs = check::addresses_allowed(&self.settings.webhook_hosts, &u.host, &resolved)?;
+        let addrs = check::addresses_allowed(&self.settings.webhook_hosts, &u.host, &resolved, is_this_machine)?;
         Ok((u, addrs))
     }
 
@@ -192,6 +210,23 @@ impl Notifier {
         let mut st = self.store();
         if !st.notify_subscriptions(uid)?.iter().any(|s| s.owner.is_some()) {
             return Err(NotifyError::Refused("you have no notification targets; add one with `gantry notify add email ADDRESS` or `gantry notify add webhook URL`".into()));
+        }
+        // At most `max_tests_per_hour` per user (the lab's relay is not a mail cannon).
+        {
+            let now = crate::clock::now_ms();
+            let max = self.settings.max_tests_per_hour;
+            let mut tests = self.tests.lock().unwrap_or_else(|p| p.into_inner());
+            let mine = tests.entry(uid).or_default();
+            mine.retain(|t| *t > now - HOUR_MS);
+            if mine.len() >= max {
+                let again = mine.iter().min().map(|t| t + HOUR_MS - now).unwrap_or(0);
+                return Err(NotifyError::Refused(format!(
+                    "you sent {} test notifications in the last hour, the lab's limit (`[notify] max_tests_per_hour`); try again in {} (`gantry notify log` shows how the last ones went)",
+                    mine.len(),
+                    crate::units::duration_brief_ms(again.max(1000))
+                )));
+            }
+            mine.push(now);
         }
         st.notify_record(NotifyEvent::Test, None, Some(uid), Some(owner))?;
         let made = self.expand(&mut st)?;
@@ -488,6 +523,12 @@ impl Notifier {
     }
 }
 
+/// Whether `ip` is an address of this machine (any interface's: docker0, the LAN's): a socket
+/// binds to it only then (for loopback, every 127.x address).
+fn is_this_machine(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// A user-given address in the engine's log: quoted and escaped (no forged lines).
 fn shown(s: &str) -> String {
     format!("{s:?}")
@@ -513,7 +554,7 @@ fn state_of(kind: NotifyEvent) -> Option<&'static str> {
 
 /// The one line people read (Slack's and Mattermost's `text`, the email's subject and first line).
 pub fn text_of(kind: NotifyEvent, job: Option<&NotifyJob>, detail: Option<&str>, host: &str) -> String {
-    let j = |j: &NotifyJob| format!("job {} ({}) of {}", j.id, j.name, j.owner);
+    let j = |j: &NotifyJob| format!("job {} ({}) of {}", j.id, check::shown_name(&j.name), j.owner);
     let why = detail
         .map(|d| format!(": {}", d.lines().next().unwrap_or("")))
         .unwrap_or_default();
@@ -593,6 +634,16 @@ mod tests {
         assert_eq!(
             text_of(NotifyEvent::Test, None, Some("ada"), "box"),
             "test notification from Gantry on box for ada"
+        );
+        // A job's name cannot pose as the lab's notice: no line breaks or control characters, bounded.
+        let sly = NotifyJob {
+            name: "x)\r\nSubject: ACTION REQUIRED: your lab account expires today, log in at https://evil.example/ now\u{202e}".into(),
+            ..job.clone()
+        };
+        let t = text_of(NotifyEvent::Finished, Some(&sly), None, "box");
+        assert_eq!(
+            t,
+            "job 7 (x) Subject: ACTION REQUIRED: your lab...) of ada finished on box"
         );
         for k in NotifyEvent::ALL {
             assert!(!text_of(k, Some(&job), None, "box").is_empty());

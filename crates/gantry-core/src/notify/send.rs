@@ -1,5 +1,5 @@
-//! Sending one notification: a webhook POST with hyper (TLS through the system's OpenSSL and its
-//! trust store, so a lab's own CA works), or an email through the lab's relay with `lettre`.
+//! Sending one notification: a webhook POST with hyper (TLS through rustls with the system's trust
+//! store, so a lab's own CA works), or an email through the lab's relay with `lettre` (the same).
 //! Redirects are never followed: the request goes to the checked address and nowhere else.
 
 use std::net::SocketAddr;
@@ -34,15 +34,40 @@ pub(super) async fn webhook(u: &HookUrl, addrs: &[SocketAddr], body: &str, event
         .and_then(|v| v["id"].as_str().map(String::from))
         .unwrap_or_default();
     if u.tls {
-        let cx = native_tls::TlsConnector::new().map_err(|e| format!("TLS: {e}"))?;
-        let tls = tokio_native_tls::TlsConnector::from(cx)
-            .connect(&u.host, tcp)
+        let name = rustls::pki_types::ServerName::try_from(u.host.clone())
+            .map_err(|e| format!("TLS: {:?} is not a name a certificate can be checked for: {e}", u.host))?;
+        let tls = tokio_rustls::TlsConnector::from(tls_config()?)
+            .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS with {}: {e}", u.host))?;
         post(tls, u, body, &id, event).await
     } else {
         post(tcp, u, body, &id, event).await
     }
+}
+
+/// The TLS client settings of a webhook: rustls with `ring`, trusting the system's certificates
+/// (`/etc/ssl/certs`, or `SSL_CERT_FILE`/`SSL_CERT_DIR` where set). Read at each send, as OpenSSL did, so
+/// a CA the admin adds with `update-ca-certificates` counts without restarting the engine.
+fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found.errors.first().map(|e| format!(": {e}")).unwrap_or_default();
+        return Err(format!(
+            "TLS: no trusted certificates found on this machine{why}; install the `ca-certificates` package"
+        ));
+    }
+    // ring builds without cmake (aws-lc-rs does not); its deprecation is only for post-quantum key exchange.
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
 }
 
 async fn post<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(

@@ -22,6 +22,8 @@ pub use disk::{layer_bound, low_disk, Disk, MinFree, Writer};
 pub use images::{is_local_registry, registry_of, Images};
 pub use parse::*;
 
+pub use crate::notify::check::EmailTo;
+
 /// The system engine's lab config.
 pub const SYSTEM_CONFIG: &str = "/etc/gantry/config.toml";
 /// A lab config is a page of settings; anything this large is not one.
@@ -65,6 +67,8 @@ pub struct Policy {
     /// Given to jobs that set no `timeout`.
     pub default_timeout: Option<Duration>,
     pub max_timeout: Option<Duration>,
+    /// How far ahead a job's `begin` may be (`[limits] max_begin`).
+    pub max_begin: Duration,
     pub fair_share_half_life: Duration,
     pub stop_grace: Duration,
     pub retry_backoff: Duration,
@@ -116,6 +120,7 @@ impl Default for Policy {
             max_running_gpus: None,
             default_timeout: None,
             max_timeout: None,
+            max_begin: config::MAX_BEGIN,
             fair_share_half_life: config::FAIR_SHARE_HALF_LIFE,
             stop_grace: config::STOP_GRACE,
             retry_backoff: config::RETRY_BACKOFF,
@@ -194,6 +199,7 @@ impl Policy {
             ),
             ("limits.default_timeout", d(self.default_timeout)),
             ("limits.max_timeout", d(self.max_timeout)),
+            ("limits.max_begin", d(Some(self.max_begin))),
             ("fair_share.half_life", d(Some(self.fair_share_half_life))),
             ("jobs.stop_grace", d(Some(self.stop_grace))),
             ("jobs.retry_backoff", d(Some(self.retry_backoff))),
@@ -261,6 +267,7 @@ impl Policy {
             ("sessions.idle_after", d(s.idle_after)),
             ("sessions.idle_batch", s.idle_batch.to_string()),
             ("sessions.keep_free", s.keep_free.to_string()),
+            ("sessions.forward_port", s.forward_port.to_string()),
         ]);
         let b = &self.bookings;
         let none = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_else(|| "none".into());
@@ -268,6 +275,7 @@ impl Policy {
             ("bookings.enabled", b.enabled.to_string()),
             ("bookings.max_gpu_hours_per_week", none(b.max_gpu_hours_per_week)),
             ("bookings.max_ahead", d(Some(b.max_ahead))),
+            ("bookings.max_length", d(Some(b.max_length))),
             ("bookings.slot", d(Some(b.slot))),
             ("bookings.release_after", d(Some(b.release_after))),
             ("bookings.max_gpus", none(b.max_gpus)),
@@ -289,8 +297,8 @@ impl Policy {
 /// `[sessions]`: what interactive sessions (`gantry shell`) may hold, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sessions {
-    /// GPUs one user's sessions (queued and running together) may ask for; `None`: no limit beyond
-    /// `[limits] max_running_gpus`.
+    /// GPUs one user's sessions (queued and running together) may ask for; `None` (`max_gpus = 0`
+    /// in the lab config): no limit beyond `[limits] max_running_gpus`.
     pub max_gpus: Option<u32>,
     /// A session's length when `gantry shell` has no `--for` (its `timeout`).
     pub default_length: Duration,
@@ -309,12 +317,15 @@ pub struct Sessions {
     /// GPUs kept free of batch jobs for sessions: a batch job may not take the last `keep_free`
     /// free GPUs; a session may (see [`crate::scheduler::keep_free`]).
     pub keep_free: u32,
+    /// The port (below 1024: only root binds it) of `gantry open` forwards, each on a loopback
+    /// address of its own; see [`crate::engine::ports`].
+    pub forward_port: u16,
 }
 
 impl Default for Sessions {
     fn default() -> Self {
         Sessions {
-            max_gpus: None,
+            max_gpus: Some(config::SESSION_MAX_GPUS),
             default_length: config::SESSION_LENGTH,
             max_length: config::SESSION_MAX_LENGTH,
             before_batch: true,
@@ -322,6 +333,7 @@ impl Default for Sessions {
             idle_after: Some(config::SESSION_IDLE_AFTER),
             idle_batch: false,
             keep_free: 0,
+            forward_port: config::FORWARD_PORT,
         }
     }
 }
@@ -330,10 +342,13 @@ impl Default for Sessions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bookings {
     pub enabled: bool,
-    /// GPU-hours one user may book in a week (Monday 00:00 UTC to the next, by start); `None`: no limit.
+    /// GPU-hours one user may book in a week (Monday 00:00 UTC to the next, by start); `None`: no
+    /// limit (only where the lab config says `max_gpu_hours_per_week = 0`).
     pub max_gpu_hours_per_week: Option<u32>,
     /// How far ahead a booking may start.
     pub max_ahead: Duration,
+    /// The longest a booking may be.
+    pub max_length: Duration,
     /// Starts and lengths are multiples of this (from midnight UTC): whole minutes dividing a day.
     pub slot: Duration,
     /// A booking none of its owner's jobs or sessions used this long after its start is released.
@@ -346,8 +361,9 @@ impl Default for Bookings {
     fn default() -> Self {
         Bookings {
             enabled: true,
-            max_gpu_hours_per_week: None,
+            max_gpu_hours_per_week: Some(config::BOOKING_MAX_GPU_HOURS_PER_WEEK),
             max_ahead: config::BOOKING_MAX_AHEAD,
+            max_length: config::BOOKING_MAX_LENGTH,
             slot: config::BOOKING_SLOT,
             release_after: config::BOOKING_RELEASE_AFTER,
             max_gpus: None,
@@ -462,6 +478,13 @@ pub struct NotifySettings {
     pub max_pending: usize,
     /// Targets (`gantry notify add`) per user.
     pub max_targets: usize,
+    /// `gantry notify test` calls per user per hour.
+    pub max_tests_per_hour: usize,
+    /// Domains email targets may be at (`None`: the domain of `smtp_from`).
+    pub email_domains: Option<Vec<String>>,
+    /// Which addresses at those domains a user may add: only their own (`<login name>@domain`,
+    /// the default) or any.
+    pub email_to: EmailTo,
 }
 
 impl Default for NotifySettings {
@@ -474,6 +497,9 @@ impl Default for NotifySettings {
             retry_backoff: config::NOTIFY_BACKOFF,
             max_pending: config::NOTIFY_MAX_PENDING,
             max_targets: config::NOTIFY_MAX_TARGETS,
+            max_tests_per_hour: config::NOTIFY_MAX_TESTS_PER_HOUR,
+            email_domains: None,
+            email_to: EmailTo::Own,
         }
     }
 }
@@ -492,12 +518,27 @@ pub struct SmtpSettings {
 }
 
 /// `[metrics]` of the lab config.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricsSettings {
     /// Where `/metrics` is served (`None`: off).
     pub listen: Option<std::net::SocketAddr>,
     /// Let `listen` be a non-loopback address (anyone who can reach it sees GPU use per user).
     pub allow_remote: bool,
+    /// Scrape connections open at once; more are closed as they come.
+    pub max_connections: usize,
+    /// A connection without a whole request head this long (after it opened or its last answer) is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: None,
+            allow_remote: false,
+            max_connections: config::METRICS_MAX_CONNECTIONS,
+            idle_timeout: config::METRICS_IDLE_TIMEOUT,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -873,14 +914,22 @@ max_watches = 32
         assert_eq!((off.idle_after, off.keep_free), (None, 0));
         assert_eq!(Sessions::default().idle_after, Some(Duration::from_secs(3600)));
         assert_eq!(parse("").unwrap().policy.sessions, Sessions::default());
+        // A fresh machine bounds what sessions (which jump the queue, never preempted) may claim; 0 lifts it.
+        assert_eq!(Sessions::default().max_gpus, Some(2));
+        assert_eq!(
+            parse("[sessions]\nmax_gpus = 0\n").unwrap().policy.sessions.max_gpus,
+            None
+        );
         let cases: &[(&str, &str)] = &[
             ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
-            ("[sessions]\nmax_gpus = 0\n", "config.toml:2:12: `max_gpus` = 0 is out of range"),
+            ("[sessions]\nmax_gpus = -1\n", "config.toml:2:12: `max_gpus` = -1 is out of range"),
             ("[sessions]\nmax_length = \"forever\"\n", "config.toml:2:14: `max_length` = \"forever\" is not a duration"),
             ("[sessions]\nmax_length = \"30d\"\n", "`max_length` = \"30d\" is longer than 7d"),
             ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
             ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
             ("[sessions]\nidle_after = \"soon\"\n", "config.toml:2:14: `idle_after` = \"soon\" is not a duration"),
+            ("[sessions]\nforward_port = 8888\n", "config.toml:2:16: sessions `forward_port` = 8888 is not a port below 1024; only root may bind"),
+            ("[sessions]\nforward_port = 0\n", "`forward_port` = 0 is not a port below 1024"),
             ("[sessions]\nkeep_free = -1\n", "config.toml:2:13: `keep_free` = -1 is out of range"),
             ("[sessions]\nidle_batch = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
             ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
@@ -894,7 +943,7 @@ max_watches = 32
 
     #[test]
     fn bookings_table_parses_and_explains_its_mistakes() {
-        let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
+        let b = parse("[bookings]\nenabled = false\nmax_gpu_hours_per_week = 40\nmax_ahead = \"7d\"\nmax_length = \"8h\"\nslot = \"1h\"\nrelease_after = \"15m\"\nmax_gpus = 2\n").unwrap().policy.bookings;
         let h = |n: u64| Duration::from_secs(n * 3600);
         assert_eq!(
             b,
@@ -902,21 +951,42 @@ max_watches = 32
                 enabled: false,
                 max_gpu_hours_per_week: Some(40),
                 max_ahead: h(7 * 24),
+                max_length: h(8),
                 slot: h(1),
                 release_after: Duration::from_secs(900),
                 max_gpus: Some(2)
             }
         );
+        // A fresh machine is bounded: a day per booking, 48 GPU-hours a week per user, two weeks ahead.
         let d = parse("").unwrap().policy.bookings;
         assert_eq!(
-            (d.enabled, d.slot, d.release_after, d.max_ahead, d.max_gpus),
+            (
+                d.enabled,
+                d.slot,
+                d.release_after,
+                d.max_ahead,
+                d.max_gpus,
+                d.max_length,
+                d.max_gpu_hours_per_week
+            ),
             (
                 true,
                 Duration::from_secs(1800),
                 Duration::from_secs(1800),
                 h(14 * 24),
-                None
+                None,
+                h(24),
+                Some(48)
             )
+        );
+        // 0 turns the weekly limit off.
+        assert_eq!(
+            parse("[bookings]\nmax_gpu_hours_per_week = 0\n")
+                .unwrap()
+                .policy
+                .bookings
+                .max_gpu_hours_per_week,
+            None
         );
         let cases: &[(&str, &str)] = &[
             (
@@ -931,6 +1001,10 @@ max_watches = 32
             (
                 "[bookings]\nmax_ahead = \"2y\"\n",
                 "`max_ahead` = \"2y\" is longer than",
+            ),
+            (
+                "[bookings]\nmax_length = \"8760h\"\n",
+                "`max_length` = \"8760h\" is longer than 31d",
             ),
             (
                 "[bookings]\nrelease_after = \"later\"\n",
@@ -978,6 +1052,30 @@ max_watches = 32
             (3, Some(9464))
         );
         assert_eq!(parse("").unwrap().metrics.listen, None, "metrics are off by default");
+        let bounded = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\nmax_connections = 8\nidle_timeout = \"3s\"\n")
+            .unwrap()
+            .metrics;
+        assert_eq!(
+            (bounded.max_connections, bounded.idle_timeout),
+            (8, Duration::from_secs(3))
+        );
+        assert_eq!(
+            (
+                parse("").unwrap().metrics.max_connections,
+                parse("").unwrap().metrics.idle_timeout
+            ),
+            (64, Duration::from_secs(10)),
+            "bounded by default"
+        );
+        assert_eq!(parse("").unwrap().policy.sessions.forward_port, 1021);
+        assert_eq!(
+            parse("[sessions]\nforward_port = 999\n")
+                .unwrap()
+                .policy
+                .sessions
+                .forward_port,
+            999
+        );
         assert!(parse("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n")
             .unwrap()
             .metrics
@@ -989,6 +1087,14 @@ max_watches = 32
                 "config.toml:2:10: metrics `listen` = \"0.0.0.0:9464\" is not a loopback address",
             ),
             ("[metrics]\nlisten = \"localhost\"\n", "is not an address and port"),
+            (
+                "[metrics]\nmax_connections = 0\n",
+                "config.toml:2:19: `max_connections` = 0 is out of range",
+            ),
+            (
+                "[metrics]\nidle_timeout = \"never\"\n",
+                "`idle_timeout` = \"never\" is not a duration",
+            ),
             (
                 "[notify]\nsmtp_host = \"smtp.lab.org\"\n",
                 "config.toml:2:13: `smtp_host` is set but `smtp_from` is not",
@@ -1036,8 +1142,10 @@ max_watches = 32
         );
         assert_eq!(
             (p.rules.min_run_ms, p.rules.max_per_day, p.rules.priority_gap),
-            (10 * 60_000, 3, Some(10))
+            (10 * 60_000, 3, Some(11))
         );
+        // A user's highest priority does not preempt a priority-0 job by priority alone.
+        assert!(Policy::default().user_priority.1 < p.rules.priority_gap.unwrap());
         let p = parse("[preemption]\nenabled = true\ndefault_preemptible = true\nreserve_after = false\npriority_gap = 5\nfair_share = true\nmin_run = \"30m\"\nmax_per_day = 2\n").unwrap().policy.preemption;
         let want = crate::scheduler::PreemptRules {
             overdue: false,

@@ -232,6 +232,7 @@ pub(super) struct RawSessions {
     idle_after: S<String>,
     idle_batch: S<bool>,
     keep_free: S<i64>,
+    forward_port: S<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -240,6 +241,7 @@ pub(super) struct RawBookings {
     enabled: S<bool>,
     max_gpu_hours_per_week: S<i64>,
     max_ahead: S<String>,
+    max_length: S<String>,
     slot: S<String>,
     release_after: S<String>,
     max_gpus: S<i64>,
@@ -259,6 +261,9 @@ pub(super) struct RawNotify {
     retry_backoff: S<String>,
     max_pending: S<i64>,
     max_targets: S<i64>,
+    max_tests_per_hour: S<i64>,
+    email_domains: S<Vec<Spanned<String>>>,
+    email_to: S<String>,
 }
 
 #[derive(Deserialize)]
@@ -274,6 +279,8 @@ pub(super) struct RawLabHook {
 pub(super) struct RawMetrics {
     listen: S<String>,
     allow_remote: S<bool>,
+    max_connections: S<i64>,
+    idle_timeout: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -329,6 +336,7 @@ pub(super) struct RawLimits {
     max_running_gpus: S<i64>,
     default_timeout: S<String>,
     max_timeout: S<String>,
+    max_begin: S<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -551,6 +559,9 @@ impl Check<'_> {
             crate::spec::MAX_DURATION,
         );
         p.max_timeout = self.duration("max_timeout", &raw.limits.max_timeout, crate::spec::MAX_DURATION);
+        if let Some(d) = self.duration("max_begin", &raw.limits.max_begin, crate::spec::MAX_DURATION) {
+            p.max_begin = d;
+        }
         if let (Some(d), Some(m), Some(at)) = (p.default_timeout, p.max_timeout, &raw.limits.default_timeout) {
             if d > m {
                 self.fail(
@@ -784,9 +795,12 @@ impl Check<'_> {
         if let Some(e) = &raw.enabled {
             b.enabled = *e.get_ref();
         }
-        b.max_gpu_hours_per_week = self
-            .count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000)
-            .map(|n| n as u32);
+        // 0 turns the weekly limit off (the built-in default is a limit: a fresh machine is bounded).
+        if raw.max_gpu_hours_per_week.as_ref().is_some_and(|v| *v.get_ref() == 0) {
+            b.max_gpu_hours_per_week = None;
+        } else if let Some(n) = self.count("max_gpu_hours_per_week", &raw.max_gpu_hours_per_week, 100_000) {
+            b.max_gpu_hours_per_week = Some(n as u32);
+        }
         b.max_gpus = self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32);
         let year = Duration::from_secs(366 * 24 * 3600);
         let day = Duration::from_secs(24 * 3600);
@@ -795,6 +809,10 @@ impl Check<'_> {
         }
         if let Some(d) = self.duration("release_after", &raw.release_after, day) {
             b.release_after = d;
+        }
+        let month = Duration::from_secs(31 * 24 * 3600);
+        if let Some(d) = self.duration("max_length", &raw.max_length, month) {
+            b.max_length = d;
         }
         if let (Some(v), Some(d)) = (&raw.slot, self.duration("slot", &raw.slot, day)) {
             let secs = d.as_secs();
@@ -815,10 +833,13 @@ impl Check<'_> {
     }
 
     pub(super) fn sessions(&mut self, raw: &RawSessions) -> Sessions {
-        let mut s = Sessions {
-            max_gpus: self.count("max_gpus", &raw.max_gpus, 1024).map(|n| n as u32),
-            ..Sessions::default()
-        };
+        let mut s = Sessions::default();
+        // 0 turns the limit off (the built-in default is a limit: a session jumps the queue).
+        if raw.max_gpus.as_ref().is_some_and(|v| *v.get_ref() == 0) {
+            s.max_gpus = None;
+        } else if let Some(n) = self.count("max_gpus", &raw.max_gpus, 1024) {
+            s.max_gpus = Some(n as u32);
+        }
         let week = Duration::from_secs(7 * 24 * 3600);
         if let Some(d) = self.duration("max_length", &raw.max_length, week) {
             s.max_length = d;
@@ -875,6 +896,17 @@ impl Check<'_> {
                 s.keep_free = n as u32;
             }
         }
+        if let Some(v) = &raw.forward_port {
+            match u16::try_from(*v.get_ref()) {
+                Ok(p) if (1..1024).contains(&p) => s.forward_port = p,
+                _ => self.fail(
+                    v.span(),
+                    format!("sessions `forward_port` = {} is not a port below 1024", v.get_ref()),
+                    "only root may bind a port below 1024, so no other user can answer a forward's URL: use one \
+                     no service here listens on, e.g. 1021",
+                ),
+            }
+        }
         s
     }
 
@@ -926,6 +958,30 @@ impl Check<'_> {
         }
         if let Some(m) = self.count("max_targets", &raw.max_targets, 1000) {
             n.max_targets = m as usize;
+        }
+        if let Some(m) = self.count("max_tests_per_hour", &raw.max_tests_per_hour, 1000) {
+            n.max_tests_per_hour = m as usize;
+        }
+        if let Some(list) = &raw.email_domains {
+            let mut domains = vec![];
+            for d in list.get_ref() {
+                let v = d.get_ref().trim().trim_start_matches('@').to_ascii_lowercase();
+                if crate::notify::check::email(&format!("x@{v}")).is_err() {
+                    self.fail(
+                        d.span(),
+                        format!("`email_domains` lists {:?}, which is not a mail domain", d.get_ref()),
+                        "write e.g. \"lab.org\"",
+                    );
+                } else {
+                    domains.push(v);
+                }
+            }
+            n.email_domains = Some(domains);
+        }
+        match raw.email_to.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+            None | Some(("own", _)) => n.email_to = super::EmailTo::Own,
+            Some(("domains", _)) => n.email_to = super::EmailTo::Domains,
+            Some((other, span)) => self.fail(span, format!("`email_to` = {other:?} is not a choice"), "write \"own\" (a user adds only <login name>@ a listed domain) or \"domains\" (any address at a listed domain)"),
         }
         let starttls = raw.smtp_starttls.as_ref().map(|b| *b.get_ref()).unwrap_or(true);
         let port = match &raw.smtp_port {
@@ -1009,9 +1065,15 @@ impl Check<'_> {
 
     pub(super) fn metrics(&mut self, raw: &RawMetrics) -> MetricsSettings {
         let mut m = MetricsSettings {
-            listen: None,
             allow_remote: raw.allow_remote.as_ref().map(|b| *b.get_ref()).unwrap_or(false),
+            ..MetricsSettings::default()
         };
+        if let Some(n) = self.count("max_connections", &raw.max_connections, 100_000) {
+            m.max_connections = n as usize;
+        }
+        if let Some(d) = self.duration("idle_timeout", &raw.idle_timeout, Duration::from_secs(3600)) {
+            m.idle_timeout = d;
+        }
         if let Some(l) = &raw.listen {
             match l.get_ref().parse::<std::net::SocketAddr>() {
                 Ok(a) if !a.ip().is_loopback() && !m.allow_remote => self.fail(

@@ -122,6 +122,9 @@ pub struct BookingRules {
     pub slot_ms: i64,
     /// How far ahead a booking may start (ms from now).
     pub max_ahead_ms: i64,
+    /// The longest a booking may be (ms; 0 from an engine older than this field).
+    #[serde(default)]
+    pub max_length_ms: i64,
     /// GPU-hours one user may have booked in a week (Monday 00:00 UTC to the next, by start);
     /// `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -264,6 +264,10 @@ pub struct SubmitRequest {
     /// What wrote the text, for the job's source (`gantry show`: "from ..."). Absent: a file.
     #[serde(default, skip_serializing_if = "SpecOrigin::is_file")]
     pub origin: SpecOrigin,
+    /// `gantry submit --begin`: in place of the spec's `begin` (`22:00`, `tomorrow 08:00`, `+2h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub begin: Option<String>,
 }
 
 /// Where a submitted spec's text comes from.
@@ -348,4 +352,33 @@ pub struct JobChanged {
     pub job_id: i64,
     pub state: JobState,
     pub at: i64,
+}
+
+/// `POST /v1/jobs/preview`: a dry run of `POST /v1/jobs` with the same [`SubmitRequest`], by the
+/// same checks (as the caller: mounts, limits, the queue bound), and where and when its jobs would
+/// start if queued now. Nothing is queued or written.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct SubmitPreview {
+    /// The jobs it would queue (a `matrix` makes several), with the lab's defaults filled in.
+    pub jobs: Vec<PreviewJob>,
+    /// The lab's limits the submission meets, one line each (`priority 0 is within your range -10..10`).
+    pub checks: Vec<String>,
+}
+
+/// One job of a [`SubmitPreview`].
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct PreviewJob {
+    pub job: ValidJob,
+    /// It would start at once (on `gpus`).
+    pub starts_now: bool,
+    /// The GPUs it would get now (empty when it would wait, or needs none).
+    pub gpus: Vec<u32>,
+    /// Why it would wait (the scheduler's words, as `gantry ls` shows them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub reason: Option<String>,
+    /// Estimated start (ms), from declared and learned runtimes, assuming nothing new arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub estimated_start: Option<i64>,
 }

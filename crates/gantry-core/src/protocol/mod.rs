@@ -28,8 +28,8 @@ pub use history::{
 };
 pub use job::{
     ApiError, Attempt, EndReason, EngineEvent, Event, JobChanged, JobDetailView, JobState, JobView, Preview,
-    PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery, QueueSession, SpecOrigin, SubmitRequest,
-    Submitted,
+    PreviewJob, PriorityRequest, QueueEntryView, QueueJob, QueuePage, QueuePageQuery, QueueSession, SpecOrigin,
+    SubmitPreview, SubmitRequest, Submitted,
 };
 pub use notify::{
     DeliveryState, NotifyAdd, NotifyDelivery, NotifyEvent, NotifyJob, NotifyLogQuery, NotifyPayload, NotifyTarget,

@@ -36,6 +36,9 @@ pub const ATTACH: &str = "/v1/jobs/{id}/attach";
 pub const OPEN: &str = "/v1/jobs/{id}/open";
 /// `POST` a [`super::SubmitRequest`]: the [`crate::spec::ValidJob`] it would queue, nothing queued.
 pub const VALIDATE: &str = "/v1/validate";
+/// `POST` a [`super::SubmitRequest`]: [`super::SubmitPreview`], a dry run of `POST` [`JOBS`] as the
+/// caller (every check, and where and when it would start), nothing queued.
+pub const PREVIEW: &str = "/v1/jobs/preview";
 /// `GET`: [`super::GpuStatus`].
 pub const GPUS: &str = "/v1/gpus";
 /// `GET` with [`super::Since`]: the last hour's [`super::RecentSample`]s.

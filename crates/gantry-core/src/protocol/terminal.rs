@@ -64,7 +64,8 @@ pub struct Opened {
     pub job_id: i64,
     /// The port inside the container.
     pub port: u16,
-    /// `127.0.0.1:PORT` on the engine's machine.
+    /// On the engine's machine: `127.A.B.C:1021`, the job's own loopback address and the lab's
+    /// `[sessions] forward_port` (only root may bind it); `127.0.0.1:PORT` from an engine that is not root.
     pub address: String,
     pub url: String,
 }

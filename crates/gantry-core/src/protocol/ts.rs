@@ -88,7 +88,9 @@ pub fn typescript() -> String {
         .decl::<Mount>()
         .decl::<ValidJob>()
         .decl::<SpecError>()
-        .decl::<Preview>();
+        .decl::<Preview>()
+        .decl::<PreviewJob>()
+        .decl::<SubmitPreview>();
     o.line("/** Rust `Result<Vec<i64>, String>` as serde writes it: one per submitted file. */");
     o.line(&format!(
         "export type SubmitResult = {};",

@@ -8,13 +8,16 @@
 //!   only by preemptible jobs; (before it starts) free ones or ones whose jobs are expected to end by
 //!   its start, then preemptible ones. The lowest index breaks ties, so the choice is stable.
 //! - **Before its start**, another user's job may go on its GPUs only if it is preemptible
-//!   ([`Config::preemptible`]) or expected to end by the start (its declared runtime, else a cautious
-//!   learned one, [`Config::cautious_runtimes`]: p95, not the median the queue order uses).
+//!   ([`Config::preemptible`]) and would have run the lab's `min_run` by the start, or is expected to
+//!   end by the start: its declared runtime, else a cautious learned one ([`Config::cautious_runtimes`]:
+//!   p95 of its owner's runs of that name and shape, not the median the queue order uses). A runtime
+//!   that is not its own (learned from other jobs, [`Config::unproven_runtimes`]) is not trusted.
 //! - **From its start to its end**, only its owner's jobs and sessions go on its GPUs; others wait
 //!   with "GPU 1 booked by alice until 18:00".
 //! - **At its start**, other users' preemptible jobs on its GPUs are preempted
-//!   ([`PreemptWhy::Booking`]); non-preemptible ones are never stopped: the booking gets their GPUs
-//!   as they end (the jobs it waits for are [`Assigned::waiting_for`]).
+//!   ([`PreemptWhy::Booking`]) under the same guard rails as every preemption ([`may_take`]: `min_run`
+//!   this attempt, fewer than `max_per_day` in a day); non-preemptible ones are never stopped: the
+//!   booking gets their GPUs as they end (the jobs it waits for are [`Assigned::waiting_for`]).
 
 #[allow(unused_imports)]
 use super::*;
@@ -62,6 +65,23 @@ pub(super) struct Held {
     until: String,
 }
 
+/// The guard rails a booking's preemptions obey: the lab's `[preemption]` ones (the built-in ones
+/// where preemption is off: then nothing is preemptible anyway).
+fn guard_rails(state: &State) -> (i64, u32) {
+    let r = state.config.preemption.clone().unwrap_or_default();
+    (r.min_run_ms, r.max_per_day)
+}
+
+/// Whether a booking may preempt `r` now: it is preemptible and past the guard rails (it ran
+/// `min_run` this attempt, and was preempted fewer than `max_per_day` times in the last day), or it
+/// is being stopped already.
+pub fn may_take(state: &State, r: &RunningJob) -> bool {
+    let (min_run, max_per_day) = guard_rails(state);
+    r.victim.as_ref().is_some_and(|v| {
+        v.stopping_for.is_some() || (state.now_ms - v.started_ms >= min_run && v.preempted_today < max_per_day)
+    })
+}
+
 /// Give each open booking concrete GPUs (see the module's rules).
 pub fn assign(state: &State) -> Vec<Assigned> {
     let now = state.now_ms;
@@ -83,7 +103,7 @@ pub fn assign(state: &State) -> Vec<Assigned> {
                         0
                     } else if others.is_empty() {
                         1
-                    } else if others.iter().all(|r| r.victim.is_some()) {
+                    } else if others.iter().all(|r| may_take(state, r)) {
                         2
                     } else {
                         3
@@ -110,7 +130,7 @@ pub fn assign(state: &State) -> Vec<Assigned> {
             let mut w: Vec<i64> = state
                 .running
                 .iter()
-                .filter(|r| r.user != b.user && r.victim.is_none() && r.gpus.iter().any(|g| gpus.contains(g)))
+                .filter(|r| r.user != b.user && !may_take(state, r) && r.gpus.iter().any(|g| gpus.contains(g)))
                 .map(|r| r.job_id)
                 .collect();
             w.sort();
@@ -153,16 +173,31 @@ pub(super) fn refuses(slot: &Slot, job: &QueuedJob, ctx: &Ctx) -> Option<String>
         if h.start <= ctx.now {
             return Some(format!("GPU {} booked by {} until {}", slot.index, h.user, h.until));
         }
+        // A runtime that is not its own (learned from other users' or other jobs' runs) is no
+        // promise that it ends in time.
+        let unproven = ctx.unproven.contains(&job.job_id);
         let rt = ctx
             .cautious
             .iter()
             .find(|c| c.0 == job.job_id)
             .map(|c| c.1)
-            .or(job.expected_runtime_ms);
-        let ends_in_time = ctx.use_runtimes && rt.is_some_and(|rt| ctx.now + rt <= h.start);
-        if !ends_in_time && !ctx.preemptible.contains(&job.job_id) {
+            .or(job.expected_runtime_ms)
+            .filter(|_| !unproven);
+        let ends_in_time = ctx.use_runtimes && rt.is_some_and(|rt| ctx.now.saturating_add(rt) <= h.start);
+        // A preemptible job must be able to run `min_run` before the start: the booking's start
+        // preempts only past the guard rails, so one started later would hold the GPU into it.
+        let preemptible = ctx.preemptible.contains(&job.job_id);
+        let may_be_preempted = preemptible && ctx.now.saturating_add(ctx.min_run) <= h.start;
+        if !ends_in_time && !may_be_preempted {
+            let why = if preemptible && rt.is_none() {
+                "this preemptible job could not run the lab's `min_run` before then"
+            } else if unproven {
+                "this job's runtime is not its own: none declared, and too few runs of it by you to learn it; set `expected_runtime` to go here"
+            } else {
+                "this job is not expected to end by then"
+            };
             return Some(format!(
-                "GPU {} booked by {} from {} (this job is not expected to end by then)",
+                "GPU {} booked by {} from {} ({why})",
                 slot.index, h.user, h.from
             ));
         }
@@ -185,7 +220,7 @@ pub(super) fn preempt_for(state: &State, assigned: &[Assigned], out: &mut Plan) 
             .filter(|r| r.user != b.user && r.gpus.iter().any(|g| a.gpus.contains(g)))
         {
             let Some(v) = &r.victim else { continue };
-            if v.stopping_for.is_some() || out.preempt.iter().any(|p| p.job == r.job_id) {
+            if v.stopping_for.is_some() || !may_take(state, r) || out.preempt.iter().any(|p| p.job == r.job_id) {
                 continue;
             }
             out.preempt.push(Preempt {
@@ -449,6 +484,99 @@ mod tests {
             vec![],
         );
         assert!(plan(&own).preempt.is_empty());
+    }
+
+    #[test]
+    fn a_bookings_start_obeys_min_run_and_max_per_day() {
+        let start = 10 * H;
+        const M: i64 = 60_000;
+        // bob's preemptible job started 1 minute before alice's booking; carol's was preempted 3
+        // times today. Neither is preempted at the start (min_run 10 min, max_per_day 3): the
+        // booking waits for them.
+        let mut young = run(1, "bob", 0, None, true);
+        young.victim.as_mut().unwrap().started_ms = start - M;
+        let mut tired = run(2, "carol", 1, None, true);
+        tired.victim.as_mut().unwrap().preempted_today = 3;
+        let s = st(
+            start,
+            2,
+            vec![young.clone(), tired],
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
+        assert!(plan(&s).preempt.is_empty(), "{:?}", plan(&s).preempt);
+        assert_eq!(assign(&s)[0].waiting_for, vec![1, 2]);
+        // Once bob's job has run its 10 minutes, it is preempted; carol's still is not.
+        let later = st(
+            start + 9 * M,
+            2,
+            s.running.clone(),
+            vec![],
+            vec![alice(7, 2, start)],
+            vec![],
+        );
+        let p = plan(&later);
+        assert_eq!(p.preempt.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1]);
+        // The lab's own guard rails count: with min_run 1 minute, bob's job goes at once.
+        let mut lab = s.clone();
+        lab.config.preemption = Some(PreemptRules {
+            min_run_ms: M,
+            ..PreemptRules::default()
+        });
+        assert_eq!(plan(&lab).preempt.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn before_the_start_a_preemptible_job_must_fit_min_run_and_a_runtime_must_be_its_own() {
+        let start = 10 * H;
+        const M: i64 = 60_000;
+        // 5 minutes before the start, a preemptible job would run only 5 of its 10 minutes.
+        let p = plan(&st(
+            start - 5 * M,
+            1,
+            vec![],
+            vec![q(1, "bob", None)],
+            vec![alice(7, 1, start)],
+            vec![1],
+        ));
+        assert!(placed(&p).is_empty());
+        assert!(
+            reason(&p, 1).contains("this preemptible job could not run the lab's `min_run` before then"),
+            "{}",
+            reason(&p, 1)
+        );
+        // 20 minutes before, it may.
+        let p = plan(&st(
+            start - 20 * M,
+            1,
+            vec![],
+            vec![q(1, "bob", None)],
+            vec![alice(7, 1, start)],
+            vec![1],
+        ));
+        assert_eq!(placed(&p), vec![(1, vec![0])]);
+        // A learned median of 1 hour from other jobs' runs is no promise to end by the start.
+        let mut s = st(
+            0,
+            1,
+            vec![],
+            vec![q(1, "bob", Some(H))],
+            vec![alice(7, 1, start)],
+            vec![],
+        );
+        s.config.unproven_runtimes = vec![1];
+        let p = plan(&s);
+        assert!(placed(&p).is_empty());
+        assert!(
+            reason(&p, 1).contains("GPU 0 booked by alice from 14:00 (this job's runtime is not its own"),
+            "{}",
+            reason(&p, 1)
+        );
+        // Learned from its owner's own runs (cautious p95): trusted.
+        s.config.unproven_runtimes = vec![];
+        s.config.cautious_runtimes = vec![(1, 2 * H)];
+        assert_eq!(placed(&plan(&s)), vec![(1, vec![0])]);
     }
 
     #[test]

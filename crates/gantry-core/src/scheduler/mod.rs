@@ -228,6 +228,10 @@ pub struct Config {
     /// "expected to end by its start" uses instead of the median in `expected_runtime_ms`.
     #[serde(default)]
     pub cautious_runtimes: Vec<(i64, i64)>,
+    /// Queued jobs without a declared runtime whose learned one is not their own (from other jobs'
+    /// runs, not their owner's of that name and shape): not trusted to end before a booking.
+    #[serde(default)]
+    pub unproven_runtimes: Vec<i64>,
     /// A running job that outlived its declared runtime by this much (or a tenth of it, if longer)
     /// broke its promise: its end is unknown from then on (nothing more backfills on it), and, if
     /// preemptible, it may be preempted for the reservation it blocks (lab `[jobs] overrun_margin`).
@@ -320,6 +324,7 @@ impl Default for Config {
             bookings: vec![],
             preemptible: vec![],
             cautious_runtimes: vec![],
+            unproven_runtimes: vec![],
             overrun_margin_ms: overrun_margin_default(),
         }
     }
@@ -649,6 +654,8 @@ pub fn plan(state: &State) -> Plan {
         shapes: &state.config.shapes,
         preemptible: &state.config.preemptible,
         cautious: &state.config.cautious_runtimes,
+        unproven: &state.config.unproven_runtimes,
+        min_run: state.config.preemption.clone().unwrap_or_default().min_run_ms,
     };
     let explain = |out: &Plan| out.waiting.len() < state.config.explain_first;
     let mut out = Plan::default();
@@ -870,6 +877,11 @@ struct Ctx<'a> {
     preemptible: &'a [i64],
     /// [`Config::cautious_runtimes`].
     cautious: &'a [(i64, i64)],
+    /// [`Config::unproven_runtimes`].
+    unproven: &'a [i64],
+    /// The lab's `min_run` (built-in where preemption is off): a preemptible job goes on a booked
+    /// GPU only if it can run this long before the booking starts.
+    min_run: i64,
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ impl Default for PreemptRules {
         // 30-minute checkpoints (docs/scheduling.md).
         PreemptRules {
             overdue: true,
-            priority_gap: Some(10),
+            priority_gap: Some(crate::defaults::PRIORITY_GAP),
             fair_share: false,
             min_run_ms: 10 * 60_000,
             max_per_day: 3,

@@ -151,6 +151,12 @@ pub struct JobSpec {
     /// Start only after these jobs succeeded: job ids, or names of your earlier jobs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<IdOrName>,
+    /// Start no earlier than this, in the workstation's local time: `22:00` (today, or tomorrow once
+    /// past), `tomorrow 08:00`, `2026-12-03 09:30`, or `+2h` (from when it is queued). Until then it
+    /// waits ("starts at 22:00") and holds no GPUs and no reservation. At most the lab's
+    /// `max_begin` (a week) ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin: Option<String>,
     /// Job array: one job per combination of values, e.g. `{lr: [0.1, 0.01], bs: [32, 64]}` makes 4
     /// jobs. Each sees `{lr}` replaced in its command and `LR=0.1` in its environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -363,6 +369,10 @@ pub struct ValidJob {
     /// submits them together as one job array).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix_part: Option<MatrixPart>,
+    /// `begin` as a moment (ms since the epoch), fixed when the job was queued (or previewed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub begin_ms: Option<i64>,
 }
 
 /// One job of a `matrix` expansion.
@@ -898,6 +908,7 @@ mod tests {
             "retries",
             "expected_runtime",
             "after",
+            "begin",
             "matrix",
             "preemptible",
             "checkpoint",

@@ -35,6 +35,7 @@ pub fn session_spec(ask: &SessionAsk, image: String, token: &str) -> JobSpec {
         retries: 0,
         expected_runtime: None,
         after: vec![],
+        begin: None,
         matrix: Default::default(),
         cpus: ask.cpus,
         memory: ask.memory.clone(),

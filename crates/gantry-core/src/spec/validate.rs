@@ -233,6 +233,12 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
             }
         },
     };
+    if let Some(b) = &spec.begin {
+        // The form only: the moment is fixed when the job is queued (`+2h` from then).
+        if let Err(m) = crate::units::parse_when(b, 0, 0, "`begin`") {
+            return err(m, "or leave `begin` out to start as soon as GPUs are free", "begin");
+        }
+    }
     if spec.matrix.values().any(|v| v.is_empty()) {
         return err(
             "a `matrix` entry has no values".into(),
@@ -367,6 +373,7 @@ pub fn validate(spec: JobSpec, origin: &Origin) -> Result<ValidJob, (SpecError, 
         limits,
         spec,
         matrix_part: None,
+        begin_ms: None,
     })
 }
 

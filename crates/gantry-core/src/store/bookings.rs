@@ -76,7 +76,8 @@ fn row(r: &rusqlite::Row) -> rusqlite::Result<Booking> {
 
 impl Store {
     /// Insert `b` if `check` accepts it, given the bookings that end after `since` and were not
-    /// cancelled (open ones, and released ones: a no-show still counts toward its owner's week).
+    /// cancelled before their start (open ones; released ones: a no-show still counts toward its
+    /// owner's week; ones cancelled after their start: their start preempted).
     /// `Ok(Err(why))`: refused, nothing written.
     pub fn book(
         &mut self,
@@ -87,7 +88,7 @@ impl Store {
         let now = self.now();
         let tx = self.conn.transaction()?;
         let others: Vec<Booking> = {
-            let mut st = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM bookings WHERE end_ms > ?1 AND (closed IS NULL OR closed = 'released') ORDER BY start_ms, id"))?;
+            let mut st = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM bookings WHERE end_ms > ?1 AND (closed IS NULL OR closed = 'released' OR (closed = 'cancelled' AND closed_ms > start_ms)) ORDER BY start_ms, id"))?;
             let rows = st.query_map([since], row)?.collect::<rusqlite::Result<Vec<_>>>()?;
             rows
         };

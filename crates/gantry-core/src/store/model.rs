@@ -211,6 +211,8 @@ pub struct QueuedRow {
     pub memory: Option<u64>,
     /// An interactive session (`gantry shell`).
     pub interactive: bool,
+    /// Its spec's `begin`, as a moment: it waits until then ("starts at 22:00").
+    pub begin_ms: Option<i64>,
 }
 
 pub(super) fn job_from_row(r: &Row) -> rusqlite::Result<Job> {
@@ -267,7 +269,7 @@ pub(super) fn attempt_from_row(r: &Row) -> rusqlite::Result<Attempt> {
 pub(super) const QUEUED_SELECT: &str = "SELECT id, name, owner, image, gpus, gpu_memory, priority, submitted_at, not_before, expected_runtime_ms, after_ids, held, \
      json_extract(spec_json, '$.spec.gpu_type'), json_extract(spec_json, '$.spec.min_gpu_memory'), \
      json_extract(spec_json, '$.limits.cpus_milli'), json_extract(spec_json, '$.limits.memory'), owner_uid, started_at, \
-     COALESCE(json_extract(spec_json, '$.spec.interactive'), 0) \
+     COALESCE(json_extract(spec_json, '$.spec.interactive'), 0), json_extract(spec_json, '$.begin_ms') \
      FROM jobs WHERE state = 'queued'";
 
 pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
@@ -294,6 +296,7 @@ pub(super) fn queued_from_row(r: &Row) -> rusqlite::Result<QueuedRow> {
         memory: r.get::<_, Option<i64>>(15)?.map(|v| v as u64),
         started_at: r.get(17)?,
         interactive: r.get(18)?,
+        begin_ms: r.get(19)?,
     })
 }
 

@@ -113,8 +113,8 @@ impl Store {
         let tx = self.conn.transaction()?;
         tx.prepare_cached(
             "INSERT INTO jobs (name, owner_uid, owner_gid, owner, image, gpus, gpu_memory, priority, retries, timeout_ms, \
-             spec_json, state, source, source_key, submitted_at, expected_runtime_ms, after_ids) \
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,'queued',?12,?13,?14,?15,?16)",
+             spec_json, state, source, source_key, submitted_at, expected_runtime_ms, after_ids, not_before) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,'queued',?12,?13,?14,?15,?16,?17)",
         )?
         .execute(params![
             job.name,
@@ -132,7 +132,9 @@ impl Store {
             source_key,
             now,
             job.expected_runtime.map(|d| d.as_millis() as i64),
-            after_json(job)?
+            after_json(job)?,
+            // A `begin` waits like a retry's backoff: out of the plan, holding nothing, until then.
+            job.begin_ms
         ])?;
         let id = tx.last_insert_rowid();
         if let Some(j) = finalize(id, job) {
@@ -454,6 +456,29 @@ impl Store {
             "UPDATE attempts SET preempt_for = ?2, preempt_why = ?3 WHERE id = ?1 AND ended_at IS NULL",
             params![attempt_id, for_job, why],
         )? == 1)
+    }
+
+    /// Record that a preempted attempt is about to get its checkpoint signal (once: an earlier mark
+    /// stays). Returns when it was first sent, if it was before this call.
+    pub fn preempt_signalled(&mut self, attempt_id: i64) -> Result<Option<i64>> {
+        let now = self.now();
+        let tx = self.conn.transaction()?;
+        let before: Option<i64> = tx
+            .query_row(
+                "SELECT preempt_signalled_ms FROM attempts WHERE id = ?1",
+                [attempt_id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        if before.is_none() {
+            tx.execute(
+                "UPDATE attempts SET preempt_signalled_ms = ?2 WHERE id = ?1",
+                params![attempt_id, now],
+            )?;
+        }
+        tx.commit()?;
+        Ok(before)
     }
 
     /// The preemption recorded for an attempt (for which job, why), if any.

@@ -33,6 +33,7 @@ impl DockerBackend {
             .flat_map(|o| o.gpus.clone())
             .collect();
         let foreign = self.foreign.read().unwrap();
+        let simulated = e.backend_kind() == crate::protocol::BackendKind::Simulated;
         let now = e.now();
         let mut since = self.outside_since.lock().unwrap();
         let views: Vec<GpuView> = e
@@ -49,7 +50,7 @@ impl DockerBackend {
                 name: g.name.clone(),
                 links: g.links.clone(),
                 external_busy: orphaned.contains(&g.index)
-                    || foreign.iter().any(|f| held_by(&f.gpus, g))
+                    || foreign.iter().any(|f| foreign_holds(&f.gpus, g, simulated))
                     || g.processes.iter().any(|p| match &p.container_id {
                         Some(c) => !ours.iter().any(|o| o == c),
                         None => true,
@@ -132,6 +133,7 @@ impl DockerBackend {
                 .map(|o| (o.container_id.clone(), o.name.clone())),
         );
         let foreign = self.foreign.read().unwrap().clone();
+        let simulated = e.backend_kind() == crate::protocol::BackendKind::Simulated;
         let mut jobs: HashMap<i64, Option<Job>> = HashMap::new();
         let mut out = vec![];
         for g in gpus {
@@ -182,7 +184,7 @@ impl DockerBackend {
                     idle_since,
                 });
             }
-            for f in foreign.iter().filter(|f| held_by(&f.gpus, g)) {
+            for f in foreign.iter().filter(|f| foreign_holds(&f.gpus, g, simulated)) {
                 if !g
                     .processes
                     .iter()
@@ -288,6 +290,16 @@ pub(super) fn check_fits(e: &Engine, job: &ValidJob) -> Result<(), SpecError> {
 
 /// Does a container's GPU set include this device? Docker's indexes are NVML's, and a container
 /// given a whole GPU holds its MIG instances too.
+/// Does a container outside this engine hold `g`? On simulated GPUs only one naming `g`'s UUID does
+/// (another engine of the same simulated machine): GPU indexes and `--gpus all` in someone's `docker
+/// run` are the real machine's GPUs, not the simulation's.
+fn foreign_holds(set: &crate::executor::GpuSet, g: &GpuSample, simulated: bool) -> bool {
+    match simulated {
+        true => set.holds_claim(None, &g.uuid),
+        false => held_by(set, g),
+    }
+}
+
 fn held_by(set: &crate::executor::GpuSet, g: &GpuSample) -> bool {
     match &g.mig_parent {
         Some(p) => set.holds(p.index, &g.uuid) || set.holds(p.index, &p.uuid),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -33,6 +34,7 @@ pub(super) struct DockerWatch {
     exec: Arc<dyn Executor>,
     e: Arc<Engine>,
     job_id: i64,
+    attempt_id: i64,
     timeout_ms: Option<i64>,
     cid: String,
     log: PathBuf,
@@ -48,6 +50,10 @@ pub(super) struct DockerWatch {
     ended: Option<How>,
 }
 
+/// A container's output attached before it started ([`Executor::attach`]): what its job writes before
+/// the log copy begins (a progress bar drawn at once) is not lost.
+pub(super) type Attached = BoxStream<'static, Result<Frame, ExecError>>;
+
 impl DockerWatch {
     pub fn new(
         exec: Arc<dyn Executor>,
@@ -56,6 +62,7 @@ impl DockerWatch {
         attempt: &Attempt,
         cid: &str,
         since: Since,
+        attached: Option<Attached>,
     ) -> DockerWatch {
         let log = e.log_of(job.id);
         let away = since == Since::EndedWhileAway;
@@ -69,7 +76,7 @@ impl DockerWatch {
                 log_stop.clone(),
             );
             tokio::spawn(async move {
-                if let Err(err) = follow_logs(exec, &cid, &path, cap, stop).await {
+                if let Err(err) = follow_logs(exec, &cid, &path, cap, stop, attached).await {
                     warn!("log copy for {cid}: {err}");
                 }
             })
@@ -77,6 +84,7 @@ impl DockerWatch {
         DockerWatch {
             exec,
             job_id: job.id,
+            attempt_id: attempt.id,
             timeout_ms: job.timeout_ms,
             cid: cid.to_string(),
             log,
@@ -98,7 +106,15 @@ impl Watch for DockerWatch {
         if self.away {
             // It exited while the engine was away: copy the output we missed, then record its real exit code.
             let cap = self.e.policy().log_cap;
-            if let Err(err) = follow_logs(self.exec.clone(), &self.cid, &self.log, cap, CancellationToken::new()).await
+            if let Err(err) = follow_logs(
+                self.exec.clone(),
+                &self.cid,
+                &self.log,
+                cap,
+                CancellationToken::new(),
+                None,
+            )
+            .await
             {
                 warn!(job = self.job_id, "could not copy the output of {}: {err}", self.cid);
             }
@@ -167,7 +183,26 @@ impl Watch for DockerWatch {
                 &self.checkpoint.0,
                 self.checkpoint.1.unwrap_or(self.e.policy().stop_grace),
             );
-            self.exec.stop_signal(&self.cid, signal, grace).await
+            // Its signal goes once per attempt: recorded first, so an engine killed mid-preemption
+            // waits out what is left of the grace on restart instead of signalling again.
+            let sent = self.e.store().preempt_signalled(self.attempt_id);
+            match sent {
+                Ok(Some(at)) => {
+                    let left = (at + grace.as_millis() as i64 - self.e.now()).max(0) as u64;
+                    let ended = tokio::time::timeout(Duration::from_millis(left), self.exec.wait(&self.cid)).await;
+                    match ended {
+                        Ok(_) => Ok(()),
+                        Err(_) => self.exec.stop(&self.cid, Duration::from_secs(1)).await,
+                    }
+                }
+                Ok(None) => self.exec.stop_signal(&self.cid, signal, grace).await,
+                Err(err) => {
+                    // Not recorded: signalled all the same (a second signal after a crash beats none).
+                    self.e
+                        .store_failed(&format!("recording the checkpoint signal of job {}", self.job_id), &err);
+                    self.exec.stop_signal(&self.cid, signal, grace).await
+                }
+            }
         } else {
             self.exec.stop(&self.cid, self.e.policy().stop_grace).await
         };
@@ -298,16 +333,21 @@ struct Live {
     attached: bool,
 }
 
-/// Follows `attach` for as long as it is open, keeping only each stream's current line state
-/// (bounded), so Docker is never held up by it.
+/// Follows `attach` (`attached` before the container started, else from now) for as long as it is
+/// open, keeping only each stream's current line state (bounded), so Docker is never held up by it.
 fn attach_live(
     exec: Arc<dyn Executor>,
     cid: &str,
     live: Arc<std::sync::Mutex<Live>>,
     changed: Arc<Notify>,
+    attached: Option<Attached>,
 ) -> JoinHandle<()> {
-    let mut s = exec.attach(cid);
+    let cid = cid.to_string();
     tokio::spawn(async move {
+        let mut s = match attached {
+            Some(s) => s,
+            None => exec.attach(&cid).await,
+        };
         while let Some(Ok(f)) = s.next().await {
             let mut l = live.lock().unwrap();
             l.attached = true;
@@ -341,6 +381,7 @@ pub(super) async fn follow_logs(
     path: &Path,
     cap: u64,
     stop: CancellationToken,
+    attached: Option<Attached>,
 ) -> std::io::Result<()> {
     let (f, last) = open_for_resume(path)?;
     let mut copy = Copy {
@@ -351,7 +392,7 @@ pub(super) async fn follow_logs(
     };
     let live = Arc::new(std::sync::Mutex::new(Live::default()));
     let changed = Arc::new(Notify::new());
-    let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone()));
+    let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone(), attached));
     let mut dirty = false;
     let mut next_progress = tokio::time::Instant::now();
     let since = |last: Option<i128>| last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);

@@ -41,6 +41,8 @@ pub(crate) struct DockerBackend {
     disk_at: AtomicI64,
     /// Since when each GPU has been used outside this engine without a break (`GpuView::outside_since_ms`).
     outside_since: std::sync::Mutex<std::collections::HashMap<u32, i64>>,
+    /// Containers' output attached before their start, until their watch takes it (by container id).
+    attached: std::sync::Mutex<std::collections::HashMap<String, logs::Attached>>,
 }
 
 impl DockerBackend {
@@ -54,6 +56,7 @@ impl DockerBackend {
             layer_ok: Default::default(),
             disk_at: AtomicI64::new(i64::MIN / 2),
             outside_since: Default::default(),
+            attached: Default::default(),
         }
     }
 
@@ -336,8 +339,11 @@ impl Backend for DockerBackend {
                 self.list_foreign(e, true).await;
             }
             self.watch_disk(e).await;
-            // No plan, but active bookings are still watched (a no-show is released).
-            e.bookings_without_a_pass(self.gpu_views(e));
+            // No plan, but active bookings are still watched (a no-show is released), and a dry
+            // run plans on these GPUs.
+            let views = self.gpu_views(e);
+            *e.last_gpus.write().unwrap() = Some(views.clone());
+            e.bookings_without_a_pass(views);
             return vec![];
         }
         e.refresh_stats();
@@ -504,10 +510,12 @@ impl Backend for DockerBackend {
             if let Some(h) = e.running.lock().unwrap().get_mut(&job.id) {
                 h.run = Some(run);
             }
-            let claim: Vec<(u32, String)> = attempt
+            // Simulated GPUs are known by their UUIDs alone (indexes are the real machine's).
+            let simulated = e.backend_kind() == crate::protocol::BackendKind::Simulated;
+            let claim: Vec<(Option<u32>, String)> = attempt
                 .gpus
                 .iter()
-                .copied()
+                .map(|i| (!simulated).then_some(*i))
                 .zip(attempt.gpu_uuids.iter().cloned())
                 .collect();
             if let Some(other) = self.exec.gpu_taken(&cid, &e.engine_id, &claim).await? {
@@ -520,7 +528,14 @@ impl Backend for DockerBackend {
             if cancel.is_cancelled() || cancel_requested {
                 return Ok((cid, false));
             }
+            // Attached before it starts: what the job writes at once (a progress bar it then leaves
+            // standing) is seen, however late the log copy begins under load.
+            let attached = self.exec.attach(&cid).await;
+            self.attached.lock().unwrap().insert(cid.clone(), attached);
             self.exec.start(&cid).await?;
+            // Started: the container's own mount namespace holds each bind now, and Gantry never starts it
+            // again, so the pins go at once (nothing under the state dir leads into a user's files).
+            e.unpin_staging(&e.container_name(job.id, attempt.n));
             Ok::<_, EngineError>((cid, true))
         }
         .await;
@@ -543,6 +558,9 @@ impl Backend for DockerBackend {
                 run: Some(RunRef::Container(cid)),
             },
             Err(err) => {
+                if let Some(cid) = &created {
+                    self.attached.lock().unwrap().remove(cid);
+                }
                 append_log(&log, &format!("could not start: {err}"));
                 warn!(job = job.id, "could not start: {err}");
                 let how = match &err {
@@ -565,6 +583,7 @@ impl Backend for DockerBackend {
     }
 
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
+        let attached = run.container().and_then(|c| self.attached.lock().unwrap().remove(c));
         Box::new(logs::DockerWatch::new(
             self.exec.clone(),
             e.clone(),
@@ -572,6 +591,7 @@ impl Backend for DockerBackend {
             attempt,
             run.container().unwrap_or_default(),
             since,
+            attached,
         ))
     }
 

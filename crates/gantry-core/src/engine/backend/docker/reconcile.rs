@@ -174,6 +174,13 @@ pub(super) async fn reconcile_containers(
         }
         actions = reconcile(&opens, &facts, &e.db_uid);
     }
+    // Every start has settled: a container that started (or ended) holds its own binds, and one of ours is
+    // never started again, so pins an engine killed inside a start left behind go now.
+    for (f, _) in &facts {
+        if matches!(f.life, Life::Running | Life::Exited) && f.db_uid.as_deref().is_none_or(|d| d == e.db_uid) {
+            e.unpin_staging(&f.name);
+        }
+    }
     let mut out = vec![];
     let mut orphans = vec![];
     for action in actions {

@@ -76,6 +76,7 @@ fn submit(e: &Engine, yaml: &str) -> i64 {
         text: yaml,
         file_name: "test.yaml",
         base_dir: None,
+        begin: None,
     };
     e.submit(crate::engine::submit::Submission {
         spec,
