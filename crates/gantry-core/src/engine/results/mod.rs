@@ -133,7 +133,8 @@ impl Engine {
     /// Start reading an attempt's results: every [`RESULTS_READ_EVERY_MS`] until [`Reading::finish`].
     pub(super) fn read_results(self: &Arc<Self>, job: &Job, attempt: &Attempt) -> Reading {
         let last = CancellationToken::new();
-        let e = self.clone();
+        // Weak: a reader never keeps a stopped engine (and its state dir's lock) alive.
+        let e = Arc::downgrade(self);
         let metrics_path = self.metrics_host_path(job, attempt.n);
         let mut st = State {
             job_id: job.id,
@@ -161,7 +162,9 @@ impl Engine {
                 };
                 let e2 = e.clone();
                 st = match tokio::task::spawn_blocking(move || {
-                    e2.read_pass(&mut st, final_read);
+                    if let Some(e) = e2.upgrade().filter(|e| !e.shutdown.is_cancelled()) {
+                        e.read_pass(&mut st, final_read);
+                    }
                     st
                 })
                 .await
@@ -383,6 +386,10 @@ impl Engine {
 
 /// Open `path` for reading as `cred` would: `Ok(None)` while it does not exist yet.
 fn open_as(cred: &Cred, path: &Path) -> Result<Option<File>, String> {
+    // Nothing there yet (most passes of a job that logs nothing): no helper forked to learn that.
+    if std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(None);
+    }
     match access::resolve_as(cred, path, false) {
         Ok(r) if r.kind == FileKind::File => {
             // The file the owner's own open reached, opened for reading by the engine.
