@@ -146,8 +146,8 @@ impl Engine {
             preempted_for: st.preempted_for(job.id).ok()?,
             took_from: st.took_from(job.id).ok()?,
             checkpoint_ms: None,
-            // Filled from the job's `checkpoint` metrics points once they reach the engine.
-            last_checkpoint_ms: None,
+            // The job's own word: its latest `checkpoint` metrics point in this attempt (issue 32).
+            last_checkpoint_ms: st.last_checkpoint(job.id, started).ok().flatten(),
             stopping_for: None,
         })
     }

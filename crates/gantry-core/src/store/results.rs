@@ -405,6 +405,19 @@ impl Store {
 
     /// A job's results: its series (at most `max_points` points each; `None`: all stored), params
     /// (the `matrix` values that made it, then what it logged), tags and the ingest report.
+    /// When the job last reported a checkpoint since `since` (its attempt's start): the time of its
+    /// latest `checkpoint` metrics point (`{"checkpoint": 1}` in `GANTRY_METRICS`, or a TensorBoard /
+    /// MLflow scalar of that name). Thinning always keeps a series' last point, so this is exact.
+    pub fn last_checkpoint(&self, job_id: i64, since: i64) -> Result<Option<i64>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT MAX(p.at) FROM metric_points p JOIN metric_series s ON s.id = p.series_id \
+                 WHERE s.job_id = ?1 AND s.name = 'checkpoint' AND p.at >= ?2",
+            )?
+            .query_row(params![job_id, since], |r| r.get::<_, Option<i64>>(0))?)
+    }
+
     pub fn job_results(&self, job_id: i64, max_points: Option<u32>) -> Result<JobResults> {
         let mut metrics = vec![];
         let rows: Vec<(i64, MetricSeries)> = self
@@ -716,6 +729,25 @@ mod tests {
             .unwrap();
         assert_eq!((acc.last, acc.last_step, acc.count), (Num(0.95), 3, 4));
         assert_eq!(acc.points.last().unwrap().attempt, 2);
+    }
+
+    /// Issue 32 item 3: a preemption victim's last checkpoint is its latest `checkpoint` point of
+    /// the running attempt (one from an earlier attempt, before `since`, does not count), even when
+    /// the series was thinned.
+    #[test]
+    fn the_last_checkpoint_is_the_latest_checkpoint_point_of_this_attempt() {
+        let (mut s, id) = store_with_job();
+        assert_eq!(s.last_checkpoint(id, 0).unwrap(), None);
+        let lim = ResultsLimits {
+            max_points: 10,
+            ..Default::default()
+        };
+        let mut b = ResultsBatch::new(MetricSource::File);
+        b.points = pts("checkpoint", &[1.0; 50]);
+        b.points.extend(pts("loss", &[0.5]));
+        s.add_results(id, 1, &b, &lim).unwrap();
+        assert_eq!(s.last_checkpoint(id, 0).unwrap(), Some(1049));
+        assert_eq!(s.last_checkpoint(id, 1050).unwrap(), None, "none in an attempt started later");
     }
 
     #[test]
