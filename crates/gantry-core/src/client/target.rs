@@ -49,7 +49,7 @@ impl Target {
     /// engine checks each one's peer credentials), but ssh multiplexes them over one authenticated
     /// connection (ControlMaster, kept 60 s after the last request), so a request costs a channel,
     /// not a handshake.
-    fn command(&self) -> Option<tokio::process::Command> {
+    pub(super) fn command(&self) -> Option<tokio::process::Command> {
         let (mut c, host) = self.ssh_base()?;
         c.args(["--", &host, "gantry", "proxy"]);
         Some(c)
@@ -124,8 +124,8 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// The ssh child lives as long as the connection (a streamed answer keeps it); dropping it ends ssh.
 pub(super) struct SshIo {
-    io: tokio::io::Join<tokio::process::ChildStdout, tokio::process::ChildStdin>,
-    _child: tokio::process::Child,
+    pub(super) io: tokio::io::Join<tokio::process::ChildStdout, tokio::process::ChildStdin>,
+    pub(super) _child: tokio::process::Child,
 }
 
 impl AsyncRead for SshIo {

@@ -281,9 +281,7 @@ fn gpu_memory_enforcement_settings_parse() {
     assert!(err("[jobs]\ngpu_memory_margin = \"lots\"\n")
         .contains("config.toml:2:21: `gpu_memory_margin` = \"lots\" is not a percentage from 0% to 1000%"));
     assert!(err("[jobs]\ngpu_memory_margin = \"20\"\n").contains("is not a percentage"));
-    assert!(
-        err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration")
-    );
+    assert!(err("[jobs]\ngpu_memory_grace = \"soon\"\n").contains("`gpu_memory_grace` = \"soon\" is not a duration"));
 }
 
 #[test]
@@ -382,18 +380,54 @@ fn sessions_table_parses_and_explains_its_mistakes() {
     );
     let cases: &[(&str, &str)] = &[
         ("[sessions]\nmax_gpu = 2\n", "config.toml:2:1: unknown field `max_gpu`"),
-        ("[sessions]\nmax_gpus = -1\n", "config.toml:2:12: `max_gpus` = -1 is out of range"),
-        ("[sessions]\nmax_length = \"forever\"\n", "config.toml:2:14: `max_length` = \"forever\" is not a duration"),
-        ("[sessions]\nmax_length = \"30d\"\n", "`max_length` = \"30d\" is longer than 7d"),
-        ("[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n", "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)"),
-        ("[sessions]\nmax_length = \"1h\"\n", "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`"),
-        ("[sessions]\nidle_after = \"soon\"\n", "config.toml:2:14: `idle_after` = \"soon\" is not a duration"),
-        ("[sessions]\nforward_port = 8888\n", "config.toml:2:16: sessions `forward_port` = 8888 is not a port below 1024; only root may bind"),
-        ("[sessions]\nforward_port = 0\n", "`forward_port` = 0 is not a port below 1024"),
-        ("[sessions]\nkeep_free = -1\n", "config.toml:2:13: `keep_free` = -1 is out of range"),
-        ("[sessions]\nidle_batch = \"yes\"\n", "invalid type: string \"yes\", expected a boolean"),
-        ("[sessions]\nbefore_batch = 1\n", "invalid type: integer `1`, expected a boolean"),
-        ("[sessions]\nnotebook_image = \"a b\"\n", "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name"),
+        (
+            "[sessions]\nmax_gpus = -1\n",
+            "config.toml:2:12: `max_gpus` = -1 is out of range",
+        ),
+        (
+            "[sessions]\nmax_length = \"forever\"\n",
+            "config.toml:2:14: `max_length` = \"forever\" is not a duration",
+        ),
+        (
+            "[sessions]\nmax_length = \"30d\"\n",
+            "`max_length` = \"30d\" is longer than 7d",
+        ),
+        (
+            "[sessions]\ndefault_length = \"10h\"\nmax_length = \"2h\"\n",
+            "config.toml:2:18: sessions `default_length` (10h) is longer than `max_length` (2h)",
+        ),
+        (
+            "[sessions]\nmax_length = \"1h\"\n",
+            "config.toml:2:14: sessions `default_length` (4h) is longer than `max_length` (1h); lower `default_length`",
+        ),
+        (
+            "[sessions]\nidle_after = \"soon\"\n",
+            "config.toml:2:14: `idle_after` = \"soon\" is not a duration",
+        ),
+        (
+            "[sessions]\nforward_port = 8888\n",
+            "config.toml:2:16: sessions `forward_port` = 8888 is not a port below 1024; only root may bind",
+        ),
+        (
+            "[sessions]\nforward_port = 0\n",
+            "`forward_port` = 0 is not a port below 1024",
+        ),
+        (
+            "[sessions]\nkeep_free = -1\n",
+            "config.toml:2:13: `keep_free` = -1 is out of range",
+        ),
+        (
+            "[sessions]\nidle_batch = \"yes\"\n",
+            "invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            "[sessions]\nbefore_batch = 1\n",
+            "invalid type: integer `1`, expected a boolean",
+        ),
+        (
+            "[sessions]\nnotebook_image = \"a b\"\n",
+            "config.toml:2:18: sessions `notebook_image` = \"a b\" is not an image name",
+        ),
     ];
     for (text, want) in cases {
         let e = err(text);
@@ -713,9 +747,9 @@ fn the_packaged_config_is_valid_and_documents_only_real_keys() {
         .lines()
         .map(|l| match l.strip_prefix('#') {
             Some(kv)
-                if kv.split_once(" = ").is_some_and(|(k, _)| {
-                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-                }) =>
+                if kv
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')) =>
             {
                 documented += 1;
                 format!("{kv}\n")

@@ -161,8 +161,7 @@ fn cpu_only_work_is_preempted_for_a_gpu_job_whose_gpus_are_free() {
         memory: G,
     };
     let cpu = |r: RunningJob| RunningJob { needs: fifth, ..r };
-    let bobs =
-        |started: i64| -> Vec<RunningJob> { (11..=15).map(|i| cpu(pre(i, "bob", &[], started + i))).collect() };
+    let bobs = |started: i64| -> Vec<RunningJob> { (11..=15).map(|i| cpu(pre(i, "bob", &[], started + i))).collect() };
     let alice = QueuedJob {
         needs: fifth,
         ..q(1, "ana", 1, 0, now)
