@@ -22,7 +22,9 @@ fn reload(e: &Engine, lab: &std::path::Path, text: &str) {
 fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let lab = dir.path().join("config.toml");
-    std::fs::write(&lab, "[disk]\nmin_free = \"1GiB\"\n").unwrap();
+    // Two CPU-only jobs at once (the writer stays while the second waits for disk, not for the one
+    // CPU-only share the lab keeps by default).
+    std::fs::write(&lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n").unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
 
     // A job that writes 30 MiB into its container's writable layer, then stays.
@@ -53,7 +55,7 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     }
 
     // The lab asks for more free space than Docker's disk has ("100%" can never be met).
-    reload(&e, &lab, "[disk]\nmin_free = \"100%\"\n");
+    reload(&e, &lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"100%\"\n");
     let mut problem = String::new();
     e.wait_until("the disk problem in gantry status", || {
         problem = e.json(&["status"])["disk_problem"].as_str().unwrap_or("").to_string();
@@ -76,7 +78,7 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     assert_eq!(e.show(waits)["job"]["state"], "queued");
 
     // Lowered again: the job starts.
-    reload(&e, &lab, "[disk]\nmin_free = \"1GiB\"\n");
+    reload(&e, &lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n");
     assert_eq!(e.wait_final(waits)["job"]["state"], "succeeded", "{}", e.logs(waits));
     assert!(e.json(&["status"])["disk_problem"].is_null());
     assert!(e.gantry(&["cancel", &writer.to_string()]).status.success());

@@ -747,7 +747,11 @@ mod tests {
         b.points.extend(pts("loss", &[0.5]));
         s.add_results(id, 1, &b, &lim).unwrap();
         assert_eq!(s.last_checkpoint(id, 0).unwrap(), Some(1049));
-        assert_eq!(s.last_checkpoint(id, 1050).unwrap(), None, "none in an attempt started later");
+        assert_eq!(
+            s.last_checkpoint(id, 1050).unwrap(),
+            None,
+            "none in an attempt started later"
+        );
     }
 
     #[test]
