@@ -79,6 +79,22 @@ impl Engine {
         e
     }
 
+    /// Like [`Engine::start`], with a lab config file of this text (written beside the state).
+    pub fn start_with_lab(lab: &str, extra: &[&str]) -> Engine {
+        let mut e = Engine::stopped(extra);
+        let path = e._dir.path().join("lab-config.toml");
+        std::fs::write(&path, lab).unwrap();
+        e.args.extend(["--config".into(), path.display().to_string()]);
+        e.restart();
+        e
+    }
+
+    /// Like [`Engine::start`], where CPU-only jobs may hold `n` CPU/RAM shares together (the lab's
+    /// default is one: CPU-only jobs then run one at a time), for tests that run several at once.
+    pub fn start_cpu_only(n: u32, extra: &[&str]) -> Engine {
+        Engine::start_with_lab(&format!("[containers]\ncpu_only_shares = {n}\n"), extra)
+    }
+
     /// Like [`Engine::start`], with simulated GPUs as a user writes them (`sim:1x24GiB`, no `@machine`).
     pub fn start_unnamed(extra: &[&str]) -> Engine {
         let mut e = Engine::stopped(extra);
