@@ -98,8 +98,9 @@ pub fn job_env(l: &Launch) -> Vec<String> {
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
-/// The HostConfig part of [`ContainerSettings`](crate::resources::ContainerSettings): CPU/RAM limits (no swap on top), pinned CPUs, shm,
-/// ulimits, the process limit, IPC, HOME's tmpfs and Docker's own bounded log.
+/// The HostConfig part of [`ContainerSettings`](crate::resources::ContainerSettings): CPU/RAM limits
+/// (no swap on top), pinned CPUs, shm, ulimits, the process limit, IPC, HOME's tmpfs and Docker's own
+/// bounded log.
 pub(super) fn container_host_config(l: &Launch) -> HostConfig {
     let c = &l.container;
     let ulimit = |name: &str, v: Option<i64>| {

@@ -76,6 +76,7 @@ impl NetworkLock {
 }
 
 impl DockerExecutor {
+    /// The id of user `uid`'s network, made if missing (a bridge, labeled, with outbound access).
     /// Docker before API 1.44 lets two engines make two networks of one name at the same moment:
     /// every engine then uses the one with the smallest id and removes its own extra one.
     /// Called with `networks` held.
