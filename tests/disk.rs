@@ -55,7 +55,11 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     }
 
     // The lab asks for more free space than Docker's disk has ("100%" can never be met).
-    reload(&e, &lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"100%\"\n");
+    reload(
+        &e,
+        &lab,
+        "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"100%\"\n",
+    );
     let mut problem = String::new();
     e.wait_until("the disk problem in gantry status", || {
         problem = e.json(&["status"])["disk_problem"].as_str().unwrap_or("").to_string();
@@ -78,7 +82,11 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     assert_eq!(e.show(waits)["job"]["state"], "queued");
 
     // Lowered again: the job starts.
-    reload(&e, &lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n");
+    reload(
+        &e,
+        &lab,
+        "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n",
+    );
     assert_eq!(e.wait_final(waits)["job"]["state"], "succeeded", "{}", e.logs(waits));
     assert!(e.json(&["status"])["disk_problem"].is_null());
     assert!(e.gantry(&["cancel", &writer.to_string()]).status.success());
