@@ -389,7 +389,12 @@ export type SpecError = { message: string, line: number | null, column: number |
 /**
  * A spec file checked by the engine without queueing it (the app's preview).
  */
-export type Preview = { path: string, file_name: string, job: ValidJob | null, error: string | null, spec_error: SpecError | null, };
+export type Preview = { path: string, file_name: string, job: ValidJob | null, error: string | null, spec_error: SpecError | null, 
+/**
+ * The dry run of a valid file (`POST /v1/jobs/preview`): the GPUs it would get now, or why it
+ * would wait and until about when. `None` from an engine without dry runs.
+ */
+plan?: SubmitPreview | null, };
 /**
  * One job of a [`SubmitPreview`].
  */

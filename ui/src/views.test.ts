@@ -10,7 +10,7 @@ import { clock, gpusView, holderLine, holdersOf } from "./views/gpus";
 import { bucketFor, fairShareLine, heatSummary, usageRows, usageView } from "./views/usage";
 import { gpuList, historyView, ROW_H } from "./views/history";
 import { queueView, sortQueue } from "./views/queue";
-import { errorText, submitView } from "./views/submit";
+import { errorText, planText, submitView } from "./views/submit";
 import { mount, simBanner } from "./main";
 import type { EngineInfo, GpuStatus, GpuUser, Preview } from "./types";
 
@@ -134,6 +134,18 @@ describe("submit view", () => {
     await settle();
     expect(calls.find((c) => c.name === "submitPaths")!.args[0]).toEqual(["/a/ok.yaml"]);
     expect(go).toHaveBeenCalledWith("#/run/7");
+  });
+  it("says where a dropped job would start, or why it would wait (the engine's dry run)", async () => {
+    const job = validJob("ok", { image: "img", command: ["python", "train.py"] });
+    const waits: Preview = { ...previews[0], plan: { checks: [], jobs: [{ job, starts_now: false, gpus: [], reason: "needs 1 free GPU, 0 available", estimated_start: null }] } };
+    const now: Preview = { ...previews[0], plan: { checks: [], jobs: [{ job, starts_now: true, gpus: [1] }] } };
+    expect(planText(now)).toBe("would start now on GPU 1");
+    expect(planText(waits)).toBe("would wait: needs 1 free GPU, 0 available");
+    expect(planText(previews[0])).toBe("");
+    const { b } = fakeBackend({ previewPaths: () => Promise.resolve([waits]) });
+    const v = submitView(b, vi.fn());
+    await v.handleFiles(["/a/ok.yaml"]);
+    expect(v.el.querySelector("[data-testid=preview-plan]")!.textContent).toBe("would wait: needs 1 free GPU, 0 available");
   });
   it("formats spec errors with position and fix", () => {
     expect(errorText(previews[1])).toBe("line 2, column 1: unknown field `gpu`\nfix: remove it");

@@ -551,11 +551,16 @@ impl Client {
             job: None,
             error: None,
             spec_error: None,
+            plan: None,
         };
         match self.spec_request(path) {
             Err(e) => p.error = Some(e.to_string()),
             Ok(req) => match self.validate(&req).await {
-                Ok(j) => p.job = Some(j),
+                Ok(j) => {
+                    p.job = Some(j);
+                    // Where and when it would start; the check above already said what is wrong.
+                    p.plan = self.preview(&req).await.ok();
+                }
                 Err(ClientError::Api {
                     message, spec_error, ..
                 }) => {

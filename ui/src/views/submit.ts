@@ -1,8 +1,21 @@
 // Submit view: drop files anywhere (or pick them), preview each parsed job or its errors, confirm.
 import type { Backend } from "../backend";
 import { h, clear, type View } from "../dom";
-import { ask, commandText } from "../format";
+import { ask, commandText, time } from "../format";
 import type { Preview } from "../types";
+
+/** The dry run's answer for a file: where its job(s) would start now, or why they would wait. */
+export function planText(p: Preview): string {
+  const jobs = p.plan?.jobs ?? [];
+  if (!jobs.length) return "";
+  const one = (j: (typeof jobs)[number]) =>
+    j.starts_now
+      ? j.gpus.length ? `would start now on GPU ${j.gpus.join(",")}` : "would start now"
+      : `would wait: ${j.reason ?? "the queue"}${j.estimated_start ? ` · starts about ${time(j.estimated_start)}` : ""}`;
+  if (jobs.length === 1) return one(jobs[0]);
+  const now = jobs.filter((j) => j.starts_now).length;
+  return `${jobs.length} jobs: ${now} would start now${now < jobs.length ? `; ${one(jobs.find((j) => !j.starts_now)!)}` : ""}`;
+}
 
 export function errorText(p: Preview): string {
   const e = p.spec_error;
@@ -43,7 +56,8 @@ export function submitView(backend: Backend, go: (hash: string) => void): Submit
         list.append(h("article", { class: "card ok", "data-testid": "preview-ok" },
           h("header", {}, h("strong", {}, j.name), h("span", { class: "muted" }, p.file_name)),
           h("div", { class: "mono" }, j.spec.image), h("div", { class: "mono" }, commandText(j.spec.command)),
-          h("div", {}, `${ask(j.gpus, j.gpu_memory)} · priority ${j.spec.priority}${j.spec.timeout ? ` · timeout ${j.spec.timeout}` : ""}`)));
+          h("div", {}, `${ask(j.gpus, j.gpu_memory)} · priority ${j.spec.priority}${j.spec.timeout ? ` · timeout ${j.spec.timeout}` : ""}`),
+          p.plan ? h("div", { class: "muted", "data-testid": "preview-plan" }, planText(p)) : ""));
       } else {
         list.append(h("article", { class: "card bad", "data-testid": "preview-error" },
           h("header", {}, h("strong", {}, p.file_name), h("span", { class: "state failed" }, "invalid")),

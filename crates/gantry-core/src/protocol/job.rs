@@ -344,6 +344,11 @@ pub struct Preview {
     pub job: Option<ValidJob>,
     pub error: Option<String>,
     pub spec_error: Option<SpecError>,
+    /// The dry run of a valid file (`POST /v1/jobs/preview`): the GPUs it would get now, or why it
+    /// would wait and until about when. `None` from an engine without dry runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable)]
+    pub plan: Option<SubmitPreview>,
 }
 
 /// `GET /v1/events`, one per line: state changes and GPU samples.
