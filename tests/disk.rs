@@ -23,8 +23,12 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let lab = dir.path().join("config.toml");
     // Two CPU-only jobs at once (the writer stays while the second waits for disk, not for the one
-    // CPU-only share the lab keeps by default).
-    std::fs::write(&lab, "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n").unwrap();
+    // CPU-only share the lab keeps by default): CPU-only jobs get no share here.
+    std::fs::write(
+        &lab,
+        "[containers]\ncpu_only_cpus = \"none\"\ncpu_only_memory = \"none\"\n[disk]\nmin_free = \"1GiB\"\n",
+    )
+    .unwrap();
     let e = Engine::start(&["--config", lab.to_str().unwrap()]);
 
     // A job that writes 30 MiB into its container's writable layer, then stays.
@@ -58,7 +62,7 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     reload(
         &e,
         &lab,
-        "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"100%\"\n",
+        "[containers]\ncpu_only_cpus = \"none\"\ncpu_only_memory = \"none\"\n[disk]\nmin_free = \"100%\"\n",
     );
     let mut problem = String::new();
     e.wait_until("the disk problem in gantry status", || {
@@ -85,7 +89,7 @@ fn below_the_labs_free_space_no_job_starts_and_the_top_writers_are_named() {
     reload(
         &e,
         &lab,
-        "[containers]\ncpu_only_shares = 2\n[disk]\nmin_free = \"1GiB\"\n",
+        "[containers]\ncpu_only_cpus = \"none\"\ncpu_only_memory = \"none\"\n[disk]\nmin_free = \"1GiB\"\n",
     );
     assert_eq!(e.wait_final(waits)["job"]["state"], "succeeded", "{}", e.logs(waits));
     assert!(e.json(&["status"])["disk_problem"].is_null());

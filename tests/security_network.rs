@@ -32,7 +32,7 @@ fn a_users_jobs_reach_each_other_but_no_other_users_job() {
     let alice = user("gantry-alice");
     let bob = user("gantry-bob");
     // alice's server runs while the clients run: two CPU-only jobs at once.
-    let e = Engine::start_cpu_only(2, &[]);
+    let e = Engine::start_unbounded_cpu_only(&[]);
     let server = submit_as(&e, &alice, &format!("image: {IMAGE}\ngpus: 0\ncommand: '{SERVER}'\n")).unwrap();
     let cid = container_of(&e, server);
     let (net, ip) = network_and_ip(&cid);

@@ -61,6 +61,9 @@ pub fn gantry_in(state: &Path, args: &[&str]) -> Output {
         .expect("run gantry")
 }
 
+/// A lab config in which CPU-only jobs get no CPU/RAM share (see [`Engine::start_unbounded_cpu_only`]).
+pub const UNBOUNDED_CPU_ONLY: &str = "[containers]\ncpu_only_cpus = \"none\"\ncpu_only_memory = \"none\"\n";
+
 pub struct Engine {
     _dir: tempfile::TempDir,
     pub state: PathBuf,
@@ -89,10 +92,11 @@ impl Engine {
         e
     }
 
-    /// Like [`Engine::start`], where CPU-only jobs may hold `n` CPU/RAM shares together (the lab's
-    /// default is one: CPU-only jobs then run one at a time), for tests that run several at once.
-    pub fn start_cpu_only(n: u32, extra: &[&str]) -> Engine {
-        Engine::start_with_lab(&format!("[containers]\ncpu_only_shares = {n}\n"), extra)
+    /// Like [`Engine::start`], where CPU-only jobs get no CPU/RAM share (`"none"`: unlimited and not
+    /// counted), for tests that run several at once: by default they hold one share together and a
+    /// free GPU's share is never theirs, so with default limits they run one at a time.
+    pub fn start_unbounded_cpu_only(extra: &[&str]) -> Engine {
+        Engine::start_with_lab(UNBOUNDED_CPU_ONLY, extra)
     }
 
     /// Like [`Engine::start`], with simulated GPUs as a user writes them (`sim:1x24GiB`, no `@machine`).
