@@ -161,9 +161,11 @@ impl Engine {
         }
         let st = self.store();
         for u in uses {
-            // Figures, not job state: a lost write is a figure a few seconds older, so warn only.
+            // The learned GPU memory read back for the owner's next run comes from these rows: a
+            // failed write is a failed state write (nothing new starts until one succeeds).
             if let Err(e) = st.save_attempt_use(u) {
-                warn!(job = u.job_id, "could not save the efficiency of job {}: {e}", u.job_id);
+                self.store_failed(&format!("saving the efficiency of job {}", u.job_id), &e);
+                return;
             }
         }
     }
