@@ -25,6 +25,7 @@ mod policy;
 mod preemption;
 mod remote;
 mod results;
+mod results_mlflow;
 mod run_and_hold;
 mod security_api;
 mod security_forwards;

@@ -377,6 +377,18 @@ pub trait Executor: Send + Sync + 'static {
             "cannot reach port {port} of container {id} here"
         )))
     }
+    /// A TCP listener on 127.0.0.1:`port` inside the running container's network namespace, made
+    /// by a thread that enters it (the socket keeps that namespace): reachable by the container's
+    /// processes alone.
+    async fn listen_in(&self, id: &str, port: u16) -> Result<std::net::TcpListener, ExecError> {
+        Err(ExecError::Rejected(format!(
+            "cannot listen on port {port} inside container {id} here"
+        )))
+    }
+    /// The container's environment as it was created (`KEY=VALUE`).
+    async fn env_of(&self, _id: &str) -> Result<Vec<String>, ExecError> {
+        Ok(vec![])
+    }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.
     /// Connected when this returns, so attaching before `start` misses nothing the job writes.

@@ -482,6 +482,11 @@ impl Backend for DockerBackend {
                 Ok(None) => {}
                 Err(err) => append_log(&log, &format!("no GANTRY_METRICS file for this attempt: {err}")),
             }
+            // Its MLflow endpoint, bound in its network namespace once it runs: only a root engine may
+            // enter it (a user's own engine gives none rather than a URI nothing answers).
+            if nix::unistd::geteuid().is_root() {
+                results_env.extend(crate::engine::results::mlflow::endpoint_env(&job.job.spec.env).unwrap_or_default());
+            }
             let l = Launch {
                 results_env,
                 preemptible,
@@ -653,6 +658,23 @@ impl Backend for DockerBackend {
             .container()
             .ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
         Ok(self.exec.connect_port(cid, port).await?)
+    }
+
+    async fn mlflow_listener(
+        &self,
+        job: &Job,
+        run: &RunRef,
+    ) -> Result<Option<(std::net::TcpListener, String)>, EngineError> {
+        use crate::engine::results::mlflow;
+        let Some(cid) = run.container() else { return Ok(None) };
+        if job.job.spec.env.contains_key(mlflow::URI_VAR) {
+            return Ok(None);
+        }
+        // What it was given at create (the same after an engine restart).
+        let Some((port, token)) = mlflow::endpoint_of(&self.exec.env_of(cid).await?) else {
+            return Ok(None);
+        };
+        Ok(Some((self.exec.listen_in(cid, port).await?, token)))
     }
 
     async fn resize_terminal(&self, run: &RunRef, cols: u16, rows: u16) -> Result<(), EngineError> {
