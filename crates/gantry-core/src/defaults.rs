@@ -308,6 +308,10 @@ pub const MLFLOW_BODY_MAX: usize = 1 << 20;
 pub const MLFLOW_CONNECTIONS: usize = 16;
 /// How long a job's MLflow endpoint waits for a request's headers or body before closing.
 pub const MLFLOW_IDLE: Duration = Duration::from_secs(30);
+/// Longest a string command waits for its MLflow endpoint to be bound before it runs anyway (it is
+/// bound tens of ms after the container starts; the wait ends at once then): bounds the delay when
+/// the engine cannot bind it or stops meanwhile.
+pub const START_GATE_WAIT: Duration = Duration::from_secs(5);
 /// Most runs one `gantry compare` shows: a large sweep is a few hundred; a table of more is read
 /// by a script (`--json`), which can ask again by ids.
 pub const COMPARE_MAX_RUNS: usize = 2_000;

@@ -13,7 +13,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use super::{
-    classify, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError, Executor, Exit,
+    classify, command_argv, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError, Executor, Exit,
     ForeignGpuUse, Found, Frame, GpuBinding, GpuSet, HostRoot, Launch, Life, NetworkLock, Settled, Storage, Terminal,
     CLAIM_WAIT, CLAIM_WINDOW, LABEL_ATTEMPT, LABEL_CPUS, LABEL_DB, LABEL_ENGINE, LABEL_GPUS, LABEL_GPU_UUIDS,
     LABEL_JOB, LABEL_PROBE, LABEL_UID,
@@ -181,7 +181,7 @@ impl Executor for DockerExecutor {
             cmd: l
                 .command
                 .clone()
-                .or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
+                .or_else(|| l.job.spec.command.as_ref().map(|c| command_argv(c, l.start_gate.as_deref()))),
             // A session's shell gets a terminal, and its stdin stays open between attachments.
             tty: tty.then_some(true),
             open_stdin: tty.then_some(true),
@@ -723,13 +723,13 @@ impl Executor for DockerExecutor {
         };
         let inspect = || self.docker.inspect_container(id, None::<qp::InspectContainerOptions>);
         let pid = pid_of(&inspect().await.map_err(classify)?)
-            .ok_or_else(|| ExecError::Rejected(format!("container {id} is not running")))?;
+            .ok_or_else(|| ExecError::NotFound(format!("container {id} is not running")))?;
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-            .map_err(|e| ExecError::Rejected(format!("the network of container {id}: {e}")))?;
+            .map_err(|_| ExecError::NotFound(format!("container {id} ended")))?;
         // Still running with that pid: the namespace opened is the container's, not that of a
         // process that took the pid of one that ended.
         if pid_of(&inspect().await.map_err(classify)?) != Some(pid) {
-            return Err(ExecError::Rejected(format!("container {id} ended")));
+            return Err(ExecError::NotFound(format!("container {id} ended")));
         }
         tokio::task::spawn_blocking(move || listen_in_netns(ns, port))
             .await

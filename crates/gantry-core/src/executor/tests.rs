@@ -31,6 +31,7 @@ fn launch(job: &ValidJob, uuids: &[&str]) -> Vec<String> {
         command: None,
         image: None,
         results_env: vec![("GANTRY_METRICS".into(), "/gantry/results/metrics-1.jsonl".into())],
+        start_gate: None,
     })
 }
 

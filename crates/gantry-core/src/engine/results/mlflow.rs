@@ -71,6 +71,34 @@ pub fn endpoint_env(spec_env: &BTreeMap<String, String>) -> Option<Vec<(String, 
     ])
 }
 
+/// The file attempt `n`'s string command waits for (`Launch::start_gate`), in its results folder.
+fn gate_name(n: u32) -> String {
+    format!(".mlflow-bound-{n}")
+}
+
+/// [`gate_name`] as the container sees it.
+pub fn gate_in_container(n: u32) -> String {
+    format!("{}/{}", super::RESULTS_MOUNT, gate_name(n))
+}
+
+/// Open the gate of attempt `n` in the job's results folder (`dir`, the owner's, in a folder only
+/// the engine changes): a new empty file, never through a link the owner left there.
+pub(super) fn open_gate(dir: &std::path::Path, n: u32) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o444)
+        .open(dir.join(gate_name(n)));
+    match made {
+        Ok(_) => {}
+        // Made before (an engine restart), or by the job itself: it only lets itself go on.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => debug!("opening the start gate in {}: {e}", dir.display()),
+    }
+}
+
 /// The port and token a container was given, read back from its environment (`KEY=VALUE`): after
 /// a restart the engine binds the same endpoint again.
 pub fn endpoint_of(env: &[String]) -> Option<(u16, String)> {

@@ -194,6 +194,10 @@ impl Engine {
     /// network namespace, served until the attempt ends. Why there is none is noted on the job.
     async fn mlflow_endpoint(self: Arc<Self>, job: Job, attempt: u32, run: RunRef) {
         let got = self.backend.mlflow_listener(&job, &run).await;
+        // Bound (or never to be): the job's command goes on.
+        if !matches!(got, Ok(None)) {
+            mlflow::open_gate(&self.results_dir(job.id), attempt);
+        }
         let e = Arc::downgrade(&self);
         let now = self.now();
         let st = |cred| State {
@@ -212,6 +216,10 @@ impl Engine {
                 mlflow::serve(e, job.id, attempt, listener, token, now).await
             }
             Ok(None) => {}
+            // It ended before its endpoint was bound (a job of a second): nothing could log.
+            Err(super::EngineError::Exec(crate::executor::ExecError::NotFound(why))) => {
+                tracing::debug!(job = job.id, "no MLflow endpoint: {why}")
+            }
             Err(err) => {
                 let why = format!("MLflow: no endpoint for attempt {attempt} ({err}); its client cannot log here");
                 let s = st(Cred::of_user(job.owner_uid, job.owner_gid));

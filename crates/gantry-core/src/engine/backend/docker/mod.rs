@@ -470,6 +470,7 @@ impl Backend for DockerBackend {
             let restart_count = e.reader().preemptions(job.id, 0).map(|p| p.0).unwrap_or(0);
             // Its results folder (GANTRY_METRICS): the owner's, in a folder only the engine changes.
             let mut results_env = vec![];
+            let mut start_gate = None;
             match e.make_results_dir(job) {
                 Ok(Some(dir)) => {
                     mounts.push(access::ResolvedMount {
@@ -484,11 +485,18 @@ impl Backend for DockerBackend {
             }
             // Its MLflow endpoint, bound in its network namespace once it runs: only a root engine may
             // enter it (a user's own engine gives none rather than a URI nothing answers).
-            if nix::unistd::geteuid().is_root() {
-                results_env.extend(crate::engine::results::mlflow::endpoint_env(&job.job.spec.env).unwrap_or_default());
+            if let Some(env) = crate::engine::results::mlflow::endpoint_env(&job.job.spec.env)
+                .filter(|_| nix::unistd::geteuid().is_root())
+            {
+                results_env.extend(env);
+                // A string command waits (briefly) for it, where the results folder is mounted.
+                if results_env.iter().any(|(k, _)| k == "GANTRY_METRICS") {
+                    start_gate = Some(crate::engine::results::mlflow::gate_in_container(attempt.n));
+                }
             }
             let l = Launch {
                 results_env,
+                start_gate,
                 preemptible,
                 restart_count,
                 engine_id: &e.engine_id,
