@@ -149,8 +149,15 @@ fn another_users_job_and_host_processes_cannot_reach_a_jobs_mlflow_endpoint_and_
     assert_eq!(probe["unknown"][0], 404, "{probe}");
     assert_eq!(probe["unknown"][1]["error_code"], "ENDPOINT_NOT_FOUND", "{probe}");
     let msg = probe["unknown"][1]["message"].as_str().unwrap();
-    assert!(msg.contains("runs/log-batch") && msg.contains("MLFLOW_TRACKING_URI"), "{msg}");
-    assert_eq!((probe["create"].clone(), probe["after"].clone()), (200.into(), 200.into()), "{probe}");
+    assert!(
+        msg.contains("runs/log-batch") && msg.contains("MLFLOW_TRACKING_URI"),
+        "{msg}"
+    );
+    assert_eq!(
+        (probe["create"].clone(), probe["after"].clone()),
+        (200.into(), 200.into()),
+        "{probe}"
+    );
     let uri = std::fs::read_to_string(dir.join("uri")).unwrap();
     let port = uri.trim().rsplit(':').next().unwrap().to_string();
 
@@ -165,7 +172,11 @@ fn another_users_job_and_host_processes_cannot_reach_a_jobs_mlflow_endpoint_and_
         &python_job("connect", &bdir, &venv, &format!("python connect.py {port}")),
     );
     assert_eq!(e.wait_final(bid)["job"]["state"], "succeeded", "{}", e.logs(bid));
-    assert!(e.logs(bid).contains("connect: 111"), "ECONNREFUSED expected: {}", e.logs(bid));
+    assert!(
+        e.logs(bid).contains("connect: 111"),
+        "ECONNREFUSED expected: {}",
+        e.logs(bid)
+    );
     // ...and so is he on the host (as is root: nothing listens there).
     let host = bob
         .command("/usr/bin/python3")
@@ -178,7 +189,10 @@ fn another_users_job_and_host_processes_cannot_reach_a_jobs_mlflow_endpoint_and_
     std::fs::write(dir.join("go"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
-    assert!(show.contains("after_huge") && show.contains("mlflow.runName = probe"), "{show}");
+    assert!(
+        show.contains("after_huge") && show.contains("mlflow.runName = probe"),
+        "{show}"
+    );
     let bob_sees = out(&e.gantry_user(&bob, &["show", &id.to_string()]));
     assert!(!bob_sees.contains("after_huge"), "{bob_sees}");
 }
@@ -186,7 +200,11 @@ fn another_users_job_and_host_processes_cannot_reach_a_jobs_mlflow_endpoint_and_
 const GET: &str = "import os, urllib.request as u\nr = u.Request(os.environ['MLFLOW_TRACKING_URI'] + '/api/2.0/mlflow/experiments/get?experiment_id=0', headers={'Authorization': 'Bearer ' + os.environ['MLFLOW_TRACKING_TOKEN']})\nprint(u.urlopen(r).status)\n";
 
 fn fds_and_threads(pid: u32) -> (usize, usize) {
-    let n = |d: &str| std::fs::read_dir(format!("/proc/{pid}/{d}")).map(|r| r.count()).unwrap_or(0);
+    let n = |d: &str| {
+        std::fs::read_dir(format!("/proc/{pid}/{d}"))
+            .map(|r| r.count())
+            .unwrap_or(0)
+    };
     (n("fd"), n("task"))
 }
 
@@ -198,7 +216,8 @@ fn mlflow_endpoints_answer_a_string_commands_first_connection_and_leave_no_fd_or
     // Each attempt connects to its endpoint once (a listener and a connection on the engine's side).
     alice.write(&dir.join("get.py"), GET);
     let d = dir.display();
-    let spec = format!("name: leak\nimage: host\ngpus: 0\nworkdir: {d}\nmounts: ['{d}:{d}']\ncommand: python3 get.py\n");
+    let spec =
+        format!("name: leak\nimage: host\ngpus: 0\nworkdir: {d}\nmounts: ['{d}:{d}']\ncommand: python3 get.py\n");
     let warm = submit_as(&e, &alice, &dir, "leak.yaml", &spec);
     assert_eq!(e.wait_final(warm)["job"]["state"], "succeeded", "{}", e.logs(warm));
     assert!(e.logs(warm).contains("200"), "{}", e.logs(warm));
@@ -217,6 +236,9 @@ fn mlflow_endpoints_answer_a_string_commands_first_connection_and_leave_no_fd_or
         after = fds_and_threads(e.pid());
         after.0 <= before.0 + 4 && after.1 <= before.1 + 4
     });
-    assert!(after.0 < before.0 + n, "fds before {before:?}, after {n} attempts {after:?}");
+    assert!(
+        after.0 < before.0 + n,
+        "fds before {before:?}, after {n} attempts {after:?}"
+    );
     eprintln!("engine fds and threads: {before:?} before, {after:?} after {n} attempts");
 }

@@ -13,10 +13,10 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use super::{
-    classify, command_argv, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError, Executor, Exit,
-    ForeignGpuUse, Found, Frame, GpuBinding, GpuSet, HostRoot, Launch, Life, NetworkLock, Settled, Storage, Terminal,
-    CLAIM_WAIT, CLAIM_WINDOW, LABEL_ATTEMPT, LABEL_CPUS, LABEL_DB, LABEL_ENGINE, LABEL_GPUS, LABEL_GPU_UUIDS,
-    LABEL_JOB, LABEL_PROBE, LABEL_UID,
+    classify, command_argv, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError,
+    Executor, Exit, ForeignGpuUse, Found, Frame, GpuBinding, GpuSet, HostRoot, Launch, Life, NetworkLock, Settled,
+    Storage, Terminal, CLAIM_WAIT, CLAIM_WINDOW, LABEL_ATTEMPT, LABEL_CPUS, LABEL_DB, LABEL_ENGINE, LABEL_GPUS,
+    LABEL_GPU_UUIDS, LABEL_JOB, LABEL_PROBE, LABEL_UID,
 };
 
 /// Files read from images, by image id and paths (images do not change; a few dozen are in use).
@@ -178,10 +178,13 @@ impl Executor for DockerExecutor {
         let tty = l.job.spec.interactive;
         let body = ContainerCreateBody {
             image: Some(l.image.clone().unwrap_or_else(|| l.job.spec.image.clone())),
-            cmd: l
-                .command
-                .clone()
-                .or_else(|| l.job.spec.command.as_ref().map(|c| command_argv(c, l.start_gate.as_deref()))),
+            cmd: l.command.clone().or_else(|| {
+                l.job
+                    .spec
+                    .command
+                    .as_ref()
+                    .map(|c| command_argv(c, l.start_gate.as_deref()))
+            }),
             // A session's shell gets a terminal, and its stdin stays open between attachments.
             tty: tty.then_some(true),
             open_stdin: tty.then_some(true),

@@ -569,8 +569,7 @@ fn note_metric(r: &mut Run, p: &Logged, lim: &ResultsLimits) {
     if p.name.len() <= lim.max_name_len as usize
         && (r.metrics.contains_key(&p.name) || r.metrics.len() < lim.max_series as usize)
     {
-        r.metrics
-            .insert(p.name.clone(), (p.value, p.at, p.step.unwrap_or(0)));
+        r.metrics.insert(p.name.clone(), (p.value, p.at, p.step.unwrap_or(0)));
     }
 }
 
@@ -604,11 +603,16 @@ struct Endpoint {
 
 impl Endpoint {
     async fn serve(self: Arc<Self>, req: hyper::Request<hyper::body::Incoming>) -> Resp {
-        if !authorized(req.headers().get(hyper::header::AUTHORIZATION).map(|h| h.as_bytes()), &self.token) {
+        if !authorized(
+            req.headers().get(hyper::header::AUTHORIZATION).map(|h| h.as_bytes()),
+            &self.token,
+        ) {
             return respond(&error(
                 401,
                 "UNAUTHENTICATED",
-                format!("this endpoint answers only its job's MLflow client: send the job's {TOKEN_VAR} as a Bearer token"),
+                format!(
+                    "this endpoint answers only its job's MLflow client: send the job's {TOKEN_VAR} as a Bearer token"
+                ),
             ));
         }
         let too_big = || {
@@ -666,7 +670,11 @@ impl Endpoint {
             })
             .await;
             if !matches!(written, Ok(true)) {
-                reply = error(503, "TEMPORARILY_UNAVAILABLE", "the engine could not record this; try again");
+                reply = error(
+                    503,
+                    "TEMPORARILY_UNAVAILABLE",
+                    "the engine could not record this; try again",
+                );
             }
         }
         respond(&reply)

@@ -28,7 +28,10 @@ fn a_script_s_calls_become_points_params_and_tags_and_runs_get_reads_them_back()
         1000,
         &lim(),
     );
-    assert_eq!((r.status, r.body["error_code"].as_str()), (404, Some("RESOURCE_DOES_NOT_EXIST")));
+    assert_eq!(
+        (r.status, r.body["error_code"].as_str()),
+        (404, Some("RESOURCE_DOES_NOT_EXIST"))
+    );
     let r = post(&mut t, "experiments/create", json!({"name": "sweep"}));
     assert_eq!(r.body["experiment_id"], "1");
     let r = post(
@@ -53,7 +56,11 @@ fn a_script_s_calls_become_points_params_and_tags_and_runs_get_reads_them_back()
     );
     let b = r.batch.unwrap();
     assert_eq!((b.points.len(), b.params.len(), b.tags.len()), (1, 1, 1));
-    post(&mut t, "runs/update", json!({"run_id": id, "status": "FINISHED", "end_time": 10}));
+    post(
+        &mut t,
+        "runs/update",
+        json!({"run_id": id, "status": "FINISHED", "end_time": 10}),
+    );
     let r = handle(
         &mut t,
         "GET",
@@ -66,7 +73,12 @@ fn a_script_s_calls_become_points_params_and_tags_and_runs_get_reads_them_back()
     let run = &r.body["run"];
     assert_eq!(run["info"]["status"], "FINISHED");
     assert_eq!(run["data"]["params"][0], json!({"key": "lr", "value": "0.01"}));
-    let loss = run["data"]["metrics"].as_array().unwrap().iter().find(|m| m["key"] == "loss").unwrap();
+    let loss = run["data"]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["key"] == "loss")
+        .unwrap();
     assert_eq!(loss["value"], "NaN");
 }
 
@@ -74,14 +86,31 @@ fn a_script_s_calls_become_points_params_and_tags_and_runs_get_reads_them_back()
 fn anything_else_is_an_mlflow_shaped_error_naming_what_is_supported() {
     let mut t = Tracking::new(1, 1, 0);
     let r = post(&mut t, "artifacts/list", json!({}));
-    assert_eq!((r.status, r.body["error_code"].as_str()), (404, Some("ENDPOINT_NOT_FOUND")));
-    assert!(r.body["message"].as_str().unwrap().contains("runs/log-batch"), "{}", r.body);
+    assert_eq!(
+        (r.status, r.body["error_code"].as_str()),
+        (404, Some("ENDPOINT_NOT_FOUND"))
+    );
+    assert!(
+        r.body["message"].as_str().unwrap().contains("runs/log-batch"),
+        "{}",
+        r.body
+    );
     let r = handle(&mut t, "GET", "/", "", b"", 0, &lim());
     assert_eq!(r.status, 404);
-    let r = post(&mut t, "runs/log-metric", json!({"run_id": "nope", "key": "x", "value": 1}));
-    assert_eq!((r.status, r.body["error_code"].as_str()), (404, Some("RESOURCE_DOES_NOT_EXIST")));
+    let r = post(
+        &mut t,
+        "runs/log-metric",
+        json!({"run_id": "nope", "key": "x", "value": 1}),
+    );
+    assert_eq!(
+        (r.status, r.body["error_code"].as_str()),
+        (404, Some("RESOURCE_DOES_NOT_EXIST"))
+    );
     let r = handle(&mut t, "POST", "/api/2.0/mlflow/runs/create", "", b"[1,2", 0, &lim());
-    assert_eq!((r.status, r.body["error_code"].as_str()), (400, Some("INVALID_PARAMETER_VALUE")));
+    assert_eq!(
+        (r.status, r.body["error_code"].as_str()),
+        (400, Some("INVALID_PARAMETER_VALUE"))
+    );
     let id = post(&mut t, "runs/create", json!({}))["run"]["info"]["run_id"].clone();
     let many: Vec<Value> = (0..1001).map(|i| json!({"key": "m", "value": i, "step": i})).collect();
     let r = post(&mut t, "runs/log-batch", json!({"run_id": id, "metrics": many}));
@@ -101,7 +130,11 @@ fn the_endpoint_is_read_back_from_the_container_s_environment_and_the_token_is_r
     let as_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let (port, token) = endpoint_of(&as_env).unwrap();
     assert!(PORTS.contains(&port) && token.len() == 48);
-    assert_ne!(endpoint_env(&BTreeMap::new()).unwrap()[1], env[1], "a token per attempt");
+    assert_ne!(
+        endpoint_env(&BTreeMap::new()).unwrap()[1],
+        env[1],
+        "a token per attempt"
+    );
     let own = BTreeMap::from([(URI_VAR.to_string(), "http://mlflow.lab:5000".to_string())]);
     assert!(endpoint_env(&own).is_none());
     assert!(authorized(Some(format!("Bearer {token}").as_bytes()), &token));
