@@ -51,6 +51,10 @@ with mlflow.start_run(run_name="lr-0.01"):
         mlflow.log_metric("train/loss", 1.0 / (step + 1), step=step)
     mlflow.log_metrics({"val/acc": 0.91, "diverged": float("nan")}, step=19)
     mlflow.set_tag("stage", "dev")
+    try:
+        mlflow.log_artifact("train.py")
+    except Exception as e:
+        print("artifact refused:", e)
 print("trained")
 "#;
 
@@ -70,6 +74,12 @@ fn a_real_mlflow_client_in_an_image_less_job_logs_metrics_params_and_tags() {
     );
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     assert!(e.logs(id).contains("trained"), "{}", e.logs(id));
+    // Artifacts are not kept, and the client says so (rather than copying files somewhere).
+    assert!(
+        e.logs(id).contains("artifact refused") && e.logs(id).contains("ENDPOINT_NOT_FOUND"),
+        "{}",
+        e.logs(id)
+    );
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
     for want in [
         "lr = 0.01",
@@ -87,6 +97,43 @@ fn a_real_mlflow_client_in_an_image_less_job_logs_metrics_params_and_tags() {
     ] {
         assert!(show.contains(want), "{want:?} missing from:\n{show}");
     }
+}
+
+const LONG: &str = r#"import os, time
+import mlflow
+with mlflow.start_run(run_name="long"):
+    mlflow.log_metric("loss", 1.0, step=0)
+    open("logged", "w").close()
+    while not os.path.exists("restarted"):
+        time.sleep(0.1)
+    mlflow.log_metric("loss", 0.5, step=1)
+    mlflow.log_param("after", "restart")
+print("finished")
+"#;
+
+#[test]
+fn an_mlflow_run_goes_on_across_an_engine_restart() {
+    let venv = mlflow_venv();
+    let mut e = Engine::start(&[]);
+    let alice = user("gantry-alice");
+    let dir = alice.private_dir("results-mlflow-restart");
+    alice.write(&dir.join("long.py"), LONG);
+    let id = submit_as(
+        &e,
+        &alice,
+        &dir,
+        "long.yaml",
+        &python_job("long", &dir, &venv, "python long.py"),
+    );
+    e.wait_until("the first point logged", || dir.join("logged").exists());
+    e.restart();
+    std::fs::write(dir.join("restarted"), "").unwrap();
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
+    assert!(
+        show.contains("0.5 @ step 1") && show.contains("[2 points]") && show.contains("after = restart"),
+        "{show}"
+    );
 }
 
 /// Alice's job: records what its endpoint says to requests it should refuse, then holds on until

@@ -154,6 +154,30 @@ impl Tracking {
     }
 }
 
+impl Tracking {
+    /// The run `id` names: one this attempt made, made again when this engine restarted while the
+    /// attempt ran (the client goes on with the run id it has).
+    fn run(&mut self, id: &str, now_ms: i64) -> Option<&mut Run> {
+        let ours = format!("{:016x}{:08x}", self.job_id, self.attempt);
+        if !self.runs.contains_key(id) && id.len() == 32 && id.starts_with(&ours) && self.runs.len() < RUNS {
+            let run = Run {
+                id: id.to_string(),
+                name: format!("job-{}-attempt-{}", self.job_id, self.attempt),
+                experiment_id: "0".into(),
+                user_id: String::new(),
+                status: "RUNNING".into(),
+                start_time: now_ms,
+                end_time: None,
+                params: BTreeMap::new(),
+                tags: BTreeMap::new(),
+                metrics: BTreeMap::new(),
+            };
+            self.runs.insert(id.to_string(), run);
+        }
+        self.runs.get_mut(id)
+    }
+}
+
 /// One request's answer: the HTTP status, its JSON, and what it logged (to be written).
 #[derive(Debug)]
 pub struct Reply {
@@ -187,6 +211,11 @@ pub fn error(status: u16, code: &str, message: impl Into<String>) -> Reply {
         batch: None,
     }
 }
+
+/// Where runs' artifacts "are": MLflow's proxied artifact store on this same endpoint, whose calls get
+/// the error saying artifacts are not kept (an empty location would have the client copy files into
+/// the job's working folder).
+const ARTIFACTS: &str = "mlflow-artifacts:/not-kept-by-gantry";
 
 const SUPPORTED: &str = "Gantry's MLflow endpoint keeps a job's metrics, params and tags: experiments/get-by-name, \
 experiments/create, experiments/get, runs/create, runs/get, runs/update, runs/log-metric, runs/log-batch, \
@@ -253,7 +282,7 @@ fn experiment_json(x: &Experiment) -> Value {
     json!({
         "experiment_id": x.id,
         "name": x.name,
-        "artifact_location": "",
+        "artifact_location": ARTIFACTS,
         "lifecycle_stage": "active",
         "creation_time": x.created,
         "last_update_time": x.created,
@@ -270,7 +299,7 @@ fn run_info(r: &Run) -> Value {
         "user_id": r.user_id,
         "status": r.status,
         "start_time": r.start_time,
-        "artifact_uri": "",
+        "artifact_uri": ARTIFACTS,
         "lifecycle_stage": "active",
     });
     if let Some(t) = r.end_time {
@@ -399,7 +428,13 @@ pub fn handle(
                     format!("No Experiment with id={experiment_id} exists"),
                 );
             }
-            let id = format!("{:016x}{:08x}{:08x}", t.job_id, t.attempt, t.runs.len());
+            // Numbered on from those known (after a restart, from the ones the client still names).
+            let mut n = t.runs.len();
+            let mut id = format!("{:016x}{:08x}{:08x}", t.job_id, t.attempt, n);
+            while t.runs.contains_key(&id) {
+                n += 1;
+                id = format!("{:016x}{:08x}{:08x}", t.job_id, t.attempt, n);
+            }
             let name = text(&args, "run_name")
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| format!("job-{}-attempt-{}", t.job_id, t.attempt));
@@ -433,12 +468,12 @@ pub fn handle(
                 batch: Some(b),
             }
         }
-        ("GET", "runs/get") => match run_id(&args).and_then(|id| t.runs.get(&id)) {
+        ("GET", "runs/get") => match run_id(&args).and_then(|id| t.run(&id, now_ms)) {
             Some(r) => Reply::ok(json!({"run": run_json(r)})),
             None => no_run(&args),
         },
         ("POST", "runs/update") => {
-            let Some(r) = run_id(&args).and_then(|id| t.runs.get_mut(&id)) else {
+            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             if let Some(s) = text(&args, "status") {
@@ -460,7 +495,7 @@ pub fn handle(
             }
         }
         ("POST", "runs/log-metric") => {
-            let Some(r) = run_id(&args).and_then(|id| t.runs.get_mut(&id)) else {
+            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let mut b = ResultsBatch::new(MetricSource::Mlflow);
@@ -474,7 +509,7 @@ pub fn handle(
             }
         }
         ("POST", "runs/log-parameter") => {
-            let Some(r) = run_id(&args).and_then(|id| t.runs.get_mut(&id)) else {
+            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let (Some(k), Some(v)) = (text(&args, "key"), text(&args, "value")) else {
@@ -486,7 +521,7 @@ pub fn handle(
             Reply::logged(b)
         }
         ("POST", "runs/set-tag") => {
-            let Some(r) = run_id(&args).and_then(|id| t.runs.get_mut(&id)) else {
+            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let (Some(k), Some(v)) = (text(&args, "key"), text(&args, "value")) else {
@@ -498,7 +533,7 @@ pub fn handle(
             Reply::logged(b)
         }
         ("POST", "runs/log-batch") => {
-            let Some(r) = run_id(&args).and_then(|id| t.runs.get_mut(&id)) else {
+            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let list = |k: &str| args.get(k).and_then(Value::as_array).cloned().unwrap_or_default();

@@ -141,3 +141,26 @@ fn the_endpoint_is_read_back_from_the_container_s_environment_and_the_token_is_r
     assert!(!authorized(Some(b"Bearer wrong"), &token));
     assert!(!authorized(None, &token));
 }
+
+#[test]
+fn after_an_engine_restart_the_attempt_s_own_runs_are_taken_up_again_and_no_other() {
+    let mut before = Tracking::new(7, 2, 0);
+    let id = post(&mut before, "runs/create", json!({}))["run"]["info"]["run_id"].clone();
+    // The restarted engine knows nothing of it; the client goes on with its run id.
+    let mut t = Tracking::new(7, 2, 5);
+    let r = post(
+        &mut t,
+        "runs/log-metric",
+        json!({"run_id": id, "key": "loss", "value": 0.5, "step": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let other = format!("{:016x}{:08x}{:08x}", 8, 2, 0);
+    let r = post(
+        &mut t,
+        "runs/set-tag",
+        json!({"run_id": other, "key": "k", "value": "v"}),
+    );
+    assert_eq!(r.status, 404, "another job's run id is not taken up");
+    let next = post(&mut t, "runs/create", json!({}))["run"]["info"]["run_id"].clone();
+    assert_ne!(next, id);
+}
