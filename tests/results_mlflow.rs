@@ -126,7 +126,11 @@ fn an_mlflow_run_goes_on_across_an_engine_restart() {
         &python_job("long", &dir, &venv, "python long.py"),
     );
     e.wait_until("the first point logged", || dir.join("logged").exists());
+    // The engine dies (its listener with it) and comes back: it binds the same endpoint again.
+    let old = e.pid();
+    e.kill9();
     e.restart();
+    assert_ne!(e.pid(), old);
     std::fs::write(dir.join("restarted"), "").unwrap();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
