@@ -253,7 +253,7 @@ pub fn command_argv(c: &crate::spec::Command, gate: Option<&str>) -> Vec<String>
     if let (crate::spec::Command::Shell(_), Some(g)) = (c, gate) {
         let polls = crate::defaults::START_GATE_WAIT.as_millis() / 20;
         argv[2] = format!(
-            "_gantry_wait=0; while [ ! -e {} ] && [ $_gantry_wait -lt {polls} ]; do sleep 0.02; _gantry_wait=$((_gantry_wait+1)); done; unset _gantry_wait; {}",
+            "_gantry_wait=0; while [ ! -e {} ] && [ $_gantry_wait -lt {polls} ]; do sleep 0.02 2>/dev/null; _gantry_wait=$((_gantry_wait+1)); done; unset _gantry_wait; {}",
             crate::shell::word(g),
             argv[2]
         );
