@@ -306,6 +306,10 @@ pub const MLFLOW_BODY_MAX: usize = 1 << 20;
 /// Connections open at once to one job's MLflow endpoint: its client keeps one or two (a pool);
 /// more are closed, so a job cannot make the engine hold an unbounded number of sockets.
 pub const MLFLOW_CONNECTIONS: usize = 16;
+/// Requests one job's MLflow endpoint handles per second (more wait their turn): each is a write
+/// of the engine's database; MLflow's Python client makes a few hundred calls a second at most
+/// (each waits for its answer), and `log_batch` carries up to 1,000 metrics in one.
+pub const MLFLOW_REQUESTS_PER_S: u32 = 1_000;
 /// How long a job's MLflow endpoint waits for a request's headers or body before closing.
 pub const MLFLOW_IDLE: Duration = Duration::from_secs(30);
 /// Longest a string command waits for its MLflow endpoint to be bound before it runs anyway (it is

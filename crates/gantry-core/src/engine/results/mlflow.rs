@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tracing::{debug, warn};
 
 use super::super::Engine;
-use crate::defaults::{MLFLOW_BODY_MAX, MLFLOW_CONNECTIONS, MLFLOW_IDLE};
+use crate::defaults::{MLFLOW_BODY_MAX, MLFLOW_CONNECTIONS, MLFLOW_IDLE, MLFLOW_REQUESTS_PER_S};
 use crate::protocol::results::parse_non_finite;
 use crate::protocol::MetricSource;
 use crate::store::{Logged, ResultsBatch, ResultsLimits};
@@ -634,10 +634,21 @@ struct Endpoint {
     engine: Weak<Engine>,
     token: String,
     tracking: Mutex<Tracking>,
+    /// When the next request may be handled ([`MLFLOW_REQUESTS_PER_S`]).
+    next: Mutex<tokio::time::Instant>,
 }
 
 impl Endpoint {
     async fn serve(self: Arc<Self>, req: hyper::Request<hyper::body::Incoming>) -> Resp {
+        // Each request is a write of the store: a job calling as fast as it can waits its turn
+        // instead of taking the engine's time (MLflow's own client is well under the rate).
+        let turn = {
+            let mut next = self.next.lock().unwrap();
+            let at = (*next).max(tokio::time::Instant::now());
+            *next = at + Duration::from_secs(1) / MLFLOW_REQUESTS_PER_S;
+            at
+        };
+        tokio::time::sleep_until(turn).await;
         if !authorized(
             req.headers().get(hyper::header::AUTHORIZATION).map(|h| h.as_bytes()),
             &self.token,
@@ -740,6 +751,7 @@ pub(super) async fn serve(
         engine,
         token,
         tracking: Mutex::new(Tracking::new(job_id, attempt, now_ms)),
+        next: Mutex::new(tokio::time::Instant::now()),
     });
     let mut conns = tokio::task::JoinSet::new();
     loop {
