@@ -28,7 +28,8 @@ server, under the lab's rules. Read first: `list_jobs` (the queue, why each job 
 `submit_job`, call `preview_submit` with the same spec: it checks it and says which GPUs it would get now or \
 why it would wait, and queues nothing. When a job failed, call `triage_job` (its end reason, exit code, the \
 relevant log lines, what to change) before `rerun_job`: a rerun repeats the same spec. Cancel only your own \
-jobs, and only when asked.";
+jobs, and only when asked. Book GPUs (`book_gpus`) or cancel a booking only when asked; `list_bookings` says \
+the lab's rules and who holds what.";
 
 /// Lines `read_log` returns at most.
 const MAX_TAIL: usize = 2000;
