@@ -229,7 +229,7 @@ fn a_waiting_job_says_which_job_it_will_preempt_and_when() {
     });
     assert!(
         reason.contains(&format!(
-            "will start by preempting job {long} (preemptible; root's 1-GPU job has priority 10, this one 0) in ~"
+            "will start by preempting job {long} (preemptible; root's 1-GPU job has priority 10, this one 0) in under a minute, "
         )) && reason.ends_with("once it has run the lab's minimum of 15s (`[preemption] min_run`)"),
         "{reason}"
     );

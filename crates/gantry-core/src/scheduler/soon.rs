@@ -97,14 +97,23 @@ pub(super) fn say_will_preempt(
     }
 }
 
-/// "will start by preempting job 8 (preemptible; …) in ~4m, once it has run the lab's minimum of 10m".
+/// "will start by preempting job 8 (preemptible; …) in ~4 min, once it has run the lab's minimum of 10m".
+/// The wait is in whole minutes (rounded up), so the reason, which a waiting `gantry shell` prints each
+/// time it changes, changes at most once a minute.
 fn will_preempt(take: &[&Preempt], why: &impl std::fmt::Display, in_ms: i64, min_run_ms: i64) -> String {
     let names = take.iter().map(|p| p.job.to_string()).collect::<Vec<_>>().join(", ");
     let one = take.len() == 1;
+    let when = if in_ms < 60_000 {
+        "under a minute".to_string()
+    } else {
+        format!(
+            "~{}",
+            crate::units::duration_words_ms((in_ms + 59_999) / 60_000 * 60_000)
+        )
+    };
     format!(
-        "will start by preempting job{} {names} (preemptible; {why}) in ~{}, once {} run the lab's minimum of {} (`[preemption] min_run`)",
+        "will start by preempting job{} {names} (preemptible; {why}) in {when}, once {} run the lab's minimum of {} (`[preemption] min_run`)",
         if one { "" } else { "s" },
-        crate::units::duration_brief_ms(in_ms.max(1000)),
         if one { "it has" } else { "they have" },
         crate::units::duration_ms(min_run_ms)
     )
@@ -185,7 +194,7 @@ mod tests {
         let reason = &p.waiting[0].reason;
         assert!(
             reason.ends_with(
-                "; will start by preempting job 8 (preemptible; ana's 1-GPU interactive session) in ~3m, once it has run the lab's minimum of 10m (`[preemption] min_run`)"
+                "; will start by preempting job 8 (preemptible; ana's 1-GPU interactive session) in ~3 min, once it has run the lab's minimum of 10m (`[preemption] min_run`)"
             ),
             "{reason}"
         );
