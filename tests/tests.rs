@@ -23,6 +23,7 @@ mod notify;
 mod nvml;
 mod policy;
 mod preemption;
+mod preemption_nvml;
 mod remote;
 mod results;
 mod results_mlflow;
