@@ -26,6 +26,7 @@ mod preemption;
 mod preemption_nvml;
 mod remote;
 mod results;
+mod results_mlflow;
 mod run_and_hold;
 mod security_api;
 mod security_forwards;

@@ -117,7 +117,7 @@ impl Engine {
         }
         let mut running_since: Option<i64> = None;
         // Its results, read while it runs and once more at its end.
-        let reading = self.read_results(&job, &attempt);
+        let reading = self.read_results(&job, &attempt, &run);
         let how = loop {
             let deadline = running_since
                 .zip(job.timeout_ms)
