@@ -66,6 +66,13 @@ fn a_job_flooding_its_mlflow_endpoint_with_huge_runs_and_params_does_not_grow_th
     // Training goes on: every call was answered 200.
     assert!(e.logs(id).contains(r#"codes {"200": 800}"#), "{}", e.logs(id));
     let grown = during.saturating_sub(before) / 1024;
-    eprintln!("engine RSS: {} MiB before, {} MiB while the job held its runs", before / 1024, during / 1024);
-    assert!(grown < 128, "the engine grew by {grown} MiB serving one job's MLflow calls");
+    eprintln!(
+        "engine RSS: {} MiB before, {} MiB while the job held its runs",
+        before / 1024,
+        during / 1024
+    );
+    assert!(
+        grown < 128,
+        "the engine grew by {grown} MiB serving one job's MLflow calls"
+    );
 }
