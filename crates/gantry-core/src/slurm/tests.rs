@@ -19,6 +19,7 @@ fn sub(j: &ValidJob) -> Submission<'_> {
         priority_range: (-10, 10),
         after: vec![],
         mounts: vec![],
+        metrics: None,
         preempt: None,
         restarts: 0,
     }
