@@ -132,7 +132,7 @@ fn db_size(state: &std::path::Path) -> u64 {
         .sum()
 }
 
-/// One job writing 250 JSON lines of 4 metrics each second (1,000 points/s) to `GANTRY_METRICS`
+/// One job writing 250 JSON lines of 4 metrics for each second since it started (1,000 points/s) to `GANTRY_METRICS`
 /// for `secs` seconds: the engine's CPU seconds from its submit to its results read, and how much
 /// the database grew.
 pub async fn ingest_cost(secs: u64) -> Ingest {
@@ -142,7 +142,7 @@ pub async fn ingest_cost(secs: u64) -> Ingest {
     let pid = d.child.id();
     let (cpu0, db0) = (proc_cpu_ticks(pid), db_size(&d.state));
     let text = format!(
-        "image: {IMAGE}\ngpus: 0\ncommand:\n  - sh\n  - -c\n  - |\n    end=$(( $(date +%s) + {secs} )); s=0\n    while [ $(date +%s) -lt $end ]; do\n      awk -v s=$s 'BEGIN {{ for (k = 0; k < 250; k++) {{ n = s * 250 + k; printf(\"{{\\\"step\\\": %d, \\\"train/loss\\\": %.6f, \\\"val/acc\\\": %.6f, \\\"lr\\\": 0.001, \\\"grad_norm\\\": %.3f}}\\n\", n, 1 / (n + 1), n / (n + 1), 1 + n % 7) }} }}' >> $GANTRY_METRICS\n      s=$((s + 1)); sleep 1\n    done\n"
+        "image: {IMAGE}\ngpus: 0\ncommand:\n  - sh\n  - -c\n  - |\n    start=$(date +%s); end=$((start + {secs})); n=0\n    while [ $(date +%s) -lt $end ]; do\n      want=$(( ($(date +%s) - start + 1) * 250 ))\n      awk -v a=$n -v b=$want 'BEGIN {{ for (n = a; n < b; n++) printf(\"{{\\\"step\\\": %d, \\\"train/loss\\\": %.6f, \\\"val/acc\\\": %.6f, \\\"lr\\\": 0.001, \\\"grad_norm\\\": %.3f}}\\n\", n, 1 / (n + 1), n / (n + 1), 1 + n % 7) }}' >> $GANTRY_METRICS\n      n=$want; sleep 1\n    done\n"
     );
     let req = SubmitRequest {
         text,
