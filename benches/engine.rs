@@ -17,7 +17,7 @@
 //!    subscribed and with a subscriber (each change then writes its notification in its transaction).
 //! 9. results: `gantry compare` of a 200-run sweep; history with a metric column at 100,000 runs.
 //! 10. ingestion: a job logging 1,000 points/s for 10 minutes (`GANTRY_BENCH_INGEST_S` shortens it):
-//!    the engine's CPU seconds and the database's growth.
+//!     the engine's CPU seconds and the database's growth.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

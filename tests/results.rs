@@ -146,6 +146,7 @@ fn results_survive_an_engine_restart_without_a_point_lost_or_repeated() {
     e.wait_until("the first point read", || {
         out(&e.gantry_user(&alice, &["show", &id.to_string()])).contains("[1 points]")
     });
+    e.kill9();
     e.restart();
     assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));

@@ -334,6 +334,10 @@ impl Engine {
             return;
         };
         loop {
+            // A pass over a large file (up to `max_bytes` in 4 MiB chunks) yields to a shutdown.
+            if self.shutdown.is_cancelled() {
+                return;
+            }
             let used = self.reader().results_bytes(st.job_id).unwrap_or(0);
             let budget = lim.max_bytes.saturating_sub(used);
             let mut b = ResultsBatch::new(source);
