@@ -279,6 +279,7 @@ fn a_metrics_file_grown_to_1_gb_is_read_to_the_labs_bound_with_the_engine_answer
     );
     assert!(m("loss")["count"].as_u64().unwrap() > 600_000, "{r}");
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
+    eprintln!("{show}");
     assert!(
         show.contains("max_bytes_per_job") && show.contains("more not read"),
         "{show}"
@@ -321,6 +322,7 @@ fn a_million_distinct_metric_names_keep_the_labs_series_the_rest_counted_and_the
     assert_eq!(i["dropped_names"], 1_000_001 - 200, "{i}");
     assert_eq!(i["dropped_points"], 1_000_001 - 200, "{i}");
     let show = out(&e.gantry_user(&alice, &["show", &id.to_string()]));
+    eprintln!("{show}");
     assert!(
         show.contains("points of 999801 names not kept") && show.contains("max_series"),
         "{show}"
