@@ -384,6 +384,7 @@ async fn dispatch(n: usize) -> (f64, f64) {
             preemptible: false,
             restart_count: 0,
             results_env: vec![],
+            start_gate: None,
             command: None,
             image: None,
         };

@@ -771,7 +771,8 @@ bytes_read: number,
  */
 bytes_limit_reached: boolean, 
 /**
- * Bytes written to metric files beyond that bound, not read (the most seen left in one file).
+ * Bytes written to metric files beyond that bound, not read (the most seen left in one file;
+ * MLflow: the largest request not kept).
  */
 bytes_unread: number, 
 /**

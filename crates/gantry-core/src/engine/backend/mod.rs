@@ -223,4 +223,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
             self.name()
         )))
     }
+
+    /// The attempt's MLflow endpoint: a listener on 127.0.0.1 inside the job's own network namespace,
+    /// on the port its environment names, and the token its client sends (`results::mlflow`).
+    /// `None`: this backend gives its jobs none (Slurm), or the spec names its own tracking server.
+    async fn mlflow_listener(
+        &self,
+        _job: &Job,
+        _run: &RunRef,
+    ) -> Result<Option<(std::net::TcpListener, String)>, EngineError> {
+        Ok(None)
+    }
 }

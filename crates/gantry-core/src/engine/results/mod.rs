@@ -7,6 +7,7 @@
 
 mod compare;
 pub mod jsonl;
+pub mod mlflow;
 pub mod tfrecord;
 
 use std::collections::BTreeMap;
@@ -48,17 +49,22 @@ const TB_FILES: usize = 64;
 pub(super) struct Reading {
     last: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The attempt's MLflow endpoint (its listener and connections): dropped with the attempt.
+    mlflow: tokio::task::JoinHandle<()>,
 }
 
 impl Reading {
     /// Read once more (the attempt ended) and wait for it.
     pub(super) async fn finish(self) {
+        self.mlflow.abort();
+        let _ = self.mlflow.await;
         self.last.cancel();
         let _ = self.task.await;
     }
 
     /// Stop without a last read (the engine is shutting down; the next start reads on).
     pub(super) fn abort(self) {
+        self.mlflow.abort();
         self.task.abort();
     }
 }
@@ -180,7 +186,47 @@ impl Engine {
                 }
             }
         });
-        Reading { last, task }
+        let mlflow = tokio::spawn(self.clone().mlflow_endpoint(job.clone(), attempt.n, run.clone()));
+        Reading { last, task, mlflow }
+    }
+
+    /// The attempt's MLflow endpoint, where its backend gives one (`mlflow`): bound in the job's
+    /// network namespace, served until the attempt ends. Why there is none is noted on the job.
+    async fn mlflow_endpoint(self: Arc<Self>, job: Job, attempt: u32, run: RunRef) {
+        let got = self.backend.mlflow_listener(&job, &run).await;
+        // Bound (or never to be): the job's command goes on.
+        if !matches!(got, Ok(None)) {
+            mlflow::open_gate(&self.results_dir(job.id), attempt);
+        }
+        let e = Arc::downgrade(&self);
+        let now = self.now();
+        let st = |cred| State {
+            job_id: job.id,
+            attempt,
+            cred,
+            metrics_path: None,
+            metrics: Followed::new(String::new()),
+            tb_dir: None,
+            tb_files: BTreeMap::new(),
+            tb_noted: false,
+        };
+        match got {
+            Ok(Some((listener, token))) => {
+                drop(self);
+                mlflow::serve(e, job.id, attempt, listener, token, now).await
+            }
+            Ok(None) => {}
+            // It ended before its endpoint was bound (a job of a second): nothing could log.
+            Err(super::EngineError::Exec(crate::executor::ExecError::NotFound(why))) => {
+                tracing::debug!(job = job.id, "no MLflow endpoint: {why}")
+            }
+            Err(err) => {
+                let why = format!("MLflow: no endpoint for attempt {attempt} ({err}); its client cannot log here");
+                let s = st(Cred::of_user(job.owner_uid, job.owner_gid));
+                let this = self.clone();
+                let _ = tokio::task::spawn_blocking(move || this.note(&s, MetricSource::Mlflow, why)).await;
+            }
+        }
     }
 
     /// Remove the results folder of a job that has ended for good (its last attempt's results were
