@@ -228,6 +228,21 @@ impl Store {
         // Once the job has all its series, a name not among them is dropped without a query (a
         // million distinct names cost a million lookups otherwise).
         let mut known: Option<HashSet<String>> = None;
+        // A batch with more points of one name than its series keeps is thinned here, before the
+        // database sees it (a flood of tiny lines costs no insert per point); the series' count,
+        // last and best still see every point.
+        let mut pre_thinned: HashMap<&str, (Vec<bool>, usize)> = HashMap::new();
+        if b.points.len() > lim.max_points as usize {
+            let mut counts: HashMap<&str, usize> = HashMap::new();
+            for p in &b.points {
+                *counts.entry(p.name.as_str()).or_default() += 1;
+            }
+            counts.retain(|_, n| *n > lim.max_points as usize);
+            for name in counts.into_keys() {
+                let values: Vec<f64> = b.points.iter().filter(|p| p.name == name).map(|p| p.value).collect();
+                pre_thinned.insert(name, (thin(&values, (lim.max_points as usize / 2).max(4)), 0));
+            }
+        }
         let mut dropped_points = 0u64;
         let mut dropped_names: HashSet<&str> = HashSet::new();
         let mut too_long = false;
@@ -298,13 +313,22 @@ impl Store {
             }
             let s = series.get_mut(p.name.as_str()).expect("inserted above");
             let step = p.step.unwrap_or(s.count);
-            tx.prepare_cached(
-                "INSERT INTO metric_points (series_id, seq, attempt, step, at, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![s.id, s.next_seq, attempt, step, p.at, stored(p.value)])?;
-            s.next_seq += 1;
+            let keep = match pre_thinned.get_mut(p.name.as_str()) {
+                Some((mask, i)) => {
+                    *i += 1;
+                    mask[*i - 1]
+                }
+                None => true,
+            };
+            if keep {
+                tx.prepare_cached(
+                    "INSERT INTO metric_points (series_id, seq, attempt, step, at, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![s.id, s.next_seq, attempt, step, p.at, stored(p.value)])?;
+                s.next_seq += 1;
+                s.stored += 1;
+            }
             s.count += 1;
-            s.stored += 1;
             if attempt >= s.last_attempt {
                 s.last = p.value;
                 s.last_step = step;
