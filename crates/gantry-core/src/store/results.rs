@@ -821,6 +821,30 @@ mod tests {
         );
     }
 
+    /// A flood of one name in one read (a 4 MiB chunk of `{"loss": 1}` lines is 350k points) writes
+    /// about what the series keeps, not a row per point (each then deleted by the thinning).
+    #[test]
+    fn a_batch_flooding_one_name_is_thinned_before_the_database_and_still_counted() {
+        let (mut s, id) = store_with_job();
+        let lim = ResultsLimits {
+            max_points: 100,
+            ..Default::default()
+        };
+        let mut vals: Vec<f64> = (0..20_000).map(|i| (i as f64 * 0.01).cos()).collect();
+        vals[12_345] = -7.0;
+        let mut b = ResultsBatch::new(MetricSource::File);
+        b.points = pts("loss", &vals);
+        let before = s.conn.total_changes();
+        s.add_results(id, 1, &b, &lim).unwrap();
+        let written = s.conn.total_changes() - before;
+        assert!(written < 200, "{written} rows written for 20,000 points of one name");
+        let x = s.job_results(id, None).unwrap().metrics.remove(0);
+        assert_eq!((x.count, x.best, x.last_step), (20_000, Some(Num(-7.0)), 199_990));
+        let v: Vec<f64> = x.points.iter().map(|p| p.value.0).collect();
+        assert!(v.contains(&-7.0) && v.len() <= 100, "{}", v.len());
+        assert_eq!((v[0], *v.last().unwrap()), (vals[0], vals[19_999]));
+    }
+
     #[test]
     fn a_long_series_is_thinned_keeping_first_last_lowest_and_highest() {
         let (mut s, id) = store_with_job();
