@@ -94,6 +94,9 @@ struct Lab {
     bob: User,
     _cleanup: Cleanup,
     _guard: std::sync::MutexGuard<'static, ()>,
+    /// The machine has one Slurm: another test process (a second checkout's suite) must not cancel
+    /// this test's jobs in its own cleanup (`scancel -u`), so the lock is a file, not only a mutex.
+    _machine: std::fs::File,
     /// Its jobs' containers name the node's GPUs by index, which NVML engines count as in use.
     _gpus: std::sync::MutexGuard<'static, ()>,
 }
@@ -105,6 +108,8 @@ fn lab() -> Lab {
 /// [`lab`] with more `[slurm]` settings.
 fn lab_with(slurm: &str) -> Lab {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let machine = std::fs::File::create("/tmp/gantry-test-slurm.lock").unwrap();
+    machine.lock().unwrap();
     let gpus = this_machines_gpus();
     require_slurm();
     let (ann, bob) = (slurm_user("gslurm-ann"), slurm_user("gslurm-bob"));
@@ -132,6 +137,7 @@ fn lab_with(slurm: &str) -> Lab {
         bob,
         _cleanup: cleanup,
         _guard: guard,
+        _machine: machine,
         _gpus: gpus,
     }
 }
