@@ -178,6 +178,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         out
     }
 
+    /// Where this attempt's `GANTRY_METRICS` file is on this machine (`None`: it has none here).
+    fn metrics_file(&self, e: &Engine, job: &Job, attempt: &Attempt, run: &RunRef) -> Option<std::path::PathBuf>;
+
     /// Follow a launched or recovered attempt.
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch>;
 

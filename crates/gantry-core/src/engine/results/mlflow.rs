@@ -732,7 +732,7 @@ impl Endpoint {
                     // Past the job's bound: nothing more is kept, but the script goes on (an error
                     // would stop the training for a bound on what Gantry keeps).
                     let mut over = ResultsBatch::new(MetricSource::Mlflow);
-                    over.bytes_limit_reached = true;
+                    over.bytes_unread = (body.len() as u64).max(1);
                     b = over;
                 }
                 let r = e.store().add_results(job_id, attempt, &b, &lim);

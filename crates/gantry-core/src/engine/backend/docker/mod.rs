@@ -601,6 +601,13 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn metrics_file(&self, e: &Engine, job: &Job, attempt: &Attempt, _run: &RunRef) -> Option<std::path::PathBuf> {
+        Some(
+            e.results_dir(job.id)
+                .join(crate::engine::results::metrics_file_name(attempt.n)),
+        )
+    }
+
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
         let attached = run.container().and_then(|c| self.attached.lock().unwrap().remove(c));
         Box::new(logs::DockerWatch::new(
