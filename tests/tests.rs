@@ -32,6 +32,7 @@ mod security_api;
 mod security_forwards;
 mod security_hooks;
 mod security_inbox;
+mod security_mlflow;
 mod security_mounts;
 mod security_mounts_race;
 mod security_network;

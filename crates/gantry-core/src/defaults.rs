@@ -310,6 +310,10 @@ pub const MLFLOW_CONNECTIONS: usize = 16;
 /// of the engine's database; MLflow's Python client makes a few hundred calls a second at most
 /// (each waits for its answer), and `log_batch` carries up to 1,000 metrics in one.
 pub const MLFLOW_REQUESTS_PER_S: u32 = 1_000;
+/// Bytes of params, tags and metric names one attempt's MLflow endpoint keeps in the engine's memory
+/// for `runs/get` to read back (the store keeps the results, within `[results]`): a script reads
+/// back a few; past it new keys are stored but not kept, so a job cannot grow the root engine.
+pub const MLFLOW_KEPT_BYTES: usize = 4 << 20;
 /// How long a job's MLflow endpoint waits for a request's headers or body before closing.
 pub const MLFLOW_IDLE: Duration = Duration::from_secs(30);
 /// Longest a string command waits for its MLflow endpoint to be bound before it runs anyway (it is

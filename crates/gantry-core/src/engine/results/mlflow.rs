@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tracing::{debug, warn};
 
 use super::super::Engine;
-use crate::defaults::{MLFLOW_BODY_MAX, MLFLOW_CONNECTIONS, MLFLOW_IDLE, MLFLOW_REQUESTS_PER_S};
+use crate::defaults::{MLFLOW_BODY_MAX, MLFLOW_CONNECTIONS, MLFLOW_IDLE, MLFLOW_KEPT_BYTES, MLFLOW_REQUESTS_PER_S};
 use crate::protocol::results::parse_non_finite;
 use crate::protocol::MetricSource;
 use crate::store::{Logged, ResultsBatch, ResultsLimits};
@@ -137,6 +137,8 @@ pub struct Tracking {
     attempt: u32,
     experiments: Vec<Experiment>,
     runs: HashMap<String, Run>,
+    /// Bytes of params, tags and metric names kept in `runs` ([`MLFLOW_KEPT_BYTES`] at most).
+    kept: usize,
 }
 
 impl Tracking {
@@ -150,6 +152,7 @@ impl Tracking {
                 created: now_ms,
             }],
             runs: HashMap::new(),
+            kept: 0,
         }
     }
 }
@@ -157,7 +160,7 @@ impl Tracking {
 impl Tracking {
     /// The run `id` names: one this attempt made, made again when this engine restarted while the
     /// attempt ran (the client goes on with the run id it has).
-    fn run(&mut self, id: &str, now_ms: i64) -> Option<&mut Run> {
+    fn run(&mut self, id: &str, now_ms: i64) -> Option<(&mut Run, &mut usize)> {
         let ours = format!("{:016x}{:08x}", self.job_id, self.attempt);
         if !self.runs.contains_key(id) && id.len() == 32 && id.starts_with(&ours) && self.runs.len() < RUNS {
             let run = Run {
@@ -174,7 +177,8 @@ impl Tracking {
             };
             self.runs.insert(id.to_string(), run);
         }
-        self.runs.get_mut(id)
+        let Tracking { runs, kept, .. } = self;
+        runs.get_mut(id).map(|r| (r, kept))
     }
 }
 
@@ -326,11 +330,28 @@ fn run_id(v: &Value) -> Option<String> {
     text(v, "run_id").or_else(|| text(v, "run_uuid"))
 }
 
-/// Keep `k = v` in an in-memory map bounded like the store (`max_series` entries of `max_name_len`).
-fn keep(m: &mut BTreeMap<String, String>, k: &str, v: &str, lim: &ResultsLimits) {
-    if k.len() <= lim.max_name_len as usize && (m.contains_key(k) || m.len() < lim.max_series as usize) {
-        m.insert(k.to_string(), v.chars().take(8 * lim.max_name_len as usize).collect());
+/// At most `n` chars of `s` (names and user ids kept in memory are bounded like the store's keys).
+fn cut(s: String, n: u32) -> String {
+    match s.char_indices().nth(n as usize) {
+        Some((i, _)) => s[..i].to_string(),
+        None => s,
     }
+}
+
+/// Keep `k = v` in an in-memory map bounded like the store (`max_series` entries of `max_name_len`)
+/// and within the attempt's budget (`kept`, at most [`MLFLOW_KEPT_BYTES`]).
+fn keep(kept: &mut usize, m: &mut BTreeMap<String, String>, k: &str, v: &str, lim: &ResultsLimits) {
+    if k.len() > lim.max_name_len as usize || !(m.contains_key(k) || m.len() < lim.max_series as usize) {
+        return;
+    }
+    let v = cut(v.to_string(), 8 * lim.max_name_len);
+    let old = m.get(k).map_or(0, |o| k.len() + o.len());
+    let new = *kept - old.min(*kept) + k.len() + v.len();
+    if new > MLFLOW_KEPT_BYTES {
+        return;
+    }
+    *kept = new;
+    m.insert(k.to_string(), v);
 }
 
 /// Answer one request. `query` is the URL's query string, `body` the request's (JSON for POST).
@@ -437,12 +458,13 @@ pub fn handle(
             }
             let name = text(&args, "run_name")
                 .filter(|n| !n.is_empty())
+                .map(|n| cut(n, lim.max_name_len))
                 .unwrap_or_else(|| format!("job-{}-attempt-{}", t.job_id, t.attempt));
             let mut run = Run {
                 id: id.clone(),
                 name: name.clone(),
                 experiment_id,
-                user_id: text(&args, "user_id").unwrap_or_default(),
+                user_id: cut(text(&args, "user_id").unwrap_or_default(), lim.max_name_len),
                 status: "RUNNING".into(),
                 start_time: int(&args, "start_time").unwrap_or(now_ms),
                 end_time: None,
@@ -454,11 +476,11 @@ pub fn handle(
             let tags = args.get("tags").and_then(Value::as_array).cloned().unwrap_or_default();
             for tag in tags.iter().take(BATCH_TAGS) {
                 if let (Some(k), Some(v)) = (text(tag, "key"), text(tag, "value")) {
-                    keep(&mut run.tags, &k, &v, lim);
+                    keep(&mut t.kept, &mut run.tags, &k, &v, lim);
                     b.tags.push((k, v));
                 }
             }
-            keep(&mut run.tags, "mlflow.runName", &name, lim);
+            keep(&mut t.kept, &mut run.tags, "mlflow.runName", &name, lim);
             b.tags.push(("mlflow.runName".into(), name));
             let body = json!({"run": run_json(&run)});
             t.runs.insert(id, run);
@@ -469,11 +491,11 @@ pub fn handle(
             }
         }
         ("GET", "runs/get") => match run_id(&args).and_then(|id| t.run(&id, now_ms)) {
-            Some(r) => Reply::ok(json!({"run": run_json(r)})),
+            Some((r, _)) => Reply::ok(json!({"run": run_json(r)})),
             None => no_run(&args),
         },
         ("POST", "runs/update") => {
-            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
+            let Some((r, kept)) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             if let Some(s) = text(&args, "status") {
@@ -484,8 +506,8 @@ pub fn handle(
             }
             let mut b = ResultsBatch::new(MetricSource::Mlflow);
             if let Some(n) = text(&args, "run_name").filter(|n| !n.is_empty()) {
-                r.name = n.clone();
-                keep(&mut r.tags, "mlflow.runName", &n, lim);
+                r.name = cut(n.clone(), lim.max_name_len);
+                keep(kept, &mut r.tags, "mlflow.runName", &n, lim);
                 b.tags.push(("mlflow.runName".into(), n));
             }
             Reply {
@@ -495,13 +517,13 @@ pub fn handle(
             }
         }
         ("POST", "runs/log-metric") => {
-            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
+            let Some((r, kept)) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let mut b = ResultsBatch::new(MetricSource::Mlflow);
             match metric(&args, now_ms) {
                 Ok(p) => {
-                    note_metric(r, &p, lim);
+                    note_metric(kept, r, &p, lim);
                     b.points.push(p);
                     Reply::logged(b)
                 }
@@ -509,31 +531,31 @@ pub fn handle(
             }
         }
         ("POST", "runs/log-parameter") => {
-            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
+            let Some((r, kept)) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let (Some(k), Some(v)) = (text(&args, "key"), text(&args, "value")) else {
                 return bad("runs/log-parameter needs key and value");
             };
-            keep(&mut r.params, &k, &v, lim);
+            keep(kept, &mut r.params, &k, &v, lim);
             let mut b = ResultsBatch::new(MetricSource::Mlflow);
             b.params.push((k, v));
             Reply::logged(b)
         }
         ("POST", "runs/set-tag") => {
-            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
+            let Some((r, kept)) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let (Some(k), Some(v)) = (text(&args, "key"), text(&args, "value")) else {
                 return bad("runs/set-tag needs key and value");
             };
-            keep(&mut r.tags, &k, &v, lim);
+            keep(kept, &mut r.tags, &k, &v, lim);
             let mut b = ResultsBatch::new(MetricSource::Mlflow);
             b.tags.push((k, v));
             Reply::logged(b)
         }
         ("POST", "runs/log-batch") => {
-            let Some(r) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
+            let Some((r, kept)) = run_id(&args).and_then(|id| t.run(&id, now_ms)) else {
                 return no_run(&args);
             };
             let list = |k: &str| args.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
@@ -551,7 +573,7 @@ pub fn handle(
             for m in &metrics {
                 match metric(m, now_ms) {
                     Ok(p) => {
-                        note_metric(r, &p, lim);
+                        note_metric(kept, r, &p, lim);
                         b.points.push(p);
                     }
                     Err(why) => return bad(why),
@@ -563,10 +585,10 @@ pub fn handle(
                         return bad("each param and tag of a log-batch needs key and value");
                     };
                     if into_params {
-                        keep(&mut r.params, &k, &v, lim);
+                        keep(kept, &mut r.params, &k, &v, lim);
                         b.params.push((k, v));
                     } else {
-                        keep(&mut r.tags, &k, &v, lim);
+                        keep(kept, &mut r.tags, &k, &v, lim);
                         b.tags.push((k, v));
                     }
                 }
@@ -600,11 +622,16 @@ fn metric(v: &Value, now_ms: i64) -> Result<Logged, String> {
     })
 }
 
-fn note_metric(r: &mut Run, p: &Logged, lim: &ResultsLimits) {
-    if p.name.len() <= lim.max_name_len as usize
-        && (r.metrics.contains_key(&p.name) || r.metrics.len() < lim.max_series as usize)
+fn note_metric(kept: &mut usize, r: &mut Run, p: &Logged, lim: &ResultsLimits) {
+    let at = (p.value, p.at, p.step.unwrap_or(0));
+    if let Some(m) = r.metrics.get_mut(&p.name) {
+        *m = at;
+    } else if p.name.len() <= lim.max_name_len as usize
+        && r.metrics.len() < lim.max_series as usize
+        && *kept + p.name.len() + 24 <= MLFLOW_KEPT_BYTES
     {
-        r.metrics.insert(p.name.clone(), (p.value, p.at, p.step.unwrap_or(0)));
+        *kept += p.name.len() + 24;
+        r.metrics.insert(p.name.clone(), at);
     }
 }
 
