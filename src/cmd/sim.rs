@@ -505,6 +505,24 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
         );
     }
     outln!("lower bound: {}", h(r0.lower_bound_s));
+    for r in reports.iter().filter(|r| r.preemptions > 0) {
+        let m = &r.mechanisms;
+        outln!(
+            "{:<26} preemption: claimed GPUs idle {:.1} GPU-h; victims the job did not start on {}; \
+             whole-GPU victims of shared jobs {}; own-user victims {}; wider victims {}; GPUs given up at \
+             the swap {:.1}; decision to start {:.1} h; re-waits {:.1} GPU-h; jobs preempted 2+ times {}",
+            r.policy,
+            m.claim_idle_gpu_h,
+            m.victims_unused,
+            m.shared_over_exclusive,
+            m.own_user,
+            m.wider,
+            m.alloc_given_up_gpus,
+            m.decision_to_start_h,
+            m.rewait_gpu_h,
+            m.preempted_twice
+        );
+    }
     if r0.user_share.len() > 1 {
         for r in reports {
             let shares: Vec<String> = r
