@@ -377,6 +377,43 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
             }
         );
     }
+    // Issue 32: with preemption on, is the allocated share ever lower, or a user's wait more than 10% longer?
+    for r in rows.iter().filter(|r| r.policy.ends_with("+preempt")) {
+        let Some(base) = rows.iter().find(|b| b.policy == r.policy.trim_end_matches("+preempt")) else {
+            continue;
+        };
+        let lower = r
+            .alloc_share_while_waiting
+            .iter()
+            .zip(&base.alloc_share_while_waiting)
+            .filter(|(p, b)| p < b)
+            .count();
+        let longer = r
+            .makespan_ratio
+            .iter()
+            .zip(&base.makespan_ratio)
+            .filter(|(p, b)| p > b)
+            .count();
+        let mean_of = |ms: &[std::collections::BTreeMap<String, f64>], u: &str| {
+            let xs: Vec<f64> = ms.iter().filter_map(|m| m.get(u).copied()).collect();
+            xs.iter().sum::<f64>() / xs.len().max(1) as f64
+        };
+        let users: std::collections::BTreeSet<&String> = base.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();
+        let worse: Vec<String> = users
+            .iter()
+            .map(|u| {
+                let (b, p) = (mean_of(&base.mean_wait_by_user, u), mean_of(&r.mean_wait_by_user, u));
+                format!("{} {:+.1}%", esc(u), if b > 0.0 { 100.0 * (p / b - 1.0) } else { 0.0 })
+            })
+            .collect();
+        outln!(
+            "{:<26} vs {}: alloc/wait lower on {lower} of {n} seeds, makespan longer on {longer} of {n}; mean wait by user {}",
+            r.policy,
+            base.policy,
+            if worse.is_empty() { "-".to_string() } else { worse.join(", ") },
+            n = r.alloc_share_while_waiting.len(),
+        );
+    }
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
     for r in rows {
         let users: std::collections::BTreeSet<&String> = r.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();

@@ -14,6 +14,13 @@
 //!   is held by preemptible CPU-only jobs of other users preempts them (issue 33: a GPU never idles
 //!   for CPU-only work while someone's GPU job waits).
 //!
+//! Never emptier, never unfair (issue 32), for the waiting rules (overdue, fair share): the victims
+//! hold no more GPU capacity than the waiting job will take (whole GPUs count 1 each, a shared job its
+//! memory over the GPU's), so a swap never leaves GPUs idle; and the overdue rule stops only jobs
+//! submitted after the waiting job (a wide job also its own user's older ones while no other user has
+//! a GPU job waiting), since a preempted job goes back to its place in the queue, ahead of everyone
+//! submitted after it. The priority rule is the lab's word and keeps its reach.
+//!
 //! Guard rails, for every rule: a victim has run at least `min_run` this attempt and was preempted
 //! fewer than `max_per_day` times in the last day; the cheapest victims go first (fewest GPU-minutes
 //! since their start, then the most recent checkpoint signal answered); a job is stopped whole or
