@@ -86,7 +86,8 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let (mut preemptions, mut lost_gpu_ms) = (0usize, 0.0f64);
     // What preemption did to the capacity (issue 32): each decision's victims and when, until its job starts.
     let mut mech = super::Mechanisms::default();
-    let mut decided: HashMap<usize, (i64, Vec<(usize, Vec<u32>)>)> = HashMap::new();
+    type Victims = Vec<(usize, Vec<u32>)>;
+    let mut decided: HashMap<usize, (i64, Victims)> = HashMap::new();
     let alloc_one = |j: usize, g: usize| jobs[j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g as f64);
     if let Some(p) = pre {
         sched.preemption = Some(p.rules.clone());
