@@ -258,7 +258,13 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                                 .or_insert_with(|| (now, vec![]))
                                 .1
                                 .push((v, r.2.clone()));
-                            claims.entry(d.for_job).or_default().extend(r.2.iter().copied());
+                            // Every GPU it will start on, not only the victim's, as the engine keeps them
+                            // (`Preempt::gpus`): else a free GPU beside the victims goes to another job and
+                            // the claimed ones idle until the waiting job fits again (issue 32).
+                            let c = claims.entry(d.for_job).or_default();
+                            c.extend(r.2.iter().copied().chain(d.gpus.iter().copied()));
+                            c.sort();
+                            c.dedup();
                             preempted_times[v].push(now);
                             preempted_for[v].push(d.for_job);
                             took_from[d.for_job as usize].push(d.job);
