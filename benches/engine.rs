@@ -15,6 +15,9 @@
 //!    1 KiB/s: `gantry ls`'s API call meanwhile, and the engine's memory before and while they read.
 //! 8. the notification outbox: a job's whole life (start, running, end) in the store, with nobody
 //!    subscribed and with a subscriber (each change then writes its notification in its transaction).
+//! 9. results: `gantry compare` of a 200-run sweep; history with a metric column at 100,000 runs.
+//! 10. ingestion: a job logging 1,000 points/s for 10 minutes (`GANTRY_BENCH_INGEST_S` shortens it):
+//!     the engine's CPU seconds and the database's growth.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +30,9 @@ use gantry_core::spec::{validate_text, Format, Origin};
 use gantry_core::store::{HistoryFilter, JobState, Owner, Store};
 
 const IMAGE: &str = "gantry-test/busybox:1";
+
+#[path = "engine/results.rs"]
+mod results;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -187,18 +193,42 @@ fn main() {
 
     // 9. Results (issue 30): `gantry compare` of a 200-run sweep, history with a metric column.
     if run("results") {
-        let (api, cli) = rt.block_on(compare_cost(200));
+        let (api, cli) = rt.block_on(results::compare_cost(200));
         rows.push((
             "`gantry compare` of a 200-run sweep, 4 metrics each: API call / whole command (median of 10)".into(),
             format!("{} / {}", ms(api), ms(cli)),
             "goal <= 100 ms".into(),
         ));
         let n = if quick { 10_000 } else { 100_000 };
-        let h = rt.block_on(history_metric_cost(n));
+        let (h, seed) = rt.block_on(results::history_metric_cost(n));
         rows.push((
             format!("history page of 50 with a metric column, {n} runs each with the metric (median of 20)"),
             ms(h),
-            "goal <= 50 ms".into(),
+            format!("goal <= 50 ms (seeding took {seed:.0} s)"),
+        ));
+    }
+
+    // 10. Ingestion (issue 30): a job logging 1,000 points/s (`GANTRY_BENCH_INGEST_S`, default 600 s).
+    if run("ingest") {
+        let secs: u64 = std::env::var("GANTRY_BENCH_INGEST_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if quick { 30 } else { 600 });
+        let r = rt.block_on(results::ingest_cost(secs));
+        rows.push((
+            format!(
+                "a job logging {:.0} points/s for {} s ({} points): engine CPU / database growth",
+                r.points as f64 / r.wall,
+                r.wall.round(),
+                r.points
+            ),
+            format!("{:.1} CPU s / {:.1} MiB", r.cpu, r.db_growth as f64 / 1048576.0),
+            format!(
+                "{:.2}% of one core; {:.0} bytes per point logged; {} points stored",
+                100.0 * r.cpu / r.wall,
+                r.db_growth as f64 / r.points.max(1) as f64,
+                r.stored
+            ),
         ));
     }
 
@@ -354,6 +384,7 @@ async fn dispatch(n: usize) -> (f64, f64) {
             preemptible: false,
             restart_count: 0,
             results_env: vec![],
+            start_gate: None,
             command: None,
             image: None,
         };
@@ -872,106 +903,4 @@ fn outbox_cost(n: usize) -> (f64, f64) {
         t.elapsed().as_secs_f64() / n as f64
     };
     (per(false), per(true))
-}
-
-/// Results of `n` points per metric for job `id` (4 metrics), as a reader writes them.
-fn seed_results(st: &mut Store, id: i64, points: usize, lr: f64) {
-    use gantry_core::protocol::MetricSource;
-    use gantry_core::store::{Logged, ResultsBatch, ResultsLimits};
-    let mut b = ResultsBatch::new(MetricSource::File);
-    for s in 0..points as i64 {
-        let loss = 2.3 / (1.0 + lr * 30.0 * s as f64);
-        for (name, v) in [
-            ("val/loss", loss),
-            ("val/acc", 1.0 - loss / 2.5),
-            ("train/loss", loss * 0.9),
-            ("lr", lr),
-        ] {
-            b.points.push(Logged {
-                name: name.into(),
-                step: Some(s),
-                at: s,
-                value: v,
-            });
-        }
-    }
-    st.add_results(id, 1, &b, &ResultsLimits::default()).unwrap();
-}
-
-/// `gantry compare sweep` with a `runs`-run sweep (each 4 metrics of 1,000 points) in the store:
-/// the API call and the whole command (medians of 10).
-async fn compare_cost(runs: usize) -> (f64, f64) {
-    let text = format!(
-        "name: sweep\nimage: {IMAGE}\ncommand: 'true'\ngpus: 8\nmatrix: {{lr: [{}]}}\n",
-        (0..runs)
-            .map(|i| format!("{}", 0.0001 * (i + 1) as f64))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let job = validate_text(&text, Format::Yaml, &Origin::default()).unwrap();
-    // Jobs that can never start here (8 GPUs on 1): held, they stay queued while compared.
-    let d = Daemon::start("sim:1x24GiB", |state| {
-        let mut st = Store::open(&state.join("gantry.db")).unwrap();
-        for (i, j) in gantry_core::spec::expand(&job).iter().enumerate() {
-            let id = st.insert_job(j, &owner(), "bench", None, |_, _| None).unwrap();
-            st.set_held(id, true, "bench").unwrap();
-            seed_results(&mut st, id, 1000, 0.0001 * (i + 1) as f64);
-        }
-    });
-    let client = d.client();
-    let q = gantry_core::protocol::CompareQuery {
-        name: Some("sweep".into()),
-        sort: Some("val/loss".into()),
-        ..Default::default()
-    };
-    let mut api = vec![];
-    for _ in 0..10 {
-        let t0 = Instant::now();
-        let c = client.compare(&q).await.unwrap();
-        api.push(t0.elapsed().as_secs_f64());
-        assert_eq!(c.rows.len(), runs);
-    }
-    let mut cli = vec![];
-    for _ in 0..10 {
-        let t0 = Instant::now();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gantry"))
-            .args([
-                "--state-dir",
-                d.state.to_str().unwrap(),
-                "compare",
-                "sweep",
-                "--sort",
-                "val/loss",
-            ])
-            .output()
-            .unwrap();
-        cli.push(t0.elapsed().as_secs_f64());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    }
-    (median(api), median(cli))
-}
-
-/// A history page (50, newest first) with a metric column, `n` finished runs each with it.
-async fn history_metric_cost(n: usize) -> f64 {
-    let d = Daemon::start("sim:1x24GiB", |state| {
-        let mut st = Store::open(&state.join("gantry.db")).unwrap();
-        st.seed_completed_runs(n).unwrap();
-        for id in 1..=n as i64 {
-            seed_results(&mut st, id, 1, 0.01);
-        }
-    });
-    let client = d.client();
-    let f = HistoryFilter {
-        limit: Some(50),
-        metric: Some("val/loss".into()),
-        ..Default::default()
-    };
-    let mut times = vec![];
-    for _ in 0..20 {
-        let t0 = Instant::now();
-        let rows = client.history(&f).await.unwrap();
-        times.push(t0.elapsed().as_secs_f64());
-        std::hint::black_box(rows);
-    }
-    median(times)
 }

@@ -20,6 +20,8 @@ tests/fake-nvml/install-hook.sh
 scripts/slurm-up.sh
 # tensorboardX in a venv (cached) for the results tests' real TensorBoard client.
 scripts/results-venv.sh
+# mlflow-skinny in a venv (cached) for the MLflow endpoint's tests' real client.
+scripts/mlflow-venv.sh
 cleanup() { if [ "$STARTED_DOCKERD" = 1 ]; then echo "==> stopping the dockerd we started"; { [ -n "${DOCKERD_PID:-}" ] && kill -TERM "$DOCKERD_PID"; } || true; fi; }
 trap cleanup EXIT
 

@@ -1,7 +1,7 @@
 //! Issue 31: `gantry mcp` driven by the official MCP Python SDK (tests/mcp_agent.py, in the venv of
 //! scripts/mcp-venv.sh) as real users: the owner's agent session (tools, schemas, annotations, queue,
 //! a finished job's log, preview then submit, cancel, triage), then another user's agent is refused
-//! the owner's log and the owner's job.
+//! the owner's log, the owner's job and the owner's booking.
 
 use crate::helpers::*;
 use serde_json::Value;
@@ -57,6 +57,7 @@ fn an_agent_works_through_mcp_as_its_user_and_another_users_agent_is_refused() {
         "the engine saw the user who started `gantry mcp`"
     );
     let (finished, running) = (got["finished"].as_i64().unwrap(), got["running"].as_i64().unwrap());
+    let booking = got["booking"].as_i64().unwrap();
     assert_eq!(e.show(finished)["job"]["owner"], "gantry-alice");
 
     let theirs = mallory.private_dir("mcp");
@@ -66,8 +67,22 @@ fn an_agent_works_through_mcp_as_its_user_and_another_users_agent_is_refused() {
         &mallory,
         &py,
         &script,
-        &["intruder", bin(), state, &finished.to_string(), &running.to_string()],
+        &[
+            "intruder",
+            bin(),
+            state,
+            &finished.to_string(),
+            &running.to_string(),
+            &booking.to_string(),
+        ],
     );
+    let theirs = e.json_as(&alice, &["bookings"]);
+    assert_eq!(
+        theirs["bookings"][0]["id"].as_i64(),
+        Some(booking),
+        "alice's booking is still there: {theirs}"
+    );
+    assert_eq!(theirs["bookings"][0]["state"], "booked");
     assert_eq!(e.show(running)["job"]["state"], "running", "alice's job still runs");
     assert!(e.gantry(&["cancel", &running.to_string()]).status.success());
 }

@@ -1,12 +1,14 @@
 """An agent's session with `gantry mcp`, through the official MCP Python SDK (`mcp<2`), as a real user.
 
     python mcp_agent.py owner GANTRY STATE_DIR IMAGE      # exits 0 when every step behaved; last line RESULT {...}
-    python mcp_agent.py intruder GANTRY STATE_DIR LOG_JOB CANCEL_JOB
+    python mcp_agent.py intruder GANTRY STATE_DIR LOG_JOB CANCEL_JOB BOOKING
 
 `owner`: initialize, list the tools (schemas and annotations), the queue and GPUs; submit a job and read
 its finished log (last lines, a pattern); preview a job (nothing queued) then submit and cancel it; triage
-a failed one; compare two runs; history and bookings; then leaves a running job for `intruder`.
-`intruder` (another user): reading the owner's log and cancelling the owner's job are refused (tool errors).
+a failed one; compare two runs; history; book GPUs (a booking over the lab's rules is refused with the
+engine's words), cancel one of its bookings; then leaves a running job and a booking for `intruder`.
+`intruder` (another user): reading the owner's log, cancelling the owner's job and the owner's booking
+are refused (tool errors).
 Prints each call and a short answer: the transcript in docs/book/src/agents.md is this output.
 Run by tests/mcp.rs with the venv of scripts/mcp-venv.sh.
 """
@@ -88,6 +90,8 @@ EXPECTED = {
     "release_job": (False, False),
     "rerun_job": (False, False),
     "list_bookings": (True, None),
+    "book_gpus": (False, False),
+    "cancel_booking": (False, True),
 }
 
 
@@ -159,14 +163,24 @@ async def owner(gantry, state, image):
             hist = await call(s, "job_history", {"limit": 5})
             check({ok, fid} <= {r["id"] for r in hist["runs"]}, "history lists both runs")
             await call(s, "list_bookings")
+            b = await call(s, "book_gpus", {"gpus": 1, "at": "+2h", "for": "1h", "note": "demo"})
+            check(b["booking"]["owner"] == me and b["booking"]["state"] == "booked", f"booked as {me}: {b}")
+            check(b["rounded_up"], "+2h is rounded up to the lab's slot")
+            long = await call(s, "book_gpus", {"gpus": 1, "at": "+3h", "for": "48h"}, refused=True)
+            check("the lab allows bookings of at most" in long and "--for" in long, f"the lab's rule, and the fix: {long}")
+            spare = (await call(s, "book_gpus", {"gpus": 1, "at": "+4h", "for": "30m"}))["id"]
+            gone = await call(s, "cancel_booking", {"id": spare})
+            check("cancelled" in gone["result"], f"cancelled: {gone}")
+            mine = await call(s, "list_bookings", {}, quiet=True)
+            check([x["id"] for x in mine["bookings"]] == [b["id"]], f"one booking left: {mine}")
 
             victim = f"name: long-run\nimage: {image}\ngpus: 0\ncommand: sleep 600\n"
             vid = (await call(s, "submit_job", {"spec": victim, "file_name": "long-run.yaml"}))["job_ids"][0]
             await wait_state(s, vid, ["running"])
-            print("RESULT " + json.dumps({"user": me, "finished": ok, "running": vid}))
+            print("RESULT " + json.dumps({"user": me, "finished": ok, "running": vid, "booking": b["id"]}))
 
 
-async def intruder(gantry, state, log_job, cancel_job):
+async def intruder(gantry, state, log_job, cancel_job, booking):
     async with stdio_client(server(gantry, state)) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
@@ -178,6 +192,8 @@ async def intruder(gantry, state, log_job, cancel_job):
             d = await call(s, "show_job", {"id": cancel_job})
             check(d["state"] == "running", "the owner's job still runs")
             check(d["detail"]["job"]["spec_hidden"], "the owner's spec stays hidden")
+            msg = await call(s, "cancel_booking", {"id": booking}, refused=True)
+            check("only its owner or root may cancel it" in msg, f"a clear refusal: {msg}")
             print("RESULT " + json.dumps({"refused": True}))
 
 
@@ -187,7 +203,7 @@ def main():
         if role == "owner":
             asyncio.run(owner(sys.argv[2], sys.argv[3], sys.argv[4]))
         else:
-            asyncio.run(intruder(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
+            asyncio.run(intruder(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])))
     except* Failed as eg:
         print(f"FAILED: {eg.exceptions[0]}")
         sys.exit(1)

@@ -199,3 +199,44 @@ fn string_commands_of_real_python_scripts_checkpoint_on_their_signal_and_resume_
         "{log}"
     );
 }
+
+/// Issue 28: a job that will preempt once its victim has run the lab's `min_run` says so while it
+/// waits (it once said only that no GPU was free), and does so when the time comes.
+#[test]
+fn a_waiting_job_says_which_job_it_will_preempt_and_when() {
+    let dir = tempfile::tempdir().unwrap();
+    let lab = dir.path().join("config.toml");
+    std::fs::write(
+        &lab,
+        "[preemption]\nenabled = true\nreserve_after = false\npriority_gap = 10\nmin_run = \"15s\"\n",
+    )
+    .unwrap();
+    let e = Engine::start(&["--config", lab.to_str().unwrap(), "--gpus", "sim:1x24GiB"]);
+    let long = e.submit_yaml(
+        "long",
+        &format!("image: {IMAGE}\ngpus: 1\npreemptible: true\ncommand: sleep 600\n"),
+    );
+    e.wait_state(long, "running");
+    let urgent = e.submit_yaml(
+        "urgent",
+        &format!("image: {IMAGE}\ngpus: 1\npriority: 10\ncommand: sleep 600\n"),
+    );
+    let mut reason = String::new();
+    e.wait_until("the urgent job's reason, or its start", || {
+        let d = e.show(urgent);
+        reason = d["reason"].as_str().unwrap_or_default().to_string();
+        reason.contains("will start by preempting") || d["job"]["state"] != "queued"
+    });
+    assert!(
+        reason.contains(&format!(
+            "will start by preempting job {long} (preemptible; root's 1-GPU job has priority 10, this one 0) in under a minute, "
+        )) && reason.ends_with("once it has run the lab's minimum of 15s (`[preemption] min_run`)"),
+        "{reason}"
+    );
+    e.wait_state(urgent, "running");
+    assert_eq!(e.show(long)["attempts"][0]["reason"], "preempted");
+    for id in [urgent, long] {
+        assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
+        e.wait_final(id);
+    }
+}

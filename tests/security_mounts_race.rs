@@ -59,6 +59,7 @@ async fn output_of(exec: &DockerExecutor, name: &str, u: &User, command: &str, m
         preemptible: false,
         restart_count: 0,
         results_env: vec![],
+        start_gate: None,
         command: None,
         image: None,
     };

@@ -94,6 +94,9 @@ struct Lab {
     bob: User,
     _cleanup: Cleanup,
     _guard: std::sync::MutexGuard<'static, ()>,
+    /// The machine has one Slurm: another test process (a second checkout's suite) must not cancel
+    /// this test's jobs in its own cleanup (`scancel -u`), so the lock is a file, not only a mutex.
+    _machine: std::fs::File,
     /// Its jobs' containers name the node's GPUs by index, which NVML engines count as in use.
     _gpus: std::sync::MutexGuard<'static, ()>,
 }
@@ -105,6 +108,8 @@ fn lab() -> Lab {
 /// [`lab`] with more `[slurm]` settings.
 fn lab_with(slurm: &str) -> Lab {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let machine = std::fs::File::create("/tmp/gantry-test-slurm.lock").unwrap();
+    machine.lock().unwrap();
     let gpus = this_machines_gpus();
     require_slurm();
     let (ann, bob) = (slurm_user("gslurm-ann"), slurm_user("gslurm-bob"));
@@ -132,6 +137,7 @@ fn lab_with(slurm: &str) -> Lab {
         bob,
         _cleanup: cleanup,
         _guard: guard,
+        _machine: machine,
         _gpus: gpus,
     }
 }
@@ -909,4 +915,67 @@ fn a_requeue_slurm_decided_is_recorded_as_a_preemption_and_the_job_runs_again_in
     );
     let log = l.e.logs(id);
     assert!(log.contains("restart=1") && log.contains("done"), "{log}");
+}
+
+/// Issue 30: `GANTRY_METRICS` on Slurm is a file beside the job's output in its owner's folder of
+/// the shared log dir, written from inside the job's container and read by the engine as the owner;
+/// a matrix's tasks each get their own. Others see none of it.
+#[test]
+fn a_slurm_jobs_metrics_file_beside_its_output_is_read_as_its_owner() {
+    let l = lab();
+    let id = l.submit(
+        &l.ann,
+        "metrics",
+        &format!("name: metrics\nimage: {IMAGE}\ngpus: 0\ncommand: >-\n  sh -c 'echo \"{{\\\"step\\\": 1, \\\"loss\\\": 0.5}}\" >> $GANTRY_METRICS; echo \"{{\\\"step\\\": 2, \\\"loss\\\": 0.25}}\" >> $GANTRY_METRICS; echo metrics at $GANTRY_METRICS'\n"),
+    );
+    assert_eq!(l.wait_final(id)["job"]["state"], "succeeded", "{}", l.e.logs(id));
+    let text = |u: &User, args: &[&str]| {
+        let o = l.e.gantry_user(u, args);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let show = text(&l.ann, &["show", &id.to_string()]);
+    assert!(
+        show.contains("0.25 @ step 2") && show.contains("[2 points]"),
+        "{show}\n{}",
+        l.e.logs(id)
+    );
+    let file = std::path::Path::new(LOG_DIR)
+        .join(l.ann.uid.to_string())
+        .join(format!("{}-{id}-a1-r0.metrics.jsonl", db_uid(&l.e)));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        l.ann.uid,
+        "written by its owner"
+    );
+    let bob = text(&l.bob, &["show", &id.to_string()]);
+    assert!(!bob.contains("loss"), "{bob}");
+    // A matrix goes as one job array: each task its own file.
+    let dir = l.ann.private_dir("slurm-spec");
+    let f = l.ann.write(
+        &dir.join("sweep.yaml"),
+        &format!("name: sweep\nimage: {IMAGE}\ngpus: 0\nmatrix: {{lr: [1, 2]}}\ncommand: >-\n  sh -c 'echo \"{{\\\"acc\\\": {{lr}}}}\" >> $GANTRY_METRICS'\n"),
+    );
+    let v = l.e.json_as(&l.ann, &["submit", f.to_str().unwrap()]);
+    let ids: Vec<i64> = v[0]["job_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j.as_i64().unwrap())
+        .collect();
+    for id in &ids {
+        assert_eq!(l.wait_final(*id)["job"]["state"], "succeeded", "{}", l.e.logs(*id));
+    }
+    let c = l.e.json_as(&l.ann, &["compare", "sweep", "--sort", "acc"]);
+    let accs: Vec<f64> = c["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["last"]["acc"].as_f64().unwrap())
+        .collect();
+    assert_eq!(accs, [2.0, 1.0], "{c}");
 }

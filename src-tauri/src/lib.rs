@@ -638,7 +638,7 @@ mod tests {
     /// The app hosts its engine the way `gantry daemon` does: the lab config in `GANTRY_CONFIG` holds
     /// (it once did not: the embedded engine ran on the built-in policy).
     #[test]
-    fn the_embedded_engine_obeys_the_lab_config_in_gantry_config() {
+    fn the_embedded_engine_obeys_the_lab_config_in_gantry_config_and_the_submit_preview_says_so() {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config.toml");
         // Both ranges: as root (CI), the caller is an admin.
@@ -673,6 +673,31 @@ mod tests {
         assert!(
             refused.contains("priority 5 is outside the range you may use (-2..2)"),
             "{refused}"
+        );
+
+        // The Submit page's preview of a dropped file says so before Submit (the dry run's refusal),
+        // and where an accepted one would start or why it would wait.
+        let file = |name: &str, priority: i32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, spec(priority).text).unwrap();
+            rt.block_on(client.preview_file(&path)).unwrap()
+        };
+        let over = file("over.yaml", 5);
+        assert!(over.job.is_none(), "{over:?}");
+        let error = over.error.unwrap_or_default();
+        assert!(
+            error.contains("priority 5 is outside the range you may use (-2..2)"),
+            "{error}"
+        );
+        let ok = file("ok.yaml", 1);
+        let plan = ok.plan.expect("the dry run's answer");
+        // Where it would start, or why it would wait (here maybe "the engine has not looked at its GPUs yet").
+        assert!(
+            ok.job.is_some()
+                && ok.error.is_none()
+                && plan.jobs.len() == 1
+                && (plan.jobs[0].starts_now || plan.jobs[0].reason.is_some()),
+            "{plan:?}"
         );
     }
 }

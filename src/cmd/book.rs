@@ -6,6 +6,8 @@ use anyhow::{bail, Result};
 use gantry_core::protocol::{BookRequest, BookingRules, BookingState, BookingView, BookingsQuery};
 use gantry_core::units::{duration_setting, local_datetime, local_hhmm, parse_when};
 
+use gantry_core::client::Client;
+
 use super::Ctx;
 use crate::print::print_json;
 use crate::term::{esc, outln};
@@ -94,6 +96,37 @@ fn rules_line(r: &BookingRules) -> String {
     )
 }
 
+/// The booking `gantry book` (and the MCP tool `book_gpus`) asks for: `at` read in local time on the
+/// lab's slots (rounded up for `+2h`), lasting `length`. Also whether it was rounded, and the slot.
+pub async fn request(
+    client: &Client,
+    gpus: u32,
+    gpu_type: Option<String>,
+    at: &str,
+    length: Duration,
+    note: Option<String>,
+) -> Result<(BookRequest, bool, i64)> {
+    let now = gantry_core::store::now_ms();
+    let rules = client
+        .bookings(&BookingsQuery {
+            all: false,
+            limit: None,
+        })
+        .await?
+        .rules;
+    let (start, rounded) = parse_at(at, now, rules.slot_ms)?;
+    // Saturating: a length past what a time can hold is the engine's to refuse (`max_length`), not a panic.
+    let end = start.saturating_add(i64::try_from(length.as_millis()).unwrap_or(i64::MAX));
+    let req = BookRequest {
+        gpus,
+        gpu_type,
+        start_ms: start,
+        end_ms: end,
+        note,
+    };
+    Ok((req, rounded, rules.slot_ms))
+}
+
 pub async fn book(
     ctx: &Ctx,
     gpus: u32,
@@ -105,35 +138,15 @@ pub async fn book(
     let (Some(at), Some(length)) = (at, length) else {
         bail!("say when and for how long: gantry book --gpus {gpus} --at \"tomorrow 14:00\" --for 4h (or `gantry book cancel ID`, `gantry bookings`)");
     };
-    let now = gantry_core::store::now_ms();
-    let rules = ctx
-        .client
-        .bookings(&BookingsQuery {
-            all: false,
-            limit: None,
-        })
-        .await?
-        .rules;
-    let (start, rounded) = parse_at(at, now, rules.slot_ms)?;
-    // Saturating: a length past what a time can hold is the engine's to refuse (`max_length`), not a panic.
-    let end = start.saturating_add(i64::try_from(length.as_millis()).unwrap_or(i64::MAX));
-    let b = ctx
-        .client
-        .book(&BookRequest {
-            gpus,
-            gpu_type,
-            start_ms: start,
-            end_ms: end,
-            note,
-        })
-        .await?;
+    let (req, rounded, slot_ms) = request(&ctx.client, gpus, gpu_type, at, length, note).await?;
+    let b = ctx.client.book(&req).await?;
     if ctx.json {
         return print_json(&b);
     }
     let round = if rounded {
         format!(
             " (rounded up to the lab's {} slots)",
-            duration_setting(Duration::from_millis(rules.slot_ms as u64))
+            duration_setting(Duration::from_millis(slot_ms as u64))
         )
     } else {
         String::new()

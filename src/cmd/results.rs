@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use gantry_core::protocol::{CompareQuery, Comparison, JobResults, Num};
-use gantry_core::units::duration_ms;
+use gantry_core::units::{duration_ms, format_bytes};
 
 use super::Ctx;
 use crate::print::print_json;
@@ -187,6 +187,13 @@ pub fn print_results(r: &JobResults) {
             i.bad_records,
             i.dropped_points,
             i.dropped_names
+        );
+    }
+    if i.bytes_limit_reached {
+        outln!(
+            "  read {} of metric files; {} more not read",
+            format_bytes(i.bytes_read),
+            format_bytes(i.bytes_unread)
         );
     }
     for n in &i.notes {

@@ -171,6 +171,14 @@ impl Engine {
     }
 
     pub fn restart(&mut self) {
+        // A second daemon beside a live one fails on the engine lock, and the test would go on
+        // against the first: a restart that tests nothing. Stop it first.
+        if let Some(c) = self.child.as_mut() {
+            assert!(
+                c.try_wait().unwrap().is_some(),
+                "restart() while the engine still runs: kill9() it (or signal it and let it exit) first"
+            );
+        }
         let system = self.args.iter().any(|a| a == "--system");
         if !system {
             std::fs::create_dir_all(&self.state).unwrap();

@@ -112,7 +112,7 @@ export function fakeBackend(over: Partial<Backend> = {}) {
     usage: (sinceMs) => { calls.push({ name: "usage", args: [sinceMs] }); return Promise.resolve(usageReport()); },
     usageCharts: (sinceMs, bucketMs, tz) => { calls.push({ name: "usageCharts", args: [sinceMs, bucketMs, tz] }); return Promise.resolve(usageCharts()); },
     usageEfficiency: rec("usageEfficiency", { since_ms: 0, until_ms: 0, users: [], days: [] }),
-    jobResults: rec("jobResults", { job_id: 0, metrics: [], params: {}, param_sources: {}, tags: {}, ingest: { garbage_lines: 0, bad_records: 0, bytes_read: 0, bytes_limit_reached: false, dropped_points: 0, dropped_names: 0, notes: [] } }),
+    jobResults: rec("jobResults", { job_id: 0, metrics: [], params: {}, param_sources: {}, tags: {}, ingest: { garbage_lines: 0, bad_records: 0, bytes_read: 0, bytes_limit_reached: false, bytes_unread: 0, dropped_points: 0, dropped_names: 0, notes: [] } }),
     compare: rec("compare", { rows: [], params: [], differing: [], metrics: [], sort: null }),
     logs: rec("logs", ""),
     followLogs: () => () => {},

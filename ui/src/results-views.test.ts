@@ -21,7 +21,7 @@ function series(name: string, values: number[]): MetricSeries {
     points: values.map((value, step) => ({ step, at: 0, value, attempt: 1 })) };
 }
 function results(job_id: number, loss: number[]): JobResults {
-  return { job_id, metrics: [series("loss", loss)], params: {}, param_sources: {}, tags: {}, ingest: { garbage_lines: 0, bad_records: 0, bytes_read: 0, bytes_limit_reached: false, dropped_points: 0, dropped_names: 0, notes: [] } };
+  return { job_id, metrics: [series("loss", loss)], params: {}, param_sources: {}, tags: {}, ingest: { garbage_lines: 0, bad_records: 0, bytes_read: 0, bytes_limit_reached: false, bytes_unread: 0, dropped_points: 0, dropped_names: 0, notes: [] } };
 }
 function row(job_id: number, lr: string, loss: number): CompareRow {
   return { job_id, name: `sweep[lr=${lr}]`, owner: "ada", state: "succeeded", started_at: 0, finished_at: 60_000, duration_ms: 60_000, gpu_hours: 0.02, attempts: 1, hidden: false,

@@ -771,6 +771,11 @@ bytes_read: number,
  */
 bytes_limit_reached: boolean, 
 /**
+ * Bytes written to metric files beyond that bound, not read (the most seen left in one file;
+ * MLflow: the largest request not kept).
+ */
+bytes_unread: number, 
+/**
  * Points of metrics beyond the lab's `[results] max_series_per_job` (names not kept).
  */
 dropped_points: number, 

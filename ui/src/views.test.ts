@@ -147,6 +147,18 @@ describe("submit view", () => {
     await v.handleFiles(["/a/ok.yaml"]);
     expect(v.el.querySelector("[data-testid=preview-plan]")!.textContent).toBe("would wait: needs 1 free GPU, 0 available");
   });
+  it("shows a valid file the engine's dry run refuses as refused, with the lab's words, and does not submit it", async () => {
+    const refused: Preview = { path: "/a/big.yaml", file_name: "big.yaml", job: null, spec_error: null,
+      error: "priority 5 is outside the range you may use (-2..2); ask an admin, or set priority: 2 or lower" };
+    const { b } = fakeBackend({ previewPaths: () => Promise.resolve([refused, previews[1]]) });
+    const v = submitView(b, vi.fn());
+    await v.handleFiles(["/a/big.yaml", "/a/bad.yaml"]);
+    const [big, bad] = [...v.el.querySelectorAll("[data-testid=preview-error]")];
+    expect(big.querySelector("[data-testid=preview-verdict]")!.textContent).toBe("refused");
+    expect(big.textContent).toContain("priority 5 is outside the range you may use (-2..2)");
+    expect(bad.querySelector("[data-testid=preview-verdict]")!.textContent).toBe("invalid");
+    expect((v.el.querySelector("[data-testid=submit-confirm]") as HTMLButtonElement).disabled).toBe(true);
+  });
   it("formats spec errors with position and fix", () => {
     expect(errorText(previews[1])).toBe("line 2, column 1: unknown field `gpu`\nfix: remove it");
   });

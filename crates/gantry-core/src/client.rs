@@ -556,11 +556,24 @@ impl Client {
         match self.spec_request(path) {
             Err(e) => p.error = Some(e.to_string()),
             Ok(req) => match self.validate(&req).await {
-                Ok(j) => {
-                    p.job = Some(j);
-                    // Where and when it would start; the check above already said what is wrong.
-                    p.plan = self.preview(&req).await.ok();
-                }
+                // The dry run: where and when it would start, or the submit's refusal of a valid spec
+                // (the lab's limits, a mount its owner may not read, the queued-jobs cap), shown
+                // before Submit rather than after it.
+                Ok(j) => match self.preview(&req).await {
+                    Ok(plan) => {
+                        p.job = Some(j);
+                        p.plan = Some(plan);
+                    }
+                    // An engine without dry runs: the check above is all it says.
+                    Err(ClientError::Api { status: 404 | 405, .. }) => p.job = Some(j),
+                    Err(ClientError::Api {
+                        message, spec_error, ..
+                    }) => {
+                        p.error = Some(message);
+                        p.spec_error = spec_error;
+                    }
+                    Err(e) => return Err(e),
+                },
                 Err(ClientError::Api {
                     message, spec_error, ..
                 }) => {

@@ -300,6 +300,22 @@ pub const RESULTS_READ_EVERY_MS: u64 = 2_000;
 pub const RESULTS_LINE_MAX: usize = 64 << 10;
 /// Most bytes read from one file per read (a 1 GB file is read over many passes, never held).
 pub const RESULTS_READ_CHUNK: usize = 4 << 20;
+/// Largest request body a job's MLflow endpoint reads (bytes): a `log-batch` at MLflow's own limits
+/// (1,000 metrics, 100 params of 500 bytes, 100 tags) is well under it; larger is refused (413).
+pub const MLFLOW_BODY_MAX: usize = 1 << 20;
+/// Connections open at once to one job's MLflow endpoint: its client keeps one or two (a pool);
+/// more are closed, so a job cannot make the engine hold an unbounded number of sockets.
+pub const MLFLOW_CONNECTIONS: usize = 16;
+/// Requests one job's MLflow endpoint handles per second (more wait their turn): each is a write
+/// of the engine's database; MLflow's Python client makes a few hundred calls a second at most
+/// (each waits for its answer), and `log_batch` carries up to 1,000 metrics in one.
+pub const MLFLOW_REQUESTS_PER_S: u32 = 1_000;
+/// How long a job's MLflow endpoint waits for a request's headers or body before closing.
+pub const MLFLOW_IDLE: Duration = Duration::from_secs(30);
+/// Longest a string command waits for its MLflow endpoint to be bound before it runs anyway (it is
+/// bound tens of ms after the container starts; the wait ends at once then): bounds the delay when
+/// the engine cannot bind it or stops meanwhile.
+pub const START_GATE_WAIT: Duration = Duration::from_secs(5);
 /// Most runs one `gantry compare` shows: a large sweep is a few hundred; a table of more is read
 /// by a script (`--json`), which can ask again by ids.
 pub const COMPARE_MAX_RUNS: usize = 2_000;

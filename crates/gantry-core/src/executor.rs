@@ -241,6 +241,24 @@ pub struct Launch<'a> {
     pub restart_count: u32,
     /// Where its results go (`GANTRY_METRICS`; `MLFLOW_TRACKING_URI` unless its spec sets one).
     pub results_env: Vec<(String, String)>,
+    /// A file (container path) a string command waits for before it runs, at most
+    /// [`START_GATE_WAIT`](crate::defaults::START_GATE_WAIT): the engine makes it once the attempt's
+    /// MLflow endpoint is bound, so the script's first connection finds it listening.
+    pub start_gate: Option<String>,
+}
+
+/// The argv of the job's own command: a string's, behind its [`Launch::start_gate`] when it has one.
+pub fn command_argv(c: &crate::spec::Command, gate: Option<&str>) -> Vec<String> {
+    let mut argv = c.argv();
+    if let (crate::spec::Command::Shell(_), Some(g)) = (c, gate) {
+        let polls = crate::defaults::START_GATE_WAIT.as_millis() / 20;
+        argv[2] = format!(
+            "_gantry_wait=0; while [ ! -e {} ] && [ $_gantry_wait -lt {polls} ]; do sleep 0.02 2>/dev/null; _gantry_wait=$((_gantry_wait+1)); done; unset _gantry_wait; {}",
+            crate::shell::word(g),
+            argv[2]
+        );
+    }
+    argv
 }
 
 /// An interactive session's terminal, joined to its container's TTY ([`Executor::terminal`]).
@@ -376,6 +394,18 @@ pub trait Executor: Send + Sync + 'static {
         Err(ExecError::Rejected(format!(
             "cannot reach port {port} of container {id} here"
         )))
+    }
+    /// A TCP listener on 127.0.0.1:`port` inside the running container's network namespace, made
+    /// by a thread that enters it (the socket keeps that namespace): reachable by the container's
+    /// processes alone.
+    async fn listen_in(&self, id: &str, port: u16) -> Result<std::net::TcpListener, ExecError> {
+        Err(ExecError::Rejected(format!(
+            "cannot listen on port {port} inside container {id} here"
+        )))
+    }
+    /// The container's environment as it was created (`KEY=VALUE`).
+    async fn env_of(&self, _id: &str) -> Result<Vec<String>, ExecError> {
+        Ok(vec![])
     }
     /// Output as it is written from now on, without timestamps (Docker's log holds a line without
     /// `\n` back until 16 KiB of it have come): only for showing a progress bar's current state.

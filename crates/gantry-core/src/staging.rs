@@ -79,10 +79,6 @@ impl Staging {
         if !self.enabled || checked.is_empty() {
             return Ok(checked.into_iter().map(|c| c.mount).collect());
         }
-        let io = |at: &Path| {
-            let at = at.to_path_buf();
-            move |source| StagingError::Io { at, source }
-        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -109,10 +105,6 @@ impl Staging {
     /// real directories of the engine's own; the file is created new, without following a link.
     pub fn write_generated(&self, name: &str, file: &str, content: &[u8]) -> Result<PathBuf, StagingError> {
         use std::io::Write;
-        let io = |at: &Path| {
-            let at = at.to_path_buf();
-            move |source| StagingError::Io { at, source }
-        };
         let dir = self.root.join(name);
         for d in [&self.root, &dir] {
             match std::fs::DirBuilder::new().mode(0o700).create(d) {
@@ -147,21 +139,48 @@ impl Staging {
     /// Unmount and remove the staging paths of `name`. Only empty directories and the engine's own empty
     /// files are removed, never anything reached through a mount.
     pub fn release(&self, name: &str) -> Result<(), StagingError> {
+        // Until it is no longer a mount point (a crash could have stacked two). Only a root
+        // engine mounts (the others hold generated files only).
+        match self.remove_entries(name, self.enabled, |_| true)? {
+            Some(dir) => std::fs::remove_dir(&dir).map_err(io(&dir)),
+            None => Ok(()),
+        }
+    }
+
+    /// Unmount and remove the pinned mounts of `name` (the numbered entries), keeping its generated files:
+    /// once its container has started it holds its own copy of each bind and never starts again.
+    pub fn unpin(&self, name: &str) -> Result<(), StagingError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        // Pins are named by their index; generated files by what they are (`passwd`, `group`).
+        self.remove_entries(name, true, |file| {
+            file.to_string_lossy().bytes().all(|b| b.is_ascii_digit())
+        })?;
+        Ok(())
+    }
+
+    /// Remove each entry of `<root>/<name>` that `pick` chooses by its file name, unmounting it first
+    /// (every mount stacked on it) when `unmount`: the directory, or `None` when it is not there.
+    fn remove_entries(
+        &self,
+        name: &str,
+        unmount: bool,
+        pick: impl Fn(&std::ffi::OsStr) -> bool,
+    ) -> Result<Option<PathBuf>, StagingError> {
         let dir = self.root.join(name);
-        let io = |at: &Path| {
-            let at = at.to_path_buf();
-            move |source| StagingError::Io { at, source }
-        };
         let entries = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io(&dir)(e)),
         };
         for entry in entries {
-            let p = entry.map_err(io(&dir))?.path();
-            // Until it is no longer a mount point (a crash could have stacked two). Only a root
-            // engine mounts (the others hold generated files only).
-            if self.enabled {
+            let entry = entry.map_err(io(&dir))?;
+            if !pick(&entry.file_name()) {
+                continue;
+            }
+            let p = entry.path();
+            if unmount {
                 unmount_all(&p).map_err(io(&p))?;
             }
             let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
@@ -172,42 +191,7 @@ impl Staging {
             }
             .map_err(io(&p))?;
         }
-        std::fs::remove_dir(&dir).map_err(io(&dir))
-    }
-
-    /// Unmount and remove the pinned mounts of `name` (the numbered entries), keeping its generated files:
-    /// once its container has started it holds its own copy of each bind and never starts again.
-    pub fn unpin(&self, name: &str) -> Result<(), StagingError> {
-        if !self.enabled {
-            return Ok(());
-        }
-        let dir = self.root.join(name);
-        let io = |at: &Path| {
-            let at = at.to_path_buf();
-            move |source| StagingError::Io { at, source }
-        };
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io(&dir)(e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(io(&dir))?;
-            // Pins are named by their index; generated files by what they are (`passwd`, `group`).
-            if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            let p = entry.path();
-            unmount_all(&p).map_err(io(&p))?;
-            let is_dir = std::fs::symlink_metadata(&p).map_err(io(&p))?.is_dir();
-            if is_dir {
-                std::fs::remove_dir(&p)
-            } else {
-                std::fs::remove_file(&p)
-            }
-            .map_err(io(&p))?;
-        }
-        Ok(())
+        Ok(Some(dir))
     }
 
     /// At engine start: release the staging of every container not in `existing` (removed while the
@@ -300,6 +284,12 @@ fn pin(at: &Path, c: CheckedMount) -> Result<ResolvedMount, StagingError> {
         host: at.to_path_buf(),
         ..c.mount
     })
+}
+
+/// An I/O error's map to [`StagingError::Io`] at `at`.
+fn io(at: &Path) -> impl FnOnce(std::io::Error) -> StagingError {
+    let at = at.to_path_buf();
+    move |source| StagingError::Io { at, source }
 }
 
 #[cfg(test)]

@@ -28,7 +28,8 @@ server, under the lab's rules. Read first: `list_jobs` (the queue, why each job 
 `submit_job`, call `preview_submit` with the same spec: it checks it and says which GPUs it would get now or \
 why it would wait, and queues nothing. When a job failed, call `triage_job` (its end reason, exit code, the \
 relevant log lines, what to change) before `rerun_job`: a rerun repeats the same spec. Cancel only your own \
-jobs, and only when asked.";
+jobs, and only when asked. Book GPUs (`book_gpus`) or cancel a booking only when asked; `list_bookings` says \
+the lab's rules and who holds what.";
 
 /// Lines `read_log` returns at most.
 const MAX_TAIL: usize = 2000;
@@ -502,6 +503,55 @@ impl Gantry {
         Ok(Json(BookingsOut {
             bookings: bookings.into(),
             rules: serde_json::to_value(&b.rules).unwrap_or_default(),
+        }))
+    }
+
+    #[tool(
+        description = "Book GPUs for a time, as `gantry book` does: from then on your jobs and sessions get them. The lab's booking rules (slots, how far ahead, how long, GPUs per booking, GPU-hours per week, clashes) hold; a refusal says which and what to ask instead.",
+        annotations(
+            title = "Book GPUs",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn book_gpus(&self, Parameters(p): Parameters<BookGpus>) -> Result<Json<BookedOut>, String> {
+        let length = humantime::parse_duration(p.length.trim())
+            .map_err(|_| format!("for {:?} is not a duration: write e.g. 4h or 90m", p.length))?;
+        let (req, rounded_up, _) = super::book::request(&self.client, p.gpus, p.gpu_type, &p.at, length, p.note)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let b = self.client.book(&req).await.map_err(err)?;
+        Ok(Json(BookedOut {
+            id: b.id,
+            start: at(b.start_ms),
+            end: at(b.end_ms),
+            rounded_up,
+            booking: serde_json::to_value(&b).map_err(|e| e.to_string())?,
+        }))
+    }
+
+    #[tool(
+        description = "Cancel one of your bookings (its GPUs go back to the queue).",
+        annotations(
+            title = "Cancel a booking",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn cancel_booking(&self, Parameters(p): Parameters<BookingId>) -> Result<Json<ActionOut>, String> {
+        let b = self.client.cancel_booking(p.id).await.map_err(err)?;
+        Ok(Json(ActionOut {
+            id: b.id,
+            result: format!(
+                "{} ({}–{})",
+                b.closed_why.as_deref().unwrap_or(b.state.as_str()),
+                at(b.start_ms),
+                at(b.end_ms)
+            ),
         }))
     }
 }

@@ -264,3 +264,41 @@ pub struct BookingsOut {
     /// The lab's rules for bookings.
     pub rules: Value,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BookGpus {
+    /// How many GPUs (the lab's `max_gpus` per booking bounds it).
+    pub gpus: u32,
+    /// Only GPUs of this type (a name as `gpus` lists it), if the machine has several kinds.
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// When it starts, in the machine's local time: `14:00`, `tomorrow 08:00`, `2026-12-03 09:30`, or `+2h`
+    /// (rounded up to the lab's slot).
+    pub at: String,
+    /// How long: `4h`, `90m` (a whole number of the lab's slots). `--for` in the engine's messages.
+    #[serde(rename = "for")]
+    pub length: String,
+    /// A note for yourself (others see the owner and time, not the note).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BookedOut {
+    /// The booking's id (cancel_booking takes it).
+    pub id: i64,
+    /// Its local start and end.
+    pub start: String,
+    pub end: String,
+    /// A `+` start was rounded up to the lab's slot.
+    pub rounded_up: bool,
+    /// The engine's whole view of it (owner, GPUs, state, note).
+    pub booking: Value,
+}
+
+/// One booking, by id.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BookingId {
+    /// The booking's id (`list_bookings`, `book_gpus`).
+    pub id: i64,
+}

@@ -60,7 +60,9 @@ export function submitView(backend: Backend, go: (hash: string) => void): Submit
           p.plan ? h("div", { class: "muted", "data-testid": "preview-plan" }, planText(p)) : ""));
       } else {
         list.append(h("article", { class: "card bad", "data-testid": "preview-error" },
-          h("header", {}, h("strong", {}, p.file_name), h("span", { class: "state failed" }, "invalid")),
+          // A spec error makes it invalid; a valid spec the engine's dry run refuses (the lab's limits,
+          // a mount you may not read, the queued-jobs cap) is refused: either way it is not submitted.
+          h("header", {}, h("strong", {}, p.file_name), h("span", { class: "state failed", "data-testid": "preview-verdict" }, p.spec_error ? "invalid" : "refused")),
           h("pre", { class: "error" }, errorText(p))));
       }
     }

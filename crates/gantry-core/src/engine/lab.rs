@@ -121,6 +121,8 @@ impl Engine {
             }
             logs += n;
         }
+        // Results folders of jobs that ended while the engine was away, or were deleted just now.
+        self.sweep_results_dirs();
         Ok((jobs, logs))
     }
 

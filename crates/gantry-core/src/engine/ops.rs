@@ -236,7 +236,11 @@ impl Engine {
         self.owned(id, caller_uid)?;
         let before = self.store().request_cancel(id)?.ok_or(EngineError::NoSuchJob(id))?;
         match before {
-            JobState::Queued => self.notify_job(id, JobState::Cancelled),
+            JobState::Queued => {
+                self.notify_job(id, JobState::Cancelled);
+                // Queued again after a preemption or a failed attempt: its results folder goes now.
+                self.remove_results_dir_if_ended(id);
+            }
             JobState::Starting | JobState::Running => {
                 if let Some(h) = self.running.lock().unwrap().get(&id) {
                     h.cancel.cancel();

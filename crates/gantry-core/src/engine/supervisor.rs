@@ -117,7 +117,7 @@ impl Engine {
         }
         let mut running_since: Option<i64> = None;
         // Its results, read while it runs and once more at its end.
-        let reading = self.read_results(&job, &attempt);
+        let reading = self.read_results(&job, &attempt, &run);
         let how = loop {
             let deadline = running_since
                 .zip(job.timeout_ms)
@@ -190,6 +190,9 @@ impl Engine {
         };
         reading.finish().await;
         self.end_attempt(job.id, &attempt, &how, Some(&run)).await;
+        // Ended for good: what it logged is in the store, its results folder goes.
+        let e = self.clone();
+        let _ = tokio::task::spawn_blocking(move || e.remove_results_dir_if_ended(job.id)).await;
     }
 
     /// Why a running job is being stopped for its GPU memory, if it is.

@@ -13,10 +13,10 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use super::{
-    classify, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError, Executor, Exit,
-    ForeignGpuUse, Found, Frame, GpuBinding, GpuSet, HostRoot, Launch, Life, NetworkLock, Settled, Storage, Terminal,
-    CLAIM_WAIT, CLAIM_WINDOW, LABEL_ATTEMPT, LABEL_CPUS, LABEL_DB, LABEL_ENGINE, LABEL_GPUS, LABEL_GPU_UUIDS,
-    LABEL_JOB, LABEL_PROBE, LABEL_UID,
+    classify, command_argv, container_host_config, gpus_of, job_env, settle, unreachable_or_forbidden, ExecError,
+    Executor, Exit, ForeignGpuUse, Found, Frame, GpuBinding, GpuSet, HostRoot, Launch, Life, NetworkLock, Settled,
+    Storage, Terminal, CLAIM_WAIT, CLAIM_WINDOW, LABEL_ATTEMPT, LABEL_CPUS, LABEL_DB, LABEL_ENGINE, LABEL_GPUS,
+    LABEL_GPU_UUIDS, LABEL_JOB, LABEL_PROBE, LABEL_UID,
 };
 
 /// Files read from images, by image id and paths (images do not change; a few dozen are in use).
@@ -178,10 +178,13 @@ impl Executor for DockerExecutor {
         let tty = l.job.spec.interactive;
         let body = ContainerCreateBody {
             image: Some(l.image.clone().unwrap_or_else(|| l.job.spec.image.clone())),
-            cmd: l
-                .command
-                .clone()
-                .or_else(|| l.job.spec.command.as_ref().map(|c| c.argv())),
+            cmd: l.command.clone().or_else(|| {
+                l.job
+                    .spec
+                    .command
+                    .as_ref()
+                    .map(|c| command_argv(c, l.start_gate.as_deref()))
+            }),
             // A session's shell gets a terminal, and its stdin stays open between attachments.
             tty: tty.then_some(true),
             open_stdin: tty.then_some(true),
@@ -713,6 +716,39 @@ impl Executor for DockerExecutor {
         tokio::net::TcpStream::from_std(stream).map_err(|e| ExecError::Rejected(e.to_string()))
     }
 
+    async fn listen_in(&self, id: &str, port: u16) -> Result<std::net::TcpListener, ExecError> {
+        let pid_of = |info: &bollard::models::ContainerInspectResponse| {
+            info.state
+                .as_ref()
+                .filter(|s| s.running == Some(true))
+                .and_then(|s| s.pid)
+                .filter(|p| *p > 0)
+        };
+        let inspect = || self.docker.inspect_container(id, None::<qp::InspectContainerOptions>);
+        let pid = pid_of(&inspect().await.map_err(classify)?)
+            .ok_or_else(|| ExecError::NotFound(format!("container {id} is not running")))?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .map_err(|_| ExecError::NotFound(format!("container {id} ended")))?;
+        // Still running with that pid: the namespace opened is the container's, not that of a
+        // process that took the pid of one that ended.
+        if pid_of(&inspect().await.map_err(classify)?) != Some(pid) {
+            return Err(ExecError::NotFound(format!("container {id} ended")));
+        }
+        tokio::task::spawn_blocking(move || listen_in_netns(ns, port))
+            .await
+            .map_err(|e| ExecError::Rejected(e.to_string()))?
+            .map_err(|e| ExecError::Rejected(format!("listening on 127.0.0.1:{port} inside the job: {e}")))
+    }
+
+    async fn env_of(&self, id: &str) -> Result<Vec<String>, ExecError> {
+        let info = self
+            .docker
+            .inspect_container(id, None::<qp::InspectContainerOptions>)
+            .await
+            .map_err(classify)?;
+        Ok(info.config.and_then(|c| c.env).unwrap_or_default())
+    }
+
     async fn resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
         let opts = qp::ResizeContainerTTYOptions {
             w: cols.max(1) as i32,
@@ -758,6 +794,23 @@ fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream>
     })
     .join()
     .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
+}
+
+/// Listen on 127.0.0.1:`port` in the network namespace `ns`, from a thread made for it (as
+/// [`connect_in_netns`]). Never in the engine's own namespace: that one every local user reaches.
+fn listen_in_netns(ns: std::fs::File, port: u16) -> std::io::Result<std::net::TcpListener> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/thread-self/ns/net")?;
+    let theirs = ns.metadata()?;
+    if (own.dev(), own.ino()) == (theirs.dev(), theirs.ino()) {
+        return Err(std::io::Error::other("the container shares the engine's network"));
+    }
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        std::net::TcpListener::bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the listening thread panicked"))?
 }
 
 fn listed_name(c: &bollard::models::ContainerSummary) -> String {

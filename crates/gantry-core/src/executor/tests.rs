@@ -31,6 +31,7 @@ fn launch(job: &ValidJob, uuids: &[&str]) -> Vec<String> {
         command: None,
         image: None,
         results_env: vec![("GANTRY_METRICS".into(), "/gantry/results/metrics-1.jsonl".into())],
+        start_gate: None,
     })
 }
 
@@ -183,4 +184,21 @@ fn shared_gpu_gets_memory_hints_and_cpu_job_sees_none() {
     let cpu = validate_text("image: a\ngpus: 0\n", Format::Yaml, &Origin::default()).unwrap();
     let env = launch(&cpu, &[]);
     assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
+}
+
+#[test]
+fn a_string_command_runs_behind_its_start_gate_and_a_list_is_left_as_it_is() {
+    use crate::spec::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    std::fs::write(&gate, "").unwrap();
+    let list = Command::Exec(vec!["python".into(), "train.py".into()]);
+    assert_eq!(command_argv(&list, Some("/gantry/results/g")), list.argv());
+    let s = Command::Shell("echo ran \"$0\"".into());
+    assert_eq!(command_argv(&s, None), s.argv());
+    let argv = command_argv(&s, Some(gate.to_str().unwrap()));
+    assert_ne!(argv, s.argv());
+    let out = std::process::Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran /bin/sh\n");
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -253,6 +253,10 @@ pub struct IngestReport {
     pub bytes_read: u64,
     /// Reading stopped at the lab's `[results] max_bytes_per_job`.
     pub bytes_limit_reached: bool,
+    /// Bytes written to metric files beyond that bound, not read (the most seen left in one file;
+    /// MLflow: the largest request not kept).
+    #[serde(default)]
+    pub bytes_unread: u64,
     /// Points of metrics beyond the lab's `[results] max_series_per_job` (names not kept).
     pub dropped_points: u64,
     /// Distinct names not kept for that bound.

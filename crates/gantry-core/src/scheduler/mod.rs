@@ -30,6 +30,7 @@ mod order;
 mod pending;
 mod preempt;
 mod reserve;
+mod soon;
 pub use book::*;
 pub use eta::*;
 use explain::*;
@@ -868,6 +869,8 @@ pub fn plan(state: &State) -> Plan {
         }
     }
     if let Some(rules) = &state.config.preemption {
+        // Reasons only where the plan explains (the simulator and the ETA runs do not).
+        let before = (state.config.explain_first > 0).then(|| (slots.clone(), out.clone()));
         preempt::decide(
             state,
             rules,
@@ -877,6 +880,18 @@ pub fn plan(state: &State) -> Plan {
             starving.map(|s| s.job_id),
             &mut out,
         );
+        if let Some((slots_before, out_before)) = before {
+            soon::say_will_preempt(
+                state,
+                rules,
+                &slots_before,
+                &out_before,
+                &pool,
+                &ctx,
+                starving.map(|s| s.job_id),
+                &mut out,
+            );
+        }
     }
     book::preempt_for(state, &booked, &mut out);
     out

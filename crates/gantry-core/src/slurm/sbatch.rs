@@ -29,6 +29,9 @@ pub struct Submission<'a> {
     pub after: Vec<String>,
     /// Mounts as checked with the owner's permissions (host paths).
     pub mounts: Vec<crate::access::ResolvedMount>,
+    /// Its `GANTRY_METRICS` file beside its output, without `-r<SLURM_RESTART_COUNT>.metrics.jsonl`
+    /// (`None`: no shared log folder, so the engine could not read it).
+    pub metrics: Option<PathBuf>,
     /// Gantry may preempt it: its checkpoint signal and grace (`--requeue`, `--signal`).
     pub preempt: Option<Checkpoint>,
     /// Its attempts that ended by preemption before this Slurm job (`GANTRY_RESTART_COUNT` adds
@@ -201,6 +204,9 @@ pub fn sh_quote(s: &str) -> String {
 /// The batch script: runs the job's image on the node Slurm chose, as the owner, with the GPUs Slurm
 /// allocated (`SLURM_JOB_GPUS`, the node's GPU indexes). Slurm's SIGTERM (cancel, time limit) stops
 /// the container too.
+/// Where a Slurm job's `GANTRY_METRICS` file is inside its container.
+const METRICS_IN: &str = "/gantry/results/metrics.jsonl";
+
 pub fn batch_script(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) -> String {
     let mut out = format!("#!/bin/sh\n# Gantry job {job_id}, attempt {attempt_n} ({}): written by the Gantry engine, run by Slurm as the job's owner.\n", s.marker);
     out.push_str(&script_body(s, job_id, attempt_n, runtime));
@@ -266,6 +272,13 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
         .preempt
         .as_ref()
         .map(|c| (super::slurm_signal(&c.signal).to_string(), c.grace_s()));
+    if let Some(m) = &s.metrics {
+        // Made by its owner (this script) beside its output; the engine reads it as them.
+        out.push_str(&format!(
+            "metrics={}-r\"${{SLURM_RESTART_COUNT:-0}}\".metrics.jsonl\n: >> \"$metrics\" || metrics=\n",
+            q(&m.display().to_string())
+        ));
+    }
     out.push_str("# The GPUs Slurm allocated, as the node numbers them; inside, the job sees them as 0..N-1.\n");
     out.push_str("gpus=\"${SLURM_JOB_GPUS:-}\"\n");
     out.push_str("visible=$(echo \"$gpus\" | awk -F, 'NF{for(i=0;i<NF;i++) printf \"%s%d\", (i?\",\":\"\"), i}')\n");
@@ -275,6 +288,9 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             out.push_str("# A run of this Slurm job before its requeue must not run beside this one.\n");
             out.push_str("[ \"${SLURM_RESTART_COUNT:-0}\" -gt 0 ] && docker rm -f \"$name\" >/dev/null 2>&1\n");
             out.push_str("if [ -n \"$gpus\" ]; then set -- --gpus \"\\\"device=$gpus\\\"\"; else set -- -e NVIDIA_VISIBLE_DEVICES=void; fi\n");
+            if s.metrics.is_some() {
+                out.push_str(&format!("[ -n \"$metrics\" ] && set -- \"$@\" --mount \"type=bind,source=$metrics,target={METRICS_IN}\" -e GANTRY_METRICS={METRICS_IN}\n"));
+            }
             let mut run = vec![
                 "docker run --name \"$name\" --init".to_string(),
                 format!("--user {}:{}", s.uid, s.gid),
@@ -360,6 +376,10 @@ fn script_body(s: &Submission, job_id: i64, attempt_n: u32, runtime: Runtime) ->
             }
             if let Some(w) = &job.spec.workdir {
                 run.push(format!("--pwd {}", q(w)));
+            }
+            if s.metrics.is_some() {
+                out.push_str(&format!("set --\n[ -n \"$metrics\" ] && set -- --bind \"$metrics:{METRICS_IN}\" --env GANTRY_METRICS={METRICS_IN}\n"));
+                run.push("\"$@\"".into());
             }
             for (k, v) in &env {
                 run.push(format!("--env {}", q(&format!("{k}={v}"))));

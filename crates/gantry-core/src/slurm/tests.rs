@@ -19,6 +19,7 @@ fn sub(j: &ValidJob) -> Submission<'_> {
         priority_range: (-10, 10),
         after: vec![],
         mounts: vec![],
+        metrics: None,
         preempt: None,
         restarts: 0,
     }
@@ -708,4 +709,42 @@ fn requeue_and_adoption_table() {
         assert_eq!(adoptable(state, n, base), want, "{state} restarts {n:?} base {base}");
     }
     assert_eq!((slurm_signal("SIGUSR1"), slurm_signal("USR2")), ("USR1", "USR2"));
+}
+
+#[test]
+fn the_metrics_file_is_made_beside_the_output_per_requeue_and_mounted_as_gantry_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = job("name: t\nimage: reg/img:1\ncommand: 'true'\n");
+    let mut s = sub(&j);
+    s.metrics = Some(dir.path().join("db-7-a1"));
+    for rt in [Runtime::Docker, Runtime::Apptainer] {
+        let script = batch_script(&s, 7, 1, rt);
+        assert!(
+            script.contains("GANTRY_METRICS=/gantry/results/metrics.jsonl"),
+            "{script}"
+        );
+        // The lines that make it, run as the script runs them (after a second Slurm requeue).
+        let make: String = script
+            .lines()
+            .skip_while(|l| !l.starts_with("metrics="))
+            .take(2)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{make}echo \"$metrics\""))
+            .env("SLURM_RESTART_COUNT", "2")
+            .output()
+            .unwrap();
+        let made = dir.path().join("db-7-a1-r2.metrics.jsonl");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            made.display().to_string(),
+            "{make}"
+        );
+        assert!(made.is_file());
+    }
+    // Without a shared log dir the engine could not read it: no GANTRY_METRICS at all.
+    s.metrics = None;
+    assert!(!batch_script(&s, 7, 1, Runtime::Docker).contains("GANTRY_METRICS"));
 }

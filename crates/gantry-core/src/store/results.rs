@@ -58,7 +58,8 @@ pub struct ResultsBatch {
     pub garbage_lines: u64,
     pub bad_records: u64,
     pub bytes: u64,
-    pub bytes_limit_reached: bool,
+    /// Bytes left unread in a file once the job's `max_bytes` were read (0: not reached).
+    pub bytes_unread: u64,
     /// Each added once per job (the counters say how often).
     pub notes: Vec<String>,
     pub cursor: Option<Cursor>,
@@ -74,7 +75,7 @@ impl ResultsBatch {
             garbage_lines: 0,
             bad_records: 0,
             bytes: 0,
-            bytes_limit_reached: false,
+            bytes_unread: 0,
             notes: vec![],
             cursor: None,
         }
@@ -87,7 +88,7 @@ impl ResultsBatch {
             && self.garbage_lines == 0
             && self.bad_records == 0
             && self.bytes == 0
-            && !self.bytes_limit_reached
+            && self.bytes_unread == 0
             && self.notes.is_empty()
             && self.cursor.is_none()
     }
@@ -224,6 +225,24 @@ impl Store {
         let mut have: i64 = tx.query_row("SELECT COUNT(*) FROM metric_series WHERE job_id = ?1", [job_id], |r| {
             r.get(0)
         })?;
+        // Once the job has all its series, a name not among them is dropped without a query (a
+        // million distinct names cost a million lookups otherwise).
+        let mut known: Option<HashSet<String>> = None;
+        // A batch with more points of one name than its series keeps is thinned here, before the
+        // database sees it (a flood of tiny lines costs no insert per point); the series' count,
+        // last and best still see every point.
+        let mut pre_thinned: HashMap<&str, (Vec<bool>, usize)> = HashMap::new();
+        if b.points.len() > lim.max_points as usize {
+            let mut counts: HashMap<&str, usize> = HashMap::new();
+            for p in &b.points {
+                *counts.entry(p.name.as_str()).or_default() += 1;
+            }
+            counts.retain(|_, n| *n > lim.max_points as usize);
+            for name in counts.into_keys() {
+                let values: Vec<f64> = b.points.iter().filter(|p| p.name == name).map(|p| p.value).collect();
+                pre_thinned.insert(name, (thin(&values, (lim.max_points as usize / 2).max(4)), 0));
+            }
+        }
         let mut dropped_points = 0u64;
         let mut dropped_names: HashSet<&str> = HashSet::new();
         let mut too_long = false;
@@ -238,6 +257,18 @@ impl Store {
                 continue;
             }
             if !series.contains_key(p.name.as_str()) {
+                if have >= lim.max_series as i64 && known.is_none() {
+                    known = Some(
+                        tx.prepare_cached("SELECT name FROM metric_series WHERE job_id = ?1")?
+                            .query_map([job_id], |r| r.get(0))?
+                            .collect::<rusqlite::Result<HashSet<String>>>()?,
+                    );
+                }
+                if known.as_ref().is_some_and(|k| !k.contains(&p.name)) {
+                    dropped_names.insert(&p.name);
+                    dropped_points += 1;
+                    continue;
+                }
                 match load_series(&tx, job_id, &p.name)? {
                     Some(s) => {
                         series.insert(&p.name, s);
@@ -282,13 +313,22 @@ impl Store {
             }
             let s = series.get_mut(p.name.as_str()).expect("inserted above");
             let step = p.step.unwrap_or(s.count);
-            tx.prepare_cached(
-                "INSERT INTO metric_points (series_id, seq, attempt, step, at, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![s.id, s.next_seq, attempt, step, p.at, stored(p.value)])?;
-            s.next_seq += 1;
+            let keep = match pre_thinned.get_mut(p.name.as_str()) {
+                Some((mask, i)) => {
+                    *i += 1;
+                    mask[*i - 1]
+                }
+                None => true,
+            };
+            if keep {
+                tx.prepare_cached(
+                    "INSERT INTO metric_points (series_id, seq, attempt, step, at, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![s.id, s.next_seq, attempt, step, p.at, stored(p.value)])?;
+                s.next_seq += 1;
+                s.stored += 1;
+            }
             s.count += 1;
-            s.stored += 1;
             if attempt >= s.last_attempt {
                 s.last = p.value;
                 s.last_step = step;
@@ -367,7 +407,7 @@ impl Store {
                 lim.max_series
             ));
         }
-        if b.bytes_limit_reached {
+        if b.bytes_unread > 0 {
             notes.push(format!(
                 "reading stopped after {} of metric files (`[results] max_bytes_per_job`)",
                 crate::units::format_bytes(lim.max_bytes)
@@ -380,6 +420,8 @@ impl Store {
                 all.push(n);
             }
         }
+        // `bytes_limit` holds the most bytes seen left unread in one file once `max_bytes` were read
+        // (0: never reached; databases from before this count hold 1 when it was reached).
         tx.prepare_cached(
             "UPDATE job_ingest SET garbage_lines = garbage_lines + ?2, bad_records = bad_records + ?3, \
              bytes_read = bytes_read + ?4, bytes_limit = MAX(bytes_limit, ?5), dropped_points = dropped_points + ?6, \
@@ -390,7 +432,7 @@ impl Store {
             b.garbage_lines as i64,
             b.bad_records as i64,
             b.bytes as i64,
-            b.bytes_limit_reached,
+            b.bytes_unread as i64,
             dropped_points as i64,
             dropped_names.len() as i64,
             serde_json::to_string(&all).unwrap_or_else(|_| "[]".into())
@@ -398,6 +440,30 @@ impl Store {
         if let Some(c) = &b.cursor {
             tx.prepare_cached("INSERT OR REPLACE INTO metric_cursors (job_id, attempt, key, offset, lines) VALUES (?1, ?2, ?3, ?4, ?5)")?
                 .execute(params![job_id, attempt, c.key, c.offset as i64, c.lines as i64])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Benchmarks: metric `name` for each of `ids` (one point at step 0, value `value(id)`), in one
+    /// transaction with prepared statements, as ingestion would leave it (100k runs in seconds).
+    #[doc(hidden)]
+    pub fn seed_metric(&mut self, ids: &[i64], name: &str, value: impl Fn(i64) -> f64) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let goal = Goal::of(name);
+            let mut series = tx.prepare(
+                "INSERT INTO metric_series (job_id, name, source, goal, last, last_step, last_attempt, best, \
+                 best_step, count, stored, next_seq) VALUES (?1, ?2, 'file', ?3, ?4, 0, 1, ?4, 0, 1, 1, 1)",
+            )?;
+            let mut point = tx.prepare(
+                "INSERT INTO metric_points (series_id, seq, attempt, step, at, value) VALUES (?1, 0, 1, 0, 0, ?2)",
+            )?;
+            for &id in ids {
+                let v = value(id);
+                series.execute(params![id, name, goal.as_str(), v])?;
+                point.execute(params![tx.last_insert_rowid(), v])?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -519,7 +585,8 @@ impl Store {
                     garbage_lines: r.get::<_, i64>(0)? as u64,
                     bad_records: r.get::<_, i64>(1)? as u64,
                     bytes_read: r.get::<_, i64>(2)? as u64,
-                    bytes_limit_reached: r.get(3)?,
+                    bytes_limit_reached: r.get::<_, i64>(3)? > 0,
+                    bytes_unread: r.get::<_, i64>(3)? as u64,
                     dropped_points: r.get::<_, i64>(4)? as u64,
                     dropped_names: r.get::<_, i64>(5)? as u64,
                     notes: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
@@ -752,6 +819,30 @@ mod tests {
             None,
             "none in an attempt started later"
         );
+    }
+
+    /// A flood of one name in one read (a 4 MiB chunk of `{"loss": 1}` lines is 350k points) writes
+    /// about what the series keeps, not a row per point (each then deleted by the thinning).
+    #[test]
+    fn a_batch_flooding_one_name_is_thinned_before_the_database_and_still_counted() {
+        let (mut s, id) = store_with_job();
+        let lim = ResultsLimits {
+            max_points: 100,
+            ..Default::default()
+        };
+        let mut vals: Vec<f64> = (0..20_000).map(|i| (i as f64 * 0.01).cos()).collect();
+        vals[12_345] = -7.0;
+        let mut b = ResultsBatch::new(MetricSource::File);
+        b.points = pts("loss", &vals);
+        let before = s.conn.total_changes();
+        s.add_results(id, 1, &b, &lim).unwrap();
+        let written = s.conn.total_changes() - before;
+        assert!(written < 200, "{written} rows written for 20,000 points of one name");
+        let x = s.job_results(id, None).unwrap().metrics.remove(0);
+        assert_eq!((x.count, x.best, x.last_step), (20_000, Some(Num(-7.0)), 199_990));
+        let v: Vec<f64> = x.points.iter().map(|p| p.value.0).collect();
+        assert!(v.contains(&-7.0) && v.len() <= 100, "{}", v.len());
+        assert_eq!((v[0], *v.last().unwrap()), (vals[0], vals[19_999]));
     }
 
     #[test]

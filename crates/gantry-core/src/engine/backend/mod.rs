@@ -178,6 +178,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         out
     }
 
+    /// Where this attempt's `GANTRY_METRICS` file is on this machine (`None`: it has none here).
+    fn metrics_file(&self, e: &Engine, job: &Job, attempt: &Attempt, run: &RunRef) -> Option<std::path::PathBuf>;
+
     /// Follow a launched or recovered attempt.
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch>;
 
@@ -219,5 +222,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
             "the {} backend cannot reach a job's ports",
             self.name()
         )))
+    }
+
+    /// The attempt's MLflow endpoint: a listener on 127.0.0.1 inside the job's own network namespace,
+    /// on the port its environment names, and the token its client sends (`results::mlflow`).
+    /// `None`: this backend gives its jobs none (Slurm), or the spec names its own tracking server.
+    async fn mlflow_listener(
+        &self,
+        _job: &Job,
+        _run: &RunRef,
+    ) -> Result<Option<(std::net::TcpListener, String)>, EngineError> {
+        Ok(None)
     }
 }

@@ -7,6 +7,7 @@
 
 mod compare;
 pub mod jsonl;
+pub mod mlflow;
 pub mod tfrecord;
 
 use std::collections::BTreeMap;
@@ -24,7 +25,7 @@ use super::Engine;
 use crate::access::{self, AccessError, Cred, FileKind};
 use crate::defaults::{RESULTS_READ_CHUNK, RESULTS_READ_EVERY_MS};
 use crate::protocol::MetricSource;
-use crate::store::{Attempt, Cursor, Job, ResultsBatch, ResultsLimits};
+use crate::store::{Attempt, Cursor, Job, ResultsBatch, ResultsLimits, RunRef};
 
 /// Where each attempt's results folder is inside its container (`GANTRY_METRICS` is a file in it).
 pub const RESULTS_MOUNT: &str = "/gantry/results";
@@ -34,7 +35,7 @@ pub fn metrics_env(n: u32) -> String {
     format!("{RESULTS_MOUNT}/{}", metrics_file_name(n))
 }
 
-fn metrics_file_name(n: u32) -> String {
+pub(crate) fn metrics_file_name(n: u32) -> String {
     format!("metrics-{n}.jsonl")
 }
 
@@ -48,17 +49,22 @@ const TB_FILES: usize = 64;
 pub(super) struct Reading {
     last: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The attempt's MLflow endpoint (its listener and connections): dropped with the attempt.
+    mlflow: tokio::task::JoinHandle<()>,
 }
 
 impl Reading {
     /// Read once more (the attempt ended) and wait for it.
     pub(super) async fn finish(self) {
+        self.mlflow.abort();
+        let _ = self.mlflow.await;
         self.last.cancel();
         let _ = self.task.await;
     }
 
     /// Stop without a last read (the engine is shutting down; the next start reads on).
     pub(super) fn abort(self) {
+        self.mlflow.abort();
         self.task.abort();
     }
 }
@@ -131,11 +137,11 @@ impl Engine {
     }
 
     /// Start reading an attempt's results: every [`RESULTS_READ_EVERY_MS`] until [`Reading::finish`].
-    pub(super) fn read_results(self: &Arc<Self>, job: &Job, attempt: &Attempt) -> Reading {
+    pub(super) fn read_results(self: &Arc<Self>, job: &Job, attempt: &Attempt, run: &RunRef) -> Reading {
         let last = CancellationToken::new();
         // Weak: a reader never keeps a stopped engine (and its state dir's lock) alive.
         let e = Arc::downgrade(self);
-        let metrics_path = self.metrics_host_path(job, attempt.n);
+        let metrics_path = self.backend.metrics_file(self, job, attempt, run);
         let mut st = State {
             job_id: job.id,
             attempt: attempt.n,
@@ -180,13 +186,79 @@ impl Engine {
                 }
             }
         });
-        Reading { last, task }
+        let mlflow = tokio::spawn(self.clone().mlflow_endpoint(job.clone(), attempt.n, run.clone()));
+        Reading { last, task, mlflow }
     }
 
-    /// Where attempt `n`'s `GANTRY_METRICS` file is on this machine (`None`: the backend gives none).
-    fn metrics_host_path(&self, job: &Job, n: u32) -> Option<PathBuf> {
-        // The Slurm backend gives its jobs no GANTRY_METRICS file yet.
-        (self.backend.name() != "Slurm").then(|| self.results_dir(job.id).join(metrics_file_name(n)))
+    /// The attempt's MLflow endpoint, where its backend gives one (`mlflow`): bound in the job's
+    /// network namespace, served until the attempt ends. Why there is none is noted on the job.
+    async fn mlflow_endpoint(self: Arc<Self>, job: Job, attempt: u32, run: RunRef) {
+        let got = self.backend.mlflow_listener(&job, &run).await;
+        // Bound (or never to be): the job's command goes on.
+        if !matches!(got, Ok(None)) {
+            mlflow::open_gate(&self.results_dir(job.id), attempt);
+        }
+        let e = Arc::downgrade(&self);
+        let now = self.now();
+        let st = |cred| State {
+            job_id: job.id,
+            attempt,
+            cred,
+            metrics_path: None,
+            metrics: Followed::new(String::new()),
+            tb_dir: None,
+            tb_files: BTreeMap::new(),
+            tb_noted: false,
+        };
+        match got {
+            Ok(Some((listener, token))) => {
+                drop(self);
+                mlflow::serve(e, job.id, attempt, listener, token, now).await
+            }
+            Ok(None) => {}
+            // It ended before its endpoint was bound (a job of a second): nothing could log.
+            Err(super::EngineError::Exec(crate::executor::ExecError::NotFound(why))) => {
+                tracing::debug!(job = job.id, "no MLflow endpoint: {why}")
+            }
+            Err(err) => {
+                let why = format!("MLflow: no endpoint for attempt {attempt} ({err}); its client cannot log here");
+                let s = st(Cred::of_user(job.owner_uid, job.owner_gid));
+                let this = self.clone();
+                let _ = tokio::task::spawn_blocking(move || this.note(&s, MetricSource::Mlflow, why)).await;
+            }
+        }
+    }
+
+    /// Remove the results folder of a job that has ended for good (its last attempt's results were
+    /// read into the store, which keeps them as long as the job's history row). A job queued again
+    /// (a retry, a preemption) keeps it: its next attempt writes beside the last one's file.
+    pub(super) fn remove_results_dir_if_ended(&self, job_id: i64) {
+        // One reader guard per statement: a second `reader()` inside the first's would deadlock.
+        let job = self.reader().job(job_id);
+        let ended = match job {
+            Ok(Some(j)) if j.state.is_final() => {
+                let open = self.reader().open_attempt(job_id);
+                matches!(open, Ok(None))
+            }
+            Ok(Some(_)) | Err(_) => false,
+            Ok(None) => true,
+        };
+        if ended {
+            remove_results_dir(&self.results_dir(job_id));
+        }
+    }
+
+    /// Remove the results folders of jobs that have ended for good or are gone (deleted by
+    /// retention, or ended while the engine was away): at start and with each retention pass.
+    pub(super) fn sweep_results_dirs(&self) {
+        let Ok(list) = std::fs::read_dir(self.cfg.paths.state_dir.join("results")) else {
+            return;
+        };
+        for d in list.filter_map(|d| d.ok()) {
+            if let Some(id) = d.file_name().to_str().and_then(|n| n.parse::<i64>().ok()) {
+                self.remove_results_dir_if_ended(id);
+            }
+        }
     }
 
     /// The `tensorboard:` folder as a host path: through the job's mounts (and its home, when
@@ -308,13 +380,17 @@ impl Engine {
             return;
         };
         loop {
+            // A pass over a large file (up to `max_bytes` in 4 MiB chunks) yields to a shutdown.
+            if self.shutdown.is_cancelled() {
+                return;
+            }
             let used = self.reader().results_bytes(st.job_id).unwrap_or(0);
             let budget = lim.max_bytes.saturating_sub(used);
             let mut b = ResultsBatch::new(source);
             if budget == 0 {
                 let size = file.metadata().map(|m| m.len()).unwrap_or(0);
                 if size > cur.offset {
-                    b.bytes_limit_reached = true;
+                    b.bytes_unread = size - cur.offset;
                     self.write_batch(st, &b);
                 }
                 return;
@@ -364,6 +440,11 @@ impl Engine {
                     p.consumed
                 }
             };
+            if consumed == 0 && !whole && want as u64 == budget {
+                // What is left of the bound does not hold the next line (or record): reached.
+                let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+                b.bytes_unread = size.saturating_sub(cur.offset);
+            }
             cur.offset += consumed as u64;
             b.bytes = consumed as u64;
             b.cursor = Some(Cursor {
@@ -381,6 +462,17 @@ impl Engine {
                 return;
             }
         }
+    }
+}
+
+/// Remove a job's results folder (and what its owner left in it). Safe in a folder its owner writes:
+/// the path up to it is the engine's own (`results/` is root's, 0711), and `remove_dir_all` never
+/// follows a link inside it.
+fn remove_results_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!("removing {}: {e}", dir.display()),
     }
 }
 

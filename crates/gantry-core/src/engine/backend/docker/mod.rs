@@ -470,6 +470,7 @@ impl Backend for DockerBackend {
             let restart_count = e.reader().preemptions(job.id, 0).map(|p| p.0).unwrap_or(0);
             // Its results folder (GANTRY_METRICS): the owner's, in a folder only the engine changes.
             let mut results_env = vec![];
+            let mut start_gate = None;
             match e.make_results_dir(job) {
                 Ok(Some(dir)) => {
                     mounts.push(access::ResolvedMount {
@@ -482,8 +483,20 @@ impl Backend for DockerBackend {
                 Ok(None) => {}
                 Err(err) => append_log(&log, &format!("no GANTRY_METRICS file for this attempt: {err}")),
             }
+            // Its MLflow endpoint, bound in its network namespace once it runs: only a root engine may
+            // enter it (a user's own engine gives none rather than a URI nothing answers).
+            if let Some(env) = crate::engine::results::mlflow::endpoint_env(&job.job.spec.env)
+                .filter(|_| nix::unistd::geteuid().is_root())
+            {
+                results_env.extend(env);
+                // A string command waits (briefly) for it, where the results folder is mounted.
+                if results_env.iter().any(|(k, _)| k == "GANTRY_METRICS") {
+                    start_gate = Some(crate::engine::results::mlflow::gate_in_container(attempt.n));
+                }
+            }
             let l = Launch {
                 results_env,
+                start_gate,
                 preemptible,
                 restart_count,
                 engine_id: &e.engine_id,
@@ -588,6 +601,13 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn metrics_file(&self, e: &Engine, job: &Job, attempt: &Attempt, _run: &RunRef) -> Option<std::path::PathBuf> {
+        Some(
+            e.results_dir(job.id)
+                .join(crate::engine::results::metrics_file_name(attempt.n)),
+        )
+    }
+
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
         let attached = run.container().and_then(|c| self.attached.lock().unwrap().remove(c));
         Box::new(logs::DockerWatch::new(
@@ -653,6 +673,23 @@ impl Backend for DockerBackend {
             .container()
             .ok_or_else(|| EngineError::Refused("this job has no container".into()))?;
         Ok(self.exec.connect_port(cid, port).await?)
+    }
+
+    async fn mlflow_listener(
+        &self,
+        job: &Job,
+        run: &RunRef,
+    ) -> Result<Option<(std::net::TcpListener, String)>, EngineError> {
+        use crate::engine::results::mlflow;
+        let Some(cid) = run.container() else { return Ok(None) };
+        if job.job.spec.env.contains_key(mlflow::URI_VAR) {
+            return Ok(None);
+        }
+        // What it was given at create (the same after an engine restart).
+        let Some((port, token)) = mlflow::endpoint_of(&self.exec.env_of(cid).await?) else {
+            return Ok(None);
+        };
+        Ok(Some((self.exec.listen_in(cid, port).await?, token)))
     }
 
     async fn resize_terminal(&self, run: &RunRef, cols: u16, rows: u16) -> Result<(), EngineError> {

@@ -406,6 +406,14 @@ impl Backend for SlurmBackend {
         submit::launch_array(e, &self.s, parts, placed).await
     }
 
+    fn metrics_file(&self, e: &Engine, job: &Job, attempt: &Attempt, run: &RunRef) -> Option<std::path::PathBuf> {
+        // Beside its output in the owner's folder of the shared log dir (none without one: the
+        // output and the file stay on the node). A Slurm requeue runs the script again: a new file.
+        let dir = self.s.settings.log_dir.as_ref()?.join(job.owner_uid.to_string());
+        let (base, first) = submit::followed(e, job.id, attempt, run);
+        Some(dir.join(submit::metrics_name(&watch::output_file(e, job, run, first), base)))
+    }
+
     fn watch(&self, e: &Arc<Engine>, job: &Job, attempt: &Attempt, run: &RunRef, since: Since) -> Box<dyn Watch> {
         Box::new(watch::SlurmWatch::new(
             e.clone(),
@@ -464,6 +472,7 @@ impl Backend for SlurmBackend {
             priority_range: e.policy().user_priority,
             after: vec![],
             mounts: vec![],
+            metrics: None,
             preempt: None,
             restarts: 0,
         };

@@ -53,6 +53,11 @@ pub(super) fn output_name(e: &Engine, job_id: i64, attempt_n: u32) -> String {
     format!("{}-{job_id}-a{attempt_n}.out", e.db_uid)
 }
 
+/// The `GANTRY_METRICS` file beside output file `out` for the run after `restarts` Slurm requeues.
+pub(super) fn metrics_name(out: &str, restarts: u32) -> String {
+    format!("{}-r{restarts}.metrics.jsonl", out.strip_suffix(".out").unwrap_or(out))
+}
+
 /// The Slurm runs a queued job runs after (`--dependency=afterok`), or why it must wait in Gantry
 /// first. A dependency that has ended without success fails the job, as with the local backend.
 pub(super) fn after(e: &Engine, j: &QueuedRow) -> Result<Vec<RunRef>, String> {
@@ -280,8 +285,13 @@ async fn submit_one(
     .await?;
     let mounts = checked.into_iter().map(|c| c.mount).collect();
     let file = output_name(e, job.id, attempt.n);
+    let mut metrics = None;
     let output = match &s.settings.log_dir {
-        Some(d) => sl::user_log_dir(d, job.owner_uid, job.owner_gid)?.join(&file),
+        Some(d) => {
+            let dir = sl::user_log_dir(d, job.owner_uid, job.owner_gid)?;
+            metrics = Some(dir.join(file.strip_suffix(".out").unwrap_or(&file)));
+            dir.join(&file)
+        }
         None => {
             let p = home.join(&file);
             append_log(&e.log_of(job.id), &format!("no shared log folder is configured ([slurm] log_dir): Slurm writes this job's output on its node to {}", p.display()));
@@ -298,6 +308,7 @@ async fn submit_one(
         priority_range: policy.user_priority,
         after,
         mounts,
+        metrics,
         preempt: checkpoint(e, job),
         restarts: e
             .reader()
@@ -420,6 +431,10 @@ async fn submit_array(
             priority_range: policy.user_priority,
             after: after.clone(),
             mounts: checked.into_iter().map(|c| c.mount).collect(),
+            metrics: s.settings.log_dir.as_ref().and_then(|_| {
+                let p = job.job.matrix_part.as_ref()?;
+                Some(output.with_file_name(format!("{}-arr{}-{}", e.db_uid, p.group, p.index)))
+            }),
             preempt: checkpoint(e, job),
             restarts: 0,
         };

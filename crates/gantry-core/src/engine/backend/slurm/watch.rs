@@ -62,10 +62,7 @@ impl SlurmWatch {
         // A requeued Slurm job is followed by the attempt after the one that submitted it: its
         // output file is the submitting attempt's.
         let (base, first) = submit::followed(&e, job.id, attempt, run);
-        let file = match (task, &job.job.matrix_part) {
-            (Some(t), Some(p)) => format!("{}-arr{}-{t}.out", e.db_uid, p.group),
-            _ => submit::output_name(&e, job.id, first),
-        };
+        let file = output_file(&e, job, run, first);
         SlurmWatch {
             rx: s.snapshot.subscribe(),
             since: match since {
@@ -459,6 +456,15 @@ fn log_tail(e: &Engine, job_id: i64) -> Vec<u8> {
 
 /// Where to read `file` (this attempt's output) on from: the last place the log recorded for it
 /// (`CappedLog::mark`); in a log from before such records, every line that is not Gantry's own.
+/// The output file (in the owner's folder of the log dir) of the Slurm job `run`, which attempt `first`
+/// of `job` submitted (a task of a job array: the array's file of that task).
+pub(super) fn output_file(e: &Engine, job: &Job, run: &RunRef, first: u32) -> String {
+    match (run, &job.job.matrix_part) {
+        (RunRef::Slurm { task: Some(t), .. }, Some(p)) => format!("{}-arr{}-{t}.out", e.db_uid, p.group),
+        _ => submit::output_name(e, job.id, first),
+    }
+}
+
 fn copied(e: &Engine, job_id: i64, file: &str) -> u64 {
     let data = std::fs::read(e.log_of(job_id)).unwrap_or_default();
     let mut marked = None;
