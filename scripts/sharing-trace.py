@@ -8,6 +8,9 @@ chosen to share gets a share drawn from the trace's own `gpu_milli` shares), wri
 Gantry CSV takes it: thousandths of a GPU. Jobs are spread over four users by a seeded draw (40/30/20/10 %),
 so per-user waits can be compared. Deterministic for a given `--seed`.
 
+`--notebooks F` turns a share F of the sharing jobs into notebooks (a lab's interactive work: one GPU, a
+small share of it, 10-25%, open for 2 to 10 hours), replacing their recorded share and duration.
+
     python3 scripts/sharing-trace.py --share 0.7 --seed 1 > /tmp/share70-s1.csv
     gantry sim --trace /tmp/share70-s1.csv --gpus 8x32GiB --load 1.2 --policy gantry --preempt
 """
@@ -27,6 +30,7 @@ def main():
     ap.add_argument("--offset", type=int, default=2000, help="first GPU task of the window")
     ap.add_argument("--share", type=float, default=0.7, help="share of jobs that declare gpu_memory (0.5-0.9)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--notebooks", type=float, default=0.0, help="share of the sharing jobs that are notebooks (0-1)")
     a = ap.parse_args()
     if not 0.0 <= a.share <= 1.0:
         sys.exit("--share is a fraction from 0 to 1, e.g. 0.7")
@@ -47,7 +51,10 @@ def main():
     sharing = set((already + rest)[:want])
     t0 = int(window[0]["creation_time"])
     out = csv.writer(sys.stdout, lineterminator="\n")
-    print(f"# Sharing-heavy trace (scripts/sharing-trace.py --jobs {a.jobs} --offset {a.offset} --share {a.share} --seed {a.seed})")
+    print(
+        f"# Sharing-heavy trace (scripts/sharing-trace.py --jobs {a.jobs} --offset {a.offset} --share {a.share}"
+        f" --seed {a.seed} --notebooks {a.notebooks})"
+    )
     out.writerow(["submit_s", "duration_s", "gpus", "gpu_memory", "user", "priority"])
     for i, r in enumerate(window):
         dur = max(1, int(r["deletion_time"]) - int(r["creation_time"]))
@@ -57,6 +64,9 @@ def main():
             if not 0 < milli < 1000:
                 milli = rng.choice(shares)
             mem = str(milli)
+            if a.notebooks > 0 and rng.random() < a.notebooks:
+                mem = str(rng.choice([100, 150, 200, 250]))
+                dur = rng.randint(2 * 3600, 10 * 3600)
         u = rng.random()
         acc = 0.0
         user = USERS[-1][0]

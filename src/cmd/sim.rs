@@ -377,6 +377,43 @@ fn print_seeds(rows: &[SeedRow], seeds: u64) {
             }
         );
     }
+    // Issue 32: with preemption on, is the allocated share ever lower, or a user's wait more than 10% longer?
+    for r in rows.iter().filter(|r| r.policy.ends_with("+preempt")) {
+        let Some(base) = rows.iter().find(|b| b.policy == r.policy.trim_end_matches("+preempt")) else {
+            continue;
+        };
+        let lower = r
+            .alloc_share_while_waiting
+            .iter()
+            .zip(&base.alloc_share_while_waiting)
+            .filter(|(p, b)| p < b)
+            .count();
+        let longer = r
+            .makespan_ratio
+            .iter()
+            .zip(&base.makespan_ratio)
+            .filter(|(p, b)| p > b)
+            .count();
+        let mean_of = |ms: &[std::collections::BTreeMap<String, f64>], u: &str| {
+            let xs: Vec<f64> = ms.iter().filter_map(|m| m.get(u).copied()).collect();
+            xs.iter().sum::<f64>() / xs.len().max(1) as f64
+        };
+        let users: std::collections::BTreeSet<&String> = base.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();
+        let worse: Vec<String> = users
+            .iter()
+            .map(|u| {
+                let (b, p) = (mean_of(&base.mean_wait_by_user, u), mean_of(&r.mean_wait_by_user, u));
+                format!("{} {:+.1}%", esc(u), if b > 0.0 { 100.0 * (p / b - 1.0) } else { 0.0 })
+            })
+            .collect();
+        outln!(
+            "{:<26} vs {}: alloc/wait lower on {lower} of {n} seeds, makespan longer on {longer} of {n}; mean wait by user {}",
+            r.policy,
+            base.policy,
+            if worse.is_empty() { "-".to_string() } else { worse.join(", ") },
+            n = r.alloc_share_while_waiting.len(),
+        );
+    }
     let h = |s: f64| duration_brief_ms((s * 1000.0) as i64);
     for r in rows {
         let users: std::collections::BTreeSet<&String> = r.mean_wait_by_user.iter().flat_map(|m| m.keys()).collect();
@@ -505,6 +542,24 @@ fn print_sim(reports: &[gantry_core::sim::Report]) {
         );
     }
     outln!("lower bound: {}", h(r0.lower_bound_s));
+    for r in reports.iter().filter(|r| r.preemptions > 0) {
+        let m = &r.mechanisms;
+        outln!(
+            "{:<26} preemption: claimed GPUs idle {:.1} GPU-h; victims the job did not start on {}; \
+             whole-GPU victims of shared jobs {}; own-user victims {}; wider victims {}; GPUs given up at \
+             the swap {:.1}; decision to start {:.1} h; re-waits {:.1} GPU-h; jobs preempted 2+ times {}",
+            r.policy,
+            m.claim_idle_gpu_h,
+            m.victims_unused,
+            m.shared_over_exclusive,
+            m.own_user,
+            m.wider,
+            m.alloc_given_up_gpus,
+            m.decision_to_start_h,
+            m.rewait_gpu_h,
+            m.preempted_twice
+        );
+    }
     if r0.user_share.len() > 1 {
         for r in reports {
             let shares: Vec<String> = r

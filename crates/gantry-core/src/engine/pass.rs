@@ -142,6 +142,7 @@ impl Engine {
         Some(scheduler::Victim {
             priority: job.priority,
             started_ms: started,
+            submitted_ms: job.submitted_at,
             preempted_today: today,
             preempted_for: st.preempted_for(job.id).ok()?,
             took_from: st.took_from(job.id).ok()?,

@@ -129,6 +129,7 @@ mod estimate_tests {
         s.running[0].victim = Some(Victim {
             priority: 0,
             started_ms: -1,
+            submitted_ms: -1,
             preempted_today: 0,
             preempted_for: vec![],
             took_from: vec![],

@@ -14,6 +14,13 @@
 //!   is held by preemptible CPU-only jobs of other users preempts them (issue 33: a GPU never idles
 //!   for CPU-only work while someone's GPU job waits).
 //!
+//! Never emptier, never unfair (issue 32), for the waiting rules (overdue, fair share): the victims
+//! hold no more GPU capacity than the waiting job will take (whole GPUs count 1 each, a shared job its
+//! memory over the GPU's), so a swap never leaves GPUs idle; and the overdue rule stops only jobs
+//! submitted after the waiting job (a wide job also its own user's older ones while no other user has
+//! a GPU job waiting), since a preempted job goes back to its place in the queue, ahead of everyone
+//! submitted after it. The priority rule is the lab's word and keeps its reach.
+//!
 //! Guard rails, for every rule: a victim has run at least `min_run` this attempt and was preempted
 //! fewer than `max_per_day` times in the last day; the cheapest victims go first (fewest GPU-minutes
 //! since their start, then the most recent checkpoint signal answered); a job is stopped whole or
@@ -59,6 +66,10 @@ pub struct Victim {
     pub priority: i32,
     /// When this attempt started.
     pub started_ms: i64,
+    /// When it was submitted: the waiting rules stop only jobs submitted after the job they stop them
+    /// for (ties: the higher job id), so a preemption never puts an older job behind a younger one.
+    #[serde(default)]
+    pub submitted_ms: i64,
     /// Times it was preempted in the last 24 hours.
     pub preempted_today: u32,
     /// The jobs it was preempted for, earlier: those it may not preempt now (no loop).
@@ -259,6 +270,40 @@ impl<'a> Shares<'a> {
     }
 }
 
+/// The GPU capacity `gpus` hold for a job asking `gpu_memory` of each (whole GPUs: 1 each; a share:
+/// its memory over the GPU's), as the simulator's allocated share counts it.
+fn alloc(state: &State, gpus: &[u32], gpu_memory: Option<u64>) -> f64 {
+    gpus.iter()
+        .map(|g| match gpu_memory {
+            None => 1.0,
+            Some(m) => {
+                let total = state.gpus.iter().find(|v| v.index == *g).map_or(0, |v| v.memory_total);
+                if total == 0 {
+                    1.0
+                } else {
+                    (m as f64 / total as f64).min(1.0)
+                }
+            }
+        })
+        .sum()
+}
+
+/// The waiting job's capacity if it started on `gpus` (or on `n` of the largest GPUs, before it is
+/// known where).
+fn waiter_alloc(state: &State, job: &QueuedJob, gpus: Option<&[u32]>) -> f64 {
+    match gpus {
+        Some(g) if !g.is_empty() => alloc(state, g, job.gpu_memory),
+        _ => {
+            let biggest = state
+                .gpus
+                .iter()
+                .map(|v| v.index)
+                .max_by_key(|i| state.gpus.iter().find(|v| v.index == *i).map_or(0, |v| v.memory_total));
+            alloc(state, &biggest.into_iter().collect::<Vec<_>>(), job.gpu_memory) * job.gpus as f64
+        }
+    }
+}
+
 /// Decide preemptions for the jobs left waiting in `out` (in scheduling order), after this pass's
 /// placements (`slots`, `pool`). Each waiting job gets at most one set of victims; a victim serves
 /// one job. The job's GPUs stay reserved for it while its victims stop.
@@ -352,6 +397,27 @@ pub(super) fn decide(
                 && v.priority <= job.priority
         };
         let eligible = |r: &&RunningJob| guarded(r, rules.min_run_ms);
+        // Waiting rules (overdue, fair share) never leave the machine emptier (issue 32): a victim
+        // holds no more GPU capacity than the waiting job will (a job sharing a GPU by memory does not
+        // stop a whole-GPU job; a 1-GPU job does not stop a 2-GPU one), checked again for the set.
+        let my_alloc = waiter_alloc(state, job, None);
+        let no_emptier = |r: &&RunningJob| alloc(state, &r.gpus, r.gpu_memory) <= my_alloc + 1e-9;
+        // Per-user fairness (issue 32): the overdue rule stops only jobs submitted after the waiting
+        // one (a younger victim only undoes its start ahead of it). A preempted job goes back to its
+        // place in the queue: an older one would go ahead of the users waiting behind it, who then wait
+        // for it twice, and for a 1-GPU job it only reorders the queue and loses work. One exception: a
+        // wide job may stop its own user's older jobs while no other user has a GPU job waiting (it cuts
+        // that user's own drain; nobody else waits behind the victim).
+        let others_wait = state
+            .queued
+            .iter()
+            .any(|q| q.gpus > 0 && q.user != job.user && q.not_before_ms.is_none_or(|nb| nb <= now));
+        let younger = |r: &&RunningJob| {
+            (job.gpus >= 2 && r.user == job.user && !others_wait)
+                || r.victim
+                    .as_ref()
+                    .is_some_and(|v| (v.submitted_ms, r.job_id) > (job.submitted_at_ms, job.job_id))
+        };
         // The rules, in turn: each names its victims and why.
         let mut tried: Vec<(Vec<&RunningJob>, PreemptWhy)> = vec![];
         // Overrun first: the jobs on its reserved GPUs that broke their runtime promise.
@@ -412,7 +478,13 @@ pub(super) fn decide(
             }
         }
         if overdue_pick == Some(id) {
-            let vs: Vec<&RunningJob> = state.running.iter().filter(eligible).collect();
+            let vs: Vec<&RunningJob> = state
+                .running
+                .iter()
+                .filter(eligible)
+                .filter(no_emptier)
+                .filter(younger)
+                .collect();
             if !vs.is_empty() {
                 tried.push((
                     vs,
@@ -431,6 +503,7 @@ pub(super) fn decide(
                 .iter()
                 .filter(eligible)
                 .filter(|r| r.user != job.user && shares.of(&r.user) >= shares.share + r.gpus.len() as u32)
+                .filter(no_emptier)
                 .collect();
             if !vs.is_empty() {
                 let vu = vs[0].user.clone();
@@ -499,6 +572,12 @@ pub(super) fn decide(
                 release(&mut after, r);
             }
             let target = choose(&after, job, ctx, false).unwrap_or_default();
+            if matches!(why, PreemptWhy::Overdue { .. } | PreemptWhy::FairShare { .. })
+                && take.iter().map(|r| alloc(state, &r.gpus, r.gpu_memory)).sum::<f64>()
+                    > waiter_alloc(state, job, Some(&target)) + 1e-9
+            {
+                continue;
+            }
             let gpus: Vec<u32> = take
                 .iter()
                 .flat_map(|r| r.gpus.iter().copied())

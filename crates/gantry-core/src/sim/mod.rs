@@ -27,7 +27,7 @@ mod tests;
 mod trace;
 
 pub use fgd::{simulate_fgd, FgdReport};
-pub use report::{mean_ci, Report};
+pub use report::{mean_ci, Mechanisms, Report};
 pub use run::simulate;
 pub use trace::{load_trace, parse_trace, perturb_arrivals, rescale_load, Trace, TraceJob};
 

@@ -50,9 +50,38 @@ pub struct Report {
     /// The same as a share of the trace's GPU-hours of work.
     #[serde(default)]
     pub lost_share: f64,
+    /// What preemption did to the machine's capacity, measured (issue 32): `--preempt` runs only.
+    #[serde(default)]
+    pub mechanisms: Mechanisms,
     /// Each job's start (ms on the virtual clock), for tests.
     #[serde(skip)]
     pub starts_ms: Vec<Option<i64>>,
+}
+
+/// The mechanisms by which preemption can leave GPUs emptier, each measured on the run (issue 32).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Mechanisms {
+    /// GPU-hours of capacity left unallocated on GPUs claimed for a waiting job (freed, or free
+    /// beside its victims, and kept for it until it starts).
+    pub claim_idle_gpu_h: f64,
+    /// Victims none of whose GPUs the job they were stopped for started on.
+    pub victims_unused: usize,
+    /// Victims holding whole GPUs stopped for a job that shares a GPU by memory.
+    pub shared_over_exclusive: usize,
+    /// Victims of the waiting job's own user.
+    pub own_user: usize,
+    /// Victims asking for more GPUs than the job they were stopped for.
+    pub wider: usize,
+    /// GPUs of allocation given up at the swap: over each preemption decision, the victims'
+    /// allocation less the waiting job's when that is positive (GPU-hours: × the time until the
+    /// victims could have come back is not known, so this is a count of GPUs, summed).
+    pub alloc_given_up_gpus: f64,
+    /// Hours from a preemption decision to its job's start, summed (the grace at best).
+    pub decision_to_start_h: f64,
+    /// Preempted jobs' waits after their preemptions, GPU-hours (their GPUs × the re-wait).
+    pub rewait_gpu_h: f64,
+    /// Jobs preempted more than once.
+    pub preempted_twice: usize,
 }
 
 impl Report {

@@ -84,6 +84,11 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     let mut stopping: HashMap<usize, i64> = HashMap::new();
     let mut claims: BTreeMap<i64, Vec<u32>> = BTreeMap::new();
     let (mut preemptions, mut lost_gpu_ms) = (0usize, 0.0f64);
+    // What preemption did to the capacity (issue 32): each decision's victims and when, until its job starts.
+    let mut mech = super::Mechanisms::default();
+    type Victims = Vec<(usize, Vec<u32>)>;
+    let mut decided: HashMap<usize, (i64, Victims)> = HashMap::new();
+    let alloc_one = |j: usize, g: usize| jobs[j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(g as f64);
     if let Some(p) = pre {
         sched.preemption = Some(p.rules.clone());
     }
@@ -156,6 +161,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                         victim: pre.filter(|p| p.preemptible(*j)).map(|_| scheduler::Victim {
                             priority: jobs[*j].priority,
                             started_ms: attempt_at[*j],
+                            submitted_ms: arrival_ms(&jobs[*j]),
                             preempted_today: preempted_times[*j].iter().filter(|t| now - **t < 86_400_000).count()
                                 as u32,
                             preempted_for: preempted_for[*j].clone(),
@@ -240,7 +246,25 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                             left_ms[v] = (left_ms[v] - kept).max(1) + m.restart_cost_ms;
                             r.0 = now + m.grace_ms.max(1);
                             stopping.insert(v, d.for_job);
-                            claims.entry(d.for_job).or_default().extend(r.2.iter().copied());
+                            let w = d.for_job as usize;
+                            if jobs[w].gpu_milli.is_some() && jobs[v].gpu_milli.is_none() {
+                                mech.shared_over_exclusive += 1;
+                            }
+                            mech.own_user += usize::from(jobs[w].user == jobs[v].user);
+                            mech.wider += usize::from(jobs[v].gpus > jobs[w].gpus);
+                            mech.preempted_twice += usize::from(preempted_times[v].len() == 1);
+                            decided
+                                .entry(w)
+                                .or_insert_with(|| (now, vec![]))
+                                .1
+                                .push((v, r.2.clone()));
+                            // Every GPU it will start on, not only the victim's, as the engine keeps them
+                            // (`Preempt::gpus`): else a free GPU beside the victims goes to another job and
+                            // the claimed ones idle until the waiting job fits again (issue 32).
+                            let c = claims.entry(d.for_job).or_default();
+                            c.extend(r.2.iter().copied().chain(d.gpus.iter().copied()));
+                            c.sort();
+                            c.dedup();
                             preempted_times[v].push(now);
                             preempted_for[v].push(d.for_job);
                             took_from[d.for_job as usize].push(d.job);
@@ -280,9 +304,16 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
             for p in placements {
                 let j = p.job_id as usize;
                 claims.remove(&p.job_id);
+                if let Some((at, vs)) = decided.remove(&j) {
+                    mech.decision_to_start_h += (now - at) as f64 / 3_600_000.0;
+                    mech.victims_unused += vs.iter().filter(|(_, g)| !g.iter().any(|x| p.gpus.contains(x))).count();
+                    let given: f64 = vs.iter().map(|(v, g)| alloc_one(*v, g.len())).sum();
+                    mech.alloc_given_up_gpus += (given - alloc_one(j, p.gpus.len())).max(0.0);
+                }
                 let w = match requeued_at[j] {
                     Some(at) => {
                         rewait_ms[j] += now - at;
+                        mech.rewait_gpu_h += alloc_one(j, p.gpus.len()) * (now - at) as f64 / 3_600_000.0;
                         (now - at) as f64
                     }
                     None => {
@@ -350,6 +381,13 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
                     used[*x as usize] += jobs[*j].gpu_milli.map(|m| m as f64 / 1000.0).unwrap_or(1.0);
                 }
             }
+            let claimed: std::collections::BTreeSet<u32> = claims.values().flatten().copied().collect();
+            mech.claim_idle_gpu_h += dt / 3_600_000.0
+                * claimed
+                    .iter()
+                    .filter_map(|g| used.get(*g as usize))
+                    .map(|u| (1.0 - u).max(0.0))
+                    .sum::<f64>();
             let frag: f64 = used.iter().filter(|u| **u > 0.0).map(|u| (1.0 - u).max(0.0)).sum();
             idle_frag += dt * frag / cfg.gpus as f64;
             if queued.iter().all(|q| jobs[*q].gpus >= 2) {
@@ -375,6 +413,7 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig) -> Report {
     );
     r.starts_ms = start.clone();
     r.preemptions = preemptions;
+    r.mechanisms = mech;
     r.gpu_hours_lost = lost_gpu_ms / 3_600_000.0;
     let work: f64 = jobs.iter().map(gpu_seconds).sum::<f64>() / 3600.0;
     r.lost_share = if work > 0.0 { r.gpu_hours_lost / work } else { 0.0 };

@@ -409,3 +409,49 @@ fn fair_share_is_reported_per_user() {
     assert_eq!(r.user_share.len(), 1, "only a ran while b waited: {:?}", r.user_share);
     assert!(parse_trace("a,b\n1,2\n", 1).is_err());
 }
+
+/// Issue 32 item 1: on a GPU-sharing workload, preemption never leaves GPUs emptier. Two whole-GPU
+/// jobs of 10 hours hold both GPUs; quarter-GPU jobs queue behind them. A quarter-GPU job stopping a
+/// whole-GPU one would leave three quarters of that GPU idle while the victim, needing a whole GPU,
+/// waits for one to empty (and the machine then holds less than without preemption).
+#[test]
+fn preemption_never_lowers_the_allocated_share_on_shared_gpus() {
+    let mut csv = "submit_s,duration_s,gpus,gpu_memory,user,priority\n0,36000,1,,a,0\n0,36000,1,,a,0\n".to_string();
+    for i in 0..8 {
+        csv += &format!("{},3600,1,250,b,0\n", 60 + i);
+    }
+    let t = parse_trace(&csv, 2).unwrap();
+    let mut cfg = SimConfig {
+        gpus: 2,
+        gpu_memory: 32 << 30,
+        policy: Policy::Gantry,
+        declared_runtimes: false,
+        scheduler: Default::default(),
+        fair_share_half_life_s: None,
+        learn_runtimes: false,
+        preempt: None,
+        lying: None,
+    };
+    cfg.scheduler.reserve_after_ms = 1_800_000;
+    let plain = simulate(&t, &cfg);
+    cfg.preempt = Some(SimPreempt {
+        rules: scheduler::PreemptRules::default(),
+        checkpoint_every_ms: 1_800_000,
+        restart_cost_ms: 120_000,
+        grace_ms: 60_000,
+        preemptible_share: 1.0,
+        checkpoints_reported: false,
+    });
+    let p = simulate(&t, &cfg);
+    assert!(
+        p.alloc_share_while_waiting >= plain.alloc_share_while_waiting && p.makespan_s <= plain.makespan_s,
+        "with preemption: share {} makespan {} ({} preemptions, {:?}); without: share {} makespan {}",
+        p.alloc_share_while_waiting,
+        p.makespan_s,
+        p.preemptions,
+        p.mechanisms,
+        plain.alloc_share_while_waiting,
+        plain.makespan_s
+    );
+    assert_eq!(p.mechanisms.shared_over_exclusive, 0, "{:?}", p.mechanisms);
+}
