@@ -553,35 +553,37 @@ impl Client {
             spec_error: None,
             plan: None,
         };
-        match self.spec_request(path) {
-            Err(e) => p.error = Some(e.to_string()),
-            Ok(req) => match self.validate(&req).await {
-                // The dry run: where and when it would start, or the submit's refusal of a valid spec
-                // (the lab's limits, a mount its owner may not read, the queued-jobs cap), shown
-                // before Submit rather than after it.
-                Ok(j) => match self.preview(&req).await {
-                    Ok(plan) => {
-                        p.job = Some(j);
-                        p.plan = Some(plan);
-                    }
-                    // An engine without dry runs: the check above is all it says.
-                    Err(ClientError::Api { status: 404 | 405, .. }) => p.job = Some(j),
-                    Err(ClientError::Api {
-                        message, spec_error, ..
-                    }) => {
-                        p.error = Some(message);
-                        p.spec_error = spec_error;
-                    }
-                    Err(e) => return Err(e),
-                },
-                Err(ClientError::Api {
-                    message, spec_error, ..
-                }) => {
-                    p.error = Some(message);
-                    p.spec_error = spec_error;
-                }
-                Err(e) => return Err(e),
+        let req = match self.spec_request(path) {
+            Err(e) => {
+                p.error = Some(e.to_string());
+                return Ok(p);
+            }
+            Ok(req) => req,
+        };
+        // The check, then the dry run: where and when it would start, or the submit's refusal of a
+        // valid spec (the lab's limits, a mount its owner may not read, the queued-jobs cap), shown
+        // before Submit rather than after it.
+        let checked = match self.validate(&req).await {
+            Ok(j) => match self.preview(&req).await {
+                Ok(plan) => Ok((j, Some(plan))),
+                // An engine without dry runs: the check is all it says.
+                Err(ClientError::Api { status: 404 | 405, .. }) => Ok((j, None)),
+                Err(e) => Err(e),
             },
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok((j, plan)) => {
+                p.job = Some(j);
+                p.plan = plan;
+            }
+            Err(ClientError::Api {
+                message, spec_error, ..
+            }) => {
+                p.error = Some(message);
+                p.spec_error = spec_error;
+            }
+            Err(e) => return Err(e),
         }
         Ok(p)
     }
