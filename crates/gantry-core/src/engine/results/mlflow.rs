@@ -38,33 +38,29 @@ const EXPERIMENTS: usize = 100;
 /// Runs one attempt may create (a script makes one, a few with nested runs).
 const RUNS: usize = 1000;
 
-fn random_bytes<const N: usize>() -> [u8; N] {
+/// `None` without /dev/urandom: then no endpoint, rather than one behind a guessable token.
+fn random_bytes<const N: usize>() -> Option<[u8; N]> {
     use std::io::Read;
     let mut b = [0u8; N];
-    if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
-        // No /dev/urandom: the clock's nanoseconds (the listener is reachable from the job alone anyway).
-        warn!("reading /dev/urandom: {e}");
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-            .to_le_bytes();
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = t[i % t.len()] ^ (i as u8).wrapping_mul(151);
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+        Ok(()) => Some(b),
+        Err(e) => {
+            warn!("reading /dev/urandom: {e}; jobs get no MLflow endpoint");
+            None
         }
     }
-    b
 }
 
 /// The environment of an attempt's MLflow client: a port in its own network namespace and a
-/// random token. `None` where its spec names its own tracking server (the script keeps it).
+/// random token. `None` where its spec names its own tracking server (the script keeps it), or
+/// where no random token can be made.
 pub fn endpoint_env(spec_env: &BTreeMap<String, String>) -> Option<Vec<(String, String)>> {
     if spec_env.contains_key(URI_VAR) {
         return None;
     }
-    let r = random_bytes::<2>();
+    let r = random_bytes::<2>()?;
     let port = PORTS.start + u16::from_le_bytes(r) % (PORTS.end - PORTS.start);
-    let token: String = random_bytes::<24>().iter().map(|b| format!("{b:02x}")).collect();
+    let token: String = random_bytes::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
     Some(vec![
         (URI_VAR.into(), format!("http://127.0.0.1:{port}")),
         (TOKEN_VAR.into(), token),
