@@ -21,6 +21,10 @@
 //! a GPU job waiting), since a preempted job goes back to its place in the queue, ahead of everyone
 //! submitted after it. The priority rule is the lab's word and keeps its reach.
 //!
+//! Worth it (issue 32), for the overdue rule: the GPU time the waiting job gains (its capacity times
+//! the wait it skips, to the victims' expected ends) exceeds the work the victims lose
+//! ([`worth_it`]); no estimates, no check.
+//!
 //! Guard rails, for every rule: a victim has run at least `min_run` this attempt and was preempted
 //! fewer than `max_per_day` times in the last day; the cheapest victims go first (fewest GPU-minutes
 //! since their start, then the most recent checkpoint signal answered); a job is stopped whole or
@@ -578,6 +582,9 @@ pub(super) fn decide(
             {
                 continue;
             }
+            if matches!(why, PreemptWhy::Overdue { .. }) && !worth_it(state, job, &target, &take) {
+                continue;
+            }
             let gpus: Vec<u32> = take
                 .iter()
                 .flat_map(|r| r.gpus.iter().copied())
@@ -613,6 +620,26 @@ pub(super) fn decide(
             break;
         }
     }
+}
+
+/// The overdue rule's cost check (issue 32): stopping `take` so that `job` starts on `target` now
+/// must save more GPU time than it throws away. Saved: the job's capacity times the wait it skips,
+/// until the last victim was expected to end (`expected_end_ms`: declared or learned). Thrown away:
+/// each victim's capacity times the work it loses ([`lost_ms`]). A 1-GPU job does not stop a job
+/// expected to end in 2 minutes that would lose 12 minutes of work; an 8-GPU job still stops it when
+/// its drain would otherwise last 10 hours. A victim without an estimate counts as ending never (no
+/// check: preemption as before estimates).
+fn worth_it(state: &State, job: &QueuedJob, target: &[u32], take: &[&RunningJob]) -> bool {
+    let now = state.now_ms;
+    let Some(ends) = take.iter().map(|r| r.expected_end_ms).collect::<Option<Vec<i64>>>() else {
+        return true;
+    };
+    let skipped_ms = ends.iter().map(|e| (e - now).max(0)).max().unwrap_or(0) as f64;
+    let lost: f64 = take
+        .iter()
+        .map(|r| alloc(state, &r.gpus, r.gpu_memory) * r.victim.as_ref().map_or(0, |v| lost_ms(v, now)) as f64)
+        .sum();
+    skipped_ms * waiter_alloc(state, job, Some(target)) > lost
 }
 
 /// The work a victim loses if stopped at `now`: since its last reported checkpoint this attempt, else

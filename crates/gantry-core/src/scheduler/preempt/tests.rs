@@ -50,6 +50,13 @@ fn fixed(id: i64, user: &str, gpus: &[u32]) -> RunningJob {
         ..pre(id, user, gpus, 0)
     }
 }
+/// `r`, expected to end at `at` (declared or learned).
+fn ends(r: RunningJob, at: i64) -> RunningJob {
+    RunningJob {
+        expected_end_ms: Some(at),
+        ..r
+    }
+}
 fn with(r: RunningJob, f: impl FnOnce(&mut Victim)) -> RunningJob {
     let mut r = r;
     f(r.victim.as_mut().unwrap());
@@ -147,6 +154,14 @@ fn preemption_rules_and_guard_rails() {
         Case { name: "never for a lower-priority job", state: st(2, vec![with(pre(7, "bob", &[0, 1], 0), |v| v.priority = 1)], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
         Case { name: "a free GPU is used before anyone is preempted", state: st(2, vec![pre(7, "bob", &[0], 0)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![] },
         Case { name: "a victim already stopping for the job is not decided again", state: st(2, vec![with(pre(7, "bob", &[0], 0), |v| v.stopping_for = Some(1)), pre(8, "bob", &[1], 0)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![] },
+        // Worth it (issue 32): the overdue rule's waiting job gains more GPU time than its victims lose.
+        Case { name: "worth it: a 1-GPU job does not stop one expected to end in 2 minutes that would lose 12", state: st(1, vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 2 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![] },
+        Case { name: "worth it: it stops one expected to end in 30 minutes that would lose 12", state: st(1, vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 30 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
+        Case { name: "worth it: the last victim's end is the wait skipped (a 2-GPU job stops one ending in 8 minutes beside one ending in 10 hours)", state: st(2, vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 8 * M), ends(pre(8, "bob", &[1], now - 12 * M), now + 10 * H)], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![(7, 1), (8, 1)] },
+        Case { name: "worth it: a 2-GPU job skipping 5 minutes (10 GPU-minutes) does not stop two jobs losing 12 minutes each", state: st(2, vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 5 * M), ends(pre(8, "bob", &[1], now - 12 * M), now + 5 * M)], vec![q(1, "ana", 2, 0, 0)], now, only_overdue()), want: vec![] },
+        Case { name: "worth it: the loss counts from the victim's reported checkpoint (3 h in, saved 5 minutes ago, 10 minutes left)", state: st(1, vec![ends(with(pre(7, "bob", &[0], now - 3 * H), |v| v.last_checkpoint_ms = Some(now - 5 * M)), now + 10 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![(7, 1)] },
+        Case { name: "worth it: the same job without a reported checkpoint would lose 3 hours: it runs out its 10 minutes", state: st(1, vec![ends(pre(7, "bob", &[0], now - 3 * H), now + 10 * M)], vec![q(1, "ana", 1, 0, 0)], now, only_overdue()), want: vec![] },
+        Case { name: "worth it: the priority rule is the lab's word and is not checked", state: st(1, vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 2 * M)], vec![q(1, "ana", 1, 10, now)], now, only_priority(10)), want: vec![(7, 1)] },
         // The priority rule.
         Case { name: "priority: a job 10 above the victim preempts it at once (no wait needed)", state: st(1, vec![pre(7, "bob", &[0], 0)], vec![q(1, "ana", 1, 10, now)], now, only_priority(10)), want: vec![(7, 1)] },
         Case { name: "priority: 9 above is below the gap", state: st(1, vec![pre(7, "bob", &[0], 0)], vec![q(1, "ana", 1, 9, now)], now, only_priority(10)), want: vec![] },
