@@ -523,6 +523,9 @@ pub(super) fn decide(
                 ));
             }
         }
+        // Why the overdue rule did not preempt when only its cost check held it back (said in the reason).
+        let mut not_worth: Option<String> = None;
+        let mut decided = false;
         for (mut vs, why) in tried {
             // Cheapest first: the fewest GPU-minutes lost, i.e. since its last reported checkpoint
             // (else its start; a CPU-only job's minutes count as one GPU's, as in fair share), then
@@ -583,6 +586,7 @@ pub(super) fn decide(
                 continue;
             }
             if matches!(why, PreemptWhy::Overdue { .. }) && !worth_it(state, job, &target, &take) {
+                not_worth = Some(not_worth_it(&take, now));
                 continue;
             }
             let gpus: Vec<u32> = take
@@ -617,9 +621,36 @@ pub(super) fn decide(
                 if take.len() == 1 { "it has" } else { "they have" }
             );
             out.waiting[w].reserved = sorted_gpus(gpus);
+            decided = true;
             break;
         }
+        if let (false, Some(note)) = (decided, not_worth) {
+            if !out.waiting[w].reason.is_empty() {
+                out.waiting[w].reason = format!("{}; {note}", out.waiting[w].reason);
+            }
+        }
     }
+}
+
+/// "not preempting job 8: it is expected to end in 2m, too soon to be worth the 12m of work it would lose".
+fn not_worth_it(take: &[&RunningJob], now: i64) -> String {
+    let names = take.iter().map(|r| r.job_id.to_string()).collect::<Vec<_>>().join(", ");
+    let ends = take.iter().filter_map(|r| r.expected_end_ms).max().unwrap_or(now);
+    let lost: i64 = take
+        .iter()
+        .filter_map(|r| r.victim.as_ref().map(|v| lost_ms(v, now)))
+        .sum();
+    let (jobs, they, end) = if take.len() == 1 {
+        ("job", "it", "in")
+    } else {
+        ("jobs", "they", "within")
+    };
+    let is = if take.len() == 1 { "is" } else { "are" };
+    format!(
+        "not preempting {jobs} {names}: {they} {is} expected to end {end} {}, too soon to be worth the {} of work {they} would lose",
+        crate::units::duration_ms((ends - now).max(0)),
+        crate::units::duration_ms(lost)
+    )
 }
 
 /// The overdue rule's cost check (issue 32): stopping `take` so that `job` starts on `target` now

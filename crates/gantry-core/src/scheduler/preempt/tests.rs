@@ -530,3 +530,26 @@ fn no_preemption_loop_over_passes() {
     );
     assert_eq!(decisions(&s), vec![]);
 }
+
+/// A waiting job the cost check held back says so, with the victim's expected end and the work lost.
+#[test]
+fn a_job_not_worth_preempting_is_named_in_the_waiting_reason() {
+    let now = 10 * H;
+    let mut s = st(
+        1,
+        vec![ends(pre(7, "bob", &[0], now - 12 * M), now + 2 * M)],
+        vec![q(1, "ana", 1, 0, 0)],
+        now,
+        only_overdue(),
+    );
+    s.config.explain_first = 10;
+    let p = plan(&s);
+    assert!(p.preempt.is_empty(), "{p:?}");
+    let reason = &p.waiting.iter().find(|w| w.job_id == 1).unwrap().reason;
+    assert!(
+        reason.contains(
+            "not preempting job 7: it is expected to end in 2m, too soon to be worth the 12m of work it would lose"
+        ),
+        "{reason}"
+    );
+}
