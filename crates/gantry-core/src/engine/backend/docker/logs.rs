@@ -280,10 +280,15 @@ fn open_for_resume(path: &Path) -> std::io::Result<(std::fs::File, Option<i128>)
 
 /// A container's output on its way into its log: each stream (stdout, stderr) cut into [`Lines`],
 /// each line written with the timestamp of its last frame, frames already copied skipped.
+///
+/// Docker stamps each stream's messages in order, but stores the two streams in the order its copiers
+/// get to its log, not in the order of their stamps: a stderr line stamped after a stdout line can be
+/// stored (and read back) before it. So what was copied is known per stream: a frame is skipped only
+/// if its own stream already copied a line stamped at or after it.
 struct Copy {
     log: CappedLog,
-    /// The timestamp of the last line written: where to resume.
-    last: Option<i128>,
+    /// Per stream (stdout, stderr): the timestamp of its last line written, where it resumes.
+    last: [Option<i128>; 2],
     lines: [Lines; 2],
     /// The progress state last written per stream (empty: none since its last line).
     shown: [Vec<u8>; 2],
@@ -295,13 +300,13 @@ impl Copy {
         let n = stamp_len(&f.data);
         let (stamp, text) = f.data.split_at(n);
         let ts = (n > 0).then(|| line_ts(stamp)).flatten();
-        if let (Some(t), Some(l)) = (ts, self.last) {
+        let k = f.stderr as usize;
+        if let (Some(t), Some(l)) = (ts, self.last[k]) {
             if t <= l {
                 return Ok(false); // already copied before a reconnect
             }
         }
-        let k = f.stderr as usize;
-        let (log, last) = (&mut self.log, &mut self.last);
+        let (log, last) = (&mut self.log, &mut self.last[k]);
         let mut ended = false;
         self.lines[k].feed(text, |t, cut| {
             log.line(stamp, t, cut)?;
@@ -315,6 +320,17 @@ impl Copy {
             self.shown[k].clear();
         }
         Ok(ended)
+    }
+
+    /// Where to ask Docker's log from again (whole seconds): a second before the earliest stream's last
+    /// line, so a line of the other stream stored after it but stamped a little before is read too.
+    fn since(&self) -> i64 {
+        self.last
+            .iter()
+            .flatten()
+            .min()
+            .map_or(0, |t| (t / 1_000_000_000) as i64 - 1)
+            .max(0)
     }
 
     /// The output ended: lines without their `\n` are written as they are.
@@ -406,7 +422,8 @@ pub(super) async fn follow_logs(
     let (f, last) = open_for_resume(path)?;
     let mut copy = Copy {
         log: CappedLog::new(f, cap)?,
-        last,
+        // The file does not say which stream its last line came from: both resume after it.
+        last: [last; 2],
         lines: Default::default(),
         shown: Default::default(),
     };
@@ -415,9 +432,8 @@ pub(super) async fn follow_logs(
     let _attached = AbortOnDrop(attach_live(exec.clone(), cid, live.clone(), changed.clone(), attached));
     let mut dirty = false;
     let mut next_progress = tokio::time::Instant::now();
-    let since = |last: Option<i128>| last.map(|t| (t / 1_000_000_000) as i64).unwrap_or(0);
     loop {
-        let mut s = exec.logs(cid, since(copy.last), true);
+        let mut s = exec.logs(cid, copy.since(), true);
         let broken = loop {
             let due = if dirty {
                 next_progress
@@ -460,7 +476,7 @@ pub(super) async fn follow_logs(
                     // not ended yet are read again; if nothing comes, what was read stays).
                     tokio::time::sleep(CATCH_UP_DELAY).await;
                     let before = std::mem::take(&mut copy.lines);
-                    let mut rest = exec.logs(cid, since(copy.last), false);
+                    let mut rest = exec.logs(cid, copy.since(), false);
                     let mut any = false;
                     while let Some(Ok(f)) = rest.next().await {
                         any = true;
@@ -494,7 +510,7 @@ mod tests {
         let (f, last) = open_for_resume(path).unwrap();
         Copy {
             log: CappedLog::new(f, 1 << 30).unwrap(),
-            last,
+            last: [last; 2],
             lines: Default::default(),
             shown: Default::default(),
         }
@@ -565,6 +581,53 @@ mod tests {
             "{shown}"
         );
         assert_eq!(lines[2], "saved at step 212");
+    }
+
+    /// Seen in the integration suite on a loaded machine (`usual_env`): grep printed `CapEff` and
+    /// `NoNewPrivs` to stdout after two `touch` errors on stderr, and Docker stored the stderr lines
+    /// (stamped after `CapEff`, before `NoNewPrivs`) ahead of `CapEff`. Each of them is copied once.
+    #[test]
+    fn a_line_stored_after_a_later_stamped_line_of_the_other_stream_is_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j.log");
+        // Docker's log in its stored order (each stream in its own stamps' order).
+        let stored = [
+            frame(
+                true,
+                10,
+                b"touch: cannot touch '/usr/gantry-probe': Read-only file system\n",
+            ),
+            frame(
+                true,
+                11,
+                b"touch: cannot touch '/etc/gantry-probe': Read-only file system\n",
+            ),
+            frame(false, 9, b"CapEff:\t0000000000000000\n"),
+            frame(false, 12, b"NoNewPrivs:\t1\n"),
+            frame(false, 13, b"gantry-alice\n"),
+        ];
+        let want = "touch: cannot touch '/usr/gantry-probe': Read-only file system\n\
+                    touch: cannot touch '/etc/gantry-probe': Read-only file system\n\
+                    CapEff:\t0000000000000000\nNoNewPrivs:\t1\ngantry-alice\n";
+        let shown = || String::from_utf8(strip_stamps(&std::fs::read(&p).unwrap())).unwrap();
+        let mut c = copy_to(&p);
+        for f in &stored {
+            c.frame(f).unwrap();
+        }
+        assert_eq!(shown(), want);
+        // Docker restarts the stream (or the copy reads it again after the exit): Docker sends again
+        // what it stored since `since`; nothing is copied twice, what is new is copied.
+        let first = line_ts(b"2026-01-02T03:04:00.000000009Z").unwrap();
+        assert!(
+            i128::from(c.since()) * 1_000_000_000 <= first,
+            "Docker sends every line again"
+        );
+        for f in &stored {
+            c.frame(f).unwrap();
+        }
+        c.frame(&frame(true, 14, b"late\n")).unwrap();
+        c.flush().unwrap();
+        assert_eq!(shown(), format!("{want}late\n"));
     }
 
     #[test]
