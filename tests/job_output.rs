@@ -218,3 +218,31 @@ fn dockers_own_log_of_a_job_is_bounded_like_gantrys() {
     });
     assert!(e.gantry(&["cancel", &id.to_string()]).status.success());
 }
+
+/// Docker stores a job's stdout and stderr in the order its two copiers reach its log, not in the
+/// order of their timestamps (a stdout line can be stored after stderr lines stamped later): every
+/// line of both streams is in the job's log once, each stream's lines in their order.
+#[test]
+fn every_line_of_a_job_writing_to_both_streams_is_in_its_log_once() {
+    let e = Engine::start(&[]);
+    let n = 3000;
+    let id = e.submit_yaml(
+        "both",
+        &format!(
+            "image: {IMAGE}\ngpus: 0\ncommand: 'i=0; while [ $i -lt {n} ]; do echo out$i; echo err$i >&2; i=$((i + 1)); done'\n"
+        ),
+    );
+    assert_eq!(e.wait_final(id)["job"]["state"], "succeeded", "{}", e.logs(id));
+    let log = output(&e, id);
+    for stream in ["out", "err"] {
+        let got: Vec<&str> = log.lines().filter(|l| l.starts_with(stream)).collect();
+        let want: Vec<String> = (0..n).map(|i| format!("{stream}{i}")).collect();
+        let first_wrong = want.iter().zip(&got).position(|(w, g)| w != g);
+        assert!(
+            got.len() == want.len() && first_wrong.is_none(),
+            "{} of {n} {stream} lines; first wrong: {:?}",
+            got.len(),
+            first_wrong.map(|i| (&want[i], got[i]))
+        );
+    }
+}
