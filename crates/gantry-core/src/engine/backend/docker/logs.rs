@@ -422,7 +422,8 @@ pub(super) async fn follow_logs(
     let (f, last) = open_for_resume(path)?;
     let mut copy = Copy {
         log: CappedLog::new(f, cap)?,
-        // The file does not say which stream its last line came from: both resume after it.
+        // The file does not say which stream its last line came from: both resume after it (a line of
+        // the other stream stored after it but stamped before it, within the same instant, is skipped).
         last: [last; 2],
         lines: Default::default(),
         shown: Default::default(),
