@@ -525,7 +525,6 @@ pub(super) fn decide(
         }
         // Why the overdue rule did not preempt when only its cost check held it back (said in the reason).
         let mut not_worth: Option<String> = None;
-        let mut decided = false;
         for (mut vs, why) in tried {
             // Cheapest first: the fewest GPU-minutes lost, i.e. since its last reported checkpoint
             // (else its start; a CPU-only job's minutes count as one GPU's, as in fair share), then
@@ -621,10 +620,10 @@ pub(super) fn decide(
                 if take.len() == 1 { "it has" } else { "they have" }
             );
             out.waiting[w].reserved = sorted_gpus(gpus);
-            decided = true;
+            not_worth = None;
             break;
         }
-        if let (false, Some(note)) = (decided, not_worth) {
+        if let Some(note) = not_worth {
             if !out.waiting[w].reason.is_empty() {
                 out.waiting[w].reason = format!("{}; {note}", out.waiting[w].reason);
             }
@@ -640,12 +639,11 @@ fn not_worth_it(take: &[&RunningJob], now: i64) -> String {
         .iter()
         .filter_map(|r| r.victim.as_ref().map(|v| lost_ms(v, now)))
         .sum();
-    let (jobs, they, end) = if take.len() == 1 {
-        ("job", "it", "in")
+    let (jobs, they, is, end) = if take.len() == 1 {
+        ("job", "it", "is", "in")
     } else {
-        ("jobs", "they", "within")
+        ("jobs", "they", "are", "within")
     };
-    let is = if take.len() == 1 { "is" } else { "are" };
     format!(
         "not preempting {jobs} {names}: {they} {is} expected to end {end} {}, too soon to be worth the {} of work {they} would lose",
         crate::units::duration_ms((ends - now).max(0)),
